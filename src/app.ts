@@ -1,0 +1,92 @@
+import { Elysia } from 'elysia'
+import type { Deps } from './deps'
+import { ApiError, PublicError } from './errors'
+import { errorFields, log } from './log'
+import { appRoutes } from './routes/apps'
+import { clientRoutes } from './routes/client'
+import { docsRoutes } from './routes/docs'
+import { licenseRoutes } from './routes/licenses'
+import { opsRoutes } from './routes/ops'
+import { securityRoutes } from './routes/security'
+import { webhookRoutes } from './routes/webhooks'
+
+/** Body limits from the contract: 16 KiB on the client endpoints, 1 MiB on the Developer API. */
+export const AUTH_BODY_LIMIT = 16 * 1024
+export const API_BODY_LIMIT = 1024 * 1024
+
+const isPublic = (path: string) => path.startsWith('/auth/')
+
+class BodyTooLarge extends Error {}
+class MalformedJson extends Error {}
+
+function errorResponse(path: string, status: number, code: string, message: string, headers: Record<string, string> = {}): Response {
+  const body = isPublic(path) ? { status: 'failed', error: code } : { error: code, message }
+  return Response.json(body, { status, headers })
+}
+
+/** Reads a JSON body within the route's limit; every API body is JSON whatever its Content-Type says. */
+async function parseJsonBody(request: Request, path: string): Promise<unknown> {
+  const limit = isPublic(path) ? AUTH_BODY_LIMIT : API_BODY_LIMIT
+  const declared = Number(request.headers.get('content-length') ?? '0')
+  if (declared > limit) throw new BodyTooLarge()
+  const bytes = await request.arrayBuffer()
+  if (bytes.byteLength > limit) throw new BodyTooLarge()
+  if (bytes.byteLength === 0) return undefined
+  try {
+    return JSON.parse(new TextDecoder().decode(bytes))
+  } catch {
+    throw new MalformedJson()
+  }
+}
+
+/** Turns Elysia's validation error into a short message naming the field, never the whole schema. */
+function validationMessage(error: unknown): string {
+  const e = error as { all?: { path?: string; message?: string }[]; type?: string }
+  const first = e.all?.[0]
+  const where = first?.path ? first.path.replace(/^\//, '').replaceAll('/', '.') : e.type ?? 'request'
+  return first?.message ? `${where || e.type}: ${first.message}` : `Invalid ${where}`
+}
+
+export function createApp(deps: Deps) {
+  return new Elysia({ name: 'license-service' })
+    .onParse(async ({ request, path }) => {
+      if (request.method === 'GET' || request.method === 'HEAD') return
+      return (await parseJsonBody(request, path)) ?? {}
+    })
+    .onError(({ code, error, path, set }) => {
+      const headers = Object.fromEntries(
+        Object.entries(set.headers).filter((e): e is [string, string] => typeof e[1] === 'string'),
+      )
+      if (error instanceof ApiError) {
+        return errorResponse(path, error.status, error.code, error.message, { ...headers, ...error.headers })
+      }
+      if (error instanceof PublicError) {
+        return errorResponse(path, error.status, error.code, error.code, { ...headers, ...error.headers })
+      }
+      if (error instanceof BodyTooLarge) {
+        return errorResponse(path, 413, 'bad_request', 'Request body is too large')
+      }
+      if (error instanceof MalformedJson || code === 'PARSE') {
+        return errorResponse(path, 400, 'bad_request', 'Request body is not valid JSON')
+      }
+      if (code === 'VALIDATION') {
+        return errorResponse(path, 400, 'bad_request', validationMessage(error))
+      }
+      if (code === 'NOT_FOUND') {
+        return errorResponse(path, 404, 'not_found', 'No such route')
+      }
+      log.error('unhandled error', { path, ...errorFields(error) })
+      return isPublic(path)
+        ? errorResponse(path, 500, 'system_error', 'system_error')
+        : errorResponse(path, 500, 'internal_error', 'Something went wrong on our side')
+    })
+    .use(opsRoutes(deps))
+    .use(docsRoutes(deps))
+    .use(licenseRoutes(deps))
+    .use(appRoutes(deps))
+    .use(securityRoutes(deps))
+    .use(webhookRoutes(deps))
+    .use(clientRoutes(deps))
+}
+
+export type App = ReturnType<typeof createApp>

@@ -1,0 +1,178 @@
+import { isIP } from 'node:net'
+
+/** Every setting the server and the CLI read, parsed once from the environment. */
+export interface Config {
+  host: string
+  port: number
+  /** postgres://… or null for the embedded PGlite under dataDir. */
+  databaseUrl: string | null
+  dataDir: string
+  /** redis://… or null for the in-process store. */
+  redisUrl: string | null
+  trustedProxies: readonly Cidr[]
+  webhookAllowPrivateTargets: boolean
+  sandboxDailyCeiling: number
+  validateLimitPerIp: number
+  validateLimitPerLicense: number
+  selfbanLimitPerIp: number
+  selfbanLimitPerLicense: number
+  sessionTtlSeconds: number
+  tlsCertFile: string | null
+  tlsKeyFile: string | null
+  /** 32-byte key that encrypts signing keys and webhook secrets at rest; null: a dev key in dataDir. */
+  masterKey: Buffer | null
+  logLevel: 'debug' | 'info' | 'warn' | 'error'
+}
+
+/** An address range from TRUSTED_PROXIES, compared on canonical bytes. */
+export interface Cidr {
+  bytes: Uint8Array
+  prefix: number
+}
+
+export class ConfigError extends Error {}
+
+type Env = Record<string, string | undefined>
+
+function str(env: Env, name: string, fallback: string): string {
+  const v = env[name]
+  return v === undefined || v === '' ? fallback : v
+}
+
+function optional(env: Env, name: string): string | null {
+  const v = env[name]
+  return v === undefined || v === '' ? null : v
+}
+
+function int(env: Env, name: string, fallback: number, min: number, max: number): number {
+  const raw = env[name]
+  if (raw === undefined || raw === '') return fallback
+  if (!/^\d+$/.test(raw.trim())) throw new ConfigError(`${name} must be a whole number, got "${raw}"`)
+  const n = Number(raw.trim())
+  if (n < min || n > max) throw new ConfigError(`${name} must be between ${min} and ${max}, got ${n}`)
+  return n
+}
+
+function bool(env: Env, name: string, fallback: boolean): boolean {
+  const raw = env[name]
+  if (raw === undefined || raw === '') return fallback
+  const v = raw.trim().toLowerCase()
+  if (['true', '1', 'yes'].includes(v)) return true
+  if (['false', '0', 'no'].includes(v)) return false
+  throw new ConfigError(`${name} must be true or false, got "${raw}"`)
+}
+
+function url(env: Env, name: string, protocols: string[]): string | null {
+  const raw = optional(env, name)
+  if (raw === null) return null
+  let parsed: URL
+  try {
+    parsed = new URL(raw)
+  } catch {
+    throw new ConfigError(`${name} is not a valid URL`)
+  }
+  if (!protocols.includes(parsed.protocol)) {
+    throw new ConfigError(`${name} must start with ${protocols.map((p) => `${p}//`).join(' or ')}`)
+  }
+  return raw
+}
+
+/** Parses "1.2.3.4", "10.0.0.0/8" or "::1/128" into canonical bytes and a prefix length. */
+export function parseCidr(text: string): Cidr | null {
+  const [addr, prefixText, ...rest] = text.trim().split('/')
+  if (!addr || rest.length > 0) return null
+  const bytes = ipBytes(addr)
+  if (!bytes) return null
+  const max = bytes.length * 8
+  if (prefixText === undefined) return { bytes, prefix: max }
+  if (!/^\d+$/.test(prefixText)) return null
+  const prefix = Number(prefixText)
+  return prefix <= max ? { bytes, prefix } : null
+}
+
+/** Canonical bytes of an IP address: IPv4-mapped IPv6 collapses to the 4 IPv4 bytes. */
+export function ipBytes(text: string): Uint8Array | null {
+  const kind = isIP(text)
+  if (kind === 4) return Uint8Array.from(text.split('.').map(Number))
+  if (kind !== 6) return null
+  const [head = '', tail] = text.split('::') as [string, string | undefined]
+  const parse = (part: string): number[] => {
+    if (part === '') return []
+    const out: number[] = []
+    for (const group of part.split(':')) {
+      if (group.includes('.')) {
+        const v4 = group.split('.').map(Number)
+        out.push(((v4[0] ?? 0) << 8) | (v4[1] ?? 0), ((v4[2] ?? 0) << 8) | (v4[3] ?? 0))
+      } else out.push(parseInt(group, 16))
+    }
+    return out
+  }
+  const left = parse(head)
+  const right = tail === undefined ? [] : parse(tail)
+  const groups = [...left, ...new Array(8 - left.length - right.length).fill(0), ...right]
+  const bytes = new Uint8Array(16)
+  groups.forEach((g, i) => {
+    bytes[i * 2] = g >> 8
+    bytes[i * 2 + 1] = g & 0xff
+  })
+  const mapped = bytes.slice(0, 10).every((b) => b === 0) && bytes[10] === 0xff && bytes[11] === 0xff
+  return mapped ? bytes.slice(12) : bytes
+}
+
+export function cidrContains(cidr: Cidr, ip: Uint8Array): boolean {
+  if (cidr.bytes.length !== ip.length) return false
+  let bits = cidr.prefix
+  for (let i = 0; i < ip.length && bits > 0; i++, bits -= 8) {
+    const mask = bits >= 8 ? 0xff : (0xff << (8 - bits)) & 0xff
+    if (((cidr.bytes[i] ?? 0) & mask) !== ((ip[i] ?? 0) & mask)) return false
+  }
+  return true
+}
+
+function masterKey(env: Env): Buffer | null {
+  const raw = optional(env, 'MASTER_KEY')
+  if (raw === null) return null
+  const key = /^[0-9a-fA-F]{64}$/.test(raw) ? Buffer.from(raw, 'hex') : Buffer.from(raw, 'base64')
+  if (key.length !== 32) throw new ConfigError('MASTER_KEY must be 32 bytes, as 64 hex characters or base64')
+  return key
+}
+
+export function loadConfig(env: Env = process.env): Readonly<Config> {
+  const proxies = str(env, 'TRUSTED_PROXIES', '')
+    .split(',')
+    .map((p) => p.trim())
+    .filter(Boolean)
+    .map((p) => {
+      const cidr = parseCidr(p)
+      if (!cidr) throw new ConfigError(`TRUSTED_PROXIES has an entry that is not an IP or CIDR: "${p}"`)
+      return cidr
+    })
+  const tlsCertFile = optional(env, 'TLS_CERT_FILE')
+  const tlsKeyFile = optional(env, 'TLS_KEY_FILE')
+  if ((tlsCertFile === null) !== (tlsKeyFile === null)) {
+    throw new ConfigError('TLS_CERT_FILE and TLS_KEY_FILE must be set together')
+  }
+  const logLevel = str(env, 'LOG_LEVEL', 'info')
+  if (!['debug', 'info', 'warn', 'error'].includes(logLevel)) {
+    throw new ConfigError(`LOG_LEVEL must be debug, info, warn or error, got "${logLevel}"`)
+  }
+  return Object.freeze({
+    host: str(env, 'HOST', '0.0.0.0'),
+    port: int(env, 'PORT', 3000, 0, 65535),
+    databaseUrl: url(env, 'DATABASE_URL', ['postgres:', 'postgresql:']),
+    dataDir: str(env, 'DATA_DIR', './data'),
+    redisUrl: url(env, 'REDIS_URL', ['redis:', 'rediss:']),
+    trustedProxies: Object.freeze(proxies),
+    webhookAllowPrivateTargets: bool(env, 'WEBHOOK_ALLOW_PRIVATE_TARGETS', false),
+    sandboxDailyCeiling: int(env, 'SANDBOX_DAILY_CEILING', 50_000, 1, 1e12),
+    validateLimitPerIp: int(env, 'VALIDATE_LIMIT_PER_IP', 300, 1, 1e9),
+    validateLimitPerLicense: int(env, 'VALIDATE_LIMIT_PER_LICENSE', 300, 1, 1e9),
+    selfbanLimitPerIp: int(env, 'SELFBAN_LIMIT_PER_IP', 60, 1, 1e9),
+    selfbanLimitPerLicense: int(env, 'SELFBAN_LIMIT_PER_LICENSE', 60, 1, 1e9),
+    sessionTtlSeconds: int(env, 'SESSION_TTL_SECONDS', 86_400, 3600, 604_800),
+    tlsCertFile,
+    tlsKeyFile,
+    masterKey: masterKey(env),
+    logLevel: logLevel as Config['logLevel'],
+  })
+}

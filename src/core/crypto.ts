@@ -1,0 +1,131 @@
+import {
+  type KeyObject,
+  createCipheriv,
+  createDecipheriv,
+  createHash,
+  createHmac,
+  createPrivateKey,
+  generateKeyPairSync,
+  hkdfSync,
+  randomBytes,
+  sign,
+  timingSafeEqual,
+} from 'node:crypto'
+
+export function sha256Hex(text: string): string {
+  return createHash('sha256').update(text, 'utf8').digest('hex')
+}
+
+/** Compares two strings in time independent of where they differ (hash first, so lengths leak nothing). */
+export function safeEqual(a: string, b: string): boolean {
+  const ha = createHash('sha256').update(a, 'utf8').digest()
+  const hb = createHash('sha256').update(b, 'utf8').digest()
+  return timingSafeEqual(ha, hb)
+}
+
+/** Compares a presented secret with a stored SHA-256 hex digest in constant time. */
+export function matchesHash(presented: string, storedHex: string): boolean {
+  const got = createHash('sha256').update(presented, 'utf8').digest()
+  const want = Buffer.from(storedHex, 'hex')
+  return want.length === got.length && timingSafeEqual(got, want)
+}
+
+export function randomToken(bytes = 32): string {
+  return randomBytes(bytes).toString('base64url')
+}
+
+// 32 symbols, so a random byte masked to 5 bits picks one without bias; no I, O, 0 or 1.
+const LICENSE_ALPHABET = 'ABCDEFGHJKLMNPQRSTUVWXYZ23456789'
+
+/** XXXX-XXXX-XXXX-XXXX from a cryptographic source (80 bits). */
+export function generateLicenseKey(): string {
+  const bytes = randomBytes(16)
+  let out = ''
+  for (let i = 0; i < 16; i++) {
+    if (i > 0 && i % 4 === 0) out += '-'
+    out += LICENSE_ALPHABET[(bytes[i] ?? 0) & 31]
+  }
+  return out
+}
+
+export const LICENSE_KEY_PATTERN = '^[A-Za-z0-9]{4}-[A-Za-z0-9]{4}-[A-Za-z0-9]{4}-[A-Za-z0-9]{4}$'
+
+export function generateApiKey(): string {
+  return `svc_live_${randomToken(24)}`
+}
+
+export function generateAppSecret(): string {
+  return randomToken(32)
+}
+
+export function generateWebhookSecret(): string {
+  return `whsec_${randomToken(24)}`
+}
+
+export function generateWebhookId(): string {
+  return `wh_${randomToken(12)}`
+}
+
+export function generateKeyId(): string {
+  return `key_${randomToken(9)}`
+}
+
+/** Seals secrets at rest with AES-256-GCM: "v1.<iv>.<tag>.<ciphertext>", all base64url. */
+export class Sealer {
+  readonly #key: Buffer
+  constructor(masterKey: Buffer) {
+    this.#key = Buffer.from(hkdfSync('sha256', masterKey, Buffer.alloc(0), 'seal-v1', 32))
+  }
+  seal(plain: Buffer | string): string {
+    const iv = randomBytes(12)
+    const cipher = createCipheriv('aes-256-gcm', this.#key, iv)
+    const body = Buffer.concat([cipher.update(plain), cipher.final()])
+    return ['v1', iv, cipher.getAuthTag(), body].map((p) => (typeof p === 'string' ? p : p.toString('base64url'))).join('.')
+  }
+  open(sealed: string): Buffer {
+    const [version, iv, tag, body] = sealed.split('.')
+    if (version !== 'v1' || !iv || !tag || body === undefined) throw new Error('unrecognised sealed value')
+    const decipher = createDecipheriv('aes-256-gcm', this.#key, Buffer.from(iv, 'base64url'))
+    decipher.setAuthTag(Buffer.from(tag, 'base64url'))
+    return Buffer.concat([decipher.update(Buffer.from(body, 'base64url')), decipher.final()])
+  }
+}
+
+/** Derives a purpose-specific key from the master key (sessions, for example). */
+export function deriveKey(masterKey: Buffer, purpose: string): Buffer {
+  return Buffer.from(hkdfSync('sha256', masterKey, Buffer.alloc(0), purpose, 32))
+}
+
+export interface NewSigningKey {
+  /** Raw 32-byte public key, base64: what the SDKs take. */
+  publicKey: string
+  /** PKCS#8 DER of the private key, to be sealed before storage. */
+  privatePkcs8: Buffer
+}
+
+export function generateSigningKey(): NewSigningKey {
+  const { publicKey, privateKey } = generateKeyPairSync('ed25519')
+  const jwk = publicKey.export({ format: 'jwk' })
+  return {
+    publicKey: Buffer.from(jwk.x ?? '', 'base64url').toString('base64'),
+    privatePkcs8: privateKey.export({ format: 'der', type: 'pkcs8' }),
+  }
+}
+
+/** A KeyObject made once: signing with it avoids re-parsing the key on every request. */
+export function privateKeyFromPkcs8(der: Buffer): KeyObject {
+  return createPrivateKey({ key: der, format: 'der', type: 'pkcs8' })
+}
+
+/** Ed25519 over the UTF-8 bytes of the text as sent; base64, 88 characters. */
+export function signText(text: string, key: KeyObject): string {
+  return sign(null, Buffer.from(text, 'utf8'), key).toString('base64')
+}
+
+export function hmacHex(key: Buffer | string, body: string): string {
+  return createHmac('sha256', key).update(body, 'utf8').digest('hex')
+}
+
+export function hmacBase64Url(key: Buffer, body: string): string {
+  return createHmac('sha256', key).update(body, 'utf8').digest('base64url')
+}

@@ -1,0 +1,80 @@
+import { mkdirSync } from 'node:fs'
+import { join } from 'node:path'
+import { sql } from 'drizzle-orm'
+import type { PgDatabase, PgQueryResultHKT, PgTransaction } from 'drizzle-orm/pg-core'
+import type { ExtractTablesWithRelations } from 'drizzle-orm'
+import * as schema from './schema'
+
+export type Schema = typeof schema
+/** Either driver's database: postgres.js against a server, or embedded PGlite. */
+export type Db = PgDatabase<PgQueryResultHKT, Schema>
+export type Tx = PgTransaction<PgQueryResultHKT, Schema, ExtractTablesWithRelations<Schema>>
+/** Query helpers take either, so they compose inside a caller's transaction. */
+export type DbOrTx = Db | Tx
+
+export interface Database {
+  db: Db
+  kind: 'postgres' | 'pglite'
+  ping(): Promise<boolean>
+  close(): Promise<void>
+}
+
+const migrationsFolder = join(import.meta.dir, '..', '..', 'drizzle')
+
+export interface OpenDbOptions {
+  /** postgres://… or null for PGlite. */
+  databaseUrl: string | null
+  /** PGlite directory; null keeps the embedded database in memory (tests). */
+  dataDir: string | null
+}
+
+/** Opens the database and applies pending migrations before anything uses it. */
+export async function openDb(options: OpenDbOptions): Promise<Database> {
+  if (options.databaseUrl) {
+    const { default: postgres } = await import('postgres')
+    const { drizzle } = await import('drizzle-orm/postgres-js')
+    const { migrate } = await import('drizzle-orm/postgres-js/migrator')
+    const client = postgres(options.databaseUrl, { max: 16, onnotice: () => {} })
+    const db = drizzle({ client, schema })
+    // Two processes starting at once must not both run a migration: a session lock on one connection.
+    const lockConn = postgres(options.databaseUrl, { max: 1, onnotice: () => {} })
+    try {
+      await lockConn`SELECT pg_advisory_lock(7428531)`
+      await migrate(drizzle({ client: lockConn }), { migrationsFolder })
+    } finally {
+      await lockConn.end({ timeout: 5 })
+    }
+    return {
+      db: db as unknown as Db,
+      kind: 'postgres',
+      ping: () => pingWith(db as unknown as Db),
+      close: () => client.end({ timeout: 5 }),
+    }
+  }
+  const { PGlite } = await import('@electric-sql/pglite')
+  const { drizzle } = await import('drizzle-orm/pglite')
+  const { migrate } = await import('drizzle-orm/pglite/migrator')
+  let dir: string | undefined
+  if (options.dataDir) {
+    mkdirSync(options.dataDir, { recursive: true })
+    dir = join(options.dataDir, 'pglite')
+  }
+  const client = dir ? new PGlite(dir) : new PGlite()
+  const db = drizzle({ client, schema })
+  await migrate(db, { migrationsFolder })
+  return {
+    db: db as unknown as Db,
+    kind: 'pglite',
+    ping: () => pingWith(db as unknown as Db),
+    close: () => client.close(),
+  }
+}
+
+async function pingWith(db: Db): Promise<boolean> {
+  try {
+    await db.execute(sql`SELECT 1`)
+    return true
+  } catch {
+    return false
+  }
+}

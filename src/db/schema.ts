@@ -1,0 +1,180 @@
+import { sql } from 'drizzle-orm'
+import {
+  bigint,
+  bigserial,
+  boolean,
+  index,
+  integer,
+  jsonb,
+  pgTable,
+  primaryKey,
+  text,
+  timestamp,
+  uniqueIndex,
+  uuid,
+} from 'drizzle-orm/pg-core'
+
+/** A flat map of variables: string, number or boolean values only. */
+export type VariableMap = Record<string, string | number | boolean>
+
+const createdAt = () =>
+  timestamp('created_at', { withTimezone: true, precision: 3, mode: 'date' }).notNull().defaultNow()
+
+const textList = (name: string) =>
+  text(name)
+    .array()
+    .notNull()
+    .default(sql`'{}'::text[]`)
+
+export const accounts = pgTable('accounts', {
+  id: uuid('id').primaryKey().defaultRandom(),
+  name: text('name').notNull(),
+  /** Balance as last reconciled; the live balance also subtracts what the store has not flushed yet. */
+  credits: bigint('credits', { mode: 'number' }).notNull().default(0),
+  createdAt: createdAt(),
+})
+
+export const apiKeys = pgTable(
+  'api_keys',
+  {
+    id: uuid('id').primaryKey().defaultRandom(),
+    accountId: uuid('account_id')
+      .notNull()
+      .references(() => accounts.id, { onDelete: 'cascade' }),
+    /** SHA-256 hex of the whole key; the key itself is never stored. */
+    keyHash: text('key_hash').notNull(),
+    createdAt: createdAt(),
+    revokedAt: timestamp('revoked_at', { withTimezone: true, precision: 3, mode: 'date' }),
+  },
+  (t) => [uniqueIndex('api_keys_key_hash_idx').on(t.keyHash)],
+)
+
+export const apps = pgTable(
+  'apps',
+  {
+    id: uuid('id').primaryKey().defaultRandom(),
+    accountId: uuid('account_id')
+      .notNull()
+      .references(() => accounts.id, { onDelete: 'cascade' }),
+    name: text('name').notNull(),
+    sandbox: boolean('sandbox').notNull().default(false),
+    /** SHA-256 hex of the app secret. */
+    secretHash: text('secret_hash').notNull(),
+    disabled: boolean('disabled').notNull().default(false),
+    variables: jsonb('variables').$type<VariableMap>().notNull().default({}),
+    hwidBlacklist: textList('hwid_blacklist'),
+    hwidWhitelist: textList('hwid_whitelist'),
+    ipBlacklist: textList('ip_blacklist'),
+    ipWhitelist: textList('ip_whitelist'),
+    createdAt: createdAt(),
+  },
+  (t) => [index('apps_account_idx').on(t.accountId, t.createdAt)],
+)
+
+export const signingKeys = pgTable(
+  'signing_keys',
+  {
+    /** The keyId sent in signed responses. */
+    id: text('id').primaryKey(),
+    appId: uuid('app_id')
+      .notNull()
+      .references(() => apps.id, { onDelete: 'cascade' }),
+    version: integer('version').notNull(),
+    /** Raw 32-byte Ed25519 public key, base64. */
+    publicKey: text('public_key').notNull(),
+    /** PKCS#8 private key sealed with the master key (see core/crypto seal). */
+    privateKeyEnc: text('private_key_enc').notNull(),
+    active: boolean('active').notNull().default(true),
+    createdAt: createdAt(),
+  },
+  (t) => [uniqueIndex('signing_keys_app_version_idx').on(t.appId, t.version)],
+)
+
+export const licenses = pgTable(
+  'licenses',
+  {
+    key: text('key').primaryKey(),
+    appId: uuid('app_id')
+      .notNull()
+      .references(() => apps.id, { onDelete: 'cascade' }),
+    status: text('status', { enum: ['active', 'revoked'] })
+      .notNull()
+      .default('active'),
+    expiresAt: timestamp('expires_at', { withTimezone: true, precision: 3, mode: 'date' }),
+    maxHwidSlots: integer('max_hwid_slots').notNull().default(1),
+    unlimitedHwidSlots: boolean('unlimited_hwid_slots').notNull().default(false),
+    hwids: textList('hwids'),
+    label: text('label'),
+    variables: jsonb('variables').$type<VariableMap>().notNull().default({}),
+    createdAt: createdAt(),
+  },
+  // Keyset pagination walks (app_id, created_at DESC, key DESC).
+  (t) => [index('licenses_app_created_idx').on(t.appId, t.createdAt, t.key)],
+)
+
+export const webhooks = pgTable(
+  'webhooks',
+  {
+    id: text('id').primaryKey(),
+    appId: uuid('app_id')
+      .notNull()
+      .references(() => apps.id, { onDelete: 'cascade' }),
+    url: text('url').notNull(),
+    events: text('events').array().notNull(),
+    enabled: boolean('enabled').notNull().default(true),
+    /** whsec_ secret sealed with the master key. */
+    secretEnc: text('secret_enc').notNull(),
+    lastDeliveryAt: timestamp('last_delivery_at', { withTimezone: true, precision: 3, mode: 'date' }),
+    lastDeliveryStatus: integer('last_delivery_status'),
+    createdAt: createdAt(),
+  },
+  (t) => [index('webhooks_app_idx').on(t.appId)],
+)
+
+/** The outbox: one row per event, written in the transaction of the change that caused it. */
+export const events = pgTable(
+  'events',
+  {
+    id: bigserial('id', { mode: 'number' }).primaryKey(),
+    appId: uuid('app_id').notNull(),
+    event: text('event').notNull(),
+    data: jsonb('data').$type<Record<string, unknown>>().notNull(),
+    occurredAt: timestamp('occurred_at', { withTimezone: true, precision: 3, mode: 'date' }).notNull(),
+    /** Set once the event has been fanned out into webhook_deliveries. */
+    dispatchedAt: timestamp('dispatched_at', { withTimezone: true, precision: 3, mode: 'date' }),
+  },
+  (t) => [index('events_undispatched_idx').on(t.id).where(sql`${t.dispatchedAt} IS NULL`)],
+)
+
+/** One attempt owed per (event, webhook). Claimed with SKIP LOCKED so one instance sends it. */
+export const webhookDeliveries = pgTable(
+  'webhook_deliveries',
+  {
+    eventId: bigint('event_id', { mode: 'number' })
+      .notNull()
+      .references(() => events.id, { onDelete: 'cascade' }),
+    webhookId: text('webhook_id')
+      .notNull()
+      .references(() => webhooks.id, { onDelete: 'cascade' }),
+    /** Lease: a claim older than the lease is taken over by another instance. */
+    claimedAt: timestamp('claimed_at', { withTimezone: true, precision: 3, mode: 'date' }),
+    attemptedAt: timestamp('attempted_at', { withTimezone: true, precision: 3, mode: 'date' }),
+    httpStatus: integer('http_status'),
+  },
+  (t) => [
+    primaryKey({ columns: [t.eventId, t.webhookId] }),
+    index('webhook_deliveries_pending_idx')
+      .on(t.eventId)
+      .where(sql`${t.attemptedAt} IS NULL`),
+  ],
+)
+
+/** Idempotency record of each credit flush from the store into accounts.credits. */
+export const creditFlushes = pgTable('credit_flushes', {
+  id: uuid('id').primaryKey(),
+  accountId: uuid('account_id')
+    .notNull()
+    .references(() => accounts.id, { onDelete: 'cascade' }),
+  amount: bigint('amount', { mode: 'number' }).notNull(),
+  createdAt: createdAt(),
+})

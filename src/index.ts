@@ -1,0 +1,60 @@
+import { readFileSync } from 'node:fs'
+import { createApp } from './app'
+import { buildDeps } from './boot'
+import { ConfigError, loadConfig } from './config'
+import { errorFields, log, setLogLevel } from './log'
+
+async function main(): Promise<void> {
+  let config
+  try {
+    config = loadConfig()
+  } catch (err) {
+    if (err instanceof ConfigError) {
+      process.stderr.write(`configuration error: ${err.message}\n`)
+      process.exit(2)
+    }
+    throw err
+  }
+  setLogLevel(config.logLevel)
+  const deps = await buildDeps(config)
+  const app = createApp(deps)
+  const tls =
+    config.tlsCertFile && config.tlsKeyFile
+      ? { cert: readFileSync(config.tlsCertFile, 'utf8'), key: readFileSync(config.tlsKeyFile, 'utf8') }
+      : undefined
+  app.listen({
+    hostname: config.host,
+    port: config.port,
+    tls,
+    // A hard ceiling above the per-route limits, so no request can make the server buffer more.
+    maxRequestBodySize: 2 * 1024 * 1024,
+  })
+  const server = app.server
+  log.info('listening', {
+    url: `${tls ? 'https' : 'http'}://${config.host}:${server?.port}`,
+    database: deps.database.kind,
+    store: deps.store.kind,
+  })
+
+  let stopping = false
+  const shutdown = async (signal: string) => {
+    if (stopping) return
+    stopping = true
+    log.info('shutting down', { signal })
+    try {
+      await app.stop()
+      await deps.store.close()
+      await deps.database.close()
+    } catch (err) {
+      log.error('error during shutdown', errorFields(err))
+    }
+    process.exit(0)
+  }
+  process.on('SIGINT', () => void shutdown('SIGINT'))
+  process.on('SIGTERM', () => void shutdown('SIGTERM'))
+}
+
+main().catch((err) => {
+  log.error('failed to start', errorFields(err))
+  process.exit(1)
+})

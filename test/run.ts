@@ -1,0 +1,90 @@
+/**
+ * `npm test`: runs the whole suite twice, against real PostgreSQL + Redis (a fresh database created
+ * and dropped here, a Redis DB index of its own) and against the embedded PGlite + in-process store,
+ * then prints one closing line "N passed, M failed" over both passes.
+ */
+import postgres from 'postgres'
+
+const PG_ADMIN_URL = process.env.TEST_PG_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
+const REDIS_BASE = process.env.TEST_REDIS_BASE ?? 'redis://127.0.0.1:6379'
+const REDIS_DB = process.env.TEST_REDIS_DB ?? '11'
+const extraArgs = process.argv.slice(2)
+
+interface Pass {
+  name: string
+  passed: number
+  failed: number
+  exitCode: number
+}
+
+async function runPass(name: string, env: Record<string, string>): Promise<Pass> {
+  console.log(`\n=== ${name} ===`)
+  const proc = Bun.spawn([process.execPath, 'test', ...extraArgs], {
+    env: { ...process.env, ...env },
+    stdout: 'inherit',
+    stderr: 'pipe',
+  })
+  // bun test writes its report to stderr: echo it and keep it to count.
+  let report = ''
+  const decoder = new TextDecoder()
+  for await (const chunk of proc.stderr) {
+    const text = decoder.decode(chunk)
+    report += text
+    process.stderr.write(text)
+  }
+  const exitCode = await proc.exited
+  const count = (word: string) => Number(new RegExp(`^\\s*(\\d+) ${word}$`, 'm').exec(report)?.[1] ?? 0)
+  return { name, passed: count('pass'), failed: count('fail'), exitCode }
+}
+
+async function withFreshDatabase<T>(fn: (url: string) => Promise<T>): Promise<T> {
+  const name = `ls_test_${process.pid}_${Date.now()}`
+  const admin = postgres(PG_ADMIN_URL, { max: 1, onnotice: () => {} })
+  await admin.unsafe(`CREATE DATABASE ${name}`)
+  try {
+    const url = new URL(PG_ADMIN_URL)
+    url.pathname = `/${name}`
+    return await fn(url.toString())
+  } finally {
+    await admin.unsafe(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`)
+    await admin.end()
+  }
+}
+
+async function flushRedis(url: string): Promise<void> {
+  const { default: Redis } = await import('ioredis')
+  const redis = new Redis(url, { maxRetriesPerRequest: 1 })
+  await redis.flushdb()
+  redis.disconnect()
+}
+
+const passes: Pass[] = []
+await withFreshDatabase(async (databaseUrl) => {
+  const redisUrl = `${REDIS_BASE}/${REDIS_DB}`
+  await flushRedis(redisUrl)
+  try {
+    passes.push(
+      await runPass('PostgreSQL + Redis', {
+        TEST_DATABASE_URL: databaseUrl,
+        TEST_REDIS_URL: redisUrl,
+        TEST_REDIS_BASE: REDIS_BASE,
+      }),
+    )
+  } finally {
+    await flushRedis(redisUrl)
+  }
+})
+passes.push(await runPass('embedded (PGlite + in-process store)', { TEST_DATABASE_URL: '', TEST_REDIS_URL: '' }))
+
+let passed = 0
+let failed = 0
+console.log('')
+for (const p of passes) {
+  // A pass that crashed before reporting counts as a failure even if no test did.
+  const crashed = p.exitCode !== 0 && p.failed === 0 ? 1 : 0
+  console.log(`${p.name}: ${p.passed} passed, ${p.failed + crashed} failed`)
+  passed += p.passed
+  failed += p.failed + crashed
+}
+console.log(`${passed} passed, ${failed} failed`)
+process.exit(failed > 0 ? 1 : 0)
