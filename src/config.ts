@@ -11,6 +11,8 @@ export interface Config {
   redisUrl: string | null
   trustedProxies: readonly Cidr[]
   webhookAllowPrivateTargets: boolean
+  /** NODE_EXTRA_CA_CERTS: also handed to webhook deliveries explicitly, so in-process tests can trust a CA. */
+  webhookExtraCaFile: string | null
   sandboxDailyCeiling: number
   validateLimitPerIp: number
   validateLimitPerLicense: number
@@ -164,6 +166,7 @@ export function loadConfig(env: Env = process.env): Readonly<Config> {
     redisUrl: url(env, 'REDIS_URL', ['redis:', 'rediss:']),
     trustedProxies: Object.freeze(proxies),
     webhookAllowPrivateTargets: bool(env, 'WEBHOOK_ALLOW_PRIVATE_TARGETS', false),
+    webhookExtraCaFile: optional(env, 'NODE_EXTRA_CA_CERTS'),
     sandboxDailyCeiling: int(env, 'SANDBOX_DAILY_CEILING', 50_000, 1, 1e12),
     validateLimitPerIp: int(env, 'VALIDATE_LIMIT_PER_IP', 300, 1, 1e9),
     validateLimitPerLicense: int(env, 'VALIDATE_LIMIT_PER_LICENSE', 300, 1, 1e9),
