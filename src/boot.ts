@@ -6,6 +6,7 @@ import { resolveMasterKey } from './core/master-key'
 import { openDb } from './db/client'
 import type { Deps } from './deps'
 import { openStore } from './store/redis'
+import { DeliveryPool } from './webhooks/pool'
 
 /** Opens storage (applying migrations) and builds the dependencies the server and the CLI share. */
 export async function buildDeps(config: Readonly<Config>): Promise<Deps> {
@@ -20,6 +21,10 @@ export async function buildDeps(config: Readonly<Config>): Promise<Deps> {
     sessionKey: deriveKey(masterKey, 'session-token-v1'),
     mailbox: new Mailbox(),
     bus: new EventBus(),
+    webhookPool: new DeliveryPool({
+      allowPrivate: config.webhookAllowPrivateTargets,
+      extraCaFile: config.webhookExtraCaFile,
+    }),
     clock: Date.now,
   }
 }

@@ -13,6 +13,7 @@ import { setLogLevel } from '../src/log'
 import { MemoryStore } from '../src/store/memory'
 import { RedisStore } from '../src/store/redis'
 import type { Store } from '../src/store/store'
+import { DeliveryPool } from '../src/webhooks/pool'
 
 /** Which backend this run tests: real PostgreSQL + Redis, or the embedded twins. */
 export const MODE: 'postgres' | 'embedded' = process.env.TEST_DATABASE_URL ? 'postgres' : 'embedded'
@@ -57,6 +58,10 @@ export async function makeTestApp(options: TestAppOptions = {}) {
     sessionKey: deriveKey(TEST_MASTER_KEY, 'session-token-v1'),
     mailbox: new Mailbox(),
     bus: new EventBus(),
+    webhookPool: new DeliveryPool({
+      allowPrivate: config.webhookAllowPrivateTargets,
+      extraCaFile: config.webhookExtraCaFile,
+    }),
     clock: options.clock ?? Date.now,
   }
   const app = createApp(deps)

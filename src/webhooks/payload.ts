@@ -1,0 +1,25 @@
+import { hmacHex } from '../core/crypto'
+import type { DeliveryJob } from './protocol'
+
+/** Builds the spec's signed POST: body { event, timestamp, data }, the four headers, HMAC of the raw body. */
+export function signedDelivery(
+  url: string,
+  secret: string,
+  event: string,
+  occurredAt: Date,
+  data: Record<string, unknown>,
+): DeliveryJob {
+  const timestamp = occurredAt.toISOString()
+  const body = JSON.stringify({ event, timestamp, data })
+  return {
+    url,
+    body,
+    headers: {
+      'content-type': 'application/json',
+      'user-agent': 'license-service-webhooks/1',
+      'x-service-event': event,
+      'x-service-timestamp': timestamp,
+      'x-service-signature': `sha256=${hmacHex(secret, body)}`,
+    },
+  }
+}

@@ -1,0 +1,103 @@
+import { readFileSync } from 'node:fs'
+import { rootCertificates } from 'node:tls'
+import { log } from '../log'
+import type { DeliveryJob, DeliveryResult, WorkerInit, WorkerReply, WorkerSend } from './protocol'
+
+export interface DeliveryPoolOptions {
+  /** Worker threads; each sends many requests concurrently, so two cover a 2-core machine. */
+  size?: number
+  allowPrivate: boolean
+  /** PEM file of extra trusted CAs (NODE_EXTRA_CA_CERTS). */
+  extraCaFile: string | null
+  timeoutMs?: number
+}
+
+interface Slot {
+  worker: Worker
+  pending: Map<number, (result: DeliveryResult) => void>
+}
+
+/**
+ * A small, fixed pool of delivery workers. Workers start on first use and live until close():
+ * Bun's docs still call terminating workers experimental, so they are never recycled per delivery.
+ */
+export class DeliveryPool {
+  readonly #size: number
+  readonly #init: WorkerInit
+  readonly #slots: (Slot | undefined)[]
+  #seq = 0
+  #closed = false
+
+  constructor(options: DeliveryPoolOptions) {
+    this.#size = Math.max(1, options.size ?? 2)
+    this.#slots = new Array(this.#size).fill(undefined)
+    // A `ca` list replaces the default roots, so the system roots go in with the extra CA.
+    const ca = options.extraCaFile ? [...rootCertificates, readFileSync(options.extraCaFile, 'utf8')] : null
+    this.#init = { type: 'init', allowPrivate: options.allowPrivate, ca, timeoutMs: options.timeoutMs ?? 10_000 }
+  }
+
+  /** Sends one prepared delivery on the least busy worker; never rejects. */
+  send(job: DeliveryJob): Promise<DeliveryResult> {
+    if (this.#closed) return Promise.resolve({ status: 0, reason: 'worker' })
+    const slot = this.#leastBusy()
+    const id = ++this.#seq
+    return new Promise((resolve) => {
+      slot.pending.set(id, resolve)
+      const msg: WorkerSend = { type: 'send', id, ...job }
+      slot.worker.postMessage(msg)
+    })
+  }
+
+  /** Deliveries handed to a worker and not answered yet. */
+  get inFlight(): number {
+    return this.#slots.reduce((n, s) => n + (s?.pending.size ?? 0), 0)
+  }
+
+  /** Stops the workers; deliveries still in flight count as attempted without a response. */
+  async close(): Promise<void> {
+    this.#closed = true
+    for (let i = 0; i < this.#slots.length; i++) {
+      const slot = this.#slots[i]
+      if (!slot) continue
+      this.#slots[i] = undefined
+      this.#fail(slot)
+      slot.worker.terminate()
+    }
+  }
+
+  #leastBusy(): Slot {
+    let best: Slot | undefined
+    for (let i = 0; i < this.#size; i++) {
+      const slot = this.#slots[i] ?? this.#spawn(i)
+      if (!best || slot.pending.size < best.pending.size) best = slot
+    }
+    return best as Slot
+  }
+
+  #spawn(index: number): Slot {
+    const worker = new Worker(new URL('./worker.ts', import.meta.url).href)
+    const slot: Slot = { worker, pending: new Map() }
+    worker.onmessage = (event: MessageEvent<WorkerReply>) => {
+      const { id, ...result } = event.data
+      const resolve = slot.pending.get(id)
+      slot.pending.delete(id)
+      resolve?.(result)
+    }
+    worker.onerror = (event) => {
+      log.error('webhook delivery worker failed; replacing it', { message: event.message })
+      if (this.#slots[index] === slot) this.#slots[index] = undefined
+      this.#fail(slot)
+      worker.terminate()
+    }
+    worker.postMessage(this.#init)
+    // The pool must not keep a finished process (a test, the CLI) alive.
+    worker.unref()
+    this.#slots[index] = slot
+    return slot
+  }
+
+  #fail(slot: Slot): void {
+    for (const resolve of slot.pending.values()) resolve({ status: 0, reason: 'worker' })
+    slot.pending.clear()
+  }
+}

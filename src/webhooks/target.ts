@@ -1,0 +1,117 @@
+import { lookup } from 'node:dns/promises'
+import { isIP } from 'node:net'
+import { type Cidr, cidrContains, ipBytes, parseCidr } from '../config'
+
+/**
+ * Where a webhook may point. Shared by the API (create/update) and the delivery worker, which checks
+ * again right before sending because DNS answers change between the two.
+ */
+
+export const MAX_WEBHOOK_URL_LENGTH = 2048
+
+// Everything that is not globally routable unicast: loopback, RFC 1918, CGNAT, link-local (cloud
+// metadata lives at 169.254.169.254), documentation, benchmarking, multicast, reserved, and the IPv6
+// equivalents plus the prefixes that embed an IPv4 address a router would translate.
+const NON_PUBLIC: readonly Cidr[] = [
+  '0.0.0.0/8',
+  '10.0.0.0/8',
+  '100.64.0.0/10',
+  '127.0.0.0/8',
+  '169.254.0.0/16',
+  '172.16.0.0/12',
+  '192.0.0.0/24',
+  '192.0.2.0/24',
+  '192.88.99.0/24',
+  '192.168.0.0/16',
+  '198.18.0.0/15',
+  '198.51.100.0/24',
+  '203.0.113.0/24',
+  '224.0.0.0/4',
+  '240.0.0.0/4',
+  '::/128',
+  '::1/128',
+  '::/96',
+  '64:ff9b::/96',
+  '64:ff9b:1::/48',
+  '100::/64',
+  '2001::/23',
+  '2001:db8::/32',
+  '2002::/16',
+  'fc00::/7',
+  'fe80::/10',
+  'fec0::/10',
+  'ff00::/8',
+].map((text) => {
+  const cidr = parseCidr(text)
+  if (!cidr) throw new Error(`bad built-in range ${text}`)
+  return cidr
+})
+
+/** True when the address is globally routable unicast (IPv4-mapped IPv6 is judged as its IPv4). */
+export function isPublicAddress(address: string): boolean {
+  const bytes = ipBytes(address)
+  if (!bytes) return false
+  return !NON_PUBLIC.some((range) => cidrContains(range, bytes))
+}
+
+export class TargetError extends Error {}
+
+/** Parses and shape-checks a webhook URL: HTTPS, a host, no credentials. */
+export function parseTargetUrl(text: string): URL {
+  if (text.length > MAX_WEBHOOK_URL_LENGTH) {
+    throw new TargetError(`url must be at most ${MAX_WEBHOOK_URL_LENGTH} characters`)
+  }
+  let url: URL
+  try {
+    url = new URL(text)
+  } catch {
+    throw new TargetError('url is not a valid URL')
+  }
+  if (url.protocol !== 'https:') throw new TargetError('url must use https://')
+  if (!url.hostname) throw new TargetError('url has no host')
+  // Credentials in a URL would be echoed by every list response; receivers authenticate by signature.
+  if (url.username || url.password) throw new TargetError('url must not contain credentials')
+  return url
+}
+
+/** The URL's host without IPv6 brackets. */
+function hostOf(url: URL): string {
+  return url.hostname.startsWith('[') ? url.hostname.slice(1, -1) : url.hostname
+}
+
+/**
+ * Resolves the host and refuses it when any address it resolves to is not public: a name with one
+ * public and one private record would otherwise reach the private one half the time.
+ */
+export async function assertPublicTarget(url: URL, timeoutMs = 5_000): Promise<void> {
+  const host = hostOf(url)
+  let addresses: string[]
+  if (isIP(host)) {
+    addresses = [host]
+  } else {
+    let timer: ReturnType<typeof setTimeout> | undefined
+    const timeout = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new TargetError(`url host ${host} did not resolve in time`)), timeoutMs)
+    })
+    try {
+      const found = await Promise.race([lookup(host, { all: true, verbatim: true }), timeout])
+      addresses = found.map((a) => a.address)
+    } catch (err) {
+      if (err instanceof TargetError) throw err
+      throw new TargetError(`url host ${host} does not resolve`)
+    } finally {
+      clearTimeout(timer)
+    }
+  }
+  if (addresses.length === 0) throw new TargetError(`url host ${host} does not resolve`)
+  if (!addresses.every(isPublicAddress)) {
+    throw new TargetError(`url host ${host} resolves to a loopback, private or otherwise non-public address`)
+  }
+}
+
+/** Shape check plus, unless private targets are allowed, the address check. */
+export async function checkTarget(text: string, allowPrivate: boolean): Promise<URL> {
+  const url = parseTargetUrl(text)
+  if (!allowPrivate) await assertPublicTarget(url)
+  return url
+}

@@ -1,0 +1,47 @@
+/// <reference lib="webworker" />
+import type { DeliveryResult, WorkerInit, WorkerReply, WorkerSend } from './protocol'
+import { assertPublicTarget, TargetError } from './target'
+
+/**
+ * A delivery worker: sends prepared, signed POSTs so that slow or dead receivers cost the API
+ * thread nothing. Started once at boot by the pool and kept for the life of the process.
+ */
+declare var self: Worker
+
+let settings: WorkerInit = { type: 'init', allowPrivate: false, ca: null, timeoutMs: 10_000 }
+
+async function deliver(job: WorkerSend): Promise<DeliveryResult> {
+  // One budget for the address check and the request together: the spec's 10 seconds per delivery.
+  const signal = AbortSignal.timeout(settings.timeoutMs)
+  try {
+    const url = new URL(job.url)
+    if (!settings.allowPrivate) await assertPublicTarget(url, Math.min(5_000, settings.timeoutMs))
+    const res = await fetch(url, {
+      method: 'POST',
+      headers: job.headers,
+      body: job.body,
+      redirect: 'manual',
+      signal,
+      ...(settings.ca ? { tls: { ca: settings.ca } } : {}),
+    })
+    // Only the status matters; dropping the body frees the connection without buffering it.
+    await res.body?.cancel().catch(() => {})
+    return { status: res.status }
+  } catch (err) {
+    if (err instanceof TargetError) return { status: 0, reason: 'blocked' }
+    if (signal.aborted) return { status: 0, reason: 'timeout' }
+    return { status: 0, reason: 'connection' }
+  }
+}
+
+self.onmessage = (event: MessageEvent<WorkerInit | WorkerSend>) => {
+  const msg = event.data
+  if (msg.type === 'init') {
+    settings = msg
+    return
+  }
+  void deliver(msg).then((result) => {
+    const reply: WorkerReply = { id: msg.id, ...result }
+    self.postMessage(reply)
+  })
+}
