@@ -1,0 +1,282 @@
+import { and, desc, eq, sql } from 'drizzle-orm'
+import type { Tx } from '../db/client'
+import { apps, licenses } from '../db/schema'
+import type { Deps } from '../deps'
+import { ApiError, badRequest, forbidden, notFound } from '../errors'
+import { keys } from '../store/store'
+import { requireOwnedApp } from './accounts'
+import { hasPositiveBalance } from './credits'
+import { generateLicenseKey, LICENSE_KEY_PATTERN } from './crypto'
+import { type DomainEvent, type EventData, type EventName, recordEvents } from './events'
+import { parseIsoTimestamp } from './time'
+
+type LicenseRow = typeof licenses.$inferSelect
+
+/** A license as the Developer API shows it (create shape: no hwidList). */
+export interface LicenseView {
+  licenseKey: string
+  appId: string
+  status: 'active' | 'revoked'
+  expiresAt: string | null
+  maxHwidSlots: number
+  unlimitedHwidSlots: boolean
+  label: string | null
+  createdAt: string
+}
+
+export interface LicenseWithHwids extends LicenseView {
+  hwidList: string[]
+}
+
+export function licenseView(row: LicenseRow): LicenseView {
+  return {
+    licenseKey: row.key,
+    appId: row.appId,
+    status: row.status,
+    expiresAt: row.expiresAt ? row.expiresAt.toISOString() : null,
+    maxHwidSlots: row.maxHwidSlots,
+    unlimitedHwidSlots: row.unlimitedHwidSlots,
+    label: row.label,
+    createdAt: row.createdAt.toISOString(),
+  }
+}
+
+export function licenseWithHwids(row: LicenseRow): LicenseWithHwids {
+  return { ...licenseView(row), hwidList: [...row.hwids] }
+}
+
+const KEY_SHAPE = new RegExp(LICENSE_KEY_PATTERN)
+const MAX_KEY_ATTEMPTS = 8
+
+function expiryFrom(text: string | null | undefined): Date | null {
+  if (text === undefined || text === null) return null
+  const date = parseIsoTimestamp(text)
+  if (!date) throw badRequest('expiresAt must be an ISO 8601 timestamp or null')
+  return date
+}
+
+/** Publishes a committed change: caches on every instance drop the keys, the dispatcher wakes. */
+async function published(deps: Deps, licenseKeys: readonly string[]): Promise<void> {
+  await deps.store.bump(licenseKeys.map(keys.licenseEpoch))
+  deps.bus.notify()
+}
+
+function event(deps: Deps, name: EventName, data: EventData): DomainEvent {
+  return { event: name, data, occurredAt: new Date(deps.clock()) }
+}
+
+export interface CreateLicensesInput {
+  appId: string
+  quantity?: number
+  expiresAt?: string | null
+  maxHwidSlots?: number
+  unlimitedHwidSlots?: boolean
+  label?: string | null
+}
+
+export async function createLicenses(deps: Deps, accountId: string, input: CreateLicensesInput) {
+  const expiresAt = expiryFrom(input.expiresAt)
+  const app = await requireOwnedApp(deps, accountId, input.appId)
+  if (!(await hasPositiveBalance(deps, accountId))) {
+    throw new ApiError('no_credits', 402, 'The account has no credits left; add credits to create licenses')
+  }
+  const quantity = input.quantity ?? 1
+  const values = {
+    appId: app.id,
+    expiresAt,
+    maxHwidSlots: input.maxHwidSlots ?? 1,
+    unlimitedHwidSlots: input.unlimitedHwidSlots ?? false,
+    label: input.label ?? null,
+  }
+  const rows = await deps.mailbox.run(app.id, () =>
+    deps.database.db.transaction(async (tx) => {
+      const createdAt = new Date(deps.clock())
+      const created: LicenseRow[] = []
+      // 80 random bits make a clash rare, not impossible: the loser of ON CONFLICT gets a new key.
+      for (let attempt = 0; created.length < quantity; attempt++) {
+        if (attempt === MAX_KEY_ATTEMPTS) throw new Error('could not generate unique license keys')
+        const batch = Array.from({ length: quantity - created.length }, () => ({
+          ...values,
+          key: generateLicenseKey(),
+          createdAt,
+        }))
+        created.push(...(await tx.insert(licenses).values(batch).onConflictDoNothing({ target: licenses.key }).returning()))
+      }
+      await recordEvents(
+        tx,
+        created.map((row) =>
+          event(deps, 'license.created', {
+            licenseKey: row.key,
+            appId: row.appId,
+            expiresAt: row.expiresAt?.toISOString() ?? null,
+            maxHwidSlots: row.maxHwidSlots,
+            unlimitedHwidSlots: row.unlimitedHwidSlots,
+            label: row.label,
+          }),
+        ),
+      )
+      return created
+    }),
+  )
+  await published(
+    deps,
+    rows.map((r) => r.key),
+  )
+  return rows.map(licenseView)
+}
+
+/** Finds a license of the account: 404 when absent (or not shaped like a key), 403 when another account's. */
+export async function requireOwnedLicense(deps: Deps, accountId: string, licenseKey: string): Promise<LicenseRow> {
+  if (!KEY_SHAPE.test(licenseKey)) throw notFound(`No license ${licenseKey}`)
+  const [found] = await deps.database.db
+    .select({ license: licenses, accountId: apps.accountId })
+    .from(licenses)
+    .innerJoin(apps, eq(apps.id, licenses.appId))
+    .where(eq(licenses.key, licenseKey))
+    .limit(1)
+  if (!found) throw notFound(`No license ${licenseKey}`)
+  if (found.accountId !== accountId) throw forbidden('This license belongs to an app outside your account')
+  return found.license
+}
+
+/** The single-license view; `hwid` is the first bound HWID (the oldest binding) or null. */
+export async function getLicense(deps: Deps, accountId: string, licenseKey: string) {
+  const row = await requireOwnedLicense(deps, accountId, licenseKey)
+  return { ...licenseWithHwids(row), hwid: row.hwids[0] ?? null }
+}
+
+interface Cursor {
+  createdAt: string
+  key: string
+}
+
+const CURSOR_TEXT = /^[A-Za-z0-9_-]{1,200}$/
+
+export function encodeCursor(row: LicenseRow): string {
+  return Buffer.from(`${row.createdAt.toISOString()}|${row.key}`, 'utf8').toString('base64url')
+}
+
+function decodeCursor(text: string): Cursor {
+  const invalid = () => badRequest('cursor is not one this API returned')
+  if (!CURSOR_TEXT.test(text)) throw invalid()
+  const [createdAt, key, ...rest] = Buffer.from(text, 'base64url').toString('utf8').split('|')
+  if (createdAt === undefined || key === undefined || rest.length > 0 || !KEY_SHAPE.test(key)) throw invalid()
+  const ms = Date.parse(createdAt)
+  if (!Number.isFinite(ms) || new Date(ms).toISOString() !== createdAt) throw invalid()
+  return { createdAt, key }
+}
+
+export interface ListLicensesInput {
+  appId: string
+  limit?: number
+  cursor?: string
+}
+
+/** Newest first (created_at DESC, key DESC); the cursor is the last row's position, keyset style. */
+export async function listLicenses(deps: Deps, accountId: string, input: ListLicensesInput) {
+  const after = input.cursor === undefined ? null : decodeCursor(input.cursor)
+  const app = await requireOwnedApp(deps, accountId, input.appId)
+  const limit = input.limit ?? 50
+  const rows = await deps.database.db
+    .select()
+    .from(licenses)
+    .where(
+      and(
+        eq(licenses.appId, app.id),
+        after ? sql`(${licenses.createdAt}, ${licenses.key}) < (${after.createdAt}::timestamptz, ${after.key})` : undefined,
+      ),
+    )
+    .orderBy(desc(licenses.createdAt), desc(licenses.key))
+    .limit(limit + 1)
+  const page = rows.slice(0, limit)
+  const last = page[page.length - 1]
+  return {
+    licenses: page.map(licenseWithHwids),
+    cursor: rows.length > limit && last ? encodeCursor(last) : null,
+  }
+}
+
+export type LicenseAction = 'revoke' | 'activate' | 'extend' | 'reset-hwid'
+
+export interface UpdateLicenseInput {
+  action: LicenseAction
+  /** Required by extend (null makes the license lifetime); refused with any other action. */
+  expiresAt?: string | null
+}
+
+/** Works out the change an action makes to a locked row: the new column values and the event, if any. */
+function planUpdate(
+  row: LicenseRow,
+  input: UpdateLicenseInput,
+): { set: Partial<LicenseRow>; event: EventName | null; extra: Record<string, unknown> } {
+  switch (input.action) {
+    case 'revoke':
+      return row.status === 'revoked'
+        ? { set: {}, event: null, extra: {} }
+        : { set: { status: 'revoked' }, event: 'license.revoked', extra: { status: 'revoked' } }
+    case 'activate':
+      return row.status === 'active'
+        ? { set: {}, event: null, extra: {} }
+        : { set: { status: 'active' }, event: 'license.activated', extra: { status: 'active' } }
+    case 'extend':
+      return { set: { expiresAt: expiryFrom(input.expiresAt) }, event: null, extra: {} }
+    case 'reset-hwid':
+      return { set: { hwids: [] }, event: 'license.hwid_reset', extra: { previousHwidList: row.hwids } }
+  }
+}
+
+function checkUpdateInput(input: UpdateLicenseInput): void {
+  if (input.action === 'extend') {
+    if (input.expiresAt === undefined) throw badRequest('expiresAt is required when action is extend')
+    expiryFrom(input.expiresAt)
+  } else if (input.expiresAt !== undefined) {
+    throw badRequest('expiresAt is only accepted when action is extend')
+  }
+}
+
+async function lockLicense(tx: Tx, licenseKey: string): Promise<LicenseRow> {
+  const [row] = await tx.select().from(licenses).where(eq(licenses.key, licenseKey)).for('update')
+  // Deleted between the ownership check and the lock.
+  if (!row) throw notFound(`No license ${licenseKey}`)
+  return row
+}
+
+export async function updateLicense(deps: Deps, accountId: string, licenseKey: string, input: UpdateLicenseInput) {
+  const owned = await requireOwnedLicense(deps, accountId, licenseKey)
+  checkUpdateInput(input)
+  const { row, changed } = await deps.mailbox.run(owned.appId, () =>
+    deps.database.db.transaction(async (tx) => {
+      const current = await lockLicense(tx, licenseKey)
+      const plan = planUpdate(current, input)
+      if (Object.keys(plan.set).length === 0) return { row: current, changed: false }
+      const [updated] = await tx.update(licenses).set(plan.set).where(eq(licenses.key, licenseKey)).returning()
+      if (!updated) throw new Error('locked license vanished during update')
+      if (plan.event) {
+        await recordEvents(tx, [event(deps, plan.event, { licenseKey, appId: updated.appId, ...plan.extra })])
+      }
+      return { row: updated, changed: true }
+    }),
+  )
+  if (changed) await published(deps, [licenseKey])
+  return { ok: true as const, license: licenseWithHwids(row) }
+}
+
+export async function deleteLicense(deps: Deps, accountId: string, licenseKey: string) {
+  const owned = await requireOwnedLicense(deps, accountId, licenseKey)
+  await deps.mailbox.run(owned.appId, () =>
+    deps.database.db.transaction(async (tx) => {
+      const [deleted] = await tx.delete(licenses).where(eq(licenses.key, licenseKey)).returning()
+      if (!deleted) throw notFound(`No license ${licenseKey}`)
+      await recordEvents(tx, [
+        event(deps, 'license.deleted', {
+          licenseKey,
+          appId: deleted.appId,
+          status: deleted.status,
+          hwidList: deleted.hwids,
+        }),
+      ])
+    }),
+  )
+  await published(deps, [licenseKey])
+  return { ok: true as const }
+}
