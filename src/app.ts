@@ -1,6 +1,7 @@
 import { Elysia } from 'elysia'
 import type { Deps } from './deps'
 import { ApiError, PublicError } from './errors'
+import { HttpMetrics, httpMetrics } from './http/metrics'
 import { errorFields, log } from './log'
 import { appRoutes } from './routes/apps'
 import { clientRoutes } from './routes/client'
@@ -48,39 +49,46 @@ function validationMessage(error: unknown): string {
 }
 
 export function createApp(deps: Deps) {
+  const metrics = new HttpMetrics()
   return new Elysia({ name: 'license-service' })
+    .use(httpMetrics(metrics))
     .onParse(async ({ request, path }) => {
       if (request.method === 'GET' || request.method === 'HEAD') return
       return (await parseJsonBody(request, path)) ?? {}
     })
     .onError(({ code, error, path, set }) => {
+      // Records the status on `set` too: the metrics hook reads it there, as a returned Response does not.
+      const reply = (status: number, errorCode: string, message: string, headers: Record<string, string> = {}) => {
+        set.status = status
+        return errorResponse(path, status, errorCode, message, headers)
+      }
       const headers = Object.fromEntries(
         Object.entries(set.headers).filter((e): e is [string, string] => typeof e[1] === 'string'),
       )
       if (error instanceof ApiError) {
-        return errorResponse(path, error.status, error.code, error.message, { ...headers, ...error.headers })
+        return reply(error.status, error.code, error.message, { ...headers, ...error.headers })
       }
       if (error instanceof PublicError) {
-        return errorResponse(path, error.status, error.code, error.code, { ...headers, ...error.headers })
+        return reply(error.status, error.code, error.code, { ...headers, ...error.headers })
       }
       if (error instanceof BodyTooLarge) {
-        return errorResponse(path, 413, 'bad_request', 'Request body is too large')
+        return reply(413, 'bad_request', 'Request body is too large')
       }
       if (error instanceof MalformedJson || code === 'PARSE') {
-        return errorResponse(path, 400, 'bad_request', 'Request body is not valid JSON')
+        return reply(400, 'bad_request', 'Request body is not valid JSON')
       }
       if (code === 'VALIDATION') {
-        return errorResponse(path, 400, 'bad_request', validationMessage(error))
+        return reply(400, 'bad_request', validationMessage(error))
       }
       if (code === 'NOT_FOUND') {
-        return errorResponse(path, 404, 'not_found', 'No such route')
+        return reply(404, 'not_found', 'No such route')
       }
       log.error('unhandled error', { path, ...errorFields(error) })
       return isPublic(path)
-        ? errorResponse(path, 500, 'system_error', 'system_error')
-        : errorResponse(path, 500, 'internal_error', 'Something went wrong on our side')
+        ? reply(500, 'system_error', 'system_error')
+        : reply(500, 'internal_error', 'Something went wrong on our side')
     })
-    .use(opsRoutes(deps))
+    .use(opsRoutes(deps, metrics))
     .use(docsRoutes(deps))
     .use(licenseRoutes(deps))
     .use(appRoutes(deps))

@@ -1,0 +1,107 @@
+import { Elysia, StatusMap } from 'elysia'
+
+/**
+ * Prometheus counters for HTTP traffic, kept in plain maps: recording is a map lookup and a few
+ * additions, cheap enough for the /auth hot path. Labels are the route pattern, never the raw path,
+ * so the number of series stays bounded by the number of routes.
+ */
+
+/** Upper bounds in seconds; the low end resolves the sub-millisecond requests this server mostly serves. */
+export const DURATION_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10] as const
+
+interface Series {
+  method: string
+  route: string
+  status: number
+  count: number
+  sum: number
+  /** Per-bucket counts, not cumulative; the exposition adds them up. */
+  buckets: number[]
+}
+
+export class HttpMetrics {
+  readonly #series = new Map<string, Series>()
+
+  record(method: string, route: string, status: number, seconds: number): void {
+    const id = `${method} ${status} ${route}`
+    let s = this.#series.get(id)
+    if (!s) {
+      s = { method, route, status, count: 0, sum: 0, buckets: new Array(DURATION_BUCKETS.length).fill(0) }
+      this.#series.set(id, s)
+    }
+    s.count++
+    s.sum += seconds
+    const i = DURATION_BUCKETS.findIndex((le) => seconds <= le)
+    if (i >= 0) s.buckets[i] = (s.buckets[i] ?? 0) + 1
+  }
+
+  /** Prometheus text exposition format 0.0.4. */
+  render(): string {
+    const series = [...this.#series.values()].sort(
+      (a, b) => a.route.localeCompare(b.route) || a.method.localeCompare(b.method) || a.status - b.status,
+    )
+    const out: string[] = [
+      '# HELP http_requests_total HTTP requests served, by method, route pattern and status.',
+      '# TYPE http_requests_total counter',
+    ]
+    for (const s of series) out.push(`http_requests_total{${labels(s)}} ${s.count}`)
+    out.push(
+      '# HELP http_request_duration_seconds Time from receiving a request to sending its response.',
+      '# TYPE http_request_duration_seconds histogram',
+    )
+    for (const s of series) {
+      const base = labels(s)
+      let cumulative = 0
+      DURATION_BUCKETS.forEach((le, i) => {
+        cumulative += s.buckets[i] ?? 0
+        out.push(`http_request_duration_seconds_bucket{${base},le="${le}"} ${cumulative}`)
+      })
+      out.push(`http_request_duration_seconds_bucket{${base},le="+Inf"} ${s.count}`)
+      out.push(`http_request_duration_seconds_sum{${base}} ${s.sum}`)
+      out.push(`http_request_duration_seconds_count{${base}} ${s.count}`)
+    }
+    return `${out.join('\n')}\n`
+  }
+}
+
+function labels(s: Series): string {
+  return `method="${escape(s.method)}",route="${escape(s.route)}",status="${s.status}"`
+}
+
+function escape(value: string): string {
+  return value.replaceAll('\\', '\\\\').replaceAll('"', '\\"').replaceAll('\n', '\\n')
+}
+
+/** Label for requests that matched no route: one series, whatever paths scanners try. */
+export const UNMATCHED_ROUTE = 'unmatched'
+
+const METHODS = new Set(['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'])
+
+// The start time rides on the request's context object, which Elysia keeps from onRequest to
+// onAfterResponse: cheaper than a WeakMap on the hot path.
+const started = Symbol('metrics.started')
+type Timed = { [started]?: number }
+
+/**
+ * Global hooks that time every request. The status comes from the Response when a handler returned
+ * one, else from `set.status` (app.ts's onError writes the status of the error it answered there).
+ */
+export const httpMetrics = (metrics: HttpMetrics) =>
+  new Elysia({ name: 'http-metrics' })
+    .onRequest((ctx) => {
+      ;(ctx as Timed)[started] = performance.now()
+    })
+    .onAfterResponse({ as: 'global' }, (ctx) => {
+      const t0 = (ctx as Timed)[started]
+      if (t0 === undefined) return
+      const response = (ctx as { response?: unknown }).response
+      const set = ctx.set.status ?? 200
+      const status =
+        response instanceof Response
+          ? response.status
+          : typeof set === 'number'
+            ? set
+            : (StatusMap[set as keyof typeof StatusMap] ?? 200)
+      const method = METHODS.has(ctx.request.method) ? ctx.request.method : 'OTHER'
+      metrics.record(method, ctx.route || UNMATCHED_ROUTE, status, (performance.now() - t0) / 1000)
+    })
