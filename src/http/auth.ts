@@ -34,6 +34,8 @@ const invalidKey = () => new ApiError('invalid_api_key', 401, 'Missing, malforme
 export const apiKeyAuth = (deps: Deps) =>
   new Elysia({ name: 'api-key-auth' }).macro({
     apiKey: {
+      // Every route using the macro is documented as needing the bearer key (docs.ts names the scheme).
+      detail: { security: [{ bearerAuth: [] }] },
       async resolve({ headers, set }) {
         const keyHash = presentedKeyHash(headers.authorization)
         if (!keyHash) throw invalidKey()

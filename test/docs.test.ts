@@ -1,0 +1,85 @@
+import { describe, expect, test } from 'bun:test'
+import { makeTestApp } from './helpers'
+
+const toOpenApiPath = (path: string) => path.replace(/:([A-Za-z0-9_]+)/g, '{$1}')
+
+/** Every `$ref` in the document, so each can be checked to point at a component that exists. */
+function refs(node: unknown, out: string[] = []): string[] {
+  if (Array.isArray(node)) for (const n of node) refs(n, out)
+  else if (node && typeof node === 'object') {
+    for (const [k, v] of Object.entries(node)) {
+      if (k === '$ref' && typeof v === 'string') out.push(v)
+      else refs(v, out)
+    }
+  }
+  return out
+}
+
+describe('OpenAPI document', () => {
+  test('/docs/json is an OpenAPI 3 document listing every /v1 and /auth route the app has', async () => {
+    const { app, req } = await makeTestApp()
+    const res = await req('GET', '/docs/json')
+    expect(res.status).toBe(200)
+    const doc = res.body
+    expect(doc.openapi).toMatch(/^3\.\d+\.\d+$/)
+    expect(doc.info.title).toBe('License service API')
+    expect(typeof doc.info.version).toBe('string')
+    expect(doc.servers).toEqual([{ url: '/', description: 'This server' }])
+    expect(doc.components.securitySchemes.bearerAuth).toMatchObject({ type: 'http', scheme: 'bearer' })
+
+    const api = app.routes.filter((r) => /^\/(v1|auth)\//.test(r.path))
+    for (const route of api) {
+      const op = doc.paths[toOpenApiPath(route.path)]?.[route.method.toLowerCase()]
+      expect(op, `${route.method} ${route.path} is missing from the document`).toBeDefined()
+      expect(Object.keys(op.responses).length, `${route.method} ${route.path} has no responses`).toBeGreaterThan(0)
+      // Every path parameter is declared, as OpenAPI requires.
+      for (const name of route.path.match(/:([A-Za-z0-9_]+)/g) ?? []) {
+        expect(
+          op.parameters?.some((p: { in: string; name: string }) => p.in === 'path' && p.name === name.slice(1)),
+          `${route.path} does not declare ${name}`,
+        ).toBe(true)
+      }
+      if (route.path.startsWith('/v1/')) {
+        expect(op.security, `${route.method} ${route.path} is not marked as needing the bearer key`).toEqual([
+          { bearerAuth: [] },
+        ])
+      }
+    }
+    for (const path of ['/healthz', '/readyz', '/metrics']) expect(doc.paths[path]?.get).toBeDefined()
+    expect(Object.keys(doc.paths).filter((p) => p.startsWith('/docs'))).toEqual([])
+
+    for (const ref of refs(doc)) {
+      const target = ref.replace(/^#\//, '').split('/').reduce((node: any, key) => node?.[key], doc)
+      expect(target, `dangling ${ref}`).toBeDefined()
+    }
+  })
+})
+
+describe('Swagger UI', () => {
+  test('/docs is an HTML page whose every asset is local and served', async () => {
+    const { req } = await makeTestApp()
+    const page = await req('GET', '/docs')
+    expect(page.status).toBe(200)
+    expect(page.headers.get('content-type')).toStartWith('text/html')
+    const html = page.body as string
+    const urls = [...html.matchAll(/\b(?:src|href)="([^"]+)"/g)].map((m) => m[1] as string)
+    expect(urls.length).toBeGreaterThanOrEqual(2)
+    expect(html).not.toMatch(/https?:\/\//)
+    for (const url of urls) {
+      expect(url).toStartWith('/')
+      const asset = await req('GET', url)
+      expect(asset.status, url).toBe(200)
+    }
+    expect(html).toContain("url: '/docs/json'")
+    const bundle = await req('GET', '/docs/assets/swagger-ui-bundle.js')
+    expect(bundle.headers.get('content-type')).toContain('javascript')
+    expect((bundle.body as string).length).toBeGreaterThan(100_000)
+  })
+
+  test('only the listed swagger-ui files are served', async () => {
+    const { req } = await makeTestApp()
+    for (const name of ['package.json', '..%2Fpackage.json', 'index.html', 'oauth2-redirect.html']) {
+      expect((await req('GET', `/docs/assets/${name}`)).status, name).toBe(404)
+    }
+  })
+})
