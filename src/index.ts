@@ -3,6 +3,7 @@ import { createApp } from './app'
 import { buildDeps } from './boot'
 import { ConfigError, loadConfig } from './config'
 import { errorFields, log, setLogLevel } from './log'
+import { startDispatcher } from './webhooks/dispatcher'
 
 async function main(): Promise<void> {
   let config
@@ -18,6 +19,8 @@ async function main(): Promise<void> {
   setLogLevel(config.logLevel)
   const deps = await buildDeps(config)
   const app = createApp(deps)
+  // Delivers events committed before a restart as well as new ones; one claim per delivery across instances.
+  const dispatcher = startDispatcher(deps)
   const tls =
     config.tlsCertFile && config.tlsKeyFile
       ? { cert: readFileSync(config.tlsCertFile, 'utf8'), key: readFileSync(config.tlsKeyFile, 'utf8') }
@@ -43,6 +46,8 @@ async function main(): Promise<void> {
     log.info('shutting down', { signal })
     try {
       await app.stop()
+      await dispatcher.stop()
+      await deps.webhookPool.close()
       await deps.store.close()
       await deps.database.close()
     } catch (err) {

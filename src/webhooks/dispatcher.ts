@@ -1,0 +1,277 @@
+import { and, asc, inArray, isNull, lt, or, sql } from 'drizzle-orm'
+import type { Db } from '../db/client'
+import { events, webhookDeliveries, webhooks } from '../db/schema'
+import type { Deps } from '../deps'
+import { errorFields, log } from '../log'
+import { signedDelivery } from './payload'
+import { type Attempt, recordAttempts } from './record'
+
+/**
+ * Delivers the outbox. Runs on the main thread but only moves rows and messages: the HTTP requests
+ * run on the delivery pool's workers, so API calls never wait on a receiver.
+ *
+ * Each step is safe with several instances on one database:
+ * 1. Fan-out: undispatched events (SKIP LOCKED) get one webhook_deliveries row per webhook that is
+ *    enabled and subscribed at that moment, and are marked dispatched, in one statement.
+ * 2. Claim: due deliveries (never attempted, and unclaimed or claimed longer than the lease ago) get
+ *    claimed_at = now() with SKIP LOCKED, so exactly one instance sends each.
+ * 3. Send on a worker, then record attempted_at/http_status and the webhook's lastDelivery*.
+ *
+ * Semantics: every event committed is attempted once per subscribed, enabled webhook, including
+ * after a crash or restart between commit and send (the rows wait in PostgreSQL). There are no
+ * retries: a timeout or refusal is an attempt (status 0). The one exception is a crash during the
+ * send itself (claimed, result not recorded): when the lease expires the delivery is attempted again,
+ * so it is at least once only across a crash during the send. Receivers can drop a repeat by
+ * (X-Service-Event, X-Service-Timestamp, body).
+ */
+
+export interface DispatcherOptions {
+  /** How often to look for work from other instances (and missed wake-ups). */
+  pollMs?: number
+  /** A claim older than this is taken over: longer than the 10 s delivery timeout plus recording. */
+  leaseSeconds?: number
+  /** Events fanned out per statement. */
+  fanOutBatch?: number
+  /** Deliveries this instance has on the workers at once. */
+  maxInFlight?: number
+  /** Dispatched events whose deliveries are all attempted are deleted after this many days. */
+  retentionDays?: number
+}
+
+interface Claimed {
+  eventId: number
+  webhookId: string
+  event: string
+  data: Record<string, unknown>
+  occurredAt: Date
+  url: string
+  secretEnc: string
+  enabled: boolean
+}
+
+const CLEANUP_EVERY_MS = 10 * 60_000
+
+function rowsOf(result: unknown): Record<string, unknown>[] {
+  // postgres.js returns the rows themselves, PGlite an object holding them.
+  return (Array.isArray(result) ? result : (result as { rows?: unknown[] }).rows ?? []) as Record<string, unknown>[]
+}
+
+export class WebhookDispatcher {
+  readonly #deps: Deps
+  readonly #db: Db
+  readonly #pollMs: number
+  readonly #leaseSeconds: number
+  readonly #fanOutBatch: number
+  readonly #maxInFlight: number
+  readonly #retentionDays: number
+
+  #unsubscribe: (() => void) | null = null
+  #poll: ReturnType<typeof setInterval> | null = null
+  #cleanup: ReturnType<typeof setInterval> | null = null
+  #stopped = true
+  #pumping: Promise<void> | null = null
+  #again = false
+  #inFlight = 0
+  #idle: (() => void)[] = []
+  #results: Attempt[] = []
+  #flushing: Promise<void> | null = null
+
+  constructor(deps: Deps, options: DispatcherOptions = {}) {
+    this.#deps = deps
+    this.#db = deps.database.db
+    this.#pollMs = options.pollMs ?? 1_000
+    this.#leaseSeconds = options.leaseSeconds ?? 30
+    this.#fanOutBatch = options.fanOutBatch ?? 500
+    this.#maxInFlight = options.maxInFlight ?? 64
+    this.#retentionDays = options.retentionDays ?? 7
+  }
+
+  start(): this {
+    if (!this.#stopped) return this
+    this.#stopped = false
+    this.#unsubscribe = this.#deps.bus.subscribe(() => this.kick())
+    this.#poll = setInterval(() => this.kick(), this.#pollMs)
+    this.#cleanup = setInterval(() => void this.#purge(), CLEANUP_EVERY_MS)
+    this.#poll.unref?.()
+    this.#cleanup.unref?.()
+    this.kick()
+    void this.#purge()
+    return this
+  }
+
+  /** Stops taking work, then waits for deliveries on the workers and records their results. */
+  async stop(): Promise<void> {
+    if (this.#stopped) return
+    this.#stopped = true
+    this.#unsubscribe?.()
+    if (this.#poll) clearInterval(this.#poll)
+    if (this.#cleanup) clearInterval(this.#cleanup)
+    await this.#pumping
+    if (this.#inFlight > 0) await new Promise<void>((resolve) => this.#idle.push(resolve))
+    this.#flush()
+    await this.#flushing
+  }
+
+  /** Looks for work now (called on every commit that wrote events, and by the poll). */
+  kick(): void {
+    if (this.#stopped) return
+    if (this.#pumping) {
+      this.#again = true
+      return
+    }
+    this.#pumping = this.#pump().finally(() => {
+      this.#pumping = null
+    })
+  }
+
+  async #pump(): Promise<void> {
+    try {
+      do {
+        this.#again = false
+        const fanned = await this.#fanOut()
+        if (fanned >= this.#fanOutBatch) this.#again = true
+        const room = this.#maxInFlight - this.#inFlight
+        if (room > 0) {
+          const claimed = await this.#claim(room)
+          // A full batch means more is due: continue as soon as a worker slot frees up.
+          if (claimed.length >= room) this.#again = true
+          for (const c of claimed) this.#send(c)
+        }
+      } while (this.#again && !this.#stopped && this.#inFlight < this.#maxInFlight)
+    } catch (err) {
+      log.error('webhook dispatch failed; retrying on the next poll', errorFields(err))
+    }
+  }
+
+  async #fanOut(): Promise<number> {
+    const result = await this.#db.execute(sql`
+      WITH picked AS (
+        SELECT id, app_id, event FROM events
+        WHERE dispatched_at IS NULL
+        ORDER BY id
+        LIMIT ${this.#fanOutBatch}
+        FOR UPDATE SKIP LOCKED
+      ), owed AS (
+        INSERT INTO webhook_deliveries (event_id, webhook_id)
+        SELECT p.id, w.id FROM picked p
+        JOIN webhooks w ON w.app_id = p.app_id AND w.enabled AND p.event = ANY(w.events)
+        ON CONFLICT DO NOTHING
+      ), marked AS (
+        UPDATE events SET dispatched_at = now() FROM picked WHERE events.id = picked.id RETURNING 1
+      )
+      SELECT count(*)::int AS n FROM marked`)
+    return Number(rowsOf(result)[0]?.n ?? 0)
+  }
+
+  async #claim(limit: number): Promise<Claimed[]> {
+    const d = webhookDeliveries
+    const due = this.#db
+      .select({ eventId: d.eventId, webhookId: d.webhookId })
+      .from(d)
+      .where(
+        and(
+          isNull(d.attemptedAt),
+          or(isNull(d.claimedAt), lt(d.claimedAt, sql`now() - make_interval(secs => ${this.#leaseSeconds})`)),
+        ),
+      )
+      .orderBy(asc(d.eventId))
+      .limit(limit)
+      .for('update', { skipLocked: true })
+    const claimed = await this.#db
+      .update(d)
+      .set({ claimedAt: sql`now()` })
+      .where(sql`(${d.eventId}, ${d.webhookId}) IN (${due})`)
+      .returning({ eventId: d.eventId, webhookId: d.webhookId })
+    if (claimed.length === 0) return []
+    const rows = await this.#db
+      .select({
+        eventId: events.id,
+        webhookId: webhooks.id,
+        event: events.event,
+        data: events.data,
+        occurredAt: events.occurredAt,
+        url: webhooks.url,
+        secretEnc: webhooks.secretEnc,
+        enabled: webhooks.enabled,
+      })
+      .from(events)
+      .innerJoin(webhooks, inArray(webhooks.id, [...new Set(claimed.map((c) => c.webhookId))]))
+      .where(inArray(events.id, [...new Set(claimed.map((c) => c.eventId))]))
+    const wanted = new Set(claimed.map((c) => `${c.eventId} ${c.webhookId}`))
+    return rows.filter((r) => wanted.has(`${r.eventId} ${r.webhookId}`))
+  }
+
+  #send(c: Claimed): void {
+    if (!c.enabled) {
+      // Disabled after fan-out: close the row without sending, so re-enabling does not replay old events.
+      this.#results.push({ eventId: c.eventId, webhookId: c.webhookId, at: new Date(this.#deps.clock()), status: null })
+      this.#flush()
+      return
+    }
+    this.#inFlight++
+    let sending: Promise<{ status: number }>
+    try {
+      const secret = this.#deps.sealer.open(c.secretEnc).toString('utf8')
+      sending = this.#deps.webhookPool.send(signedDelivery(c.url, secret, c.event, c.occurredAt, c.data))
+    } catch (err) {
+      log.error('webhook secret could not be opened; delivery recorded without sending', {
+        webhookId: c.webhookId,
+        ...errorFields(err),
+      })
+      sending = Promise.resolve({ status: 0 })
+    }
+    void sending.then((result) => {
+      this.#results.push({ eventId: c.eventId, webhookId: c.webhookId, at: new Date(this.#deps.clock()), status: result.status })
+      this.#inFlight--
+      this.#flush()
+      if (this.#inFlight === 0) for (const resolve of this.#idle.splice(0)) resolve()
+      if (this.#again) this.kick()
+    })
+  }
+
+  /** Records finished attempts in batches; one write in flight at a time, later results queue up. */
+  #flush(): void {
+    if (this.#flushing || this.#results.length === 0) return
+    this.#flushing = (async () => {
+      let failures = 0
+      while (this.#results.length > 0) {
+        const batch = this.#results.splice(0, 500)
+        try {
+          await recordAttempts(this.#db, batch)
+          failures = 0
+        } catch (err) {
+          failures++
+          log.error('recording webhook attempts failed', errorFields(err))
+          // Unrecorded results are re-sent after the lease: keep trying while running, give up when stopping.
+          if (this.#stopped && failures >= 3) return
+          this.#results.unshift(...batch)
+          await Bun.sleep(Math.min(5_000, 200 * 2 ** failures))
+        }
+      }
+    })().finally(() => {
+      this.#flushing = null
+      if (this.#results.length > 0 && !this.#stopped) this.#flush()
+    })
+  }
+
+  async #purge(): Promise<void> {
+    try {
+      await this.#db.execute(sql`
+        DELETE FROM events WHERE id IN (
+          SELECT e.id FROM events e
+          WHERE e.dispatched_at < now() - make_interval(days => ${this.#retentionDays})
+            AND NOT EXISTS (
+              SELECT 1 FROM webhook_deliveries d WHERE d.event_id = e.id AND d.attempted_at IS NULL
+            )
+          LIMIT 5000
+        )`)
+    } catch (err) {
+      log.warn('purging old webhook events failed', errorFields(err))
+    }
+  }
+}
+
+/** Starts delivering the outbox with the given dependencies; stop() before closing the database. */
+export function startDispatcher(deps: Deps, options?: DispatcherOptions): WebhookDispatcher {
+  return new WebhookDispatcher(deps, options).start()
+}
