@@ -2,6 +2,7 @@ import { readFileSync } from 'node:fs'
 import { createApp } from './app'
 import { buildDeps } from './boot'
 import { ConfigError, loadConfig } from './config'
+import { startOperatorSocket, usesOperatorSocket } from './http/operator-socket'
 import { errorFields, log, setLogLevel } from './log'
 import { startDispatcher } from './webhooks/dispatcher'
 
@@ -33,6 +34,7 @@ async function main(): Promise<void> {
     maxRequestBodySize: 2 * 1024 * 1024,
   })
   const server = app.server
+  const operatorSocket = usesOperatorSocket(config) ? startOperatorSocket(deps) : null
   log.info('listening', {
     url: `${tls ? 'https' : 'http'}://${config.host}:${server?.port}`,
     database: deps.database.kind,
@@ -45,6 +47,7 @@ async function main(): Promise<void> {
     stopping = true
     log.info('shutting down', { signal })
     try {
+      operatorSocket?.stop()
       await app.stop()
       await dispatcher.stop()
       await deps.webhookPool.close()
