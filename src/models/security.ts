@@ -1,0 +1,22 @@
+import { t } from 'elysia'
+
+const list = (description: string) => t.Array(t.String(), { maxItems: 1000, description })
+
+/** Per-app lists checked on every authentication: blacklists always win; a non-empty whitelist admits only its entries. */
+export const SecurityConfig = t.Object({
+  hwidBlacklist: list('HWIDs blocked'),
+  hwidWhitelist: list('When non-empty, only these HWIDs are allowed'),
+  ipBlacklist: list('IP addresses blocked (canonical form)'),
+  ipWhitelist: list('When non-empty, only these IP addresses are allowed (canonical form)'),
+})
+
+export const PutSecurityBody = t.Partial(SecurityConfig, {
+  description: 'A supplied list replaces that list (entries deduplicated, order kept); omitted lists are unchanged; [] clears',
+})
+
+export const SecurityEntryBody = t.Object({
+  type: t.Union([t.Literal('hwid'), t.Literal('ip')]),
+  value: t.String({
+    description: 'HWID of 1 to 128 characters, or a single IPv4/IPv6 address of 7 to 45 characters (stored canonical)',
+  }),
+})
