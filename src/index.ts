@@ -2,6 +2,7 @@ import { readFileSync } from 'node:fs'
 import { createApp } from './app'
 import { buildDeps } from './boot'
 import { ConfigError, loadConfig } from './config'
+import { startClientAuth } from './core/auth'
 import { startOperatorSocket, usesOperatorSocket } from './http/operator-socket'
 import { errorFields, log, setLogLevel } from './log'
 import { startDispatcher } from './webhooks/dispatcher'
@@ -22,6 +23,8 @@ async function main(): Promise<void> {
   const app = createApp(deps)
   // Delivers events committed before a restart as well as new ones; one claim per delivery across instances.
   const dispatcher = startDispatcher(deps)
+  // Moves credit charges from the store into PostgreSQL and writes batched license.validated events.
+  const clientAuth = startClientAuth(deps)
   const tls =
     config.tlsCertFile && config.tlsKeyFile
       ? { cert: readFileSync(config.tlsCertFile, 'utf8'), key: readFileSync(config.tlsKeyFile, 'utf8') }
@@ -49,6 +52,7 @@ async function main(): Promise<void> {
     try {
       operatorSocket?.stop()
       await app.stop()
+      await clientAuth.stop()
       await dispatcher.stop()
       await deps.webhookPool.close()
       await deps.store.close()

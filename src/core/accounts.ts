@@ -4,6 +4,7 @@ import { accounts, apiKeys, apps, signingKeys } from '../db/schema'
 import type { Deps } from '../deps'
 import { ApiError } from '../errors'
 import { keys } from '../store/store'
+import { currentBalance } from './credits-ledger'
 import {
   generateApiKey,
   generateAppSecret,
@@ -58,13 +59,14 @@ export async function addCredits(deps: Deps, accountId: string, n: number) {
     .where(eq(accounts.id, accountId))
     .returning({ accountId: accounts.id, credits: accounts.credits })
   if (!row) throw new ApiError('not_found', 404, `No account ${accountId}`)
-  await deps.store.bump([keys.accountEpoch(accountId)])
-  return row
+  // The live balance the client endpoints spend from gets the same delta, atomically with the epoch bump.
+  await deps.store.creditsAdded(accountId, n)
+  return { accountId: row.accountId, credits: await currentBalance(deps, accountId) }
 }
 
 export async function getAccount(deps: Deps, accountId: string) {
   const row = await requireAccount(deps.database.db, accountId)
-  return { accountId: row.id, name: row.name, credits: row.credits }
+  return { accountId: row.id, name: row.name, credits: await currentBalance(deps, accountId) }
 }
 
 export interface CreatedApp {

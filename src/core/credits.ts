@@ -1,16 +1,10 @@
-import { eq } from 'drizzle-orm'
-import { accounts } from '../db/schema'
 import type { Deps } from '../deps'
+import { currentBalance } from './credits-ledger'
 
 /**
  * Whether the account may create licenses: the contract asks for a positive balance and spends
- * nothing. Reads the reconciled balance in accounts.credits.
+ * nothing. Reads the live balance the client endpoints spend from (the reconciled one trails it).
  */
 export async function hasPositiveBalance(deps: Deps, accountId: string): Promise<boolean> {
-  const [row] = await deps.database.db
-    .select({ credits: accounts.credits })
-    .from(accounts)
-    .where(eq(accounts.id, accountId))
-    .limit(1)
-  return (row?.credits ?? 0) > 0
+  return (await currentBalance(deps, accountId)) > 0
 }

@@ -1,4 +1,4 @@
-import type { Store, TakeResult } from './store'
+import { type AuthorizeInput, type AuthorizeResult, keys, type Store, type TakeResult } from './store'
 
 interface Entry {
   value: unknown
@@ -68,6 +68,132 @@ export class MemoryStore implements Store {
 
   async bump(keys: readonly string[]): Promise<void> {
     for (const k of keys) this.set(k, ((this.get(k) as number | undefined) ?? 0) + 1)
+  }
+
+  // Mirrors AUTHORIZE in redis.ts step by step; runs without awaiting, so it is atomic like the script.
+  async authorize(a: AuthorizeInput): Promise<AuthorizeResult> {
+    const now = a.nowMs
+    const current = a.epochs.map((e) => this.#num(e.key, now))
+    if (a.epochs.some((e, i) => current[i] !== e.expected)) return { kind: 'stale', epochs: current }
+    if (a.charge && this.get(keys.balance(a.charge.accountId), now) === undefined) return { kind: 'no_balance' }
+    if (a.ceiling) {
+      const count = this.#num(a.ceiling.key, now) + 1
+      const entry = this.get(a.ceiling.key, now) === undefined ? a.ceiling.ttlSeconds * 1000 : this.#ttl(a.ceiling.key, now)
+      this.set(a.ceiling.key, count, entry, now)
+      if (count > a.ceiling.limit) return { kind: 'quota' }
+    }
+    if (a.buckets.length > 0) {
+      const tokens = a.buckets.map((b) => {
+        const state = this.get(b.key, now) as { tokens: number; ts: number } | undefined
+        const rate = b.refillPerSecond / 1000
+        const t = state ? state.tokens : b.capacity
+        const ts = state ? state.ts : now
+        return Math.min(b.capacity, t + Math.max(0, now - ts) * rate)
+      })
+      let short = 0
+      a.buckets.forEach((b, i) => {
+        const t = tokens[i] ?? 0
+        if (t < 1) short = Math.max(short, Math.ceil((1 - t) / (b.refillPerSecond / 1000)))
+      })
+      a.buckets.forEach((b, i) => {
+        const t = (tokens[i] ?? 0) - (short === 0 ? 1 : 0)
+        this.set(b.key, { tokens: t, ts: now }, Math.ceil(b.capacity / (b.refillPerSecond / 1000)) + 1000, now)
+      })
+      if (short > 0) return { kind: 'limited', retryAfterMs: short }
+    }
+    if (a.nonce) {
+      if (this.get(a.nonce.key, now) !== undefined) return { kind: 'replay' }
+      this.set(a.nonce.key, 1, a.nonce.ttlSeconds * 1000, now)
+    }
+    if (a.deny) return { kind: 'denied' }
+    if (!a.charge) return { kind: 'ok', charged: 0 }
+    let cost = a.charge.cost
+    const counter = a.charge.counter
+    if (counter) {
+      const n = this.#num(counter.key, now) + 1
+      this.set(counter.key, n, Infinity, now)
+      if (n % counter.every !== 0) cost = 0
+    }
+    if (cost > 0) {
+      const balanceKey = keys.balance(a.charge.accountId)
+      const balance = this.#num(balanceKey, now)
+      if (balance < cost) {
+        if (counter) this.set(counter.key, this.#num(counter.key, now) - 1, Infinity, now)
+        return { kind: 'no_credits' }
+      }
+      this.set(balanceKey, balance - cost, Infinity, now)
+      this.#addPending(a.charge.accountId, cost, now)
+    }
+    return { kind: 'ok', charged: cost }
+  }
+
+  #num(key: string, now = this.clock()): number {
+    return (this.get(key, now) as number | undefined) ?? 0
+  }
+
+  #ttl(key: string, now: number): number {
+    const entry = this.#data.get(key)
+    return entry ? entry.expiresAt - now : Infinity
+  }
+
+  #dirty(now = this.clock()): Set<string> {
+    let set = this.get(keys.dirtyAccounts, now) as Set<string> | undefined
+    if (!set) {
+      set = new Set()
+      this.set(keys.dirtyAccounts, set, Infinity, now)
+    }
+    return set
+  }
+
+  #addPending(accountId: string, n: number, now = this.clock()): void {
+    this.set(keys.pendingCharges(accountId), this.#num(keys.pendingCharges(accountId), now) + n, Infinity, now)
+    this.#dirty(now).add(accountId)
+  }
+
+  async loadBalance(accountId: string, expectedEpoch: number, reconciled: number): Promise<'ok' | 'stale'> {
+    if (this.#num(keys.accountEpoch(accountId)) !== expectedEpoch) return 'stale'
+    if (this.get(keys.balance(accountId)) !== undefined) return 'ok'
+    const flushing = this.get(keys.flushing(accountId)) as { id: string; amount: number } | undefined
+    const live = reconciled - this.#num(keys.pendingCharges(accountId)) - (flushing?.amount ?? 0)
+    this.set(keys.balance(accountId), Math.max(0, live))
+    return 'ok'
+  }
+
+  async balance(accountId: string): Promise<number | null> {
+    return (this.get(keys.balance(accountId)) as number | undefined) ?? null
+  }
+
+  async creditsAdded(accountId: string, n: number): Promise<void> {
+    this.set(keys.accountEpoch(accountId), this.#num(keys.accountEpoch(accountId)) + 1)
+    const live = this.get(keys.balance(accountId)) as number | undefined
+    if (live !== undefined) this.set(keys.balance(accountId), Math.max(0, live + n))
+  }
+
+  async refund(accountId: string, n: number): Promise<void> {
+    const live = this.get(keys.balance(accountId)) as number | undefined
+    if (live !== undefined) this.set(keys.balance(accountId), live + n)
+    this.#addPending(accountId, -n)
+  }
+
+  async dirtyAccounts(): Promise<string[]> {
+    return [...this.#dirty()]
+  }
+
+  async beginFlush(accountId: string, newId: string): Promise<{ id: string; amount: number } | null> {
+    const unfinished = this.get(keys.flushing(accountId)) as { id: string; amount: number } | undefined
+    if (unfinished) return unfinished
+    const pending = this.#num(keys.pendingCharges(accountId))
+    if (pending === 0) return null
+    this.set(keys.pendingCharges(accountId), 0)
+    const record = { id: newId, amount: pending }
+    this.set(keys.flushing(accountId), record)
+    return record
+  }
+
+  async endFlush(accountId: string, id: string): Promise<void> {
+    const unfinished = this.get(keys.flushing(accountId)) as { id: string; amount: number } | undefined
+    if (unfinished?.id === id) this.delete(keys.flushing(accountId))
+    if (this.#num(keys.pendingCharges(accountId)) === 0) this.#dirty().delete(accountId)
   }
 
   async ping(): Promise<boolean> {

@@ -1,6 +1,6 @@
 import Redis from 'ioredis'
 import { log } from '../log'
-import type { Store, TakeResult } from './store'
+import { type AuthorizeInput, type AuthorizeResult, keys, type Store, type TakeResult } from './store'
 
 // The token-bucket rule of memory.ts, as one atomic script. Tokens are kept as text to keep fractions.
 const TAKE = `
@@ -30,7 +30,123 @@ for i = 1, #KEYS do redis.call('INCR', KEYS[i]) end
 return #KEYS
 `
 
+// One public request's checks (AuthorizeInput in store.ts documents the order); memory.ts mirrors it.
+// The input arrives as one JSON argument: its shape varies per request and cjson is cheap next to a
+// network round trip.
+const AUTHORIZE = `
+local a = cjson.decode(ARGV[1])
+local now = a.now
+local stale = false
+local cur = {}
+for i, e in ipairs(a.ep) do
+  cur[i] = tonumber(redis.call('GET', e[1]) or '0')
+  if cur[i] ~= e[2] then stale = true end
+end
+if stale then return { 'stale', unpack(cur) } end
+if a.ch and redis.call('EXISTS', a.ch.bal) == 0 then return { 'no_balance' } end
+if a.ceil then
+  local n = redis.call('INCR', a.ceil[1])
+  if n == 1 then redis.call('EXPIRE', a.ceil[1], a.ceil[3]) end
+  if n > a.ceil[2] then return { 'quota' } end
+end
+if #a.bk > 0 then
+  local tokens = {}
+  local short = 0
+  for i, b in ipairs(a.bk) do
+    local rate = b[3] / 1000
+    local s = redis.call('HMGET', b[1], 't', 'ts')
+    local t = tonumber(s[1]) or b[2]
+    local ts = tonumber(s[2]) or now
+    t = math.min(b[2], t + math.max(0, now - ts) * rate)
+    tokens[i] = t
+    if t < 1 then short = math.max(short, math.ceil((1 - t) / rate)) end
+  end
+  for i, b in ipairs(a.bk) do
+    local t = tokens[i]
+    if short == 0 then t = t - 1 end
+    redis.call('HSET', b[1], 't', string.format('%.17g', t), 'ts', now)
+    redis.call('PEXPIRE', b[1], math.ceil(b[2] / (b[3] / 1000)) + 1000)
+  end
+  if short > 0 then return { 'limited', short } end
+end
+if a.nonce then
+  if not redis.call('SET', a.nonce[1], '1', 'NX', 'EX', a.nonce[2]) then return { 'replay' } end
+end
+if a.deny then return { 'denied' } end
+if not a.ch then return { 'ok', 0 } end
+local cost = a.ch.cost
+if a.ch.ctr then
+  local n = redis.call('INCR', a.ch.ctr)
+  if n % a.ch.every ~= 0 then cost = 0 end
+end
+if cost > 0 then
+  local bal = tonumber(redis.call('GET', a.ch.bal))
+  if bal < cost then
+    if a.ch.ctr then redis.call('DECR', a.ch.ctr) end
+    return { 'no_credits' }
+  end
+  redis.call('DECRBY', a.ch.bal, cost)
+  redis.call('INCRBY', a.ch.pend, cost)
+  redis.call('SADD', a.ch.dirty, a.ch.acct)
+end
+return { 'ok', cost }
+`
+
+// KEYS: balance, pending, flushing, account epoch. ARGV: expected epoch, reconciled balance.
+const LOAD_BALANCE = `
+if tonumber(redis.call('GET', KEYS[4]) or '0') ~= tonumber(ARGV[1]) then return 0 end
+if redis.call('EXISTS', KEYS[1]) == 1 then return 1 end
+local f = redis.call('GET', KEYS[3])
+local inflight = 0
+if f then inflight = tonumber(string.match(f, ':(-?%d+)$')) end
+local live = tonumber(ARGV[2]) - tonumber(redis.call('GET', KEYS[2]) or '0') - inflight
+redis.call('SET', KEYS[1], math.max(0, live))
+return 1
+`
+
+// KEYS: balance, account epoch. ARGV: n.
+const CREDITS_ADDED = `
+redis.call('INCR', KEYS[2])
+local live = redis.call('GET', KEYS[1])
+if live then redis.call('SET', KEYS[1], math.max(0, tonumber(live) + tonumber(ARGV[1]))) end
+return 1
+`
+
+// KEYS: balance, pending, dirty set. ARGV: account, n.
+const REFUND = `
+if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('INCRBY', KEYS[1], ARGV[2]) end
+redis.call('DECRBY', KEYS[2], ARGV[2])
+redis.call('SADD', KEYS[3], ARGV[1])
+return 1
+`
+
+// KEYS: pending, flushing. ARGV: new flush id.
+const BEGIN_FLUSH = `
+local f = redis.call('GET', KEYS[2])
+if f then return f end
+local p = tonumber(redis.call('GET', KEYS[1]) or '0')
+if p == 0 then return false end
+redis.call('DECRBY', KEYS[1], p)
+local record = ARGV[1] .. ':' .. p
+redis.call('SET', KEYS[2], record)
+return record
+`
+
+// KEYS: flushing, pending, dirty set. ARGV: flush id, account.
+const END_FLUSH = `
+local f = redis.call('GET', KEYS[1])
+if f and string.sub(f, 1, #ARGV[1] + 1) == ARGV[1] .. ':' then redis.call('DEL', KEYS[1]) end
+if tonumber(redis.call('GET', KEYS[2]) or '0') == 0 then redis.call('SREM', KEYS[3], ARGV[2]) end
+return 1
+`
+
 type Commands = Redis & {
+  lsAuthorize(spec: string): Promise<(string | number)[]>
+  lsLoadBalance(bal: string, pend: string, fl: string, ep: string, expected: number, reconciled: number): Promise<number>
+  lsCreditsAdded(bal: string, ep: string, n: number): Promise<number>
+  lsRefund(bal: string, pend: string, dirty: string, account: string, n: number): Promise<number>
+  lsBeginFlush(pend: string, fl: string, id: string): Promise<string | null>
+  lsEndFlush(fl: string, pend: string, dirty: string, id: string, account: string): Promise<number>
   lsTake(key: string, cap: number, rate: number, now: number, cost: number): Promise<[number, number, number]>
   lsBump(n: number, ...keys: string[]): Promise<number>
 }
@@ -56,6 +172,12 @@ export class RedisStore implements Store {
     redis.on('error', (err: Error) => log.debug('redis connection error', { message: err.message }))
     redis.defineCommand('lsTake', { numberOfKeys: 1, lua: TAKE })
     redis.defineCommand('lsBump', { lua: BUMP })
+    redis.defineCommand('lsAuthorize', { numberOfKeys: 0, lua: AUTHORIZE })
+    redis.defineCommand('lsLoadBalance', { numberOfKeys: 4, lua: LOAD_BALANCE })
+    redis.defineCommand('lsCreditsAdded', { numberOfKeys: 2, lua: CREDITS_ADDED })
+    redis.defineCommand('lsRefund', { numberOfKeys: 3, lua: REFUND })
+    redis.defineCommand('lsBeginFlush', { numberOfKeys: 2, lua: BEGIN_FLUSH })
+    redis.defineCommand('lsEndFlush', { numberOfKeys: 3, lua: END_FLUSH })
     this.redis = redis as Commands
   }
 
@@ -76,6 +198,98 @@ export class RedisStore implements Store {
 
   async bump(keys: readonly string[]): Promise<void> {
     if (keys.length > 0) await this.redis.lsBump(keys.length, ...keys)
+  }
+
+  async authorize(a: AuthorizeInput): Promise<AuthorizeResult> {
+    const ch = a.charge
+    const spec = JSON.stringify({
+      now: a.nowMs,
+      ep: a.epochs.map((e) => [e.key, e.expected]),
+      ceil: a.ceiling ? [a.ceiling.key, a.ceiling.limit, a.ceiling.ttlSeconds] : undefined,
+      bk: a.buckets.map((b) => [b.key, b.capacity, b.refillPerSecond]),
+      nonce: a.nonce ? [a.nonce.key, a.nonce.ttlSeconds] : undefined,
+      deny: a.deny || undefined,
+      ch: ch
+        ? {
+            acct: ch.accountId,
+            cost: ch.cost,
+            bal: keys.balance(ch.accountId),
+            pend: keys.pendingCharges(ch.accountId),
+            dirty: keys.dirtyAccounts,
+            ctr: ch.counter?.key,
+            every: ch.counter?.every,
+          }
+        : undefined,
+    })
+    const reply = await this.redis.lsAuthorize(spec)
+    switch (reply[0]) {
+      case 'ok':
+        return { kind: 'ok', charged: Number(reply[1]) }
+      case 'stale':
+        return { kind: 'stale', epochs: reply.slice(1).map(Number) }
+      case 'limited':
+        return { kind: 'limited', retryAfterMs: Number(reply[1]) }
+      case 'no_balance':
+      case 'quota':
+      case 'replay':
+      case 'denied':
+      case 'no_credits':
+        return { kind: reply[0] }
+      default:
+        throw new Error(`unexpected authorize reply ${String(reply[0])}`)
+    }
+  }
+
+  async loadBalance(accountId: string, expectedEpoch: number, reconciled: number): Promise<'ok' | 'stale'> {
+    const done = await this.redis.lsLoadBalance(
+      keys.balance(accountId),
+      keys.pendingCharges(accountId),
+      keys.flushing(accountId),
+      keys.accountEpoch(accountId),
+      expectedEpoch,
+      reconciled,
+    )
+    return done === 1 ? 'ok' : 'stale'
+  }
+
+  async balance(accountId: string): Promise<number | null> {
+    const v = await this.redis.get(keys.balance(accountId))
+    return v === null ? null : Number(v)
+  }
+
+  async creditsAdded(accountId: string, n: number): Promise<void> {
+    await this.redis.lsCreditsAdded(keys.balance(accountId), keys.accountEpoch(accountId), n)
+  }
+
+  async refund(accountId: string, n: number): Promise<void> {
+    await this.redis.lsRefund(
+      keys.balance(accountId),
+      keys.pendingCharges(accountId),
+      keys.dirtyAccounts,
+      accountId,
+      n,
+    )
+  }
+
+  async dirtyAccounts(): Promise<string[]> {
+    return this.redis.smembers(keys.dirtyAccounts)
+  }
+
+  async beginFlush(accountId: string, newId: string): Promise<{ id: string; amount: number } | null> {
+    const record = await this.redis.lsBeginFlush(keys.pendingCharges(accountId), keys.flushing(accountId), newId)
+    if (!record) return null
+    const cut = record.lastIndexOf(':')
+    return { id: record.slice(0, cut), amount: Number(record.slice(cut + 1)) }
+  }
+
+  async endFlush(accountId: string, id: string): Promise<void> {
+    await this.redis.lsEndFlush(
+      keys.flushing(accountId),
+      keys.pendingCharges(accountId),
+      keys.dirtyAccounts,
+      id,
+      accountId,
+    )
   }
 
   async ping(): Promise<boolean> {

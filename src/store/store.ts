@@ -16,9 +16,66 @@ export interface Store {
   epochs(keys: readonly string[]): Promise<number[]>
   /** Increments each key's epoch, so every instance's cache entry read under the old value is stale. */
   bump(keys: readonly string[]): Promise<void>
+  /**
+   * Every store-side check of one public request in one atomic step (see AuthorizeInput for the order).
+   * Throws only when the store is unreachable.
+   */
+  authorize(input: AuthorizeInput): Promise<AuthorizeResult>
+  /**
+   * Seeds the live credit balance from the reconciled one, unless the account's epoch moved since the
+   * caller read it (a concurrent addCredits): 'stale' then, and the caller reads PostgreSQL again.
+   */
+  loadBalance(accountId: string, expectedEpoch: number, reconciled: number): Promise<'ok' | 'stale'>
+  /** The live balance, or null while it is not loaded. */
+  balance(accountId: string): Promise<number | null>
+  /** Credits added in PostgreSQL: bumps the account epoch and adds `n` to the live balance if loaded (never below 0). */
+  creditsAdded(accountId: string, n: number): Promise<void>
+  /** Gives back a charge whose request failed after the charge (a lost seat race). */
+  refund(accountId: string, n: number): Promise<void>
+  /** Accounts with charges not yet reconciled to PostgreSQL. */
+  dirtyAccounts(): Promise<string[]>
+  /**
+   * Moves the account's pending charges into one flush record with id `newId` and returns it; returns
+   * the earlier record instead when one is unfinished (a crashed flush is retried, never doubled).
+   */
+  beginFlush(accountId: string, newId: string): Promise<{ id: string; amount: number } | null>
+  /** Drops the flush record once PostgreSQL has it; the account leaves the dirty set when nothing is pending. */
+  endFlush(accountId: string, id: string): Promise<void>
   ping(): Promise<boolean>
   close(): Promise<void>
 }
+
+/**
+ * One public request's store work. The script runs, in order: (1) read-only checks: every epoch still
+ * equals `expected` (else 'stale' with the current values, nothing changed) and, with a charge, the
+ * live balance is loaded (else 'no_balance'); (2) the sandbox daily ceiling; (3) the token buckets, all
+ * or none; (4) the nonce claim; (5) `deny`: the request already failed in-process, stop here; (6) the
+ * credit charge.
+ */
+export interface AuthorizeInput {
+  nowMs: number
+  epochs: { key: string; expected: number }[]
+  ceiling: { key: string; limit: number; ttlSeconds: number } | null
+  buckets: { key: string; capacity: number; refillPerSecond: number }[]
+  nonce: { key: string; ttlSeconds: number } | null
+  deny: boolean
+  charge: {
+    accountId: string
+    cost: number
+    /** Heartbeats: charge `cost` only on every `every`-th call counted under `key`. */
+    counter: { key: string; every: number } | null
+  } | null
+}
+
+export type AuthorizeResult =
+  | { kind: 'ok'; charged: number }
+  | { kind: 'stale'; epochs: number[] }
+  | { kind: 'no_balance' }
+  | { kind: 'quota' }
+  | { kind: 'limited'; retryAfterMs: number }
+  | { kind: 'replay' }
+  | { kind: 'denied' }
+  | { kind: 'no_credits' }
 
 export interface TakeResult {
   ok: boolean
@@ -34,4 +91,14 @@ export const keys = {
   accountEpoch: (accountId: string) => `ls:ep:acct:${accountId}`,
   bucket: (scope: string, id: string) => `ls:rl:${scope}:${id}`,
   nonce: (appId: string, nonce: string) => `ls:nonce:${appId}:${nonce}`,
+  /** Sandbox daily ceiling counter; `day` is YYYY-MM-DD in UTC. */
+  daily: (appId: string, day: string) => `ls:day:${appId}:${day}`,
+  heartbeats: (licenseKey: string) => `ls:hb:${licenseKey}`,
+  /** Live credit balance of an account while loaded. */
+  balance: (accountId: string) => `ls:cr:${accountId}`,
+  /** Charges taken from the live balance and not yet subtracted in PostgreSQL. */
+  pendingCharges: (accountId: string) => `ls:crp:${accountId}`,
+  /** The flush in progress: "<flush id>:<amount>". */
+  flushing: (accountId: string) => `ls:crf:${accountId}`,
+  dirtyAccounts: 'ls:crdirty',
 }

@@ -1,0 +1,531 @@
+import { createHash, timingSafeEqual } from 'node:crypto'
+import { and, eq, sql } from 'drizzle-orm'
+import { apps, licenses } from '../db/schema'
+import type { Deps } from '../deps'
+import { PublicError, type PublicErrorCode } from '../errors'
+import { errorFields, log } from '../log'
+import { type AuthorizeInput, keys } from '../store/store'
+import { AuthCache, type CachedApp, type CachedLicense, StoreUnavailable } from './auth-cache'
+import { loadLiveBalance, startCreditReconciler } from './credits-ledger'
+import { signText } from './crypto'
+import { type DomainEvent, recordEvents } from './events'
+import { clampTtl, issueSession, MAX_SESSION_TTL, readSession, type Session } from './session'
+
+/** The spec's sandbox limits (per minute) and the contract's heartbeat pricing. */
+const SANDBOX = { validateIp: 20, validateLicense: 60, heartbeatIp: 20, selfbanIp: 20, selfbanLicense: 30 }
+const HEARTBEATS_PER_CREDIT = 10
+/** A nonce is remembered for the longest session lifetime, per app. */
+const NONCE_TTL_SECONDS = MAX_SESSION_TTL
+const MAX_LIST_ENTRIES = 1000
+const MAX_ATTEMPTS = 5
+
+/** Per-Deps state of the client endpoints: the caches and the batch of license.validated events. */
+interface Runtime {
+  cache: AuthCache
+  events: EventBatch
+}
+const runtimes = new WeakMap<Deps, Runtime>()
+
+function runtime(deps: Deps): Runtime {
+  let rt = runtimes.get(deps)
+  if (!rt) {
+    rt = { cache: new AuthCache(deps), events: new EventBatch(deps) }
+    runtimes.set(deps, rt)
+  }
+  return rt
+}
+
+/**
+ * license.validated fires on every login: written in batches (one INSERT every few milliseconds,
+ * ordered through the mailbox) instead of one transaction per request.
+ */
+class EventBatch {
+  #queue: DomainEvent[] = []
+  #timer: ReturnType<typeof setTimeout> | null = null
+  constructor(private readonly deps: Deps) {}
+
+  add(event: DomainEvent): void {
+    this.#queue.push(event)
+    this.#timer ??= setTimeout(() => void this.flush(), 5)
+  }
+
+  flush(): Promise<void> {
+    if (this.#timer) clearTimeout(this.#timer)
+    this.#timer = null
+    const list = this.#queue
+    this.#queue = []
+    if (list.length === 0) return Promise.resolve()
+    return this.deps.mailbox.run('events:validated', async () => {
+      try {
+        await recordEvents(this.deps.database.db, list)
+        this.deps.bus.notify()
+      } catch (err) {
+        log.warn('could not record license.validated events', { count: list.length, ...errorFields(err) })
+      }
+    })
+  }
+}
+
+/** Background work of the client endpoints; stop() flushes what is pending (call before closing storage). */
+export function startClientAuth(deps: Deps): { stop(): Promise<void> } {
+  const reconciler = startCreditReconciler(deps)
+  return {
+    async stop() {
+      await runtime(deps).events.flush()
+      await reconciler.stop()
+    },
+  }
+}
+
+/** Writes pending license.validated events now (tests and shutdown). */
+export function flushValidatedEvents(deps: Deps): Promise<void> {
+  return runtime(deps).events.flush()
+}
+
+type Outcome = { ok: true; bind: boolean } | { ok: false; code: PublicErrorCode }
+const fail = (code: PublicErrorCode): Outcome => ({ ok: false, code })
+
+/** What one request asks of the store, minus the epochs (added from the cache entries used). */
+type Plan = Omit<AuthorizeInput, 'nowMs' | 'epochs' | 'deny'> & { outcome: Outcome }
+
+interface Authorized {
+  app: CachedApp
+  license: CachedLicense | null
+  outcome: Outcome & { ok: true }
+  charged: number
+}
+
+function secretMatches(presented: string, hash: Buffer): boolean {
+  const got = createHash('sha256').update(presented, 'utf8').digest()
+  return got.length === hash.length && timingSafeEqual(got, hash)
+}
+
+/** The spec's list order: IP blacklist, IP whitelist, HWID blacklist, HWID whitelist. */
+function listsAllow(app: CachedApp, ip: string, hwid: string): boolean {
+  if (app.ipBlacklist.has(ip)) return false
+  if (app.ipWhitelist.size > 0 && !app.ipWhitelist.has(ip)) return false
+  if (app.hwidBlacklist.has(hwid)) return false
+  if (app.hwidWhitelist.size > 0 && !app.hwidWhitelist.has(hwid)) return false
+  return true
+}
+
+function licenseState(license: CachedLicense | null, app: CachedApp, nowMs: number): PublicErrorCode | null {
+  if (!license || license.appId !== app.id) return 'invalid_key'
+  if (license.status === 'revoked') return 'revoked'
+  if (license.expiresAt && license.expiresAt.getTime() <= nowMs) return 'expired'
+  return null
+}
+
+function ceiling(deps: Deps, app: CachedApp, nowMs: number): AuthorizeInput['ceiling'] {
+  if (!app.sandbox) return null
+  const day = new Date(nowMs).toISOString().slice(0, 10)
+  const nextMidnight = Date.parse(`${day}T00:00:00.000Z`) + 86_400_000
+  // Kept an hour past midnight: the key names its day, so the next day starts from zero regardless.
+  return {
+    key: keys.daily(app.id, day),
+    limit: deps.config.sandboxDailyCeiling,
+    ttlSeconds: Math.ceil((nextMidnight - nowMs) / 1000) + 3600,
+  }
+}
+
+const bucket = (scope: string, appId: string, id: string, perMinute: number) => ({
+  key: keys.bucket(`${scope}:${appId}`, id),
+  capacity: perMinute,
+  refillPerSecond: perMinute / 60,
+})
+
+/**
+ * Runs one request through cache, evaluation and the store script, reloading and retrying when the
+ * script reports a stale cache entry or an unloaded balance. Without a nonce the request fails open
+ * when the store is unreachable (fresh rows from PostgreSQL, no limits, no charge); with one it fails
+ * closed.
+ */
+async function authorize(
+  deps: Deps,
+  appId: string,
+  licenseKey: string | null,
+  needsNonce: boolean,
+  plan: (app: CachedApp | null, license: CachedLicense | null, nowMs: number) => Plan,
+): Promise<Authorized> {
+  const { cache } = runtime(deps)
+  const nowMs = deps.clock()
+  try {
+    for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
+      await cache.ensure(appId, licenseKey)
+      const appEntry = cache.cachedApp(appId)
+      const licenseEntry = licenseKey === null ? undefined : cache.cachedLicense(licenseKey)
+      if (!appEntry || (licenseKey !== null && !licenseEntry)) continue
+      const app = appEntry.value
+      const license = licenseEntry?.value ?? null
+      const p = plan(app, license, nowMs)
+      if (!app) throw new PublicError('invalid_app')
+      const epochs = [{ key: keys.appEpoch(appId), expected: appEntry.epoch }]
+      if (licenseKey !== null && licenseEntry) epochs.push({ key: keys.licenseEpoch(licenseKey), expected: licenseEntry.epoch })
+      const { outcome, ...rest } = p
+      const result = await deps.store
+        .authorize({ ...rest, nowMs, epochs, deny: !outcome.ok })
+        .catch((err: unknown) => {
+          throw new StoreUnavailable(err)
+        })
+      switch (result.kind) {
+        case 'stale':
+          if (result.epochs[0] !== appEntry.epoch) await cache.reloadApp(appId, result.epochs[0] ?? 0)
+          if (licenseKey !== null && result.epochs[1] !== licenseEntry?.epoch) {
+            await cache.reloadLicense(licenseKey, result.epochs[1] ?? 0)
+          }
+          continue
+        case 'no_balance':
+          await loadLiveBalance(deps, app.accountId).catch((err: unknown) => {
+            throw new StoreUnavailable(err)
+          })
+          continue
+        case 'quota':
+          throw new PublicError('demo_quota_exceeded')
+        case 'limited':
+          throw new PublicError('rate_limited', { 'retry-after': String(Math.max(1, Math.ceil(result.retryAfterMs / 1000))) })
+        case 'replay':
+          throw new PublicError('replay_detected')
+        case 'no_credits':
+          throw new PublicError('no_credits')
+        case 'denied':
+          throw new PublicError(outcome.ok ? 'system_error' : outcome.code)
+        case 'ok':
+          if (!outcome.ok) throw new PublicError(outcome.code)
+          return { app, license, outcome, charged: result.charged }
+      }
+    }
+    log.error('client request kept finding stale cache entries', { appId })
+    throw new PublicError('system_error')
+  } catch (err) {
+    if (!(err instanceof StoreUnavailable)) throw err
+    if (needsNonce) {
+      log.warn('store unreachable: refusing a request that needs a nonce claim', errorFields(err.cause))
+      throw new PublicError('system_error')
+    }
+    log.warn('store unreachable: serving without limits or charges', errorFields(err.cause))
+    const [app, license] = await Promise.all([
+      cache.loadApp(appId),
+      licenseKey === null ? null : cache.loadLicense(licenseKey),
+    ])
+    const { outcome } = plan(app, license, nowMs)
+    if (!app) throw new PublicError('invalid_app')
+    if (!outcome.ok) throw new PublicError(outcome.code)
+    return { app, license, outcome, charged: 0 }
+  }
+}
+
+export interface ValidateInput {
+  appId: string
+  appSecret: string
+  licenseKey: string
+  hwid: string
+  nonce: string
+  ttlSeconds?: number
+}
+
+export interface SignedResponse {
+  status: 'success'
+  payload: string
+  signature: string
+  keyId: string
+}
+
+/** POST /auth/validate: authenticate the app, claim the nonce, check the license, bind the seat, charge, sign. */
+export async function validate(deps: Deps, input: ValidateInput, ip: string): Promise<SignedResponse> {
+  const { hwid, licenseKey } = input
+  const auth = await authorize(deps, input.appId, licenseKey, true, (app, license, nowMs) => {
+    const secretOk = app !== null && secretMatches(input.appSecret, app.secretHash)
+    let outcome: Outcome
+    if (!app || !secretOk) outcome = fail('invalid_app')
+    else if (app.disabled) outcome = fail('app_disabled')
+    else if (!listsAllow(app, ip, hwid)) outcome = fail('blocked')
+    else {
+      const state = licenseState(license, app, nowMs)
+      if (state) outcome = fail(state)
+      else if (license!.unlimitedHwidSlots || license!.hwids.includes(hwid)) outcome = { ok: true, bind: false }
+      else if (license!.hwids.length >= license!.maxHwidSlots) outcome = fail('hwid_mismatch')
+      else outcome = { ok: true, bind: true }
+    }
+    const sandbox = app?.sandbox ?? false
+    return {
+      outcome,
+      ceiling: app ? ceiling(deps, app, nowMs) : null,
+      buckets: app
+        ? [
+            bucket('v:ip', app.id, ip, sandbox ? SANDBOX.validateIp : deps.config.validateLimitPerIp),
+            bucket('v:lic', app.id, licenseKey, sandbox ? SANDBOX.validateLicense : deps.config.validateLimitPerLicense),
+          ]
+        : [],
+      // A nonce is consumed by any validate that passes app authentication (the contract).
+      nonce: secretOk ? { key: keys.nonce(input.appId, input.nonce), ttlSeconds: NONCE_TTL_SECONDS } : null,
+      charge: outcome.ok && !sandbox && app ? { accountId: app.accountId, cost: 1, counter: null } : null,
+    }
+  })
+  const { app } = auth
+  let license = auth.license!
+  if (auth.outcome.bind) {
+    try {
+      license = await bindHwid(deps, app, license.key, hwid)
+    } catch (err) {
+      if (auth.charged > 0) await deps.store.refund(app.accountId, auth.charged)
+      throw err
+    }
+  }
+  const nowMs = deps.clock()
+  if (app.wantsValidated) {
+    runtime(deps).events.add({
+      event: 'license.validated',
+      data: { licenseKey, appId: app.id, status: 'active', hwid },
+      occurredAt: new Date(nowMs),
+    })
+  }
+  const ttl = clampTtl(input.ttlSeconds, deps.config.sessionTtlSeconds)
+  const session = issueSession(deps.sessionKey, { app: app.id, lic: licenseKey, hwid, ttl }, nowMs)
+  return signedResponse(app, license, hwid, session, input.nonce, nowMs)
+}
+
+/**
+ * Binds a new HWID: ordered per app by the mailbox, and atomic in SQL (one conditional UPDATE), so
+ * concurrent validates on any number of instances never bind more seats than the license has.
+ */
+async function bindHwid(deps: Deps, app: CachedApp, licenseKey: string, hwid: string): Promise<CachedLicense> {
+  const { cache } = runtime(deps)
+  return deps.mailbox.run(app.id, async () => {
+    const now = new Date(deps.clock())
+    const bound = await deps.database.db.transaction(async (tx) => {
+      const [row] = await tx
+        .update(licenses)
+        .set({ hwids: sql`array_append(${licenses.hwids}, ${hwid}::text)` })
+        .where(
+          and(
+            eq(licenses.key, licenseKey),
+            eq(licenses.appId, app.id),
+            eq(licenses.status, 'active'),
+            sql`(${licenses.expiresAt} IS NULL OR ${licenses.expiresAt} > ${now.toISOString()}::timestamptz)`,
+            sql`NOT (${hwid}::text = ANY(${licenses.hwids}))`,
+            sql`cardinality(${licenses.hwids}) < ${licenses.maxHwidSlots}`,
+          ),
+        )
+        .returning({ key: licenses.key })
+      if (!row) return false
+      await recordEvents(tx, [
+        { event: 'license.hwid_bound', data: { licenseKey, appId: app.id, hwid }, occurredAt: now },
+      ])
+      return true
+    })
+    if (bound) {
+      deps.bus.notify()
+      await deps.store.bump([keys.licenseEpoch(licenseKey)]).catch((err: unknown) => {
+        // Other instances then still see the seat as free; their conditional UPDATE finds it bound.
+        log.warn('could not publish a new HWID binding', errorFields(err))
+      })
+    }
+    cache.forgetLicense(licenseKey)
+    const current = await cache.loadLicense(licenseKey)
+    if (bound && current) return current
+    const state = current ? licenseState(current, app, now.getTime()) : 'invalid_key'
+    if (state) throw new PublicError(state)
+    // Bound meanwhile by a concurrent validate of the same HWID: that is a pass, not a mismatch.
+    if (current!.hwids.includes(hwid)) return current!
+    throw new PublicError('hwid_mismatch')
+  })
+}
+
+export interface HeartbeatInput {
+  appId: string
+  sessionToken: string
+  hwid: string
+  nonce?: string
+}
+
+/** Session checks shared by heartbeat and post-session selfban: token, app and HWID must all match. */
+function sessionFor(deps: Deps, appId: string, token: string, hwid: string): Session | null {
+  const session = readSession(deps.sessionKey, token, deps.clock())
+  return session && session.app === appId && session.hwid === hwid ? session : null
+}
+
+/** POST /auth/heartbeat: re-checks the license on every call, so revocations reach clients at once. */
+export async function heartbeat(deps: Deps, input: HeartbeatInput, ip: string): Promise<SignedResponse> {
+  const session = sessionFor(deps, input.appId, input.sessionToken, input.hwid)
+  const auth = await authorize(deps, input.appId, session?.lic ?? null, false, (app, license, nowMs) => {
+    let outcome: Outcome
+    if (!app) outcome = fail('invalid_app')
+    else if (!session) outcome = fail('session_expired')
+    else if (app.disabled) outcome = fail('app_disabled')
+    else if (!listsAllow(app, ip, input.hwid)) outcome = fail('blocked')
+    else {
+      const state = licenseState(license, app, nowMs)
+      if (state) outcome = fail(state)
+      // A reset HWID ends the session: the client logs in again, which binds it afresh.
+      else if (!license!.unlimitedHwidSlots && !license!.hwids.includes(input.hwid)) outcome = fail('session_expired')
+      else outcome = { ok: true, bind: false }
+    }
+    return {
+      outcome,
+      ceiling: app ? ceiling(deps, app, nowMs) : null,
+      buckets: app?.sandbox ? [bucket('h:ip', app.id, ip, SANDBOX.heartbeatIp)] : [],
+      nonce: null,
+      charge:
+        outcome.ok && app && !app.sandbox && session
+          ? { accountId: app.accountId, cost: 1, counter: { key: keys.heartbeats(session.lic), every: HEARTBEATS_PER_CREDIT } }
+          : null,
+    }
+  })
+  const nowMs = deps.clock()
+  const renewed = issueSession(deps.sessionKey, { app: auth.app.id, lic: session!.lic, hwid: input.hwid, ttl: session!.ttl }, nowMs)
+  return signedResponse(auth.app, auth.license!, input.hwid, renewed, input.nonce, nowMs)
+}
+
+function signedResponse(
+  app: CachedApp,
+  license: CachedLicense,
+  hwid: string,
+  session: { token: string; session: Session },
+  nonce: string | undefined,
+  nowMs: number,
+): SignedResponse {
+  if (!app.signing) {
+    log.error('app has no active signing key', { appId: app.id })
+    throw new PublicError('system_error')
+  }
+  const exp = session.session.exp
+  const body = {
+    sessionToken: session.token,
+    expiresIn: exp,
+    sessionExpiresAt: new Date(exp * 1000).toISOString(),
+    timestamp: new Date(nowMs).toISOString(),
+    ...(nonce === undefined ? {} : { nonce }),
+    appId: app.id,
+    licenseKey: license.key,
+    hwid,
+    licenseExpiresAt: license.expiresAt ? license.expiresAt.toISOString() : null,
+    unlimitedHwidSlots: license.unlimitedHwidSlots,
+    maxHwidSlots: license.maxHwidSlots,
+    hwidCount: license.hwids.length,
+    licenseLabel: license.label,
+    appVariables: app.variables,
+    licenseVariables: license.variables,
+  }
+  const payload = Buffer.from(JSON.stringify(body), 'utf8').toString('base64')
+  return { status: 'success', payload, signature: signText(payload, app.signing.key), keyId: app.signing.keyId }
+}
+
+export interface SelfbanInput {
+  appId: string
+  hwid: string
+  appSecret?: string
+  licenseKey?: string
+  nonce?: string
+  sessionToken?: string
+  revokeLicense?: boolean
+  blacklistHwid?: boolean
+  blacklistIp?: boolean
+}
+
+export interface SelfbanResult {
+  status: 'success'
+  mode: 'pre_session' | 'post_session'
+  performed: { revokeLicense: boolean; blacklistHwid: boolean; blacklistIp: boolean }
+}
+
+/**
+ * POST /auth/selfban. Pre-session (appSecret + licenseKey + nonce) never revokes; post-session (a
+ * session token) revokes by default. `performed` reports only changes this request made.
+ */
+export async function selfban(deps: Deps, input: SelfbanInput, ip: string): Promise<SelfbanResult> {
+  const post = input.sessionToken !== undefined
+  if (!post && (input.appSecret === undefined || input.licenseKey === undefined || input.nonce === undefined)) {
+    throw new PublicError('bad_request')
+  }
+  const session = post ? sessionFor(deps, input.appId, input.sessionToken!, input.hwid) : null
+  const licenseKey = post ? (session?.lic ?? null) : input.licenseKey!
+  const revoke = input.revokeLicense ?? post
+  const auth = await authorize(deps, input.appId, licenseKey, !post, (app, license) => {
+    const secretOk = post || (app !== null && secretMatches(input.appSecret!, app.secretHash))
+    let outcome: Outcome
+    if (!app || !secretOk) outcome = fail('invalid_app')
+    else if (post && !session) outcome = fail('session_expired')
+    else if (app.disabled) outcome = fail('app_disabled')
+    else if (!post && revoke) outcome = fail('revoke_requires_session')
+    else if (!license || license.appId !== app.id) outcome = fail('invalid_key')
+    else outcome = { ok: true, bind: false }
+    const sandbox = app?.sandbox ?? false
+    const perIp = sandbox ? SANDBOX.selfbanIp : deps.config.selfbanLimitPerIp
+    const perLicense = sandbox ? SANDBOX.selfbanLicense : deps.config.selfbanLimitPerLicense
+    return {
+      outcome,
+      ceiling: app ? ceiling(deps, app, deps.clock()) : null,
+      buckets: app
+        ? [bucket('s:ip', app.id, ip, perIp), ...(licenseKey ? [bucket('s:lic', app.id, licenseKey, perLicense)] : [])]
+        : [],
+      nonce: !post && secretOk ? { key: keys.nonce(input.appId, input.nonce!), ttlSeconds: NONCE_TTL_SECONDS } : null,
+      charge: null,
+    }
+  })
+  const mode = post ? 'post_session' : 'pre_session'
+  const performed = { revokeLicense: false, blacklistHwid: false, blacklistIp: false }
+  // The sandbox runs the whole production path and then changes nothing.
+  if (auth.app.sandbox) return { status: 'success', mode, performed }
+  return {
+    status: 'success',
+    mode,
+    performed: await applySelfban(deps, auth.app, auth.license!.key, {
+      revokeLicense: post && revoke,
+      blacklistHwid: input.blacklistHwid ?? true,
+      blacklistIp: input.blacklistIp ?? true,
+      hwid: input.hwid,
+      ip,
+    }),
+  }
+}
+
+async function applySelfban(
+  deps: Deps,
+  app: CachedApp,
+  licenseKey: string,
+  want: { revokeLicense: boolean; blacklistHwid: boolean; blacklistIp: boolean; hwid: string; ip: string },
+): Promise<SelfbanResult['performed']> {
+  const performed = await deps.mailbox.run(app.id, () =>
+    deps.database.db.transaction(async (tx) => {
+      const done = { revokeLicense: false, blacklistHwid: false, blacklistIp: false }
+      const now = new Date(deps.clock())
+      if (want.revokeLicense) {
+        const rows = await tx
+          .update(licenses)
+          .set({ status: 'revoked' })
+          .where(and(eq(licenses.key, licenseKey), eq(licenses.appId, app.id), eq(licenses.status, 'active')))
+          .returning({ key: licenses.key })
+        done.revokeLicense = rows.length > 0
+        if (done.revokeLicense) {
+          await recordEvents(tx, [
+            { event: 'license.revoked', data: { licenseKey, appId: app.id, reason: 'selfban' }, occurredAt: now },
+          ])
+        }
+      }
+      const append = async (list: 'hwidBlacklist' | 'ipBlacklist', value: string) => {
+        const column = apps[list]
+        const rows = await tx
+          .update(apps)
+          .set({ [list]: sql`array_append(${column}, ${value}::text)` } as Partial<typeof apps.$inferInsert>)
+          .where(
+            and(
+              eq(apps.id, app.id),
+              sql`NOT (${value}::text = ANY(${column}))`,
+              sql`cardinality(${column}) < ${MAX_LIST_ENTRIES}`,
+            ),
+          )
+          .returning({ id: apps.id })
+        return rows.length > 0
+      }
+      if (want.blacklistHwid) done.blacklistHwid = await append('hwidBlacklist', want.hwid)
+      if (want.blacklistIp) done.blacklistIp = await append('ipBlacklist', want.ip)
+      return done
+    }),
+  )
+  const bumps: string[] = []
+  if (performed.blacklistHwid || performed.blacklistIp) bumps.push(keys.appEpoch(app.id))
+  if (performed.revokeLicense) bumps.push(keys.licenseEpoch(licenseKey))
+  if (bumps.length > 0) await deps.store.bump(bumps)
+  if (performed.revokeLicense) deps.bus.notify()
+  return performed
+}

@@ -1,0 +1,57 @@
+import { createHmac, timingSafeEqual } from 'node:crypto'
+
+/** The contract's bounds on a requested session lifetime (seconds). */
+export const MIN_SESSION_TTL = 3600
+export const MAX_SESSION_TTL = 604_800
+
+/** What a session token carries. `exp` and `iat` are Unix seconds; `exp` is what the public SDKs read. */
+export interface Session {
+  v: 1
+  app: string
+  lic: string
+  hwid: string
+  /** Lifetime in seconds, kept across heartbeats. */
+  ttl: number
+  exp: number
+  iat: number
+}
+
+export function clampTtl(requested: number | undefined, fallback: number): number {
+  const ttl = requested ?? fallback
+  return Math.min(MAX_SESSION_TTL, Math.max(MIN_SESSION_TTL, Math.floor(ttl)))
+}
+
+/**
+ * Stateless token `<b64url(JSON)>.<b64url(HMAC-SHA256)>`: nothing is stored, so a restart of Redis or
+ * of the server ends no session, and nothing secret is kept in clear anywhere. Revocation still reaches
+ * the client at its next heartbeat because heartbeat re-checks the license on every call.
+ */
+export function issueSession(key: Buffer, s: Omit<Session, 'v' | 'exp' | 'iat'>, nowMs: number): { token: string; session: Session } {
+  const iat = Math.floor(nowMs / 1000)
+  const session: Session = { v: 1, app: s.app, lic: s.lic, hwid: s.hwid, ttl: s.ttl, exp: iat + s.ttl, iat }
+  const body = Buffer.from(JSON.stringify(session), 'utf8').toString('base64url')
+  return { token: `${body}.${mac(key, body)}`, session }
+}
+
+/** The token's session when its MAC is ours and it has not expired; null otherwise. */
+export function readSession(key: Buffer, token: string, nowMs: number): Session | null {
+  const dot = token.indexOf('.')
+  if (dot <= 0 || dot !== token.lastIndexOf('.')) return null
+  const body = token.slice(0, dot)
+  const given = Buffer.from(token.slice(dot + 1), 'base64url')
+  const want = Buffer.from(mac(key, body), 'base64url')
+  if (given.length !== want.length || !timingSafeEqual(given, want)) return null
+  let s: Session
+  try {
+    s = JSON.parse(Buffer.from(body, 'base64url').toString('utf8')) as Session
+  } catch {
+    return null
+  }
+  if (s?.v !== 1 || typeof s.exp !== 'number' || s.exp * 1000 <= nowMs) return null
+  if (typeof s.app !== 'string' || typeof s.lic !== 'string' || typeof s.hwid !== 'string') return null
+  return s
+}
+
+function mac(key: Buffer, body: string): string {
+  return createHmac('sha256', key).update(body, 'utf8').digest('base64url')
+}
