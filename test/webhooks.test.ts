@@ -3,7 +3,10 @@ import { eq } from 'drizzle-orm'
 import { webhooks } from '../src/db/schema'
 import { keys } from '../src/store/store'
 import { isPublicAddress } from '../src/webhooks/target'
-import { makeTestApp } from './helpers'
+import { makeTestApp, sharedInfra } from './helpers'
+
+// Opening the shared database (and migrating it) takes seconds on a busy machine: do it before any test's clock starts.
+await sharedInfra()
 
 const hookUrl = 'https://127.0.0.1:9/hook'
 const newHook = (over: Record<string, unknown> = {}) => ({ url: hookUrl, events: ['license.created'], ...over })

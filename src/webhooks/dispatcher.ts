@@ -112,6 +112,10 @@ export class WebhookDispatcher {
     await this.#flushing
   }
 
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.stop()
+  }
+
   /** Looks for work now (called on every commit that wrote events, and by the poll). */
   kick(): void {
     if (this.#stopped) return
