@@ -318,3 +318,56 @@ describe('exactly one attempt per delivery', () => {
     }
   })
 })
+
+describe('client authentication events', () => {
+  const validate = (t: TestApp, s: { appId: string; appSecret: string }, licenseKey: string, hwid: string) =>
+    t.req('POST', '/auth/validate', {
+      body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid, nonce: randomUUID() },
+    })
+
+  test('validate sends license.hwid_bound on a new binding and license.validated on every login', async () => {
+    const t = await appWithReceiverCa()
+    const s = await t.seed()
+    await using rx = startReceiver()
+    const hook = await addHook(t, s, rx.url('/auth'), ['license.validated', 'license.hwid_bound'])
+    await using _d = startDispatcher(t.deps, { pollMs: 50 })
+    const created = await t.req('POST', '/v1/licenses', { apiKey: s.apiKey, body: { appId: s.appId } })
+    const key: string = created.body.licenses[0].licenseKey
+    for (let i = 0; i < 3; i++) {
+      const res = await validate(t, s, key, 'device-1')
+      expect(res.status, JSON.stringify(res.body)).toBe(200)
+    }
+
+    await until(() => rx.at('/auth').length >= 4, 'three logins and one binding')
+    const got = rx.at('/auth')
+    expect(got.filter((r) => r.body.event === 'license.hwid_bound').map((r) => r.body.data)).toEqual([
+      { licenseKey: key, appId: s.appId, hwid: 'device-1' },
+    ])
+    const validated = got.filter((r) => r.body.event === 'license.validated')
+    expect(validated).toHaveLength(3)
+    for (const r of validated) {
+      expect(r.body.data).toMatchObject({ licenseKey: key, appId: s.appId, status: 'active', hwid: 'device-1' })
+    }
+    for (const r of got) expect(signatureValid(r, hook.secret)).toBe(true)
+  })
+
+  test('a hanging receiver does not delay validate', async () => {
+    const t = await appWithReceiverCa()
+    const s = await t.seed()
+    // Declared first so it is disposed last: the receiver lets go of its hanging requests before.
+    await using _d = startDispatcher(t.deps, { pollMs: 50 })
+    await using rx = startReceiver(() => 'hang')
+    await addHook(t, s, rx.url('/slow'), ['license.validated', 'license.hwid_bound'])
+    const created = await t.req('POST', '/v1/licenses', { apiKey: s.apiKey, body: { appId: s.appId } })
+    const key: string = created.body.licenses[0].licenseKey
+    expect((await validate(t, s, key, 'device-1')).status).toBe(200)
+    await until(() => rx.at('/slow').length >= 2, 'the receiver holding the first deliveries')
+
+    // Each delivery now waits the full 10 s on the receiver; logins must not.
+    const started = performance.now()
+    for (let i = 0; i < 10; i++) expect((await validate(t, s, key, 'device-1')).status).toBe(200)
+    const elapsed = performance.now() - started
+    expect(elapsed).toBeLessThan(2_000)
+    await until(() => rx.at('/slow').length >= 12, 'every login delivered while earlier ones still hang')
+  })
+})
