@@ -17,7 +17,7 @@ beforeAll(async () => {
 type Seeded = Awaited<ReturnType<TestApp['seed']>>
 
 describe('GET /v1/account', () => {
-  test('returns the key\'s account with its balance', async () => {
+  test("returns the key's account with its balance", async () => {
     const s = await t.seed({ credits: 42, name: 'Acme' })
     const res = await t.req('GET', '/v1/account', { apiKey: s.apiKey })
     expect(res.status).toBe(200)
@@ -35,7 +35,10 @@ describe('GET /v1/account', () => {
 describe('POST /v1/apps', () => {
   test('creates an app and shows its secret once', async () => {
     const s = await t.seed()
-    const res = await t.req('POST', '/v1/apps', { apiKey: s.apiKey, body: { name: 'Desktop client' } })
+    const res = await t.req('POST', '/v1/apps', {
+      apiKey: s.apiKey,
+      body: { name: 'Desktop client' },
+    })
     expect(res.status).toBe(201)
     expect(res.body).toEqual({
       appId: expect.stringMatching(UUID),
@@ -52,16 +55,27 @@ describe('POST /v1/apps', () => {
 
     const list = await t.req('GET', '/v1/apps', { apiKey: s.apiKey })
     const listed = list.body.apps.find((a: any) => a.appId === res.body.appId)
-    expect(listed).toEqual({ appId: res.body.appId, name: 'Desktop client', sandbox: false, createdAt: res.body.createdAt })
+    expect(listed).toEqual({
+      appId: res.body.appId,
+      name: 'Desktop client',
+      sandbox: false,
+      createdAt: res.body.createdAt,
+    })
     expect(JSON.stringify(list.body)).not.toContain(res.body.appSecret)
 
-    const licenses = await t.req('POST', '/v1/licenses', { apiKey: s.apiKey, body: { appId: res.body.appId } })
+    const licenses = await t.req('POST', '/v1/licenses', {
+      apiKey: s.apiKey,
+      body: { appId: res.body.appId },
+    })
     expect(licenses.status).toBe(201)
   })
 
   test('sandbox apps and 128-character names are accepted', async () => {
     const s = await t.seed()
-    const res = await t.req('POST', '/v1/apps', { apiKey: s.apiKey, body: { name: 'n'.repeat(128), sandbox: true } })
+    const res = await t.req('POST', '/v1/apps', {
+      apiKey: s.apiKey,
+      body: { name: 'n'.repeat(128), sandbox: true },
+    })
     expect(res.status).toBe(201)
     expect(res.body).toMatchObject({ name: 'n'.repeat(128), sandbox: true })
   })
@@ -84,16 +98,20 @@ describe('POST /v1/apps', () => {
 })
 
 describe('GET /v1/apps', () => {
-  test('lists only the account\'s apps, newest first, without secrets', async () => {
+  test("lists only the account's apps, newest first, without secrets", async () => {
     const s = await t.seed()
     await t.seed()
     // Apps made in the same millisecond would tie: date the first one back.
-    await t.deps.database.db.update(apps).set({ createdAt: new Date('2020-01-01T00:00:00Z') }).where(eq(apps.id, s.appId))
+    await t.deps.database.db
+      .update(apps)
+      .set({ createdAt: new Date('2020-01-01T00:00:00Z') })
+      .where(eq(apps.id, s.appId))
     const second = await t.req('POST', '/v1/apps', { apiKey: s.apiKey, body: { name: 'Second' } })
     const res = await t.req('GET', '/v1/apps', { apiKey: s.apiKey })
     expect(res.status).toBe(200)
     expect(res.body.apps.map((a: any) => a.appId)).toEqual([second.body.appId, s.appId])
-    for (const app of res.body.apps) expect(Object.keys(app).sort()).toEqual(['appId', 'createdAt', 'name', 'sandbox'])
+    for (const app of res.body.apps)
+      expect(Object.keys(app).sort()).toEqual(['appId', 'createdAt', 'name', 'sandbox'])
   })
 })
 
@@ -103,7 +121,14 @@ describe('/v1/apps/:appId/signing-keys', () => {
     const first = await t.req('GET', `/v1/apps/${s.appId}/signing-keys`, { apiKey: s.apiKey })
     expect(first.status).toBe(200)
     expect(first.body).toEqual({
-      keys: [{ keyId: s.keyId, publicKey: s.publicKey, active: true, createdAt: expect.stringMatching(ISO_MS) }],
+      keys: [
+        {
+          keyId: s.keyId,
+          publicKey: s.publicKey,
+          active: true,
+          createdAt: expect.stringMatching(ISO_MS),
+        },
+      ],
     })
 
     const [epochBefore] = await t.deps.store.epochs([keys.appEpoch(s.appId)])
@@ -123,7 +148,7 @@ describe('/v1/apps/:appId/signing-keys', () => {
   })
 
   test.each([
-    ['another account\'s app', (other: Seeded) => other.appId],
+    ["another account's app", (other: Seeded) => other.appId],
     ['an absent app', () => '00000000-0000-4000-8000-000000000000'],
     ['an appId that is not a UUID', () => 'x'],
   ])('403 forbidden for %s', async (_name, appIdOf) => {
@@ -135,7 +160,9 @@ describe('/v1/apps/:appId/signing-keys', () => {
       expect(res.status, method).toBe(403)
       expect(res.body).toEqual(errorBody('forbidden'))
     }
-    const theirs = await t.req('GET', `/v1/apps/${other.appId}/signing-keys`, { apiKey: other.apiKey })
+    const theirs = await t.req('GET', `/v1/apps/${other.appId}/signing-keys`, {
+      apiKey: other.apiKey,
+    })
     expect(theirs.body.keys).toHaveLength(1)
   })
 })

@@ -20,7 +20,10 @@ beforeAll(async () => {
 type Seeded = Awaited<ReturnType<TestApp['seed']>>
 
 async function create(s: Seeded, body: Record<string, unknown> = {}) {
-  const res = await t.req('POST', '/v1/licenses', { apiKey: s.apiKey, body: { appId: s.appId, ...body } })
+  const res = await t.req('POST', '/v1/licenses', {
+    apiKey: s.apiKey,
+    body: { appId: s.appId, ...body },
+  })
   expect(res.status, JSON.stringify(res.body)).toBe(201)
   return res.body.licenses as any[]
 }
@@ -78,14 +81,25 @@ describe('POST /v1/licenses', () => {
     expect(created).toHaveLength(100)
     expect(new Set(created.map((l) => l.licenseKey)).size).toBe(100)
     for (const l of created) {
-      expect(l).toMatchObject({ status: 'active', expiresAt: '2030-06-01T08:00:00.000Z', maxHwidSlots: 16, label: 'x'.repeat(128) })
+      expect(l).toMatchObject({
+        status: 'active',
+        expiresAt: '2030-06-01T08:00:00.000Z',
+        maxHwidSlots: 16,
+        label: 'x'.repeat(128),
+      })
     }
     const rows = await t.deps.database.db
       .select()
       .from(events)
       .where(sql`${events.appId} = ${s.appId} AND ${events.event} = 'license.created'`)
-    expect(rows.map((r) => r.data.licenseKey).sort()).toEqual(created.map((l) => l.licenseKey).sort())
-    expect(rows[0]?.data).toMatchObject({ appId: s.appId, maxHwidSlots: 16, expiresAt: '2030-06-01T08:00:00.000Z' })
+    expect(rows.map((r) => r.data.licenseKey).sort()).toEqual(
+      created.map((l) => l.licenseKey).sort(),
+    )
+    expect(rows[0]?.data).toMatchObject({
+      appId: s.appId,
+      maxHwidSlots: 16,
+      expiresAt: '2030-06-01T08:00:00.000Z',
+    })
   })
 
   test('unlimitedHwidSlots is stored and returned; maxHwidSlots is kept as given', async () => {
@@ -99,8 +113,12 @@ describe('POST /v1/licenses', () => {
   test('expiresAt: null means lifetime; a date alone is midnight UTC; a time without offset is UTC', async () => {
     const s = await t.seed()
     expect((await createOne(s, { expiresAt: null })).expiresAt).toBeNull()
-    expect((await createOne(s, { expiresAt: '2031-02-28' })).expiresAt).toBe('2031-02-28T00:00:00.000Z')
-    expect((await createOne(s, { expiresAt: '2031-02-28T13:14:15.5' })).expiresAt).toBe('2031-02-28T13:14:15.500Z')
+    expect((await createOne(s, { expiresAt: '2031-02-28' })).expiresAt).toBe(
+      '2031-02-28T00:00:00.000Z',
+    )
+    expect((await createOne(s, { expiresAt: '2031-02-28T13:14:15.5' })).expiresAt).toBe(
+      '2031-02-28T13:14:15.500Z',
+    )
   })
 
   test('bumps the cache epoch of each new key', async () => {
@@ -165,7 +183,10 @@ describe('POST /v1/licenses', () => {
   ])('403 forbidden for %s', async (_name, appIdOf) => {
     const s = await t.seed()
     const other = await t.seed()
-    const res = await t.req('POST', '/v1/licenses', { apiKey: s.apiKey, body: { appId: await appIdOf(other) } })
+    const res = await t.req('POST', '/v1/licenses', {
+      apiKey: s.apiKey,
+      body: { appId: await appIdOf(other) },
+    })
     expect(res.status).toBe(403)
     expect(res.body).toEqual(errorBody('forbidden'))
   })
@@ -232,7 +253,13 @@ describe('GET /v1/licenses', () => {
     expect([...seen].sort()).toEqual([...made].sort())
     const all = pages.flat()
     const order = [...all].sort((a, b) =>
-      a.createdAt === b.createdAt ? (a.licenseKey < b.licenseKey ? 1 : -1) : a.createdAt < b.createdAt ? 1 : -1,
+      a.createdAt === b.createdAt
+        ? a.licenseKey < b.licenseKey
+          ? 1
+          : -1
+        : a.createdAt < b.createdAt
+          ? 1
+          : -1,
     )
     expect(all.map((l) => l.licenseKey)).toEqual(order.map((l) => l.licenseKey))
     expect(all[0]).toHaveProperty('hwidList', [])
@@ -276,19 +303,26 @@ describe('GET /v1/licenses', () => {
     ['limit not a number', '&limit=ten'],
     ['cursor not base64url', '&cursor=***'],
     ['cursor of garbage', `&cursor=${Buffer.from('hello').toString('base64url')}`],
-    ['cursor with a bad date', `&cursor=${Buffer.from('yesterday|AAAA-BBBB-CCCC-DDDD').toString('base64url')}`],
-    ['cursor with a bad key', `&cursor=${Buffer.from('2026-01-01T00:00:00.000Z|nope').toString('base64url')}`],
+    [
+      'cursor with a bad date',
+      `&cursor=${Buffer.from('yesterday|AAAA-BBBB-CCCC-DDDD').toString('base64url')}`,
+    ],
+    [
+      'cursor with a bad key',
+      `&cursor=${Buffer.from('2026-01-01T00:00:00.000Z|nope').toString('base64url')}`,
+    ],
   ])('400 bad_request: %s', (name, suffix) => {
     test('is refused', async () => {
       const s = await t.seed()
-      const path = name === 'missing appId' ? '/v1/licenses' : `/v1/licenses?appId=${s.appId}${suffix}`
+      const path =
+        name === 'missing appId' ? '/v1/licenses' : `/v1/licenses?appId=${s.appId}${suffix}`
       const res = await t.req('GET', path, { apiKey: s.apiKey })
       expect(res.status, JSON.stringify(res.body)).toBe(400)
       expect(res.body).toEqual(errorBody('bad_request'))
     })
   })
 
-  test('403 for another account\'s app or an absent app', async () => {
+  test("403 for another account's app or an absent app", async () => {
     const s = await t.seed()
     const other = await t.seed()
     for (const appId of [other.appId, '00000000-0000-4000-8000-000000000000']) {
@@ -308,7 +342,11 @@ describe('GET /v1/licenses/:licenseKey', () => {
     expect(unbound.body).toEqual({ ...license, hwidList: [], hwid: null })
     await bindHwids(license.licenseKey, ['hw-first', 'hw-second'])
     const bound = await t.req('GET', `/v1/licenses/${license.licenseKey}`, { apiKey: s.apiKey })
-    expect(bound.body).toMatchObject({ hwidList: ['hw-first', 'hw-second'], hwid: 'hw-first', label: 'Customer 42' })
+    expect(bound.body).toMatchObject({
+      hwidList: ['hw-first', 'hw-second'],
+      hwid: 'hw-first',
+      label: 'Customer 42',
+    })
   })
 
   test.each([
@@ -332,7 +370,8 @@ describe('GET /v1/licenses/:licenseKey', () => {
 })
 
 describe('PUT /v1/licenses/:licenseKey', () => {
-  const put = (s: Seeded, key: string, body: unknown) => t.req('PUT', `/v1/licenses/${key}`, { apiKey: s.apiKey, body })
+  const put = (s: Seeded, key: string, body: unknown) =>
+    t.req('PUT', `/v1/licenses/${key}`, { apiKey: s.apiKey, body })
 
   test('revoke, then revoke again (no-op), then activate, then activate again (no-op)', async () => {
     const s = await t.seed()
@@ -341,8 +380,14 @@ describe('PUT /v1/licenses/:licenseKey', () => {
 
     const revoked = await put(s, licenseKey, { action: 'revoke' })
     expect(revoked.status).toBe(200)
-    expect(revoked.body).toEqual({ ok: true, license: expect.objectContaining({ licenseKey, status: 'revoked', hwidList: [] }) })
-    expect((await eventsOf(licenseKey)).map((e) => e.event)).toEqual(['license.created', 'license.revoked'])
+    expect(revoked.body).toEqual({
+      ok: true,
+      license: expect.objectContaining({ licenseKey, status: 'revoked', hwidList: [] }),
+    })
+    expect((await eventsOf(licenseKey)).map((e) => e.event)).toEqual([
+      'license.created',
+      'license.revoked',
+    ])
     const afterRevoke = await epochOf(licenseKey)
     expect(afterRevoke).toBeGreaterThan(before)
 
@@ -357,7 +402,11 @@ describe('PUT /v1/licenses/:licenseKey', () => {
     const activate2 = await put(s, licenseKey, { action: 'activate' })
     expect(activate2.status).toBe(200)
     const evs = await eventsOf(licenseKey)
-    expect(evs.map((e) => e.event)).toEqual(['license.created', 'license.revoked', 'license.activated'])
+    expect(evs.map((e) => e.event)).toEqual([
+      'license.created',
+      'license.revoked',
+      'license.activated',
+    ])
     expect(evs[1]?.data).toMatchObject({ licenseKey, appId: s.appId, status: 'revoked' })
     expect(evs[1]?.occurredAt).toBeInstanceOf(Date)
   })
@@ -366,12 +415,21 @@ describe('PUT /v1/licenses/:licenseKey', () => {
     const s = await t.seed()
     const { licenseKey } = await createOne(s, { expiresAt: '2027-01-01T00:00:00Z' })
     await put(s, licenseKey, { action: 'revoke' })
-    const res = await put(s, licenseKey, { action: 'extend', expiresAt: '2028-05-06T07:08:09.123Z' })
+    const res = await put(s, licenseKey, {
+      action: 'extend',
+      expiresAt: '2028-05-06T07:08:09.123Z',
+    })
     expect(res.status).toBe(200)
-    expect(res.body.license).toMatchObject({ status: 'revoked', expiresAt: '2028-05-06T07:08:09.123Z' })
+    expect(res.body.license).toMatchObject({
+      status: 'revoked',
+      expiresAt: '2028-05-06T07:08:09.123Z',
+    })
     const lifetime = await put(s, licenseKey, { action: 'extend', expiresAt: null })
     expect(lifetime.body.license.expiresAt).toBeNull()
-    expect((await eventsOf(licenseKey)).map((e) => e.event)).toEqual(['license.created', 'license.revoked'])
+    expect((await eventsOf(licenseKey)).map((e) => e.event)).toEqual([
+      'license.created',
+      'license.revoked',
+    ])
   })
 
   test('reset-hwid clears the bindings and emits license.hwid_reset', async () => {
@@ -411,7 +469,7 @@ describe('PUT /v1/licenses/:licenseKey', () => {
     })
   })
 
-  test('404 for an absent or malformed key, 403 for another account\'s license', async () => {
+  test("404 for an absent or malformed key, 403 for another account's license", async () => {
     const s = await t.seed()
     for (const key of ['ZZZZ-ZZZZ-ZZZZ-ZZZZ', 'nope']) {
       const res = await put(s, key, { action: 'revoke' })
@@ -431,14 +489,17 @@ describe('PUT /v1/licenses/:licenseKey', () => {
     const s = await t.seed()
     const { licenseKey } = await createOne(s)
     const results = await Promise.all(
-      Array.from({ length: 10 }, (_, i) => put(s, licenseKey, { action: i % 2 === 0 ? 'revoke' : 'activate' })),
+      Array.from({ length: 10 }, (_, i) =>
+        put(s, licenseKey, { action: i % 2 === 0 ? 'revoke' : 'activate' }),
+      ),
     )
     expect(results.every((r) => r.status === 200)).toBe(true)
     const evs = (await eventsOf(licenseKey)).map((e) => e.event).slice(1)
     // Events must alternate: no transition is recorded twice in a row.
     for (let i = 1; i < evs.length; i++) expect(evs[i]).not.toBe(evs[i - 1])
     const final = await t.req('GET', `/v1/licenses/${licenseKey}`, { apiKey: s.apiKey })
-    const expected = evs.length === 0 ? 'active' : evs.at(-1) === 'license.revoked' ? 'revoked' : 'active'
+    const expected =
+      evs.length === 0 ? 'active' : evs.at(-1) === 'license.revoked' ? 'revoked' : 'active'
     expect(final.body.status).toBe(expected)
   })
 })
@@ -451,7 +512,9 @@ describe('DELETE /v1/licenses/:licenseKey', () => {
     const res = await t.req('DELETE', `/v1/licenses/${licenseKey}`, { apiKey: s.apiKey })
     expect(res.status).toBe(200)
     expect(res.body).toEqual({ ok: true })
-    expect((await t.req('GET', `/v1/licenses/${licenseKey}`, { apiKey: s.apiKey })).status).toBe(404)
+    expect((await t.req('GET', `/v1/licenses/${licenseKey}`, { apiKey: s.apiKey })).status).toBe(
+      404,
+    )
     const evs = await eventsOf(licenseKey)
     expect(evs.map((e) => e.event)).toEqual(['license.created', 'license.deleted'])
     expect(evs[1]?.data).toMatchObject({ licenseKey, appId: s.appId })
@@ -461,14 +524,16 @@ describe('DELETE /v1/licenses/:licenseKey', () => {
     expect(again.body).toEqual(errorBody('not_found'))
   })
 
-  test('403 for another account\'s license, which survives', async () => {
+  test("403 for another account's license, which survives", async () => {
     const s = await t.seed()
     const other = await t.seed()
     const theirs = await createOne(other)
     const res = await t.req('DELETE', `/v1/licenses/${theirs.licenseKey}`, { apiKey: s.apiKey })
     expect(res.status).toBe(403)
     expect(res.body).toEqual(errorBody('forbidden'))
-    expect((await t.req('GET', `/v1/licenses/${theirs.licenseKey}`, { apiKey: other.apiKey })).status).toBe(200)
+    expect(
+      (await t.req('GET', `/v1/licenses/${theirs.licenseKey}`, { apiKey: other.apiKey })).status,
+    ).toBe(200)
   })
 
   test('404 for a malformed key', async () => {

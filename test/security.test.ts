@@ -14,9 +14,14 @@ beforeAll(async () => {
 type Seeded = Awaited<ReturnType<TestApp['seed']>>
 
 const security = (s: Seeded) => t.req('GET', `/v1/apps/${s.appId}/security`, { apiKey: s.apiKey })
-const put = (s: Seeded, body: unknown) => t.req('PUT', `/v1/apps/${s.appId}/security`, { apiKey: s.apiKey, body })
-const entry = (s: Seeded, method: 'POST' | 'DELETE', list: 'blacklist' | 'whitelist', body: unknown) =>
-  t.req(method, `/v1/apps/${s.appId}/security/${list}`, { apiKey: s.apiKey, body })
+const put = (s: Seeded, body: unknown) =>
+  t.req('PUT', `/v1/apps/${s.appId}/security`, { apiKey: s.apiKey, body })
+const entry = (
+  s: Seeded,
+  method: 'POST' | 'DELETE',
+  list: 'blacklist' | 'whitelist',
+  body: unknown,
+) => t.req(method, `/v1/apps/${s.appId}/security/${list}`, { apiKey: s.apiKey, body })
 
 async function appEpoch(s: Seeded) {
   const [epoch] = await t.deps.store.epochs([keys.appEpoch(s.appId)])
@@ -45,7 +50,12 @@ describe('GET and PUT /v1/apps/:appId/security', () => {
       ipWhitelist: ['10.0.0.1', '2001:db8::1', '192.168.1.1'],
     })
     const second = await put(s, { hwidWhitelist: ['w'], ipWhitelist: [] })
-    expect(second.body).toEqual({ hwidBlacklist: ['b', 'a'], hwidWhitelist: ['w'], ipBlacklist: [], ipWhitelist: [] })
+    expect(second.body).toEqual({
+      hwidBlacklist: ['b', 'a'],
+      hwidWhitelist: ['w'],
+      ipBlacklist: [],
+      ipWhitelist: [],
+    })
     expect((await security(s)).body).toEqual(second.body)
   })
 
@@ -87,11 +97,14 @@ describe('GET and PUT /v1/apps/:appId/security', () => {
     })
   })
 
-  test('403 for another account\'s app and for an absent app', async () => {
+  test("403 for another account's app and for an absent app", async () => {
     const s = await t.seed()
     const other = await t.seed()
     for (const appId of [other.appId, '00000000-0000-4000-8000-000000000000', 'nope']) {
-      for (const [method, body] of [['GET', undefined], ['PUT', { hwidBlacklist: ['x'] }]] as const) {
+      for (const [method, body] of [
+        ['GET', undefined],
+        ['PUT', { hwidBlacklist: ['x'] }],
+      ] as const) {
         const res = await t.req(method, `/v1/apps/${appId}/security`, { apiKey: s.apiKey, body })
         expect(res.status, `${method} ${appId}`).toBe(403)
         expect(res.body).toEqual(errorBody('forbidden'))
@@ -102,29 +115,32 @@ describe('GET and PUT /v1/apps/:appId/security', () => {
 })
 
 describe('POST and DELETE /v1/apps/:appId/security/{blacklist,whitelist}', () => {
-  test.each(['blacklist', 'whitelist'] as const)('%s: add and remove HWID and IP entries', async (list) => {
-    const s = await t.seed()
-    const hwidList = list === 'blacklist' ? 'hwidBlacklist' : 'hwidWhitelist'
-    const ipList = list === 'blacklist' ? 'ipBlacklist' : 'ipWhitelist'
-    const before = await appEpoch(s)
-    const add = await entry(s, 'POST', list, { type: 'hwid', value: 'device-1' })
-    expect(add.status).toBe(200)
-    expect(add.body).toEqual({ ok: true })
-    await entry(s, 'POST', list, { type: 'ip', value: '::ffff:127.0.0.1' })
-    await entry(s, 'POST', list, { type: 'ip', value: '2001:0db8:0000:0000:0000:0000:0000:0001' })
-    expect((await security(s)).body).toEqual({
-      ...empty,
-      [hwidList]: ['device-1'],
-      [ipList]: ['127.0.0.1', '2001:db8::1'],
-    })
-    expect(await appEpoch(s)).toBeGreaterThan(before)
+  test.each(['blacklist', 'whitelist'] as const)(
+    '%s: add and remove HWID and IP entries',
+    async (list) => {
+      const s = await t.seed()
+      const hwidList = list === 'blacklist' ? 'hwidBlacklist' : 'hwidWhitelist'
+      const ipList = list === 'blacklist' ? 'ipBlacklist' : 'ipWhitelist'
+      const before = await appEpoch(s)
+      const add = await entry(s, 'POST', list, { type: 'hwid', value: 'device-1' })
+      expect(add.status).toBe(200)
+      expect(add.body).toEqual({ ok: true })
+      await entry(s, 'POST', list, { type: 'ip', value: '::ffff:127.0.0.1' })
+      await entry(s, 'POST', list, { type: 'ip', value: '2001:0db8:0000:0000:0000:0000:0000:0001' })
+      expect((await security(s)).body).toEqual({
+        ...empty,
+        [hwidList]: ['device-1'],
+        [ipList]: ['127.0.0.1', '2001:db8::1'],
+      })
+      expect(await appEpoch(s)).toBeGreaterThan(before)
 
-    // Removal matches canonically too.
-    const remove = await entry(s, 'DELETE', list, { type: 'ip', value: '2001:db8:0:0::1' })
-    expect(remove.body).toEqual({ ok: true })
-    await entry(s, 'DELETE', list, { type: 'hwid', value: 'device-1' })
-    expect((await security(s)).body).toEqual({ ...empty, [ipList]: ['127.0.0.1'] })
-  })
+      // Removal matches canonically too.
+      const remove = await entry(s, 'DELETE', list, { type: 'ip', value: '2001:db8:0:0::1' })
+      expect(remove.body).toEqual({ ok: true })
+      await entry(s, 'DELETE', list, { type: 'hwid', value: 'device-1' })
+      expect((await security(s)).body).toEqual({ ...empty, [ipList]: ['127.0.0.1'] })
+    },
+  )
 
   test('adding a present entry and removing an absent one are no-op 200s that leave the epoch alone', async () => {
     const s = await t.seed()
@@ -143,7 +159,9 @@ describe('POST and DELETE /v1/apps/:appId/security/{blacklist,whitelist}', () =>
   test('a list of 999 takes one more entry; a full list of 1,000 refuses the 1,001st with 400', async () => {
     const s = await t.seed()
     await put(s, { hwidWhitelist: Array.from({ length: 999 }, (_, i) => `hw-${i}`) })
-    expect((await entry(s, 'POST', 'whitelist', { type: 'hwid', value: 'hw-999' })).status).toBe(200)
+    expect((await entry(s, 'POST', 'whitelist', { type: 'hwid', value: 'hw-999' })).status).toBe(
+      200,
+    )
     const full = await entry(s, 'POST', 'whitelist', { type: 'hwid', value: 'hw-1000' })
     expect(full.status).toBe(400)
     expect(full.body).toEqual(errorBody('bad_request'))
@@ -157,7 +175,9 @@ describe('POST and DELETE /v1/apps/:appId/security/{blacklist,whitelist}', () =>
   test('concurrent adds of distinct and equal values neither duplicate nor lose entries', async () => {
     const s = await t.seed()
     const values = ['a', 'b', 'c', 'a', 'b', 'c', 'd', 'd']
-    const results = await Promise.all(values.map((value) => entry(s, 'POST', 'blacklist', { type: 'hwid', value })))
+    const results = await Promise.all(
+      values.map((value) => entry(s, 'POST', 'blacklist', { type: 'hwid', value })),
+    )
     expect(results.every((r) => r.status === 200)).toBe(true)
     expect([...(await security(s)).body.hwidBlacklist].sort()).toEqual(['a', 'b', 'c', 'd'])
   })
@@ -206,7 +226,7 @@ describe('POST and DELETE /v1/apps/:appId/security/{blacklist,whitelist}', () =>
     })
   })
 
-  test('403 for another account\'s app on every entry route; its lists stay untouched', async () => {
+  test("403 for another account's app on every entry route; its lists stay untouched", async () => {
     const s = await t.seed()
     const other = await t.seed()
     for (const method of ['POST', 'DELETE'] as const) {

@@ -24,7 +24,10 @@ async function newLicense(s: Seeded): Promise<string> {
 }
 
 const targets: [string, (s: Seeded) => Promise<Target>][] = [
-  ['app', async (s) => ({ path: `/v1/apps/${s.appId}/variables`, epochKey: keys.appEpoch(s.appId) })],
+  [
+    'app',
+    async (s) => ({ path: `/v1/apps/${s.appId}/variables`, epochKey: keys.appEpoch(s.appId) }),
+  ],
   [
     'license',
     async (s) => {
@@ -45,7 +48,10 @@ describe.each(targets)('%s variables', (_kind, targetOf) => {
     expect(initial.body).toEqual({})
 
     const [before] = await t.deps.store.epochs([epochKey])
-    const put = await t.req('PUT', path, { apiKey: s.apiKey, body: { tier: 'pro', seats: 5, ratio: 0.5, beta: true } })
+    const put = await t.req('PUT', path, {
+      apiKey: s.apiKey,
+      body: { tier: 'pro', seats: 5, ratio: 0.5, beta: true },
+    })
     expect(put.status, JSON.stringify(put.body)).toBe(200)
     expect(put.body).toEqual({ tier: 'pro', seats: 5, ratio: 0.5, beta: true })
     const [after] = await t.deps.store.epochs([epochKey])
@@ -100,12 +106,15 @@ describe.each(targets)('%s variables', (_kind, targetOf) => {
     })
   })
 
-  test('403 for another account\'s resource, which stays unchanged', async () => {
+  test("403 for another account's resource, which stays unchanged", async () => {
     const s = await t.seed()
     const other = await t.seed()
     const { path } = await targetOf(other)
     await t.req('PUT', path, { apiKey: other.apiKey, body: { owner: 'other' } })
-    for (const [method, body] of [['GET', undefined], ['PUT', { owner: 'me' }]] as const) {
+    for (const [method, body] of [
+      ['GET', undefined],
+      ['PUT', { owner: 'me' }],
+    ] as const) {
       const res = await t.req(method, path, { apiKey: s.apiKey, body })
       expect(res.status, method).toBe(403)
       expect(res.body).toEqual(errorBody('forbidden'))
@@ -128,7 +137,10 @@ describe.each(targets)('%s variables', (_kind, targetOf) => {
     const s = await t.seed()
     const { path } = await targetOf(s)
     const apiKey = await keyOf(s)
-    for (const [method, body] of [['GET', undefined], ['PUT', { a: 1 }]] as const) {
+    for (const [method, body] of [
+      ['GET', undefined],
+      ['PUT', { a: 1 }],
+    ] as const) {
       const res = await t.req(method, path, { apiKey, body })
       expect(res.status, method).toBe(401)
       expect(res.body).toEqual(errorBody('invalid_api_key'))
@@ -141,10 +153,20 @@ describe('app and license variables are separate maps', () => {
   test('setting one leaves the other alone', async () => {
     const s = await t.seed()
     const key = await newLicense(s)
-    await t.req('PUT', `/v1/apps/${s.appId}/variables`, { apiKey: s.apiKey, body: { scope: 'app' } })
-    await t.req('PUT', `/v1/licenses/${key}/variables`, { apiKey: s.apiKey, body: { scope: 'license' } })
-    expect((await t.req('GET', `/v1/apps/${s.appId}/variables`, { apiKey: s.apiKey })).body).toEqual({ scope: 'app' })
-    expect((await t.req('GET', `/v1/licenses/${key}/variables`, { apiKey: s.apiKey })).body).toEqual({ scope: 'license' })
+    await t.req('PUT', `/v1/apps/${s.appId}/variables`, {
+      apiKey: s.apiKey,
+      body: { scope: 'app' },
+    })
+    await t.req('PUT', `/v1/licenses/${key}/variables`, {
+      apiKey: s.apiKey,
+      body: { scope: 'license' },
+    })
+    expect(
+      (await t.req('GET', `/v1/apps/${s.appId}/variables`, { apiKey: s.apiKey })).body,
+    ).toEqual({ scope: 'app' })
+    expect(
+      (await t.req('GET', `/v1/licenses/${key}/variables`, { apiKey: s.apiKey })).body,
+    ).toEqual({ scope: 'license' })
   })
 })
 
@@ -154,7 +176,10 @@ describe('errors that only one kind has', () => {
     ['a malformed license key', 'not-a-key'],
   ])('404 not_found for %s', async (_name, key) => {
     const s = await t.seed()
-    for (const [method, body] of [['GET', undefined], ['PUT', { a: 1 }]] as const) {
+    for (const [method, body] of [
+      ['GET', undefined],
+      ['PUT', { a: 1 }],
+    ] as const) {
       const res = await t.req(method, `/v1/licenses/${key}/variables`, { apiKey: s.apiKey, body })
       expect(res.status, method).toBe(404)
       expect(res.body).toEqual(errorBody('not_found'))
@@ -166,7 +191,10 @@ describe('errors that only one kind has', () => {
     ['an appId that is not a UUID', 'nope'],
   ])('403 forbidden for %s', async (_name, appId) => {
     const s = await t.seed()
-    for (const [method, body] of [['GET', undefined], ['PUT', { a: 1 }]] as const) {
+    for (const [method, body] of [
+      ['GET', undefined],
+      ['PUT', { a: 1 }],
+    ] as const) {
       const res = await t.req(method, `/v1/apps/${appId}/variables`, { apiKey: s.apiKey, body })
       expect(res.status, method).toBe(403)
       expect(res.body).toEqual(errorBody('forbidden'))

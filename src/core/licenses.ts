@@ -78,7 +78,11 @@ export async function createLicenses(deps: Deps, accountId: string, input: Creat
   const expiresAt = expiryFrom(input.expiresAt)
   const app = await requireOwnedApp(deps, accountId, input.appId)
   if (!(await hasPositiveBalance(deps, accountId))) {
-    throw new ApiError('no_credits', 402, 'The account has no credits left; add credits to create licenses')
+    throw new ApiError(
+      'no_credits',
+      402,
+      'The account has no credits left; add credits to create licenses',
+    )
   }
   const quantity = input.quantity ?? 1
   const values = {
@@ -100,7 +104,13 @@ export async function createLicenses(deps: Deps, accountId: string, input: Creat
           key: generateLicenseKey(),
           createdAt,
         }))
-        created.push(...(await tx.insert(licenses).values(batch).onConflictDoNothing({ target: licenses.key }).returning()))
+        created.push(
+          ...(await tx
+            .insert(licenses)
+            .values(batch)
+            .onConflictDoNothing({ target: licenses.key })
+            .returning()),
+        )
       }
       await recordEvents(
         tx,
@@ -126,7 +136,11 @@ export async function createLicenses(deps: Deps, accountId: string, input: Creat
 }
 
 /** Finds a license of the account: 404 when absent (or not shaped like a key), 403 when another account's. */
-export async function requireOwnedLicense(deps: Deps, accountId: string, licenseKey: string): Promise<LicenseRow> {
+export async function requireOwnedLicense(
+  deps: Deps,
+  accountId: string,
+  licenseKey: string,
+): Promise<LicenseRow> {
   if (!KEY_SHAPE.test(licenseKey)) throw notFound(`No license ${licenseKey}`)
   const [found] = await deps.database.db
     .select({ license: licenses, accountId: apps.accountId })
@@ -135,7 +149,8 @@ export async function requireOwnedLicense(deps: Deps, accountId: string, license
     .where(eq(licenses.key, licenseKey))
     .limit(1)
   if (!found) throw notFound(`No license ${licenseKey}`)
-  if (found.accountId !== accountId) throw forbidden('This license belongs to an app outside your account')
+  if (found.accountId !== accountId)
+    throw forbidden('This license belongs to an app outside your account')
   return found.license
 }
 
@@ -160,7 +175,8 @@ function decodeCursor(text: string): Cursor {
   const invalid = () => badRequest('cursor is not one this API returned')
   if (!CURSOR_TEXT.test(text)) throw invalid()
   const [createdAt, key, ...rest] = Buffer.from(text, 'base64url').toString('utf8').split('|')
-  if (createdAt === undefined || key === undefined || rest.length > 0 || !KEY_SHAPE.test(key)) throw invalid()
+  if (createdAt === undefined || key === undefined || rest.length > 0 || !KEY_SHAPE.test(key))
+    throw invalid()
   const ms = Date.parse(createdAt)
   if (!Number.isFinite(ms) || new Date(ms).toISOString() !== createdAt) throw invalid()
   return { createdAt, key }
@@ -183,7 +199,9 @@ export async function listLicenses(deps: Deps, accountId: string, input: ListLic
     .where(
       and(
         eq(licenses.appId, app.id),
-        after ? sql`(${licenses.createdAt}, ${licenses.key}) < (${after.createdAt}::timestamptz, ${after.key})` : undefined,
+        after
+          ? sql`(${licenses.createdAt}, ${licenses.key}) < (${after.createdAt}::timestamptz, ${after.key})`
+          : undefined,
       ),
     )
     .orderBy(desc(licenses.createdAt), desc(licenses.key))
@@ -221,13 +239,18 @@ function planUpdate(
     case 'extend':
       return { set: { expiresAt: expiryFrom(input.expiresAt) }, event: null, extra: {} }
     case 'reset-hwid':
-      return { set: { hwids: [] }, event: 'license.hwid_reset', extra: { previousHwidList: row.hwids } }
+      return {
+        set: { hwids: [] },
+        event: 'license.hwid_reset',
+        extra: { previousHwidList: row.hwids },
+      }
   }
 }
 
 function checkUpdateInput(input: UpdateLicenseInput): void {
   if (input.action === 'extend') {
-    if (input.expiresAt === undefined) throw badRequest('expiresAt is required when action is extend')
+    if (input.expiresAt === undefined)
+      throw badRequest('expiresAt is required when action is extend')
     expiryFrom(input.expiresAt)
   } else if (input.expiresAt !== undefined) {
     throw badRequest('expiresAt is only accepted when action is extend')
@@ -241,7 +264,12 @@ async function lockLicense(tx: Tx, licenseKey: string): Promise<LicenseRow> {
   return row
 }
 
-export async function updateLicense(deps: Deps, accountId: string, licenseKey: string, input: UpdateLicenseInput) {
+export async function updateLicense(
+  deps: Deps,
+  accountId: string,
+  licenseKey: string,
+  input: UpdateLicenseInput,
+) {
   const owned = await requireOwnedLicense(deps, accountId, licenseKey)
   checkUpdateInput(input)
   const { row, changed } = await deps.mailbox.run(owned.appId, () =>
@@ -249,10 +277,16 @@ export async function updateLicense(deps: Deps, accountId: string, licenseKey: s
       const current = await lockLicense(tx, licenseKey)
       const plan = planUpdate(current, input)
       if (Object.keys(plan.set).length === 0) return { row: current, changed: false }
-      const [updated] = await tx.update(licenses).set(plan.set).where(eq(licenses.key, licenseKey)).returning()
+      const [updated] = await tx
+        .update(licenses)
+        .set(plan.set)
+        .where(eq(licenses.key, licenseKey))
+        .returning()
       if (!updated) throw new Error('locked license vanished during update')
       if (plan.event) {
-        await recordEvents(tx, [event(deps, plan.event, { licenseKey, appId: updated.appId, ...plan.extra })])
+        await recordEvents(tx, [
+          event(deps, plan.event, { licenseKey, appId: updated.appId, ...plan.extra }),
+        ])
       }
       return { row: updated, changed: true }
     }),

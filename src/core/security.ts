@@ -56,7 +56,8 @@ export function normalizeEntry(type: EntryType, value: string): string {
 }
 
 function normalizeList(name: ListName, values: readonly string[]): string[] {
-  if (values.length > MAX_LIST_ENTRIES) throw badRequest(`${name} holds at most ${MAX_LIST_ENTRIES} entries`)
+  if (values.length > MAX_LIST_ENTRIES)
+    throw badRequest(`${name} holds at most ${MAX_LIST_ENTRIES} entries`)
   return [...new Set(values.map((v) => normalizeEntry(LISTS[name].type, v)))]
 }
 
@@ -67,7 +68,11 @@ const selection = {
   ipWhitelist: apps.ipWhitelist,
 }
 
-export async function getSecurity(deps: Deps, accountId: string, appId: string): Promise<SecurityConfig> {
+export async function getSecurity(
+  deps: Deps,
+  accountId: string,
+  appId: string,
+): Promise<SecurityConfig> {
   const app = await requireOwnedApp(deps, accountId, appId)
   return {
     hwidBlacklist: app.hwidBlacklist,
@@ -110,7 +115,13 @@ export interface EntryInput {
  * Adds one entry with a single conditional UPDATE, so concurrent adds can neither duplicate an entry
  * nor push a list past its limit. An entry already present is a no-op success.
  */
-export async function addEntry(deps: Deps, accountId: string, appId: string, kind: ListKind, input: EntryInput) {
+export async function addEntry(
+  deps: Deps,
+  accountId: string,
+  appId: string,
+  kind: ListKind,
+  input: EntryInput,
+) {
   const name = listName(input.type, kind)
   const value = normalizeEntry(input.type, input.value)
   const app = await requireOwnedApp(deps, accountId, appId)
@@ -130,13 +141,22 @@ export async function addEntry(deps: Deps, accountId: string, appId: string, kin
     await deps.store.bump([keys.appEpoch(app.id)])
     return { ok: true as const }
   }
-  const [current] = await deps.database.db.select({ list: column }).from(apps).where(eq(apps.id, app.id))
+  const [current] = await deps.database.db
+    .select({ list: column })
+    .from(apps)
+    .where(eq(apps.id, app.id))
   if (current?.list.includes(value)) return { ok: true as const }
   throw badRequest(`${name} already holds ${MAX_LIST_ENTRIES} entries`)
 }
 
 /** Removes one entry in a single UPDATE; removing an absent entry is a no-op success. */
-export async function removeEntry(deps: Deps, accountId: string, appId: string, kind: ListKind, input: EntryInput) {
+export async function removeEntry(
+  deps: Deps,
+  accountId: string,
+  appId: string,
+  kind: ListKind,
+  input: EntryInput,
+) {
   const name = listName(input.type, kind)
   const value = normalizeEntry(input.type, input.value)
   const app = await requireOwnedApp(deps, accountId, appId)

@@ -22,7 +22,9 @@ export function checkVariables(input: unknown): VariableMap {
       throw badRequest(`Variable names are 1 to ${MAX_VARIABLE_KEY_LENGTH} characters`)
     }
     const ok =
-      typeof value === 'string' || typeof value === 'boolean' || (typeof value === 'number' && Number.isFinite(value))
+      typeof value === 'string' ||
+      typeof value === 'boolean' ||
+      (typeof value === 'number' && Number.isFinite(value))
     if (!ok) throw badRequest(`Variable "${key}" must be a string, number or boolean`)
   }
   if (Buffer.byteLength(JSON.stringify(input), 'utf8') > MAX_VARIABLES_BYTES) {
@@ -31,13 +33,22 @@ export function checkVariables(input: unknown): VariableMap {
   return input as VariableMap
 }
 
-export async function getAppVariables(deps: Deps, accountId: string, appId: string): Promise<VariableMap> {
+export async function getAppVariables(
+  deps: Deps,
+  accountId: string,
+  appId: string,
+): Promise<VariableMap> {
   const app = await requireOwnedApp(deps, accountId, appId)
   return app.variables
 }
 
 /** Replaces the whole map; every instance's cached copy of the app is dropped. */
-export async function putAppVariables(deps: Deps, accountId: string, appId: string, input: unknown) {
+export async function putAppVariables(
+  deps: Deps,
+  accountId: string,
+  appId: string,
+  input: unknown,
+) {
   const variables = checkVariables(input)
   const app = await requireOwnedApp(deps, accountId, appId)
   const [row] = await deps.database.db
@@ -50,12 +61,21 @@ export async function putAppVariables(deps: Deps, accountId: string, appId: stri
   return row.variables
 }
 
-export async function getLicenseVariables(deps: Deps, accountId: string, licenseKey: string): Promise<VariableMap> {
+export async function getLicenseVariables(
+  deps: Deps,
+  accountId: string,
+  licenseKey: string,
+): Promise<VariableMap> {
   const license = await requireOwnedLicense(deps, accountId, licenseKey)
   return license.variables
 }
 
-export async function putLicenseVariables(deps: Deps, accountId: string, licenseKey: string, input: unknown) {
+export async function putLicenseVariables(
+  deps: Deps,
+  accountId: string,
+  licenseKey: string,
+  input: unknown,
+) {
   const variables = checkVariables(input)
   const license = await requireOwnedLicense(deps, accountId, licenseKey)
   // Serialised with the app's other license changes, like every license mutation.

@@ -46,7 +46,11 @@ export const SigningKeyListResponse = t.Object({
 export const RotatedKeyResponse = t.Object({ keyId: t.String(), publicKey: t.String() })
 
 /** A flat variable map: 1 to 64 character names, scalar values, at most 50 names and 4,096 bytes of JSON. */
-export const VariableMapBody = t.Record(t.String({ minLength: 1, maxLength: 64 }), t.Union([t.String(), t.Number(), t.Boolean()]), {
-  description: 'Flat map of variables; string, number or boolean values',
-  examples: [{ tier: 'pro', seats: 5, beta: true }],
-})
+export const VariableMapBody = t.Record(
+  t.String({ minLength: 1, maxLength: 64 }),
+  t.Union([t.String(), t.Number(), t.Boolean()]),
+  {
+    description: 'Flat map of variables; string, number or boolean values',
+    examples: [{ tier: 'pro', seats: 5, beta: true }],
+  },
+)

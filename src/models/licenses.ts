@@ -3,7 +3,10 @@ import { t } from 'elysia'
 const isoDate = (description: string) => t.String({ format: 'date-time', description })
 
 export const LicenseKeyParams = t.Object({
-  licenseKey: t.String({ description: 'License key, XXXX-XXXX-XXXX-XXXX', examples: ['K7QM-3XWT-9HFP-2RDN'] }),
+  licenseKey: t.String({
+    description: 'License key, XXXX-XXXX-XXXX-XXXX',
+    examples: ['K7QM-3XWT-9HFP-2RDN'],
+  }),
 })
 
 /** A license as returned by create: everything but the bound HWIDs. */
@@ -13,7 +16,9 @@ export const License = t.Object({
   status: t.Union([t.Literal('active'), t.Literal('revoked')]),
   expiresAt: t.Nullable(isoDate('Expiry; null means lifetime')),
   maxHwidSlots: t.Integer({ minimum: 1, maximum: 16 }),
-  unlimitedHwidSlots: t.Boolean({ description: 'Shared unlimited-seat key: seat enforcement is skipped' }),
+  unlimitedHwidSlots: t.Boolean({
+    description: 'Shared unlimited-seat key: seat enforcement is skipped',
+  }),
   label: t.Nullable(t.String({ maxLength: 128 })),
   createdAt: isoDate('Creation time, with milliseconds'),
 })
@@ -21,21 +26,32 @@ export const License = t.Object({
 /** A license with its bound HWIDs, as list and update return it. */
 export const LicenseWithHwids = t.Composite([
   License,
-  t.Object({ hwidList: t.Array(t.String(), { description: 'Bound hardware IDs, oldest binding first' }) }),
+  t.Object({
+    hwidList: t.Array(t.String(), { description: 'Bound hardware IDs, oldest binding first' }),
+  }),
 ])
 
 /** The single-license view: adds `hwid`, the first (oldest) bound HWID or null. */
 export const LicenseDetail = t.Composite([
   LicenseWithHwids,
-  t.Object({ hwid: t.Nullable(t.String({ description: 'The first bound HWID, or null when none is bound' })) }),
+  t.Object({
+    hwid: t.Nullable(t.String({ description: 'The first bound HWID, or null when none is bound' })),
+  }),
 ])
 
 export const CreateLicensesBody = t.Object({
   appId: t.String({ description: 'Application to issue for' }),
   quantity: t.Optional(t.Integer({ minimum: 1, maximum: 100, default: 1 })),
-  expiresAt: t.Optional(t.Nullable(t.String({ description: 'ISO 8601; null (or omitted) for lifetime' }))),
+  expiresAt: t.Optional(
+    t.Nullable(t.String({ description: 'ISO 8601; null (or omitted) for lifetime' })),
+  ),
   maxHwidSlots: t.Optional(
-    t.Integer({ minimum: 1, maximum: 16, default: 1, description: 'Stored as given; not enforced when unlimitedHwidSlots is true' }),
+    t.Integer({
+      minimum: 1,
+      maximum: 16,
+      default: 1,
+      description: 'Stored as given; not enforced when unlimitedHwidSlots is true',
+    }),
   ),
   unlimitedHwidSlots: t.Optional(t.Boolean({ default: false })),
   label: t.Optional(t.Nullable(t.String({ maxLength: 128 }))),
@@ -51,13 +67,24 @@ export const ListLicensesQuery = t.Object({
 
 export const ListLicensesResponse = t.Object({
   licenses: t.Array(LicenseWithHwids),
-  cursor: t.Nullable(t.String({ description: 'Pass back for the next page; null on the last page' })),
+  cursor: t.Nullable(
+    t.String({ description: 'Pass back for the next page; null on the last page' }),
+  ),
 })
 
 export const UpdateLicenseBody = t.Object({
-  action: t.Union([t.Literal('revoke'), t.Literal('activate'), t.Literal('extend'), t.Literal('reset-hwid')]),
+  action: t.Union([
+    t.Literal('revoke'),
+    t.Literal('activate'),
+    t.Literal('extend'),
+    t.Literal('reset-hwid'),
+  ]),
   expiresAt: t.Optional(
-    t.Nullable(t.String({ description: 'ISO 8601 new expiry, required by extend (null: lifetime); refused otherwise' })),
+    t.Nullable(
+      t.String({
+        description: 'ISO 8601 new expiry, required by extend (null: lifetime); refused otherwise',
+      }),
+    ),
   ),
 })
 

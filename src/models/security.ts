@@ -11,12 +11,14 @@ export const SecurityConfig = t.Object({
 })
 
 export const PutSecurityBody = t.Partial(SecurityConfig, {
-  description: 'A supplied list replaces that list (entries deduplicated, order kept); omitted lists are unchanged; [] clears',
+  description:
+    'A supplied list replaces that list (entries deduplicated, order kept); omitted lists are unchanged; [] clears',
 })
 
 export const SecurityEntryBody = t.Object({
   type: t.Union([t.Literal('hwid'), t.Literal('ip')]),
   value: t.String({
-    description: 'HWID of 1 to 128 characters, or a single IPv4/IPv6 address of 7 to 45 characters (stored canonical)',
+    description:
+      'HWID of 1 to 128 characters, or a single IPv4/IPv6 address of 7 to 45 characters (stored canonical)',
   }),
 })

@@ -1,7 +1,19 @@
 import { Elysia } from 'elysia'
-import { createApplication, getAccount, listSigningKeys, requireOwnedApp, rotateSigningKey } from '../core/accounts'
+import {
+  createApplication,
+  getAccount,
+  listSigningKeys,
+  requireOwnedApp,
+  rotateSigningKey,
+} from '../core/accounts'
 import { listApps } from '../core/apps'
-import { checkVariables, getAppVariables, getLicenseVariables, putAppVariables, putLicenseVariables } from '../core/variables'
+import {
+  checkVariables,
+  getAppVariables,
+  getLicenseVariables,
+  putAppVariables,
+  putLicenseVariables,
+} from '../core/variables'
 import type { Deps } from '../deps'
 import { apiKeyAuth } from '../http/auth'
 import { apiErrors, notFoundError } from '../models'
@@ -21,6 +33,14 @@ const variablesRules =
   'A flat JSON object: names of 1 to 64 characters, string, number or boolean values, at most 50 names ' +
   'and 4,096 bytes of JSON.'
 
+/** Routes that name no app or license have nothing to forbid. */
+const accountErrors = {
+  400: apiErrors[400],
+  401: apiErrors[401],
+  429: apiErrors[429],
+  500: apiErrors[500],
+}
+
 /** Elysia would coerce an array or a string into an object before validation: refuse them first. */
 const objectBodyOnly = ({ body }: { body: unknown }) => {
   checkVariables(body)
@@ -31,84 +51,124 @@ export const appRoutes = (deps: Deps) =>
     .use(apiKeyAuth(deps))
     .get('/account', ({ accountId }) => getAccount(deps, accountId), {
       apiKey: true,
-      response: { 200: AccountResponse, ...apiErrors },
-      detail: { tags: ['Account'], summary: 'The account of the API key', description: 'Name and credit balance.' },
-    })
-    .post('/apps', async ({ accountId, body, set }) => {
-      const app = await createApplication(deps, accountId, body.name, body.sandbox ?? false)
-      set.status = 201
-      return { ...app, createdAt: app.createdAt.toISOString() }
-    }, {
-      apiKey: true,
-      body: CreateAppBody,
-      response: { 201: CreatedAppResponse, ...apiErrors },
+      response: { 200: AccountResponse, ...accountErrors },
       detail: {
-        tags: ['Apps'],
-        summary: 'Create an app',
-        description: 'Returns the app secret (only here) and the public key that verifies signed responses.',
+        tags: ['Account'],
+        summary: 'The account of the API key',
+        description: 'Name and credit balance.',
       },
     })
+    .post(
+      '/apps',
+      async ({ accountId, body, set }) => {
+        const app = await createApplication(deps, accountId, body.name, body.sandbox ?? false)
+        set.status = 201
+        return { ...app, createdAt: app.createdAt.toISOString() }
+      },
+      {
+        apiKey: true,
+        body: CreateAppBody,
+        response: { 201: CreatedAppResponse, ...accountErrors },
+        detail: {
+          tags: ['Apps'],
+          summary: 'Create an app',
+          description:
+            'Returns the app secret (only here) and the public key that verifies signed responses.',
+        },
+      },
+    )
     .get('/apps', async ({ accountId }) => ({ apps: await listApps(deps, accountId) }), {
       apiKey: true,
-      response: { 200: AppListResponse, ...apiErrors },
-      detail: { tags: ['Apps'], summary: 'List the account\'s apps', description: 'Newest first.' },
+      response: { 200: AppListResponse, ...accountErrors },
+      detail: { tags: ['Apps'], summary: "List the account's apps", description: 'Newest first.' },
     })
-    .get('/apps/:appId/signing-keys', async ({ accountId, params }) => {
-      const app = await requireOwnedApp(deps, accountId, params.appId)
-      const keys = await listSigningKeys(deps, app.id)
-      return { keys: keys.map((k) => ({ ...k, createdAt: k.createdAt.toISOString() })) }
-    }, {
-      apiKey: true,
-      params: AppIdParams,
-      response: { 200: SigningKeyListResponse, ...apiErrors },
-      detail: {
-        tags: ['Apps'],
-        summary: 'List signing keys',
-        description: 'Newest first. The active key signs; earlier keys stay listed so clients can trust several.',
+    .get(
+      '/apps/:appId/signing-keys',
+      async ({ accountId, params }) => {
+        const app = await requireOwnedApp(deps, accountId, params.appId)
+        const keys = await listSigningKeys(deps, app.id)
+        return { keys: keys.map((k) => ({ ...k, createdAt: k.createdAt.toISOString() })) }
       },
-    })
-    .post('/apps/:appId/signing-keys', async ({ accountId, params, set }) => {
-      const app = await requireOwnedApp(deps, accountId, params.appId)
-      const key = await rotateSigningKey(deps, app.id)
-      set.status = 201
-      return key
-    }, {
-      apiKey: true,
-      params: AppIdParams,
-      response: { 201: RotatedKeyResponse, ...apiErrors },
-      detail: {
-        tags: ['Apps'],
-        summary: 'Rotate the signing key',
-        description: 'The new key signs from now on; earlier keys stay listed with active: false.',
+      {
+        apiKey: true,
+        params: AppIdParams,
+        response: { 200: SigningKeyListResponse, ...apiErrors },
+        detail: {
+          tags: ['Apps'],
+          summary: 'List signing keys',
+          description:
+            'Newest first. The active key signs; earlier keys stay listed so clients can trust several.',
+        },
       },
-    })
-    .get('/apps/:appId/variables', ({ accountId, params }) => getAppVariables(deps, accountId, params.appId), {
-      apiKey: true,
-      params: AppIdParams,
-      response: { 200: VariableMapBody, ...apiErrors },
-      detail: { tags: ['Variables'], summary: 'Get app variables', description: 'The map itself; {} when none are set.' },
-    })
-    .put('/apps/:appId/variables', ({ accountId, params, body }) => putAppVariables(deps, accountId, params.appId, body), {
-      apiKey: true,
-      params: AppIdParams,
-      transform: objectBodyOnly,
-      body: VariableMapBody,
-      response: { 200: VariableMapBody, ...apiErrors },
-      detail: {
-        tags: ['Variables'],
-        summary: 'Replace app variables',
-        description: `Replaces the whole map (omitted names are removed; {} clears it). ${variablesRules}`,
+    )
+    .post(
+      '/apps/:appId/signing-keys',
+      async ({ accountId, params, set }) => {
+        const app = await requireOwnedApp(deps, accountId, params.appId)
+        const key = await rotateSigningKey(deps, app.id)
+        set.status = 201
+        return key
       },
-    })
-    .get('/licenses/:licenseKey/variables', ({ accountId, params }) => getLicenseVariables(deps, accountId, params.licenseKey), {
-      apiKey: true,
-      params: LicenseKeyParams,
-      response: { 200: VariableMapBody, ...apiErrors, ...notFoundError },
-      detail: { tags: ['Variables'], summary: 'Get license variables', description: 'The map itself; {} when none are set.' },
-    })
+      {
+        apiKey: true,
+        params: AppIdParams,
+        response: { 201: RotatedKeyResponse, ...apiErrors },
+        detail: {
+          tags: ['Apps'],
+          summary: 'Rotate the signing key',
+          description:
+            'The new key signs from now on; earlier keys stay listed with active: false.',
+        },
+      },
+    )
+    .get(
+      '/apps/:appId/variables',
+      ({ accountId, params }) => getAppVariables(deps, accountId, params.appId),
+      {
+        apiKey: true,
+        params: AppIdParams,
+        response: { 200: VariableMapBody, ...apiErrors },
+        detail: {
+          tags: ['Variables'],
+          summary: 'Get app variables',
+          description: 'The map itself; {} when none are set.',
+        },
+      },
+    )
+    .put(
+      '/apps/:appId/variables',
+      ({ accountId, params, body }) => putAppVariables(deps, accountId, params.appId, body),
+      {
+        apiKey: true,
+        params: AppIdParams,
+        transform: objectBodyOnly,
+        body: VariableMapBody,
+        response: { 200: VariableMapBody, ...apiErrors },
+        detail: {
+          tags: ['Variables'],
+          summary: 'Replace app variables',
+          description: `Replaces the whole map (omitted names are removed; {} clears it). ${variablesRules}`,
+        },
+      },
+    )
+    .get(
+      '/licenses/:licenseKey/variables',
+      ({ accountId, params }) => getLicenseVariables(deps, accountId, params.licenseKey),
+      {
+        apiKey: true,
+        params: LicenseKeyParams,
+        response: { 200: VariableMapBody, ...apiErrors, ...notFoundError },
+        detail: {
+          tags: ['Variables'],
+          summary: 'Get license variables',
+          description: 'The map itself; {} when none are set.',
+        },
+      },
+    )
     .put(
       '/licenses/:licenseKey/variables',
-      ({ accountId, params, body }) => putLicenseVariables(deps, accountId, params.licenseKey, body),
+      ({ accountId, params, body }) =>
+        putLicenseVariables(deps, accountId, params.licenseKey, body),
       {
         apiKey: true,
         params: LicenseKeyParams,

@@ -22,7 +22,9 @@ const entryRoute = (kind: ListKind, verb: 'add' | 'remove') => ({
             kind === 'whitelist' ? ' The first entry of a type turns its allowlist mode on.' : ''
           }`
         : `Removing an absent entry is a no-op 200.${
-            kind === 'whitelist' ? ' Removing the last entry of a type turns its allowlist mode off.' : ''
+            kind === 'whitelist'
+              ? ' Removing the last entry of a type turns its allowlist mode off.'
+              : ''
           }`,
   },
 })
@@ -34,7 +36,11 @@ export const securityRoutes = (deps: Deps) =>
       apiKey: true,
       params: AppIdParams,
       response: { 200: SecurityConfig, ...apiErrors },
-      detail: { tags, summary: 'Get the security lists', description: 'HWID and IP blacklists and whitelists.' },
+      detail: {
+        tags,
+        summary: 'Get the security lists',
+        description: 'HWID and IP blacklists and whitelists.',
+      },
     })
     .put('', ({ accountId, params, body }) => putSecurity(deps, accountId, params.appId, body), {
       apiKey: true,
@@ -49,7 +55,25 @@ export const securityRoutes = (deps: Deps) =>
           'omitted lists are unchanged; [] clears. Over 1,000 entries or an invalid entry gets 400.',
       },
     })
-    .post('/blacklist', ({ accountId, params, body }) => addEntry(deps, accountId, params.appId, 'blacklist', body), entryRoute('blacklist', 'add'))
-    .delete('/blacklist', ({ accountId, params, body }) => removeEntry(deps, accountId, params.appId, 'blacklist', body), entryRoute('blacklist', 'remove'))
-    .post('/whitelist', ({ accountId, params, body }) => addEntry(deps, accountId, params.appId, 'whitelist', body), entryRoute('whitelist', 'add'))
-    .delete('/whitelist', ({ accountId, params, body }) => removeEntry(deps, accountId, params.appId, 'whitelist', body), entryRoute('whitelist', 'remove'))
+    .post(
+      '/blacklist',
+      ({ accountId, params, body }) => addEntry(deps, accountId, params.appId, 'blacklist', body),
+      entryRoute('blacklist', 'add'),
+    )
+    .delete(
+      '/blacklist',
+      ({ accountId, params, body }) =>
+        removeEntry(deps, accountId, params.appId, 'blacklist', body),
+      entryRoute('blacklist', 'remove'),
+    )
+    .post(
+      '/whitelist',
+      ({ accountId, params, body }) => addEntry(deps, accountId, params.appId, 'whitelist', body),
+      entryRoute('whitelist', 'add'),
+    )
+    .delete(
+      '/whitelist',
+      ({ accountId, params, body }) =>
+        removeEntry(deps, accountId, params.appId, 'whitelist', body),
+      entryRoute('whitelist', 'remove'),
+    )
