@@ -35,7 +35,10 @@ async function handle(deps: Deps, request: Request): Promise<Response> {
     return Response.json({ error: 'body must be JSON { argv: string[] }' }, { status: 400 })
   }
   try {
-    const result = await runCommand(deps, parseCommand(argv))
+    const command = parseCommand(argv)
+    // The command's name only: its flags carry names and keys that have no place in a log.
+    log.info('operator command', { command: command.kind })
+    const result = await runCommand(deps, command)
     return Response.json({ result } satisfies OperatorReply)
   } catch (err) {
     if (err instanceof OperatorError) return Response.json({ error: err.message } satisfies OperatorReply, { status: 400 })
