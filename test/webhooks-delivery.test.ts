@@ -371,3 +371,37 @@ describe('client authentication events', () => {
     await until(() => rx.at('/slow').length >= 12, 'every login delivered while earlier ones still hang')
   })
 })
+
+describe('outbox retention', () => {
+  test('dispatched events older than the retention are purged once every delivery was attempted', async () => {
+    const t = await appWithReceiverCa()
+    const s = await t.seed()
+    const hook = await addHook(t, s, 'https://127.0.0.1:9/closed', ['license.created'])
+    const db = t.deps.database.db
+    const old = sql`now() - interval '8 days'`
+    const insert = async (dispatchedAt: ReturnType<typeof sql> | Date) => {
+      const [row] = await db
+        .insert(events)
+        .values({ appId: s.appId, event: 'license.created', data: { licenseKey: keyFor(), appId: s.appId }, occurredAt: new Date(), dispatchedAt })
+        .returning({ id: events.id })
+      return row!.id
+    }
+    const done = await insert(old)
+    const owed = await insert(old)
+    const recent = await insert(new Date())
+    await db.insert(webhookDeliveries).values([
+      { eventId: done, webhookId: hook.webhookId, attemptedAt: new Date(), httpStatus: 200 },
+      // Still owed (its claim is live): kept until attempted, whatever its age.
+      { eventId: owed, webhookId: hook.webhookId, claimedAt: sql`now()` },
+      { eventId: recent, webhookId: hook.webhookId, attemptedAt: new Date(), httpStatus: 200 },
+    ])
+    const left = async () =>
+      (await db.select({ id: events.id }).from(events).where(inArray(events.id, [done, owed, recent]))).map((r) => r.id)
+
+    await using _d = startDispatcher(t.deps, { pollMs: 50 })
+    await until(async () => !(await left()).includes(done), 'the old event purged')
+    expect((await left()).sort((a, b) => a - b)).toEqual([owed, recent].sort((a, b) => a - b))
+    expect(await db.select().from(webhookDeliveries).where(eq(webhookDeliveries.eventId, done))).toEqual([])
+    await db.delete(events).where(eq(events.id, owed))
+  })
+})
