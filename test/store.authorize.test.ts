@@ -1,0 +1,112 @@
+import { afterAll, describe, expect, test } from 'bun:test'
+import { randomUUID } from 'node:crypto'
+import { MemoryStore } from '../src/store/memory'
+import { RedisStore } from '../src/store/redis'
+import { type AuthorizeInput, keys, type Store } from '../src/store/store'
+import { TEST_REDIS_URL } from './helpers'
+
+// The same cases against both twins; Redis runs whenever the pass has one (the PostgreSQL + Redis pass).
+const stores: [string, () => Store][] = [['memory', () => new MemoryStore()]]
+if (TEST_REDIS_URL) stores.push(['redis', () => new RedisStore(TEST_REDIS_URL)])
+
+describe.each(stores)('%s store: authorize', (_name, make) => {
+  const store = make()
+  afterAll(() => store.close())
+  const now = Date.parse('2031-01-01T00:00:00Z')
+  const base = (over: Partial<AuthorizeInput> = {}): AuthorizeInput => ({
+    nowMs: now,
+    epochs: [],
+    ceiling: null,
+    buckets: [],
+    nonce: null,
+    deny: false,
+    charge: null,
+    ...over,
+  })
+  const id = () => randomUUID()
+
+  test('stale epochs change nothing and report the current values', async () => {
+    const ep = `ls:test:ep:${id()}`
+    const nonceKey = `ls:test:n:${id()}`
+    await store.bump([ep, ep])
+    const r = await store.authorize(base({ epochs: [{ key: ep, expected: 0 }], nonce: { key: nonceKey, ttlSeconds: 60 } }))
+    expect(r).toEqual({ kind: 'stale', epochs: [2] })
+    const ok = await store.authorize(base({ epochs: [{ key: ep, expected: 2 }], nonce: { key: nonceKey, ttlSeconds: 60 } }))
+    expect(ok).toEqual({ kind: 'ok', charged: 0 })
+  })
+
+  test('nonce: claimed once; a denied request still claims it', async () => {
+    const nonceKey = `ls:test:n:${id()}`
+    expect(await store.authorize(base({ nonce: { key: nonceKey, ttlSeconds: 60 }, deny: true }))).toEqual({ kind: 'denied' })
+    expect(await store.authorize(base({ nonce: { key: nonceKey, ttlSeconds: 60 } }))).toEqual({ kind: 'replay' })
+  })
+
+  test('buckets are taken all or none and refill continuously', async () => {
+    const a = { key: `ls:test:b:${id()}`, capacity: 2, refillPerSecond: 1 }
+    const b = { key: `ls:test:b:${id()}`, capacity: 1, refillPerSecond: 1 }
+    expect((await store.authorize(base({ buckets: [a, b] }))).kind).toBe('ok')
+    expect(await store.authorize(base({ buckets: [a, b] }))).toEqual({ kind: 'limited', retryAfterMs: 1000 })
+    // `a` kept its second token: the refused call took nothing.
+    expect((await store.authorize(base({ buckets: [a] }))).kind).toBe('ok')
+    expect((await store.authorize(base({ buckets: [a] }))).kind).toBe('limited')
+    expect((await store.authorize(base({ nowMs: now + 1000, buckets: [a, b] }))).kind).toBe('ok')
+  })
+
+  test('the ceiling counts before the buckets and limits', async () => {
+    const ceiling = { key: `ls:test:d:${id()}`, limit: 2, ttlSeconds: 60 }
+    const bucket = { key: `ls:test:b:${id()}`, capacity: 1, refillPerSecond: 0.001 }
+    expect((await store.authorize(base({ ceiling, buckets: [bucket] }))).kind).toBe('ok')
+    expect((await store.authorize(base({ ceiling, buckets: [bucket] }))).kind).toBe('limited')
+    expect((await store.authorize(base({ ceiling, buckets: [bucket] }))).kind).toBe('quota')
+  })
+
+  test('charges need a loaded balance, never go below zero and count as pending', async () => {
+    const acct = id()
+    const charge = { accountId: acct, cost: 1, counter: null }
+    expect(await store.authorize(base({ charge }))).toEqual({ kind: 'no_balance' })
+    expect(await store.loadBalance(acct, 1, 2)).toBe('stale')
+    expect(await store.loadBalance(acct, 0, 2)).toBe('ok')
+    expect(await store.authorize(base({ charge }))).toEqual({ kind: 'ok', charged: 1 })
+    expect(await store.authorize(base({ charge }))).toEqual({ kind: 'ok', charged: 1 })
+    expect(await store.authorize(base({ charge }))).toEqual({ kind: 'no_credits' })
+    expect(await store.balance(acct)).toBe(0)
+    expect(await store.dirtyAccounts()).toContain(acct)
+    await store.creditsAdded(acct, 5)
+    expect(await store.balance(acct)).toBe(5)
+    expect(await store.loadBalance(acct, 0, 100)).toBe('stale')
+    await store.refund(acct, 1)
+    expect(await store.balance(acct)).toBe(6)
+    const flush = await store.beginFlush(acct, 'f1')
+    expect(flush).toEqual({ id: 'f1', amount: 1 })
+    expect(await store.beginFlush(acct, 'f2')).toEqual({ id: 'f1', amount: 1 })
+    await store.endFlush(acct, 'f1')
+    expect(await store.beginFlush(acct, 'f3')).toBeNull()
+    await store.endFlush(acct, '')
+    expect(await store.dirtyAccounts()).not.toContain(acct)
+  })
+
+  test('heartbeat counter: every n-th call is charged, a refused charge is rolled back', async () => {
+    const acct = id()
+    await store.loadBalance(acct, 0, 1)
+    const charge = { accountId: acct, cost: 1, counter: { key: `ls:test:hb:${id()}`, every: 3 } }
+    const kinds: string[] = []
+    for (let i = 0; i < 7; i++) {
+      const r = await store.authorize(base({ charge }))
+      kinds.push(r.kind === 'ok' ? `ok${r.charged}` : r.kind)
+    }
+    expect(kinds).toEqual(['ok0', 'ok0', 'ok1', 'ok0', 'ok0', 'no_credits', 'no_credits'])
+    await store.creditsAdded(acct, 1)
+    expect(await store.authorize(base({ charge }))).toEqual({ kind: 'ok', charged: 1 })
+  })
+
+  test('a denied request is never charged', async () => {
+    const acct = id()
+    await store.loadBalance(acct, 0, 1)
+    expect(await store.authorize(base({ deny: true, charge: { accountId: acct, cost: 1, counter: null } }))).toEqual({ kind: 'denied' })
+    expect(await store.balance(acct)).toBe(1)
+  })
+
+  test('key names stay distinct per account', () => {
+    expect(new Set([keys.balance('a'), keys.pendingCharges('a'), keys.flushing('a'), keys.accountEpoch('a')]).size).toBe(4)
+  })
+})
