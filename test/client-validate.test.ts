@@ -1,5 +1,6 @@
 import { describe, expect, test } from 'bun:test'
 import { eq } from 'drizzle-orm'
+import { clientAuthLoads } from '../src/core/auth'
 import { licenses } from '../src/db/schema'
 import { makeTestApp } from './helpers'
 import { decode, hwid, insertLicense, nonce, tokenExp, updateLicense, verifySigned } from './client-helpers'
@@ -128,4 +129,24 @@ describe('POST /auth/validate', async () => {
     await updateLicense(t.deps, key, { status: 'revoked' })
     expect((await t.req('POST', '/auth/validate', { body: body(key, h) })).body.error).toBe('revoked')
   })
+})
+
+test('hot path: a validate of a bound HWID and every heartbeat read no PostgreSQL', async () => {
+  const t = await makeTestApp()
+  const s = await t.seed({ credits: 100 })
+  const licenseKey = await insertLicense(t.deps, s.appId, { maxHwidSlots: 2 })
+  const h = hwid()
+  const login = () =>
+    t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: h, nonce: nonce() } })
+  const first = await login()
+  expect(first.status).toBe(200)
+  const before = clientAuthLoads(t.deps)
+  let token = decode(first.body.payload).sessionToken
+  for (let i = 0; i < 15; i++) {
+    expect((await login()).status).toBe(200)
+    const beat = await t.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken: token, hwid: h } })
+    expect(beat.status).toBe(200)
+    token = decode(beat.body.payload).sessionToken
+  }
+  expect(clientAuthLoads(t.deps)).toEqual(before)
 })

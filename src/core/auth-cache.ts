@@ -101,6 +101,8 @@ export class AuthCache {
   readonly #apps = new BoundedMap<Entry<CachedApp>>(MAX_APPS)
   readonly #licenses = new BoundedMap<Entry<CachedLicense>>(MAX_LICENSES)
   readonly #q: ReturnType<typeof prepare>
+  /** PostgreSQL reads of app and license state since start. */
+  readonly loads = { apps: 0, licenses: 0 }
 
   constructor(private readonly deps: Deps) {
     this.#q = prepare(deps)
@@ -153,6 +155,7 @@ export class AuthCache {
   async loadApp(appId: string): Promise<CachedApp | null> {
     // Unknown ids are cached as absent: app ids are random UUIDs, so an absent one cannot appear later.
     if (!UUID.test(appId)) return null
+    this.loads.apps++
     const [[row], [key], [hook]] = await Promise.all([
       this.#q.app.execute({ id: appId }),
       this.#q.signingKey.execute({ id: appId }),
@@ -176,6 +179,7 @@ export class AuthCache {
   }
 
   async loadLicense(licenseKey: string): Promise<CachedLicense | null> {
+    this.loads.licenses++
     const [row] = await this.#q.license.execute({ key: licenseKey })
     if (!row) return null
     return {

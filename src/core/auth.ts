@@ -77,6 +77,11 @@ export function startClientAuth(deps: Deps): { stop(): Promise<void> } {
   }
 }
 
+/** How often the client endpoints read PostgreSQL for app and license state (for tests and metrics). */
+export function clientAuthLoads(deps: Deps): { apps: number; licenses: number } {
+  return { ...runtime(deps).cache.loads }
+}
+
 /** Writes pending license.validated events now (tests and shutdown). */
 export function flushValidatedEvents(deps: Deps): Promise<void> {
   return runtime(deps).events.flush()
@@ -320,8 +325,10 @@ async function bindHwid(deps: Deps, app: CachedApp, licenseKey: string, hwid: st
         log.warn('could not publish a new HWID binding', errorFields(err))
       })
     }
+    // Reloaded under a freshly read epoch, so the next request of this HWID is served from the cache.
     cache.forgetLicense(licenseKey)
-    const current = await cache.loadLicense(licenseKey)
+    await cache.ensure(app.id, licenseKey)
+    const current = cache.cachedLicense(licenseKey)?.value ?? (await cache.loadLicense(licenseKey))
     if (bound && current) return current
     const state = current ? licenseState(current, app, now.getTime()) : 'invalid_key'
     if (state) throw new PublicError(state)
