@@ -1,6 +1,8 @@
 import { beforeAll, describe, expect, test } from 'bun:test'
 import { asc, eq, sql } from 'drizzle-orm'
 import { createApiKey, revokeApiKey } from '../src/core/accounts'
+import { generateLicenseKey } from '../src/core/crypto'
+import { createLicenses } from '../src/core/licenses'
 import { events, licenses } from '../src/db/schema'
 import { keys } from '../src/store/store'
 import { makeTestApp, type TestApp } from './helpers'
@@ -152,6 +154,36 @@ describe('POST /v1/licenses', () => {
       const list = await t.req('GET', `/v1/licenses?appId=${s.appId}`, { apiKey: s.apiKey })
       expect(list.body.licenses).toEqual([])
     })
+  })
+
+  test('a generated key that clashes, with a stored key or within the batch, is replaced', async () => {
+    const s = await t.seed()
+    const other = await t.seed()
+    const taken = (await createOne(other)).licenseKey
+    const fresh = [generateLicenseKey(), generateLicenseKey(), generateLicenseKey()]
+    const sequence = [taken, fresh[0], fresh[0], taken, fresh[1], fresh[2]]
+    const newKey = () => sequence.shift() ?? generateLicenseKey()
+    const created = await createLicenses(
+      t.deps,
+      s.accountId,
+      { appId: s.appId, quantity: 3 },
+      newKey,
+    )
+    expect(created.map((l) => l.licenseKey).sort()).toEqual([...fresh].sort())
+    const theirs = await t.req('GET', `/v1/licenses/${taken}`, { apiKey: other.apiKey })
+    expect(theirs.body.appId).toBe(other.appId)
+  })
+
+  test('when no unique key can be found nothing is created and no event is written', async () => {
+    const s = await t.seed()
+    const taken = (await createOne(s)).licenseKey
+    const first = generateLicenseKey()
+    const sequence = [first]
+    const newKey = () => sequence.shift() ?? taken
+    const attempt = createLicenses(t.deps, s.accountId, { appId: s.appId, quantity: 2 }, newKey)
+    await expect(attempt).rejects.toThrow()
+    expect((await t.req('GET', `/v1/licenses/${first}`, { apiKey: s.apiKey })).status).toBe(404)
+    expect(await eventsOf(first)).toEqual([])
   })
 
   test('400 on a body that is not JSON', async () => {

@@ -74,7 +74,13 @@ export interface CreateLicensesInput {
   label?: string | null
 }
 
-export async function createLicenses(deps: Deps, accountId: string, input: CreateLicensesInput) {
+/** `newKey` is the key source; tests pass one that repeats keys to exercise the clash path. */
+export async function createLicenses(
+  deps: Deps,
+  accountId: string,
+  input: CreateLicensesInput,
+  newKey: () => string = generateLicenseKey,
+) {
   const expiresAt = expiryFrom(input.expiresAt)
   const app = await requireOwnedApp(deps, accountId, input.appId)
   if (!(await hasPositiveBalance(deps, accountId))) {
@@ -101,7 +107,7 @@ export async function createLicenses(deps: Deps, accountId: string, input: Creat
         if (attempt === MAX_KEY_ATTEMPTS) throw new Error('could not generate unique license keys')
         const batch = Array.from({ length: quantity - created.length }, () => ({
           ...values,
-          key: generateLicenseKey(),
+          key: newKey(),
           createdAt,
         }))
         created.push(
