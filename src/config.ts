@@ -1,3 +1,4 @@
+import { existsSync } from 'node:fs'
 import { isIP } from 'node:net'
 
 /** Every setting the server and the CLI read, parsed once from the environment. */
@@ -154,12 +155,20 @@ export function loadConfig(env: Env = process.env): Readonly<Config> {
   if ((tlsCertFile === null) !== (tlsKeyFile === null)) {
     throw new ConfigError('TLS_CERT_FILE and TLS_KEY_FILE must be set together')
   }
+  // A missing file is a setting error: say so before start-up, not as a stack trace from listen.
+  for (const [name, file] of [['TLS_CERT_FILE', tlsCertFile], ['TLS_KEY_FILE', tlsKeyFile]] as const) {
+    if (file !== null && !existsSync(file)) throw new ConfigError(`${name} names a file that does not exist: "${file}"`)
+  }
+  const host = str(env, 'HOST', '0.0.0.0')
+  if (isIP(host) === 0 && !/^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$/.test(host)) {
+    throw new ConfigError(`HOST must be an IP address or a host name, got "${host}"`)
+  }
   const logLevel = str(env, 'LOG_LEVEL', 'info')
   if (!['debug', 'info', 'warn', 'error'].includes(logLevel)) {
     throw new ConfigError(`LOG_LEVEL must be debug, info, warn or error, got "${logLevel}"`)
   }
   return Object.freeze({
-    host: str(env, 'HOST', '0.0.0.0'),
+    host,
     port: int(env, 'PORT', 3000, 0, 65535),
     databaseUrl: url(env, 'DATABASE_URL', ['postgres:', 'postgresql:']),
     dataDir: str(env, 'DATA_DIR', './data'),

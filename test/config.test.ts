@@ -1,0 +1,135 @@
+import { describe, expect, test } from 'bun:test'
+import { mkdtempSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { ConfigError, loadConfig, parseCidr } from '../src/config'
+
+const dir = mkdtempSync(join(tmpdir(), 'ls-config-'))
+const certFile = join(dir, 'cert.pem')
+const keyFile = join(dir, 'key.pem')
+writeFileSync(certFile, 'cert')
+writeFileSync(keyFile, 'key')
+
+describe('defaults', () => {
+  test('an empty environment gives the contract defaults', () => {
+    expect(loadConfig({})).toEqual({
+      host: '0.0.0.0',
+      port: 3000,
+      databaseUrl: null,
+      dataDir: './data',
+      redisUrl: null,
+      trustedProxies: [],
+      webhookAllowPrivateTargets: false,
+      webhookExtraCaFile: null,
+      sandboxDailyCeiling: 50_000,
+      validateLimitPerIp: 300,
+      validateLimitPerLicense: 300,
+      selfbanLimitPerIp: 60,
+      selfbanLimitPerLicense: 60,
+      sessionTtlSeconds: 86_400,
+      tlsCertFile: null,
+      tlsKeyFile: null,
+      masterKey: null,
+      logLevel: 'info',
+    })
+  })
+
+  test('empty strings count as unset', () => {
+    expect(loadConfig({ PORT: '', DATABASE_URL: '', REDIS_URL: '', LOG_LEVEL: '' })).toMatchObject({
+      port: 3000,
+      databaseUrl: null,
+      redisUrl: null,
+      logLevel: 'info',
+    })
+  })
+})
+
+describe('each setting is parsed', () => {
+  test.each([
+    ['HOST', '127.0.0.1', 'host', '127.0.0.1'],
+    ['HOST', 'api.example.com', 'host', 'api.example.com'],
+    ['HOST', '::', 'host', '::'],
+    ['PORT', '8080', 'port', 8080],
+    ['PORT', '0', 'port', 0],
+    ['DATABASE_URL', 'postgres://u:p@db:5432/ls', 'databaseUrl', 'postgres://u:p@db:5432/ls'],
+    ['DATABASE_URL', 'postgresql://db/ls', 'databaseUrl', 'postgresql://db/ls'],
+    ['DATA_DIR', '/var/lib/ls', 'dataDir', '/var/lib/ls'],
+    ['REDIS_URL', 'redis://cache:6379/3', 'redisUrl', 'redis://cache:6379/3'],
+    ['REDIS_URL', 'rediss://cache:6380', 'redisUrl', 'rediss://cache:6380'],
+    ['TRUSTED_PROXIES', '10.0.0.0/8, 192.168.1.1,::1', 'trustedProxies', ['10.0.0.0/8', '192.168.1.1', '::1'].map(parseCidr)],
+    ['WEBHOOK_ALLOW_PRIVATE_TARGETS', 'true', 'webhookAllowPrivateTargets', true],
+    ['WEBHOOK_ALLOW_PRIVATE_TARGETS', 'FALSE', 'webhookAllowPrivateTargets', false],
+    ['NODE_EXTRA_CA_CERTS', '/etc/ssl/extra.pem', 'webhookExtraCaFile', '/etc/ssl/extra.pem'],
+    ['SANDBOX_DAILY_CEILING', '1000', 'sandboxDailyCeiling', 1000],
+    ['VALIDATE_LIMIT_PER_IP', '120', 'validateLimitPerIp', 120],
+    ['VALIDATE_LIMIT_PER_LICENSE', '90', 'validateLimitPerLicense', 90],
+    ['SELFBAN_LIMIT_PER_IP', '10', 'selfbanLimitPerIp', 10],
+    ['SELFBAN_LIMIT_PER_LICENSE', '5', 'selfbanLimitPerLicense', 5],
+    ['SESSION_TTL_SECONDS', '3600', 'sessionTtlSeconds', 3600],
+    ['SESSION_TTL_SECONDS', '604800', 'sessionTtlSeconds', 604_800],
+    ['LOG_LEVEL', 'debug', 'logLevel', 'debug'],
+    ['MASTER_KEY', 'ab'.repeat(32), 'masterKey', Buffer.alloc(32, 0xab)],
+    ['MASTER_KEY', Buffer.alloc(32, 1).toString('base64'), 'masterKey', Buffer.alloc(32, 1)],
+  ] as const)('%s=%s', (name, value, field, expected) => {
+    expect(loadConfig({ [name]: value })[field]).toEqual(expected as never)
+  })
+
+  test('TLS_CERT_FILE and TLS_KEY_FILE together', () => {
+    const config = loadConfig({ TLS_CERT_FILE: certFile, TLS_KEY_FILE: keyFile })
+    expect([config.tlsCertFile, config.tlsKeyFile]).toEqual([certFile, keyFile])
+  })
+})
+
+describe('a bad value is a ConfigError naming the setting', () => {
+  test.each([
+    ['HOST', 'not a host!'],
+    ['PORT', 'eighty'],
+    ['PORT', '65536'],
+    ['PORT', '-1'],
+    ['DATABASE_URL', 'mysql://db/ls'],
+    ['DATABASE_URL', 'not a url'],
+    ['REDIS_URL', 'http://cache'],
+    ['TRUSTED_PROXIES', '10.0.0.0/8,nope'],
+    ['TRUSTED_PROXIES', '10.0.0.0/33'],
+    ['WEBHOOK_ALLOW_PRIVATE_TARGETS', 'maybe'],
+    ['SANDBOX_DAILY_CEILING', '0'],
+    ['VALIDATE_LIMIT_PER_IP', '1.5'],
+    ['VALIDATE_LIMIT_PER_LICENSE', 'lots'],
+    ['SELFBAN_LIMIT_PER_IP', '0'],
+    ['SELFBAN_LIMIT_PER_LICENSE', '-3'],
+    ['SESSION_TTL_SECONDS', '3599'],
+    ['SESSION_TTL_SECONDS', '604801'],
+    ['LOG_LEVEL', 'verbose'],
+    ['MASTER_KEY', 'short'],
+    ['TLS_CERT_FILE', join(dir, 'missing.pem')],
+  ] as const)('%s=%s', (name, value) => {
+    const env: Record<string, string> = { [name]: value }
+    // The TLS pair must be complete for the missing-file check to be the one that fires.
+    if (name === 'TLS_CERT_FILE') env.TLS_KEY_FILE = keyFile
+    expect(() => loadConfig(env)).toThrow(ConfigError)
+    expect(() => loadConfig(env)).toThrow(name)
+  })
+
+  test('TLS_CERT_FILE without TLS_KEY_FILE', () => {
+    expect(() => loadConfig({ TLS_CERT_FILE: certFile })).toThrow(/TLS_CERT_FILE and TLS_KEY_FILE/)
+  })
+})
+
+test('the server exits non-zero with one stderr line naming a bad setting', async () => {
+  const proc = Bun.spawn([process.execPath, 'src/index.ts'], {
+    cwd: join(import.meta.dir, '..'),
+    env: { ...process.env, DATA_DIR: dir, PORT: 'eighty' },
+    stdout: 'pipe',
+    stderr: 'pipe',
+  })
+  const [stdout, stderr, code] = await Promise.all([
+    new Response(proc.stdout).text(),
+    new Response(proc.stderr).text(),
+    proc.exited,
+  ])
+  expect(code).not.toBe(0)
+  expect(stdout).toBe('')
+  const lines = stderr.trimEnd().split('\n')
+  expect(lines).toHaveLength(1)
+  expect(lines[0]).toContain('PORT')
+})
