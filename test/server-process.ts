@@ -1,0 +1,50 @@
+import { mkdtempSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { TEST_MASTER_KEY } from './helpers'
+
+export interface ServerProcess {
+  url: string
+  stop(): Promise<void>
+}
+
+/** Starts `bun src/index.ts` on a free port and resolves once it logs that it listens. */
+export async function startServer(env: Record<string, string>): Promise<ServerProcess> {
+  const proc = Bun.spawn([process.execPath, join(import.meta.dir, '..', 'src', 'index.ts')], {
+    env: {
+      ...process.env,
+      HOST: '127.0.0.1',
+      PORT: '0',
+      DATA_DIR: mkdtempSync(join(tmpdir(), 'ls-proc-')),
+      MASTER_KEY: TEST_MASTER_KEY.toString('hex'),
+      LOG_LEVEL: 'info',
+      WEBHOOK_ALLOW_PRIVATE_TARGETS: 'true',
+      ...env,
+    },
+    stdout: 'ignore',
+    stderr: 'pipe',
+  })
+  const decoder = new TextDecoder()
+  let seen = ''
+  const reader = proc.stderr.getReader()
+  while (true) {
+    const { value, done } = await reader.read()
+    if (done) throw new Error(`server exited before listening:\n${seen}`)
+    seen += decoder.decode(value)
+    const line = seen.split('\n').find((l) => l.includes('"listening"'))
+    if (line) {
+      const url = (JSON.parse(line) as { url: string }).url
+      // Keep draining stderr so the child never blocks on a full pipe.
+      void (async () => {
+        while (!(await reader.read()).done) {}
+      })()
+      return {
+        url,
+        async stop() {
+          proc.kill('SIGTERM')
+          await proc.exited
+        },
+      }
+    }
+  }
+}
