@@ -192,6 +192,7 @@ export class RedisStore implements Store {
 
   async epochs(keys: readonly string[]): Promise<number[]> {
     if (keys.length === 0) return []
+    this.#failFastWhenLost()
     const values = await this.redis.mget(...keys)
     return values.map((v) => (v === null ? 0 : Number(v)))
   }
@@ -200,7 +201,18 @@ export class RedisStore implements Store {
     if (keys.length > 0) await this.redis.lsBump(keys.length, ...keys)
   }
 
+  /**
+   * While a lost connection is being re-established, the hot path fails at once instead of waiting
+   * for a reconnect attempt (the caller fails open or closed). Before the first connect, commands queue.
+   */
+  #failFastWhenLost(): void {
+    if (this.redis.status === 'reconnecting' || this.redis.status === 'close') {
+      throw new Error(`redis connection ${this.redis.status}`)
+    }
+  }
+
   async authorize(a: AuthorizeInput): Promise<AuthorizeResult> {
+    this.#failFastWhenLost()
     const ch = a.charge
     const spec = JSON.stringify({
       now: a.nowMs,
