@@ -7,7 +7,10 @@ import { TEST_REDIS_URL } from './helpers'
 
 // The same cases against both twins; Redis runs whenever the pass has one (the PostgreSQL + Redis pass).
 const stores: [string, () => Store][] = [['memory', () => new MemoryStore()]]
-if (TEST_REDIS_URL) stores.push(['redis', () => new RedisStore(TEST_REDIS_URL)])
+if (TEST_REDIS_URL) {
+  const url = TEST_REDIS_URL
+  stores.push(['redis', () => new RedisStore(url)])
+}
 
 describe.each(stores)('%s store: authorize', (_name, make) => {
   const store = make()
