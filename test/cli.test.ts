@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { keys } from '../src/store/store'
 import { MODE, TEST_DATABASE_URL, TEST_MASTER_KEY, TEST_REDIS_URL, sharedInfra } from './helpers'
+import { startServer } from './server-process'
 
 // Each test spawns processes that open (and the first time migrate) an embedded database: seconds, not
 // milliseconds. bunfig's `timeout` is not read by bun test, so the file sets its own default.
@@ -149,42 +150,6 @@ describe('operator CLI: commands', () => {
   })
 })
 
-/** A real server on port 0 over `dataDir`; resolves once its "listening" log line names the URL. */
-async function startServer(dataDir: string) {
-  const proc = Bun.spawn([process.execPath, 'src/index.ts'], {
-    cwd: ROOT,
-    env: { ...process.env, ...settings(dataDir), HOST: '127.0.0.1', PORT: '0' },
-    stdout: 'ignore',
-    stderr: 'pipe',
-  })
-  let log = ''
-  const decoder = new TextDecoder()
-  const reader = proc.stderr.getReader()
-  let url: string | undefined
-  while (!url) {
-    const { done, value } = await reader.read()
-    if (done) throw new Error(`server exited before listening:\n${log}`)
-    log += decoder.decode(value)
-    url = /"msg":"listening","url":"([^"]+)"/.exec(log)?.[1]
-  }
-  // Keep draining so the server never blocks on a full pipe; the test reads `log()` afterwards.
-  void (async () => {
-    for (;;) {
-      const { done, value } = await reader.read()
-      if (done) return
-      log += decoder.decode(value)
-    }
-  })()
-  return {
-    url,
-    log: () => log,
-    async stop() {
-      proc.kill('SIGTERM')
-      return proc.exited
-    },
-  }
-}
-
 describe('operator CLI beside a running server', () => {
   // Embedded: through the server's socket (the database admits one process). PostgreSQL + Redis: directly.
   test('commands take effect on the running server at once', async () => {
@@ -192,7 +157,7 @@ describe('operator CLI beside a running server', () => {
     // Provisioned before the server ever ran: the CLI opens and migrates the database itself.
     const first = expectOk(await cli(dataDir, ['account', 'create', '--name', 'Before']))
 
-    const server = await startServer(dataDir)
+    const server = await startServer(settings(dataDir))
     const socket = join(dataDir, 'operator.sock')
     try {
       expect(existsSync(socket)).toBe(MODE === 'embedded')

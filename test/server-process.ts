@@ -5,7 +5,10 @@ import { TEST_MASTER_KEY } from './helpers'
 
 export interface ServerProcess {
   url: string
-  stop(): Promise<void>
+  /** Everything the server has logged so far (stderr). */
+  log(): string
+  /** SIGTERM, then the exit code. */
+  stop(): Promise<number>
 }
 
 /** Starts `bun src/index.ts` on a free port and resolves once it logs that it listens. */
@@ -36,13 +39,18 @@ export async function startServer(env: Record<string, string>): Promise<ServerPr
       const url = (JSON.parse(line) as { url: string }).url
       // Keep draining stderr so the child never blocks on a full pipe.
       void (async () => {
-        while (!(await reader.read()).done) {}
+        for (;;) {
+          const next = await reader.read()
+          if (next.done) return
+          seen += decoder.decode(next.value)
+        }
       })()
       return {
         url,
+        log: () => seen,
         async stop() {
           proc.kill('SIGTERM')
-          await proc.exited
+          return proc.exited
         },
       }
     }
