@@ -276,8 +276,8 @@ export async function updateLicense(
   licenseKey: string,
   input: UpdateLicenseInput,
 ) {
-  const owned = await requireOwnedLicense(deps, accountId, licenseKey)
   checkUpdateInput(input)
+  const owned = await requireOwnedLicense(deps, accountId, licenseKey)
   const { row, changed } = await deps.mailbox.run(owned.appId, () =>
     deps.database.db.transaction(async (tx) => {
       const current = await lockLicense(tx, licenseKey)
