@@ -1,6 +1,5 @@
-import { and, asc, inArray, isNull, lt, or, sql } from 'drizzle-orm'
+import { sql } from 'drizzle-orm'
 import type { Db } from '../db/client'
-import { events, webhookDeliveries, webhooks } from '../db/schema'
 import type { Deps } from '../deps'
 import { errorFields, log } from '../log'
 import { signedDelivery } from './payload'
@@ -34,6 +33,11 @@ export interface DispatcherOptions {
   fanOutBatch?: number
   /** Deliveries this instance has on the workers at once. */
   maxInFlight?: number
+  /**
+   * Least time between two passes. Writers wake the dispatcher after every commit (validate's batch
+   * every few ms); coalescing wake-ups keeps the database work per event small under load.
+   */
+  minGapMs?: number
   /** Dispatched events whose deliveries are all attempted are deleted after this many days. */
   retentionDays?: number
 }
@@ -64,6 +68,7 @@ export class WebhookDispatcher {
   readonly #fanOutBatch: number
   readonly #maxInFlight: number
   readonly #retentionDays: number
+  readonly #minGapMs: number
 
   #unsubscribe: (() => void) | null = null
   #poll: ReturnType<typeof setInterval> | null = null
@@ -71,6 +76,9 @@ export class WebhookDispatcher {
   #stopped = true
   #pumping: Promise<void> | null = null
   #again = false
+  #backlog = false
+  #lastPass = 0
+  #delayed: ReturnType<typeof setTimeout> | null = null
   #inFlight = 0
   #idle: (() => void)[] = []
   #results: Attempt[] = []
@@ -82,7 +90,8 @@ export class WebhookDispatcher {
     this.#pollMs = options.pollMs ?? 1_000
     this.#leaseSeconds = options.leaseSeconds ?? 30
     this.#fanOutBatch = options.fanOutBatch ?? 500
-    this.#maxInFlight = options.maxInFlight ?? 64
+    this.#maxInFlight = options.maxInFlight ?? 256
+    this.#minGapMs = options.minGapMs ?? 20
     this.#retentionDays = options.retentionDays ?? 7
   }
 
@@ -105,6 +114,7 @@ export class WebhookDispatcher {
     this.#stopped = true
     this.#unsubscribe?.()
     if (this.#poll) clearInterval(this.#poll)
+    if (this.#delayed) clearTimeout(this.#delayed)
     if (this.#cleanup) clearInterval(this.#cleanup)
     await this.#pumping
     if (this.#inFlight > 0) await new Promise<void>((resolve) => this.#idle.push(resolve))
@@ -123,26 +133,35 @@ export class WebhookDispatcher {
       this.#again = true
       return
     }
+    if (this.#delayed) return
+    const wait = this.#lastPass + this.#minGapMs - performance.now()
+    if (wait > 0) {
+      this.#delayed = setTimeout(() => {
+        this.#delayed = null
+        this.kick()
+      }, wait)
+      return
+    }
+    this.#lastPass = performance.now()
     this.#pumping = this.#pump().finally(() => {
       this.#pumping = null
+      // Wake-ups that came in during the pass are served by one more (spaced) pass.
+      if ((this.#again || this.#backlog) && this.#inFlight < this.#maxInFlight) this.kick()
     })
   }
 
+  /** One pass: fan out new events, then claim what this instance can send now. */
   async #pump(): Promise<void> {
+    this.#again = false
     try {
-      do {
-        this.#again = false
-        const fanned = await this.#fanOut()
-        if (fanned >= this.#fanOutBatch) this.#again = true
-        const room = this.#maxInFlight - this.#inFlight
-        if (room > 0) {
-          const claimed = await this.#claim(room)
-          // A full batch means more is due: continue as soon as a worker slot frees up.
-          if (claimed.length >= room) this.#again = true
-          for (const c of claimed) this.#send(c)
-        }
-      } while (this.#again && !this.#stopped && this.#inFlight < this.#maxInFlight)
+      const fanned = await this.#fanOut()
+      const room = this.#maxInFlight - this.#inFlight
+      const claimed = room > 0 ? await this.#claim(room) : []
+      for (const c of claimed) this.#send(c)
+      // A full batch means more is due: another pass as soon as the gap (and a worker slot) allows.
+      this.#backlog = fanned >= this.#fanOutBatch || claimed.length >= room
     } catch (err) {
+      this.#backlog = false
       log.error('webhook dispatch failed; retrying on the next poll', errorFields(err))
     }
   }
@@ -167,42 +186,39 @@ export class WebhookDispatcher {
     return Number(rowsOf(result)[0]?.n ?? 0)
   }
 
+  /** Claims due deliveries and reads what sending them needs, in one statement. */
   async #claim(limit: number): Promise<Claimed[]> {
-    const d = webhookDeliveries
-    const due = this.#db
-      .select({ eventId: d.eventId, webhookId: d.webhookId })
-      .from(d)
-      .where(
-        and(
-          isNull(d.attemptedAt),
-          or(isNull(d.claimedAt), lt(d.claimedAt, sql`now() - make_interval(secs => ${this.#leaseSeconds})`)),
-        ),
+    // Values are cast to text/float8 so both drivers hand back the same JavaScript types.
+    const result = await this.#db.execute(sql`
+      WITH due AS (
+        SELECT event_id, webhook_id FROM webhook_deliveries
+        WHERE attempted_at IS NULL
+          AND (claimed_at IS NULL OR claimed_at < now() - make_interval(secs => ${this.#leaseSeconds}))
+        ORDER BY event_id
+        LIMIT ${limit}
+        FOR UPDATE SKIP LOCKED
+      ), claimed AS (
+        UPDATE webhook_deliveries d SET claimed_at = now()
+        FROM due WHERE d.event_id = due.event_id AND d.webhook_id = due.webhook_id
+        RETURNING d.event_id, d.webhook_id
       )
-      .orderBy(asc(d.eventId))
-      .limit(limit)
-      .for('update', { skipLocked: true })
-    const claimed = await this.#db
-      .update(d)
-      .set({ claimedAt: sql`now()` })
-      .where(sql`(${d.eventId}, ${d.webhookId}) IN (${due})`)
-      .returning({ eventId: d.eventId, webhookId: d.webhookId })
-    if (claimed.length === 0) return []
-    const rows = await this.#db
-      .select({
-        eventId: events.id,
-        webhookId: webhooks.id,
-        event: events.event,
-        data: events.data,
-        occurredAt: events.occurredAt,
-        url: webhooks.url,
-        secretEnc: webhooks.secretEnc,
-        enabled: webhooks.enabled,
-      })
-      .from(events)
-      .innerJoin(webhooks, inArray(webhooks.id, [...new Set(claimed.map((c) => c.webhookId))]))
-      .where(inArray(events.id, [...new Set(claimed.map((c) => c.eventId))]))
-    const wanted = new Set(claimed.map((c) => `${c.eventId} ${c.webhookId}`))
-    return rows.filter((r) => wanted.has(`${r.eventId} ${r.webhookId}`))
+      SELECT c.event_id::float8 AS event_id, c.webhook_id, e.event, e.data::text AS data,
+             (extract(epoch FROM e.occurred_at) * 1000)::float8 AS occurred_ms,
+             w.url, w.secret_enc, w.enabled
+      FROM claimed c
+      JOIN events e ON e.id = c.event_id
+      JOIN webhooks w ON w.id = c.webhook_id
+      ORDER BY c.event_id`)
+    return rowsOf(result).map((r) => ({
+      eventId: Number(r.event_id),
+      webhookId: String(r.webhook_id),
+      event: String(r.event),
+      data: JSON.parse(String(r.data)) as Record<string, unknown>,
+      occurredAt: new Date(Math.round(Number(r.occurred_ms))),
+      url: String(r.url),
+      secretEnc: String(r.secret_enc),
+      enabled: r.enabled === true || r.enabled === 't',
+    }))
   }
 
   #send(c: Claimed): void {
@@ -229,7 +245,7 @@ export class WebhookDispatcher {
       this.#inFlight--
       this.#flush()
       if (this.#inFlight === 0) for (const resolve of this.#idle.splice(0)) resolve()
-      if (this.#again) this.kick()
+      if (this.#backlog) this.kick()
     })
   }
 
