@@ -1,4 +1,4 @@
-import { createHmac, timingSafeEqual } from 'node:crypto'
+import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto'
 
 /** The contract's bounds on a requested session lifetime (seconds). */
 export const MIN_SESSION_TTL = 3600
@@ -14,6 +14,8 @@ export interface Session {
   ttl: number
   exp: number
   iat: number
+  /** Random: every issued token differs, even two in the same second. */
+  jti: string
 }
 
 export function clampTtl(requested: number | undefined, fallback: number): number {
@@ -26,9 +28,18 @@ export function clampTtl(requested: number | undefined, fallback: number): numbe
  * of the server ends no session, and nothing secret is kept in clear anywhere. Revocation still reaches
  * the client at its next heartbeat because heartbeat re-checks the license on every call.
  */
-export function issueSession(key: Buffer, s: Omit<Session, 'v' | 'exp' | 'iat'>, nowMs: number): { token: string; session: Session } {
+export function issueSession(key: Buffer, s: Omit<Session, 'v' | 'exp' | 'iat' | 'jti'>, nowMs: number): { token: string; session: Session } {
   const iat = Math.floor(nowMs / 1000)
-  const session: Session = { v: 1, app: s.app, lic: s.lic, hwid: s.hwid, ttl: s.ttl, exp: iat + s.ttl, iat }
+  const session: Session = {
+    v: 1,
+    app: s.app,
+    lic: s.lic,
+    hwid: s.hwid,
+    ttl: s.ttl,
+    exp: iat + s.ttl,
+    iat,
+    jti: randomBytes(9).toString('base64url'),
+  }
   const body = Buffer.from(JSON.stringify(session), 'utf8').toString('base64url')
   return { token: `${body}.${mac(key, body)}`, session }
 }
