@@ -440,7 +440,8 @@ describe('PUT /v1/licenses/:licenseKey', () => {
       'license.activated',
     ])
     expect(evs[1]?.data).toMatchObject({ licenseKey, appId: s.appId, status: 'revoked' })
-    expect(evs[1]?.occurredAt).toBeInstanceOf(Date)
+    // Stamped with the injected clock, inside the transaction that made the change.
+    expect(evs[1]?.occurredAt.getTime()).toBe(now)
   })
 
   test('extend sets expiresAt, keeps the status (also on a revoked license) and emits nothing', async () => {
@@ -499,6 +500,13 @@ describe('PUT /v1/licenses/:licenseKey', () => {
       const get = await t.req('GET', `/v1/licenses/${license.licenseKey}`, { apiKey: s.apiKey })
       expect(get.body).toMatchObject({ status: 'active', expiresAt: null })
     })
+  })
+
+  test('a bad body is 400 even for an absent key', async () => {
+    const s = await t.seed()
+    const res = await put(s, 'ZZZZ-ZZZZ-ZZZZ-ZZZZ', { action: 'extend' })
+    expect(res.status).toBe(400)
+    expect(res.body).toEqual(errorBody('bad_request'))
   })
 
   test("404 for an absent or malformed key, 403 for another account's license", async () => {
