@@ -1,0 +1,28 @@
+# syntax=docker/dockerfile:1
+
+# Production dependencies exactly as package-lock.json pins them (npm ci); the Bun image carries no npm.
+FROM node:22-bookworm-slim AS deps
+WORKDIR /app
+COPY package.json package-lock.json ./
+RUN npm ci --omit=dev --no-audit --no-fund
+
+FROM oven/bun:1.4.5
+WORKDIR /app
+ENV NODE_ENV=production \
+    HOST=0.0.0.0 \
+    PORT=3000 \
+    DATA_DIR=/data
+COPY --from=deps /app/node_modules ./node_modules
+# package.json is read at run time (the API version in the OpenAPI document); drizzle/ holds the
+# migrations src/index.ts applies at start.
+COPY package.json tsconfig.json ./
+COPY drizzle ./drizzle
+COPY src ./src
+RUN mkdir -p /data && chown bun:bun /data
+USER bun
+# The embedded database, the development master key and the operator socket live here.
+VOLUME /data
+EXPOSE 3000
+HEALTHCHECK --interval=30s --timeout=5s --start-period=30s \
+  CMD bun -e "fetch('http://127.0.0.1:' + (process.env.PORT || 3000) + '/healthz').then((r) => process.exit(r.ok ? 0 : 1), () => process.exit(1))"
+CMD ["bun", "src/index.ts"]
