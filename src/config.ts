@@ -19,6 +19,8 @@ export interface Config {
   validateLimitPerLicense: number
   selfbanLimitPerIp: number
   selfbanLimitPerLicense: number
+  /** false skips the per-IP and per-license buckets of /auth/* (benchmark comparison only; the sandbox ceiling stays). */
+  publicRateLimits: boolean
   sessionTtlSeconds: number
   tlsCertFile: string | null
   tlsKeyFile: string | null
@@ -181,6 +183,7 @@ export function loadConfig(env: Env = process.env): Readonly<Config> {
     validateLimitPerLicense: int(env, 'VALIDATE_LIMIT_PER_LICENSE', 300, 1, 1e9),
     selfbanLimitPerIp: int(env, 'SELFBAN_LIMIT_PER_IP', 60, 1, 1e9),
     selfbanLimitPerLicense: int(env, 'SELFBAN_LIMIT_PER_LICENSE', 60, 1, 1e9),
+    publicRateLimits: bool(env, 'PUBLIC_RATE_LIMITS', true),
     sessionTtlSeconds: int(env, 'SESSION_TTL_SECONDS', 86_400, 3600, 604_800),
     tlsCertFile,
     tlsKeyFile,

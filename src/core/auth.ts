@@ -167,6 +167,7 @@ async function authorize(
       const epochs = [{ key: keys.appEpoch(appId), expected: appEntry.epoch }]
       if (licenseKey !== null && licenseEntry) epochs.push({ key: keys.licenseEpoch(licenseKey), expected: licenseEntry.epoch })
       const { outcome, ...rest } = p
+      if (!deps.config.publicRateLimits) rest.buckets = []
       const result = await deps.store
         .authorize({ ...rest, nowMs, epochs, deny: !outcome.ok })
         .catch((err: unknown) => {
