@@ -35,7 +35,7 @@ if (MODE === 'postgres') {
     TLS_KEY_FILE: keyFile,
   })
   baseUrl = server.url.replace('127.0.0.1', 'localhost')
-  stop = server.stop
+  stop = async () => void (await server.stop())
 } else {
   t.app.listen({ hostname: '127.0.0.1', port: 0, tls: { cert: ca, key: readFileSync(keyFile, 'utf8') } })
   baseUrl = `https://localhost:${t.app.server!.port}`

@@ -26,6 +26,7 @@ describe('defaults', () => {
       validateLimitPerLicense: 300,
       selfbanLimitPerIp: 60,
       selfbanLimitPerLicense: 60,
+      publicRateLimits: true,
       sessionTtlSeconds: 86_400,
       tlsCertFile: null,
       tlsKeyFile: null,
