@@ -1,0 +1,180 @@
+/**
+ * `npm run bench`: load test of the client endpoints against the real server on PostgreSQL + Redis,
+ * with a bare Elysia route measured in the same run as the baseline. Needs wrk (apt-get install wrk).
+ *
+ * Settings (environment): BENCH_PG_ADMIN_URL (default postgres://postgres@127.0.0.1:5432/postgres; a
+ * database ls_bench_<pid> is created there and dropped at the end), BENCH_REDIS_URL (default
+ * redis://127.0.0.1:6379/14; flushed before and after), BENCH_DURATION seconds per scenario (10),
+ * BENCH_LICENSES (1000).
+ */
+import { mkdtempSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import postgres from 'postgres'
+import { buildDeps } from '../src/boot'
+import { loadConfig } from '../src/config'
+import { createAccount, createApplication } from '../src/core/accounts'
+import { generateLicenseKey } from '../src/core/crypto'
+import { issueSession, MAX_SESSION_TTL } from '../src/core/session'
+import { licenses } from '../src/db/schema'
+import { setLogLevel } from '../src/log'
+
+const ADMIN_URL = process.env.BENCH_PG_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
+const REDIS_URL = process.env.BENCH_REDIS_URL ?? 'redis://127.0.0.1:6379/14'
+const DURATION = Number(process.env.BENCH_DURATION ?? 10)
+const LICENSES = Number(process.env.BENCH_LICENSES ?? 1000)
+const MASTER_KEY = Buffer.alloc(32, 42).toString('hex')
+const root = join(import.meta.dir, '..')
+const work = mkdtempSync(join(tmpdir(), 'ls-bench-'))
+
+interface Server {
+  url: string
+  stop(): Promise<void>
+}
+
+async function spawnServer(entry: string, env: Record<string, string>): Promise<Server> {
+  const proc = Bun.spawn([process.execPath, entry], {
+    env: { ...process.env, HOST: '127.0.0.1', PORT: '0', LOG_LEVEL: 'info', ...env },
+    stdout: 'ignore',
+    stderr: 'pipe',
+  })
+  const reader = proc.stderr.getReader()
+  const decoder = new TextDecoder()
+  let seen = ''
+  for (;;) {
+    const { value, done } = await reader.read()
+    if (done) throw new Error(`${entry} exited before listening:\n${seen}`)
+    seen += decoder.decode(value)
+    const line = seen.split('\n').find((l) => l.includes('"listening"'))
+    if (!line) continue
+    void (async () => {
+      while (!(await reader.read()).done) {}
+    })()
+    return {
+      url: (JSON.parse(line) as { url: string }).url,
+      async stop() {
+        proc.kill('SIGTERM')
+        await proc.exited
+      },
+    }
+  }
+}
+
+interface Result {
+  name: string
+  connections: number
+  rps: number
+  p50: number
+  p99: number
+  errors: number
+}
+
+const toMs = (v: string, unit: string) => Number(v) * ({ us: 0.001, ms: 1, s: 1000 }[unit] ?? Number.NaN)
+
+let runCounter = 0
+function wrk(name: string, url: string, mode: string, connections: number, seconds: number): Result {
+  const runId = `${process.pid.toString(16)}r${(runCounter++).toString(16)}x`
+  const threads = Math.min(2, connections)
+  const out = Bun.spawnSync([
+    'wrk', `-t${threads}`, `-c${connections}`, `-d${seconds}s`, '--latency',
+    '-s', join(import.meta.dir, 'auth.lua'), url, '--', mode, join(work, 'data.txt'), runId,
+  ])
+  const text = out.stdout.toString()
+  if (out.exitCode !== 0) throw new Error(`wrk failed: ${out.stderr.toString()}`)
+  const pct = (p: string) => {
+    const m = new RegExp(`^\\s+${p}%\\s+([\\d.]+)(us|ms|s)\\s*$`, 'm').exec(text)
+    return m ? toMs(m[1]!, m[2]!) : Number.NaN
+  }
+  const rps = Number(/Requests\/sec:\s+([\d.]+)/.exec(text)?.[1] ?? Number.NaN)
+  const errors = Number(/Non-2xx or 3xx responses:\s+(\d+)/.exec(text)?.[1] ?? 0)
+  return { name, connections, rps, p50: pct('50'), p99: pct('99'), errors }
+}
+
+async function main() {
+  setLogLevel('warn')
+  const dbName = `ls_bench_${process.pid}`
+  const admin = postgres(ADMIN_URL, { max: 1, onnotice: () => {} })
+  await admin.unsafe(`CREATE DATABASE ${dbName}`)
+  const dbUrl = new URL(ADMIN_URL)
+  dbUrl.pathname = `/${dbName}`
+  const { default: Redis } = await import('ioredis')
+  const redis = new Redis(REDIS_URL)
+  await redis.flushdb()
+  const servers: Server[] = []
+  try {
+    const env = {
+      DATABASE_URL: dbUrl.toString(),
+      REDIS_URL,
+      MASTER_KEY,
+      DATA_DIR: work,
+      // Limits on, at values this load never reaches: the buckets run, nothing is refused.
+      VALIDATE_LIMIT_PER_IP: '1000000000',
+      VALIDATE_LIMIT_PER_LICENSE: '1000000000',
+    }
+    console.log(`seeding ${LICENSES} licenses with bound HWIDs…`)
+    const deps = await buildDeps(loadConfig(env))
+    const account = await createAccount(deps, 'bench', 1_000_000_000)
+    const app = await createApplication(deps, account.accountId, 'bench', false)
+    const rows = Array.from({ length: LICENSES }, (_, i) => ({
+      key: generateLicenseKey(),
+      appId: app.appId,
+      hwids: [`bench-hwid-${i.toString(16).padStart(8, '0')}`],
+    }))
+    for (let i = 0; i < rows.length; i += 500) await deps.database.db.insert(licenses).values(rows.slice(i, i + 500))
+    const lines = rows.map((r) => {
+      const { token } = issueSession(deps.sessionKey, { app: app.appId, lic: r.key, hwid: r.hwids[0]!, ttl: MAX_SESSION_TTL }, Date.now())
+      return `${r.key} ${r.hwids[0]} ${token}`
+    })
+    writeFileSync(join(work, 'data.txt'), `${app.appId} ${app.appSecret}\n${lines.join('\n')}\n`)
+    await deps.webhookPool.close()
+    await deps.store.close()
+    await deps.database.close()
+
+    const baseline = await spawnServer(join(import.meta.dir, 'baseline.ts'), {})
+    servers.push(baseline)
+    const limited = await spawnServer(join(root, 'src', 'index.ts'), env)
+    servers.push(limited)
+    const unlimited = await spawnServer(join(root, 'src', 'index.ts'), { ...env, PUBLIC_RATE_LIMITS: 'false' })
+    servers.push(unlimited)
+
+    // Warm-up: JIT, connection pools, and every license into the server caches.
+    for (const [url, mode] of [[baseline.url, 'baseline'], [limited.url, 'validate'], [limited.url, 'heartbeat'], [unlimited.url, 'validate']] as const) {
+      wrk('warm-up', url, mode, 16, 3)
+    }
+    const results: Result[] = []
+    const run = (name: string, url: string, mode: string, c: number) => {
+      const r = wrk(name, url, mode, c, DURATION)
+      results.push(r)
+      console.log(`  ${name.padEnd(28)} c=${String(c).padStart(2)}  ${r.rps.toFixed(0).padStart(7)} req/s  p50 ${r.p50.toFixed(2)} ms  p99 ${r.p99.toFixed(2)} ms${r.errors ? `  non-2xx ${r.errors}` : ''}`)
+      return r
+    }
+    console.log('measuring…')
+    const base64 = run('baseline (bare Elysia)', baseline.url, 'baseline', 64)
+    const val64 = run('validate', limited.url, 'validate', 64)
+    const hb64 = run('heartbeat', limited.url, 'heartbeat', 64)
+    const valNoLimits = run('validate, limits off', unlimited.url, 'validate', 64)
+    const val64b = run('validate (again)', limited.url, 'validate', 64)
+    const base1 = run('baseline (bare Elysia)', baseline.url, 'baseline', 1)
+    const val1 = run('validate', limited.url, 'validate', 1)
+    const hb1 = run('heartbeat', limited.url, 'heartbeat', 1)
+
+    const validateRps = Math.max(val64.rps, val64b.rps)
+    const check = (ok: boolean) => (ok ? 'ok  ' : 'MISS')
+    console.log('\nsummary (targets from the brief)')
+    console.log(`  ${check(val64.rps / base64.rps >= 0.25)} validate  c=64: ${(val64.rps / base64.rps).toFixed(2)} of baseline (>= 0.25), p99 ${val64.p99.toFixed(2)} ms (< 25)`)
+    console.log(`  ${check(hb64.rps / base64.rps >= 0.25)} heartbeat c=64: ${(hb64.rps / base64.rps).toFixed(2)} of baseline (>= 0.25), p99 ${hb64.p99.toFixed(2)} ms (< 25)`)
+    console.log(`  ${check(val1.p50 < 1)} validate  c=1: p50 ${val1.p50.toFixed(3)} ms (< 1); baseline p50 ${base1.p50.toFixed(3)} ms`)
+    console.log(`  ${check(hb1.p50 < 1)} heartbeat c=1: p50 ${hb1.p50.toFixed(3)} ms (< 1)`)
+    console.log(`  ${check(validateRps >= 0.9 * valNoLimits.rps)} validate with limits ${validateRps.toFixed(0)} req/s = ${(validateRps / valNoLimits.rps).toFixed(2)} of limits off ${valNoLimits.rps.toFixed(0)} (>= 0.90)`)
+    const errors = results.reduce((n, r) => n + (r.name.startsWith('baseline') ? 0 : r.errors), 0)
+    console.log(`  ${check(errors === 0)} non-2xx responses on the auth routes: ${errors}`)
+  } finally {
+    await Promise.all(servers.map((s) => s.stop()))
+    await redis.flushdb()
+    redis.disconnect()
+    await admin.unsafe(`DROP DATABASE IF EXISTS ${dbName} WITH (FORCE)`)
+    await admin.end()
+  }
+}
+
+await main()

@@ -1,0 +1,229 @@
+/**
+ * Validate throughput with and without a subscribed license.validated webhook, then proof that every
+ * validated event of the webhook run was delivered exactly once.
+ *
+ *   bun bench/validate-webhook.ts [--duration 10] [--connections 64]
+ *
+ * Needs wrk, PostgreSQL and Redis (BENCH_PG_ADMIN_URL, BENCH_REDIS_URL). It creates and drops its
+ * own database, starts the real server (src/index.ts) on a free port, and runs an HTTPS receiver
+ * with a self-signed certificate the server trusts through NODE_EXTRA_CA_CERTS. Runs alternate
+ * (without, with, without, with) because this machine is noisy: compare the medians of one run.
+ */
+import { spawnSync } from 'node:child_process'
+import { randomBytes } from 'node:crypto'
+import { mkdtempSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import postgres from 'postgres'
+
+const args = process.argv.slice(2)
+const flag = (name: string, fallback: number) => {
+  const i = args.indexOf(`--${name}`)
+  return i >= 0 ? Number(args[i + 1]) : fallback
+}
+const DURATION = flag('duration', 10)
+const CONNECTIONS = flag('connections', 64)
+const ROUNDS = flag('rounds', 2)
+const LICENSES = 200
+const PG_ADMIN = process.env.BENCH_PG_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
+const REDIS = process.env.BENCH_REDIS_URL ?? 'redis://127.0.0.1:6379/13'
+const root = join(import.meta.dir, '..')
+const dir = mkdtempSync(join(tmpdir(), 'ls-bench-wh-'))
+
+function certificate() {
+  const certFile = join(dir, 'cert.pem')
+  const keyFile = join(dir, 'key.pem')
+  const made = spawnSync('openssl', [
+    'req', '-x509', '-newkey', 'ed25519', '-nodes', '-days', '1', '-keyout', keyFile, '-out', certFile,
+    '-subj', '/CN=localhost', '-addext', 'subjectAltName=DNS:localhost,IP:127.0.0.1',
+  ])
+  if (made.status !== 0) throw new Error(`openssl failed: ${made.stderr}`)
+  return { certFile, cert: Bun.file(certFile).text(), key: Bun.file(keyFile).text() }
+}
+
+async function startServer(env: Record<string, string>) {
+  const proc = Bun.spawn([process.execPath, 'src/index.ts'], { cwd: root, env, stdout: 'ignore', stderr: 'pipe' })
+  let log = ''
+  let base: string | null = null
+  void (async () => {
+    for await (const chunk of proc.stderr) {
+      log += new TextDecoder().decode(chunk)
+      base ??= /"msg":"listening","url":"(https?:\/\/[^"]+)"/.exec(log)?.[1]?.replace('0.0.0.0', '127.0.0.1') ?? null
+    }
+  })()
+  for (let i = 0; i < 600 && !base && proc.exitCode === null; i++) await Bun.sleep(50)
+  if (!base) throw new Error(`server did not start:\n${log}`)
+  return { proc, base: base as string }
+}
+
+function cli(env: Record<string, string>, ...argv: string[]) {
+  const out = spawnSync(process.execPath, ['src/cli.ts', ...argv], { cwd: root, env, encoding: 'utf8' })
+  if (out.status !== 0) throw new Error(`cli ${argv.join(' ')} failed: ${out.stderr}`)
+  return JSON.parse(out.stdout.trim().split('\n').at(-1) ?? '{}')
+}
+
+/** wrk POSTing validate for random licenses with a fresh nonce per request. */
+function wrkScript(appId: string, appSecret: string, keys: string[]) {
+  const path = join(dir, 'validate.lua')
+  writeFileSync(
+    path,
+    `
+local keys = { ${keys.map((k) => `"${k}"`).join(', ')} }
+local counter = 0
+local tid = 0
+local threads = 0
+function setup(thread) threads = threads + 1; thread:set("tid", threads) end
+function init(args) tid = tonumber(wrk.thread:get("tid")) or math.random(1, 1e9); math.randomseed(os.time() + tid) end
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+function request()
+  counter = counter + 1
+  local i = (counter + tid * 7) % #keys + 1
+  local nonce = string.format("%d-%d-%d", tid, counter, math.random(1, 1e9))
+  local body = '{"appId":"${appId}","appSecret":"${appSecret}","licenseKey":"' .. keys[i] .. '","hwid":"bench-hwid-' .. i .. '","nonce":"' .. nonce .. '"}'
+  return wrk.format(nil, "/auth/validate", nil, body)
+end
+local non2xx = 0
+function response(status, headers, body) if status ~= 200 then non2xx = non2xx + 1 end end
+`,
+  )
+  return path
+}
+
+function runWrk(base: string, script: string) {
+  const out = spawnSync('wrk', ['-t2', `-c${CONNECTIONS}`, `-d${DURATION}s`, '-s', script, base], { encoding: 'utf8' })
+  const rps = Number(/Requests\/sec:\s+([\d.]+)/.exec(out.stdout)?.[1] ?? 0)
+  const total = Number(/(\d+) requests in/.exec(out.stdout)?.[1] ?? 0)
+  const errors = Number(/Non-2xx or 3xx responses: (\d+)/.exec(out.stdout)?.[1] ?? 0)
+  return { rps, total, errors, raw: out.stdout }
+}
+
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] ?? 0
+
+const dbName = `ls_bench_wh_${process.pid}`
+const admin = postgres(PG_ADMIN, { max: 1, onnotice: () => {} })
+await admin.unsafe(`CREATE DATABASE ${dbName}`)
+const dbUrl = new URL(PG_ADMIN)
+dbUrl.pathname = `/${dbName}`
+const { certFile, cert, key } = certificate()
+
+let delivered = 0
+let hooked = false
+const receiver = Bun.serve({
+  port: 0,
+  hostname: '127.0.0.1',
+  tls: { cert: await cert, key: await key },
+  async fetch(req) {
+    await req.arrayBuffer()
+    if (hooked) delivered++
+    return new Response(null, { status: 204 })
+  },
+})
+
+const env: Record<string, string> = {
+  ...(process.env as Record<string, string>),
+  HOST: '127.0.0.1',
+  PORT: '0',
+  DATA_DIR: dir,
+  DATABASE_URL: dbUrl.toString(),
+  REDIS_URL: REDIS,
+  MASTER_KEY: randomBytes(32).toString('hex'),
+  WEBHOOK_ALLOW_PRIVATE_TARGETS: 'true',
+  NODE_EXTRA_CA_CERTS: certFile,
+  VALIDATE_LIMIT_PER_IP: '1000000000',
+  VALIDATE_LIMIT_PER_LICENSE: '1000000000',
+  LOG_LEVEL: 'warn',
+}
+const db = postgres(dbUrl.toString(), { max: 1, onnotice: () => {} })
+let server: Awaited<ReturnType<typeof startServer>> | undefined
+try {
+  const { default: Redis } = await import('ioredis')
+  const redis = new Redis(REDIS)
+  await redis.flushdb()
+  redis.disconnect()
+  const account = cli(env, 'account', 'create', '--name', 'bench', '--credits', '1000000000')
+  const app = cli(env, 'app', 'create', '--account', account.accountId, '--name', 'bench')
+  server = await startServer({ ...env, LOG_LEVEL: 'info' })
+  const api = (method: string, path: string, body?: unknown) =>
+    fetch(`${server!.base}${path}`, {
+      method,
+      headers: { authorization: `Bearer ${account.apiKey}`, 'content-type': 'application/json' },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    }).then(async (r) => ({ status: r.status, body: (await r.json()) as any }))
+  const keys: string[] = []
+  while (keys.length < LICENSES) {
+    const res = await api('POST', '/v1/licenses', { appId: app.appId, quantity: 100, maxHwidSlots: 16 })
+    if (res.status !== 201) throw new Error(`license create: ${JSON.stringify(res.body)}`)
+    keys.push(...res.body.licenses.map((l: { licenseKey: string }) => l.licenseKey))
+  }
+  const script = wrkScript(app.appId, app.appSecret, keys)
+  runWrk(server.base, script) // warm-up: caches, JIT, HWID bindings
+  let webhookId: string | null = null
+
+  const without: number[] = []
+  const withHook: number[] = []
+  let hookRequests = 0
+  let hookErrors = 0
+  for (let round = 0; round < ROUNDS; round++) {
+    const plain = runWrk(server.base, script)
+    without.push(plain.rps)
+    console.log(`without webhook: ${plain.rps.toFixed(0)} req/s (${plain.errors} non-2xx)`)
+
+    if (!webhookId) {
+      const created = await api('POST', `/v1/apps/${app.appId}/webhooks`, {
+        url: `https://127.0.0.1:${receiver.port}/bench`,
+        events: ['license.validated'],
+      })
+      webhookId = created.body.webhookId
+    } else {
+      await api('PUT', `/v1/apps/${app.appId}/webhooks/${webhookId}`, { enabled: true })
+    }
+    hooked = true
+    const hookedRun = runWrk(server.base, script)
+    withHook.push(hookedRun.rps)
+    hookRequests += hookedRun.total - hookedRun.errors
+    hookErrors += hookedRun.errors
+    console.log(`with webhook:    ${hookedRun.rps.toFixed(0)} req/s (${hookedRun.errors} non-2xx)`)
+    // The backlog of this run is delivered before the webhook is disabled (fan-out honours `enabled`).
+    for (let i = 0; i < 1200; i++) {
+      const [row] = await db`SELECT count(*)::int AS n FROM webhook_deliveries WHERE attempted_at IS NULL`
+      const [pending] = await db`SELECT count(*)::int AS n FROM events WHERE dispatched_at IS NULL`
+      if (row?.n === 0 && pending?.n === 0) break
+      await Bun.sleep(100)
+    }
+    await api('PUT', `/v1/apps/${app.appId}/webhooks/${webhookId}`, { enabled: false })
+    hooked = false
+  }
+
+  const [events] = await db`SELECT count(*)::int AS n FROM events WHERE event = 'license.validated'`
+  const [attempts] = await db`
+    SELECT count(*)::int AS n, count(*) FILTER (WHERE http_status = 204)::int AS ok,
+           count(DISTINCT event_id)::int AS distinct_events
+    FROM webhook_deliveries WHERE webhook_id = ${webhookId}`
+  const a = median(without)
+  const b = median(withHook)
+  console.log('')
+  console.log(`validate without webhook (median): ${a.toFixed(0)} req/s`)
+  console.log(`validate with webhook    (median): ${b.toFixed(0)} req/s  (${((b / a - 1) * 100).toFixed(1)}%)`)
+  console.log(
+    `successful validates in webhook runs: ${hookRequests}; license.validated events: ${events?.n}; ` +
+      `delivery rows: ${attempts?.n} (distinct events ${attempts?.distinct_events}, 204: ${attempts?.ok}); ` +
+      `requests the receiver got: ${delivered}`,
+  )
+  // wrk does not count requests still in flight when it stops, so validates and events may differ by
+  // at most the connection count; deliveries must match events exactly.
+  const n = events?.n ?? -1
+  const exact =
+    attempts?.n === n && attempts?.distinct_events === n && attempts?.ok === n && delivered === n &&
+    Math.abs(n - hookRequests) <= CONNECTIONS * ROUNDS
+  console.log(exact ? 'every validated event delivered exactly once' : 'MISMATCH between validates and deliveries')
+  console.log(b >= a * 0.85 ? 'within 15%' : 'NOT within 15%')
+  if (!exact || b < a * 0.85) process.exitCode = 1
+} finally {
+  server?.proc.kill('SIGTERM')
+  await server?.proc.exited
+  receiver.stop(true)
+  await db.end()
+  await admin.unsafe(`DROP DATABASE IF EXISTS ${dbName} WITH (FORCE)`)
+  await admin.end()
+}
