@@ -23,6 +23,7 @@ USER bun
 # The embedded database, the development master key and the operator socket live here.
 VOLUME /data
 EXPOSE 3000
+# HTTPS when TLS_CERT_FILE is set; the certificate names the public host, not 127.0.0.1, so it is not checked.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s \
-  CMD bun -e "fetch('http://127.0.0.1:' + (process.env.PORT || 3000) + '/healthz').then((r) => process.exit(r.ok ? 0 : 1), () => process.exit(1))"
+  CMD bun -e "const e = process.env; fetch((e.TLS_CERT_FILE ? 'https' : 'http') + '://127.0.0.1:' + (e.PORT || 3000) + '/healthz', { tls: { rejectUnauthorized: false } }).then((r) => process.exit(r.ok ? 0 : 1), () => process.exit(1))"
 CMD ["bun", "src/index.ts"]

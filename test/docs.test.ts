@@ -83,3 +83,15 @@ describe('Swagger UI', () => {
     }
   })
 })
+
+test('every tag a route uses is described in the document', async () => {
+  const { req } = await makeTestApp()
+  const doc = (await req('GET', '/docs/json')).body
+  const described = new Set(doc.tags.map((t: { name: string }) => t.name))
+  for (const [path, ops] of Object.entries(doc.paths as Record<string, Record<string, { tags?: string[] }>>)) {
+    for (const [method, op] of Object.entries(ops)) {
+      expect(op.tags?.length, `${method} ${path} has no tag`).toBeGreaterThan(0)
+      for (const tag of op.tags ?? []) expect(described.has(tag), `${method} ${path}: tag "${tag}"`).toBe(true)
+    }
+  }
+})

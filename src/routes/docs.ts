@@ -64,10 +64,15 @@ export const docsRoutes = (_deps: Deps) =>
           servers: [{ url: '/', description: 'This server' }],
           tags: [
             { name: 'Licenses', description: 'Issue, list, revoke, re-activate, extend, reset and delete license keys.' },
-            { name: 'Apps', description: 'Account, applications, signing keys and variables.' },
+            { name: 'Account', description: 'The account the API key belongs to and its credits.' },
+            { name: 'Apps', description: 'Applications and their Ed25519 signing keys (rotation).' },
+            { name: 'Variables', description: 'App and license variable maps, delivered in the signed payload.' },
             { name: 'Security', description: 'Per-app HWID and IP blacklists and whitelists.' },
             { name: 'Webhooks', description: 'Signed HTTPS deliveries of license events.' },
-            { name: 'Client', description: 'Public endpoints the client SDKs call: validate, heartbeat, selfban.' },
+            {
+              name: 'Client authentication',
+              description: 'Public endpoints the client SDKs call: validate, heartbeat, selfban. No bearer key.',
+            },
             { name: 'Operations', description: 'Health, readiness and Prometheus metrics.' },
           ],
           components: {
