@@ -31,8 +31,12 @@ export class HttpMetrics {
     }
     s.count++
     s.sum += seconds
-    const i = DURATION_BUCKETS.findIndex((le) => seconds <= le)
-    if (i >= 0) s.buckets[i] = (s.buckets[i] ?? 0) + 1
+    for (let i = 0; i < DURATION_BUCKETS.length; i++) {
+      if (seconds <= (DURATION_BUCKETS[i] as number)) {
+        s.buckets[i] = (s.buckets[i] ?? 0) + 1
+        break
+      }
+    }
   }
 
   /** Prometheus text exposition format 0.0.4. */
