@@ -23,7 +23,9 @@ export async function buildDeps(config: Readonly<Config>): Promise<Deps> {
     bus: new EventBus(),
     webhookPool: new DeliveryPool({
       allowPrivate: config.webhookAllowPrivateTargets,
-      extraCaFile: config.webhookExtraCaFile,
+      // Bun itself trusts NODE_EXTRA_CA_CERTS read at process start; passing it again per request
+      // would cost a TLS context (and a connection) per delivery.
+      extraCaFile: null,
     }),
     clock: Date.now,
   }

@@ -54,6 +54,7 @@ interface Claimed {
 }
 
 const CLEANUP_EVERY_MS = 10 * 60_000
+const FLUSH_DELAY_MS = 10
 
 function rowsOf(result: unknown): Record<string, unknown>[] {
   // postgres.js returns the rows themselves, PGlite an object holding them.
@@ -90,7 +91,7 @@ export class WebhookDispatcher {
     this.#pollMs = options.pollMs ?? 1_000
     this.#leaseSeconds = options.leaseSeconds ?? 30
     this.#fanOutBatch = options.fanOutBatch ?? 500
-    this.#maxInFlight = options.maxInFlight ?? 256
+    this.#maxInFlight = options.maxInFlight ?? 32
     this.#minGapMs = options.minGapMs ?? 20
     this.#retentionDays = options.retentionDays ?? 7
   }
@@ -253,6 +254,8 @@ export class WebhookDispatcher {
   #flush(): void {
     if (this.#flushing || this.#results.length === 0) return
     this.#flushing = (async () => {
+      // Results arrive one by one: a short wait turns them into one statement per batch.
+      if (!this.#stopped) await Bun.sleep(FLUSH_DELAY_MS)
       let failures = 0
       while (this.#results.length > 0) {
         const batch = this.#results.splice(0, 500)

@@ -7,7 +7,10 @@ export interface DeliveryPoolOptions {
   /** Worker threads; each sends many requests concurrently, so two cover a 2-core machine. */
   size?: number
   allowPrivate: boolean
-  /** PEM file of extra trusted CAs (NODE_EXTRA_CA_CERTS). */
+  /**
+   * PEM file of a CA to trust on top of what the process trusts: for a process that did not start
+   * with NODE_EXTRA_CA_CERTS set (in-process tests). Costs a TLS context per request.
+   */
   extraCaFile: string | null
   timeoutMs?: number
 }
@@ -15,6 +18,8 @@ export interface DeliveryPoolOptions {
 interface Slot {
   worker: Worker
   pending: Map<number, (result: DeliveryResult) => void>
+  /** Jobs queued in this tick, posted as one message. */
+  outbox: WorkerSend[]
 }
 
 /**
@@ -43,8 +48,14 @@ export class DeliveryPool {
     const id = ++this.#seq
     return new Promise((resolve) => {
       slot.pending.set(id, resolve)
-      const msg: WorkerSend = { type: 'send', id, ...job }
-      slot.worker.postMessage(msg)
+      // A message per delivery costs more than the request itself: batch a tick's jobs into one string.
+      if (slot.outbox.push({ type: 'send', id, ...job }) === 1) {
+        queueMicrotask(() => {
+          const batch = slot.outbox
+          slot.outbox = []
+          slot.worker.postMessage(JSON.stringify(batch))
+        })
+      }
     })
   }
 
@@ -76,12 +87,13 @@ export class DeliveryPool {
 
   #spawn(index: number): Slot {
     const worker = new Worker(new URL('./worker.ts', import.meta.url).href)
-    const slot: Slot = { worker, pending: new Map() }
-    worker.onmessage = (event: MessageEvent<WorkerReply>) => {
-      const { id, ...result } = event.data
-      const resolve = slot.pending.get(id)
-      slot.pending.delete(id)
-      resolve?.(result)
+    const slot: Slot = { worker, pending: new Map(), outbox: [] }
+    worker.onmessage = (event: MessageEvent<string>) => {
+      for (const { id, ...result } of JSON.parse(event.data) as WorkerReply[]) {
+        const resolve = slot.pending.get(id)
+        slot.pending.delete(id)
+        resolve?.(result)
+      }
     }
     worker.onerror = (event) => {
       log.error('webhook delivery worker failed; replacing it', { message: event.message })
@@ -97,6 +109,7 @@ export class DeliveryPool {
   }
 
   #fail(slot: Slot): void {
+    slot.outbox = []
     for (const resolve of slot.pending.values()) resolve({ status: 0, reason: 'worker' })
     slot.pending.clear()
   }

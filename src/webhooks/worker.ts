@@ -34,14 +34,25 @@ async function deliver(job: WorkerSend): Promise<DeliveryResult> {
   }
 }
 
-self.onmessage = (event: MessageEvent<WorkerInit | WorkerSend>) => {
+// Replies finished in the same tick travel back as one message, like the jobs came in.
+let replies: WorkerReply[] = []
+function reply(r: WorkerReply): void {
+  if (replies.push(r) === 1) {
+    queueMicrotask(() => {
+      const batch = replies
+      replies = []
+      self.postMessage(JSON.stringify(batch))
+    })
+  }
+}
+
+self.onmessage = (event: MessageEvent<WorkerInit | string>) => {
   const msg = event.data
-  if (msg.type === 'init') {
+  if (typeof msg !== 'string') {
     settings = msg
     return
   }
-  void deliver(msg).then((result) => {
-    const reply: WorkerReply = { id: msg.id, ...result }
-    self.postMessage(reply)
-  })
+  for (const job of JSON.parse(msg) as WorkerSend[]) {
+    void deliver(job).then((result) => reply({ id: job.id, ...result }))
+  }
 }
