@@ -5,7 +5,8 @@
  * Settings (environment): BENCH_PG_ADMIN_URL (default postgres://postgres@127.0.0.1:5432/postgres; a
  * database ls_bench_<pid> is created there and dropped at the end), BENCH_REDIS_URL (default
  * redis://127.0.0.1:6379/14; flushed before and after), BENCH_DURATION seconds per scenario (10),
- * BENCH_LICENSES (1000).
+ * BENCH_LICENSES (1000), BENCH_PROFILE_DIR (when set, the server under test writes a CPU profile in
+ * markdown there when it stops).
  */
 import { mkdtempSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
@@ -32,8 +33,8 @@ interface Server {
   stop(): Promise<void>
 }
 
-async function spawnServer(entry: string, env: Record<string, string>): Promise<Server> {
-  const proc = Bun.spawn([process.execPath, entry], {
+async function spawnServer(entry: string, env: Record<string, string>, flags: string[] = []): Promise<Server> {
+  const proc = Bun.spawn([process.execPath, ...flags, entry], {
     env: { ...process.env, HOST: '127.0.0.1', PORT: '0', LOG_LEVEL: 'info', ...env },
     stdout: 'ignore',
     stderr: 'pipe',
@@ -132,7 +133,12 @@ async function main() {
 
     const baseline = await spawnServer(join(import.meta.dir, 'baseline.ts'), {})
     servers.push(baseline)
-    const limited = await spawnServer(join(root, 'src', 'index.ts'), env)
+    const profile = process.env.BENCH_PROFILE_DIR
+    const limited = await spawnServer(
+      join(root, 'src', 'index.ts'),
+      env,
+      profile ? ['--cpu-prof-md', `--cpu-prof-dir=${profile}`] : [],
+    )
     servers.push(limited)
     const unlimited = await spawnServer(join(root, 'src', 'index.ts'), { ...env, PUBLIC_RATE_LIMITS: 'false' })
     servers.push(unlimited)

@@ -83,23 +83,18 @@ export class MemoryStore implements Store {
       if (count > a.ceiling.limit) return { kind: 'quota' }
     }
     if (a.buckets.length > 0) {
-      const tokens = a.buckets.map((b) => {
-        const state = this.get(b.key, now) as { tokens: number; ts: number } | undefined
-        const rate = b.refillPerSecond / 1000
-        const t = state ? state.tokens : b.capacity
-        const ts = state ? state.ts : now
-        return Math.min(b.capacity, t + Math.max(0, now - ts) * rate)
-      })
+      // GCRA, as in the script: a bucket is its theoretical arrival time.
+      const tats = a.buckets.map((b) => Math.max((this.get(b.key, now) as number | undefined) ?? now, now) + 1000 / b.refillPerSecond)
       let short = 0
       a.buckets.forEach((b, i) => {
-        const t = tokens[i] ?? 0
-        if (t < 1) short = Math.max(short, Math.ceil((1 - t) / (b.refillPerSecond / 1000)))
-      })
-      a.buckets.forEach((b, i) => {
-        const t = (tokens[i] ?? 0) - (short === 0 ? 1 : 0)
-        this.set(b.key, { tokens: t, ts: now }, Math.ceil(b.capacity / (b.refillPerSecond / 1000)) + 1000, now)
+        const over = (tats[i] ?? now) - now - b.capacity * (1000 / b.refillPerSecond)
+        if (over > 1e-6) short = Math.max(short, Math.ceil(over))
       })
       if (short > 0) return { kind: 'limited', retryAfterMs: short }
+      a.buckets.forEach((b, i) => {
+        const tat = tats[i] ?? now
+        this.set(b.key, tat, Math.ceil(tat - now) + 1000, now)
+      })
     }
     if (a.nonce) {
       if (this.get(a.nonce.key, now) !== undefined) return { kind: 'replay' }

@@ -32,42 +32,51 @@ return #KEYS
 
 // One public request's checks (AuthorizeInput in store.ts documents the order); memory.ts mirrors it.
 // The input arrives as one JSON argument: its shape varies per request and cjson is cheap next to a
-// network round trip.
+// network round trip. Every read happens in one MGET and a bucket is one number (GCRA: its theoretical
+// arrival time, a token bucket in other words), because each redis.call costs the server about 2 µs.
 const AUTHORIZE = `
 local a = cjson.decode(ARGV[1])
 local now = a.now
+local ne, nb = #a.ep, #a.bk
+local ks = {}
+for i = 1, ne do ks[#ks + 1] = a.ep[i][1] end
+if a.ch then ks[#ks + 1] = a.ch.bal end
+for i = 1, nb do ks[#ks + 1] = a.bk[i][1] end
+local v = {}
+if #ks > 0 then v = redis.call('MGET', unpack(ks)) end
 local stale = false
 local cur = {}
-for i, e in ipairs(a.ep) do
-  cur[i] = tonumber(redis.call('GET', e[1]) or '0')
-  if cur[i] ~= e[2] then stale = true end
+for i = 1, ne do
+  cur[i] = tonumber(v[i]) or 0
+  if cur[i] ~= a.ep[i][2] then stale = true end
 end
 if stale then return { 'stale', unpack(cur) } end
-if a.ch and redis.call('EXISTS', a.ch.bal) == 0 then return { 'no_balance' } end
+local off = ne
+local bal
+if a.ch then
+  off = off + 1
+  bal = tonumber(v[off])
+  if not bal then return { 'no_balance' } end
+end
 if a.ceil then
   local n = redis.call('INCR', a.ceil[1])
   if n == 1 then redis.call('EXPIRE', a.ceil[1], a.ceil[3]) end
   if n > a.ceil[2] then return { 'quota' } end
 end
-if #a.bk > 0 then
-  local tokens = {}
+if nb > 0 then
+  local tats = {}
   local short = 0
-  for i, b in ipairs(a.bk) do
-    local rate = b[3] / 1000
-    local s = redis.call('HMGET', b[1], 't', 'ts')
-    local t = tonumber(s[1]) or b[2]
-    local ts = tonumber(s[2]) or now
-    t = math.min(b[2], t + math.max(0, now - ts) * rate)
-    tokens[i] = t
-    if t < 1 then short = math.max(short, math.ceil((1 - t) / rate)) end
-  end
-  for i, b in ipairs(a.bk) do
-    local t = tokens[i]
-    if short == 0 then t = t - 1 end
-    redis.call('HSET', b[1], 't', string.format('%.17g', t), 'ts', now)
-    redis.call('PEXPIRE', b[1], math.ceil(b[2] / (b[3] / 1000)) + 1000)
+  for i = 1, nb do
+    local b = a.bk[i]
+    local t = 1000 / b[3]
+    tats[i] = math.max(tonumber(v[off + i]) or now, now) + t
+    local over = tats[i] - now - b[2] * t
+    if over > 1e-6 then short = math.max(short, math.ceil(over)) end
   end
   if short > 0 then return { 'limited', short } end
+  for i = 1, nb do
+    redis.call('SET', a.bk[i][1], string.format('%.17g', tats[i]), 'PX', math.ceil(tats[i] - now) + 1000)
+  end
 end
 if a.nonce then
   if not redis.call('SET', a.nonce[1], '1', 'NX', 'EX', a.nonce[2]) then return { 'replay' } end
@@ -80,14 +89,12 @@ if a.ch.ctr then
   if n % a.ch.every ~= 0 then cost = 0 end
 end
 if cost > 0 then
-  local bal = tonumber(redis.call('GET', a.ch.bal))
   if bal < cost then
     if a.ch.ctr then redis.call('DECR', a.ch.ctr) end
     return { 'no_credits' }
   end
   redis.call('DECRBY', a.ch.bal, cost)
-  redis.call('INCRBY', a.ch.pend, cost)
-  redis.call('SADD', a.ch.dirty, a.ch.acct)
+  if redis.call('INCRBY', a.ch.pend, cost) == cost then redis.call('SADD', a.ch.dirty, a.ch.acct) end
 end
 return { 'ok', cost }
 `
