@@ -5,7 +5,13 @@
 import { existsSync } from 'node:fs'
 import { buildDeps } from './boot'
 import { ConfigError, loadConfig } from './config'
-import { OperatorError, type OperatorCommand, parseCommand, runCommand, USAGE } from './core/operator'
+import {
+  OperatorError,
+  type OperatorCommand,
+  parseCommand,
+  runCommand,
+  USAGE,
+} from './core/operator'
 import { type OperatorReply, operatorSocketPath, usesOperatorSocket } from './http/operator-socket'
 import { errorFields, setLogLevel } from './log'
 
@@ -52,7 +58,9 @@ async function main(argv: string[]): Promise<number> {
     setLogLevel('error')
     const command = parseCommand(argv)
     const result =
-      (usesOperatorSocket(config) ? await viaServer(operatorSocketPath(config.dataDir), argv) : null) ?? (await direct(config, command))
+      (usesOperatorSocket(config)
+        ? await viaServer(operatorSocketPath(config.dataDir), argv)
+        : null) ?? (await direct(config, command))
     process.stdout.write(`${JSON.stringify(result)}\n`)
     return 0
   } catch (err) {

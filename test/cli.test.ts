@@ -89,7 +89,10 @@ describe('operator CLI: bad input', () => {
     [['account', 'create', '--name'], /--name needs a value/],
     [['account', 'create', '--name', ''], /--name must be 1 to 128 characters/],
     [['account', 'create', '--name', 'x'.repeat(129)], /--name must be 1 to 128 characters/],
-    [['account', 'create', '--name', 'a', '--credits', '-1'], /--credits must be a whole number of at least 0/],
+    [
+      ['account', 'create', '--name', 'a', '--credits', '-1'],
+      /--credits must be a whole number of at least 0/,
+    ],
     [['account', 'create', '--name', 'a', '--credits', '1.5'], /--credits must be a whole number/],
     [['account', 'create', '--name', 'a', '--name', 'b'], /--name is given twice/],
     [['account', 'credits', '--account', SOME_UUID], /--add is required/],
@@ -97,7 +100,10 @@ describe('operator CLI: bad input', () => {
     [['apikey', 'create'], /--account is required/],
     [['apikey', 'revoke', '--key', 'not-a-key'], /--key must be an API key/],
     [['app', 'create', '--account', SOME_UUID, '--name', 'x', '--bogus'], /unknown flag --bogus/],
-    [['app', 'create', '--account', SOME_UUID, '--name', 'x', '--sandbox=yes'], /--sandbox takes no value/],
+    [
+      ['app', 'create', '--account', SOME_UUID, '--name', 'x', '--sandbox=yes'],
+      /--sandbox takes no value/,
+    ],
     [['app', 'create', '--account', SOME_UUID, 'stray'], /unexpected argument "stray"/],
   ] as const)('%j exits non-zero with one stderr line', async (args, mentions) => {
     expectBadInput(await cli(tempDir(), [...args]), mentions)
@@ -121,32 +127,45 @@ describe('operator CLI: commands', () => {
   const dataDir = tempDir()
 
   test('account create on a fresh database, then account credits from another process', async () => {
-    const created = expectOk(await cli(dataDir, ['account', 'create', '--name', 'CLI Corp', '--credits', '7']))
+    const created = expectOk(
+      await cli(dataDir, ['account', 'create', '--name', 'CLI Corp', '--credits', '7']),
+    )
     expect(Object.keys(created).sort()).toEqual(['accountId', 'apiKey'])
     expect(created.accountId).toMatch(UUID)
     expect(created.apiKey).toMatch(/^svc_live_[A-Za-z0-9_-]{16,}$/)
 
-    const credited = expectOk(await cli(dataDir, ['account', 'credits', '--account', created.accountId, '--add', '5']))
+    const credited = expectOk(
+      await cli(dataDir, ['account', 'credits', '--account', created.accountId, '--add', '5']),
+    )
     expect(credited).toEqual({ accountId: created.accountId, credits: 12 })
   })
 
   test('apikey create, app create --sandbox and apikey revoke', async () => {
     const { accountId } = expectOk(await cli(dataDir, ['account', 'create', '--name', 'Keys Ltd']))
-    const { apiKey, ...rest } = expectOk(await cli(dataDir, ['apikey', 'create', '--account', accountId]))
+    const { apiKey, ...rest } = expectOk(
+      await cli(dataDir, ['apikey', 'create', '--account', accountId]),
+    )
     expect(rest).toEqual({})
     expect(apiKey).toMatch(/^svc_live_/)
 
-    const app = expectOk(await cli(dataDir, ['app', 'create', '--account', accountId, '--name', 'Demo', '--sandbox']))
+    const app = expectOk(
+      await cli(dataDir, ['app', 'create', '--account', accountId, '--name', 'Demo', '--sandbox']),
+    )
     expect(Object.keys(app).sort()).toEqual(['appId', 'appSecret', 'keyId', 'publicKey'])
     expect(app.appId).toMatch(UUID)
     expect(Buffer.from(app.publicKey, 'base64')).toHaveLength(32)
 
-    expect(expectOk(await cli(dataDir, ['apikey', 'revoke', '--key', apiKey]))).toEqual({ ok: true })
+    expect(expectOk(await cli(dataDir, ['apikey', 'revoke', '--key', apiKey]))).toEqual({
+      ok: true,
+    })
   })
 
   test('an absent account and an unknown key are bad input', async () => {
     expectBadInput(await cli(dataDir, ['apikey', 'create', '--account', SOME_UUID]), /No account/)
-    expectBadInput(await cli(dataDir, ['apikey', 'revoke', '--key', `svc_live_${'x'.repeat(32)}`]), /no live API key/)
+    expectBadInput(
+      await cli(dataDir, ['apikey', 'revoke', '--key', `svc_live_${'x'.repeat(32)}`]),
+      /no live API key/,
+    )
   })
 })
 
@@ -163,8 +182,12 @@ describe('operator CLI beside a running server', () => {
       expect(existsSync(socket)).toBe(MODE === 'embedded')
       if (MODE === 'embedded') expect(statSync(socket).mode & 0o777).toBe(0o600)
 
-      const { accountId, apiKey } = expectOk(await cli(dataDir, ['account', 'create', '--name', 'During']))
-      const { appId } = expectOk(await cli(dataDir, ['app', 'create', '--account', accountId, '--name', 'A']))
+      const { accountId, apiKey } = expectOk(
+        await cli(dataDir, ['account', 'create', '--name', 'During']),
+      )
+      const { appId } = expectOk(
+        await cli(dataDir, ['app', 'create', '--account', accountId, '--name', 'A']),
+      )
       const list = await fetch(`${server.url}/v1/licenses?appId=${appId}`, {
         headers: { authorization: `Bearer ${apiKey}` },
       })
@@ -172,11 +195,15 @@ describe('operator CLI beside a running server', () => {
       expect(await list.json()).toEqual({ licenses: [], cursor: null })
       // The account made before the server started is there too.
       const epoch = keys.accountEpoch(first.accountId)
-      const [epochBefore = 0] = MODE === 'postgres' ? await (await sharedStore()).epochs([epoch]) : [0]
-      const before = expectOk(await cli(dataDir, ['account', 'credits', '--account', first.accountId, '--add', '3']))
+      const [epochBefore = 0] =
+        MODE === 'postgres' ? await (await sharedStore()).epochs([epoch]) : [0]
+      const before = expectOk(
+        await cli(dataDir, ['account', 'credits', '--account', first.accountId, '--add', '3']),
+      )
       expect(before).toEqual({ accountId: first.accountId, credits: 3 })
       // With Redis, adding credits bumps the account's epoch there, so every instance drops its cached balance.
-      if (MODE === 'postgres') expect(await (await sharedStore()).epochs([epoch])).toEqual([epochBefore + 1])
+      if (MODE === 'postgres')
+        expect(await (await sharedStore()).epochs([epoch])).toEqual([epochBefore + 1])
       expectBadInput(await cli(dataDir, ['apikey', 'create', '--account', SOME_UUID]), /No account/)
 
       expectOk(await cli(dataDir, ['apikey', 'revoke', '--key', apiKey]))

@@ -57,7 +57,12 @@ describe('each setting is parsed', () => {
     ['DATA_DIR', '/var/lib/ls', 'dataDir', '/var/lib/ls'],
     ['REDIS_URL', 'redis://cache:6379/3', 'redisUrl', 'redis://cache:6379/3'],
     ['REDIS_URL', 'rediss://cache:6380', 'redisUrl', 'rediss://cache:6380'],
-    ['TRUSTED_PROXIES', '10.0.0.0/8, 192.168.1.1,::1', 'trustedProxies', ['10.0.0.0/8', '192.168.1.1', '::1'].map(parseCidr)],
+    [
+      'TRUSTED_PROXIES',
+      '10.0.0.0/8, 192.168.1.1,::1',
+      'trustedProxies',
+      ['10.0.0.0/8', '192.168.1.1', '::1'].map(parseCidr),
+    ],
     ['WEBHOOK_ALLOW_PRIVATE_TARGETS', 'true', 'webhookAllowPrivateTargets', true],
     ['WEBHOOK_ALLOW_PRIVATE_TARGETS', 'FALSE', 'webhookAllowPrivateTargets', false],
     ['NODE_EXTRA_CA_CERTS', '/etc/ssl/extra.pem', 'webhookExtraCaFile', '/etc/ssl/extra.pem'],

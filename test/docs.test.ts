@@ -25,31 +25,44 @@ describe('OpenAPI document', () => {
     expect(doc.info.title).toBe('License service API')
     expect(typeof doc.info.version).toBe('string')
     expect(doc.servers).toEqual([{ url: '/', description: 'This server' }])
-    expect(doc.components.securitySchemes.bearerAuth).toMatchObject({ type: 'http', scheme: 'bearer' })
+    expect(doc.components.securitySchemes.bearerAuth).toMatchObject({
+      type: 'http',
+      scheme: 'bearer',
+    })
 
     const api = app.routes.filter((r) => /^\/(v1|auth)\//.test(r.path))
     for (const route of api) {
       const op = doc.paths[toOpenApiPath(route.path)]?.[route.method.toLowerCase()]
       expect(op, `${route.method} ${route.path} is missing from the document`).toBeDefined()
-      expect(Object.keys(op.responses).length, `${route.method} ${route.path} has no responses`).toBeGreaterThan(0)
+      expect(
+        Object.keys(op.responses).length,
+        `${route.method} ${route.path} has no responses`,
+      ).toBeGreaterThan(0)
       // Every path parameter is declared, as OpenAPI requires.
       for (const name of route.path.match(/:([A-Za-z0-9_]+)/g) ?? []) {
         expect(
-          op.parameters?.some((p: { in: string; name: string }) => p.in === 'path' && p.name === name.slice(1)),
+          op.parameters?.some(
+            (p: { in: string; name: string }) => p.in === 'path' && p.name === name.slice(1),
+          ),
           `${route.path} does not declare ${name}`,
         ).toBe(true)
       }
       if (route.path.startsWith('/v1/')) {
-        expect(op.security, `${route.method} ${route.path} is not marked as needing the bearer key`).toEqual([
-          { bearerAuth: [] },
-        ])
+        expect(
+          op.security,
+          `${route.method} ${route.path} is not marked as needing the bearer key`,
+        ).toEqual([{ bearerAuth: [] }])
       }
     }
-    for (const path of ['/healthz', '/readyz', '/metrics']) expect(doc.paths[path]?.get).toBeDefined()
+    for (const path of ['/healthz', '/readyz', '/metrics'])
+      expect(doc.paths[path]?.get).toBeDefined()
     expect(Object.keys(doc.paths).filter((p) => p.startsWith('/docs'))).toEqual([])
 
     for (const ref of refs(doc)) {
-      const target = ref.replace(/^#\//, '').split('/').reduce((node: any, key) => node?.[key], doc)
+      const target = ref
+        .replace(/^#\//, '')
+        .split('/')
+        .reduce((node: any, key) => node?.[key], doc)
       expect(target, `dangling ${ref}`).toBeDefined()
     }
   })
@@ -78,7 +91,12 @@ describe('Swagger UI', () => {
 
   test('only the listed swagger-ui files are served', async () => {
     const { req } = await makeTestApp()
-    for (const name of ['package.json', '..%2Fpackage.json', 'index.html', 'oauth2-redirect.html']) {
+    for (const name of [
+      'package.json',
+      '..%2Fpackage.json',
+      'index.html',
+      'oauth2-redirect.html',
+    ]) {
       expect((await req('GET', `/docs/assets/${name}`)).status, name).toBe(404)
     }
   })
@@ -88,10 +106,13 @@ test('every tag a route uses is described in the document', async () => {
   const { req } = await makeTestApp()
   const doc = (await req('GET', '/docs/json')).body
   const described = new Set(doc.tags.map((t: { name: string }) => t.name))
-  for (const [path, ops] of Object.entries(doc.paths as Record<string, Record<string, { tags?: string[] }>>)) {
+  for (const [path, ops] of Object.entries(
+    doc.paths as Record<string, Record<string, { tags?: string[] }>>,
+  )) {
     for (const [method, op] of Object.entries(ops)) {
       expect(op.tags?.length, `${method} ${path} has no tag`).toBeGreaterThan(0)
-      for (const tag of op.tags ?? []) expect(described.has(tag), `${method} ${path}: tag "${tag}"`).toBe(true)
+      for (const tag of op.tags ?? [])
+        expect(described.has(tag), `${method} ${path}: tag "${tag}"`).toBe(true)
     }
   }
 })

@@ -60,7 +60,11 @@ describe('/metrics', () => {
 
   test('counts requests by method, route pattern and status, in Prometheus text', async () => {
     const { app, req, seed } = await makeTestApp()
-    app.use(new Elysia().get('/v1/things/:thingId', ({ params }) => ({ id: params.thingId }), { detail: { hide: true } }))
+    app.use(
+      new Elysia().get('/v1/things/:thingId', ({ params }) => ({ id: params.thingId }), {
+        detail: { hide: true },
+      }),
+    )
     await req('GET', '/healthz')
     await req('GET', '/healthz')
     await req('GET', '/v1/things/a1')
@@ -78,14 +82,22 @@ describe('/metrics', () => {
     })
     expect(text).toContain('# TYPE http_requests_total counter')
     expect(text).toContain('# TYPE http_request_duration_seconds histogram')
-    expect(metricLine(text, 'http_requests_total', 'method="GET",route="/healthz",status="200"')).toEndWith(' 2')
+    expect(
+      metricLine(text, 'http_requests_total', 'method="GET",route="/healthz",status="200"'),
+    ).toEndWith(' 2')
     // The pattern, never the raw path: both thing requests land in one series.
-    expect(metricLine(text, 'http_requests_total', 'method="GET",route="/v1/things/:thingId",status="200"')).toEndWith(
-      ' 2',
-    )
+    expect(
+      metricLine(
+        text,
+        'http_requests_total',
+        'method="GET",route="/v1/things/:thingId",status="200"',
+      ),
+    ).toEndWith(' 2')
     expect(text).not.toContain('/v1/things/a1')
     expect(text).not.toContain('/scanner/')
-    expect(metricLine(text, 'http_requests_total', 'method="GET",route="unmatched",status="404"')).toEndWith(' 2')
+    expect(
+      metricLine(text, 'http_requests_total', 'method="GET",route="unmatched",status="404"'),
+    ).toEndWith(' 2')
     const inf = metricLine(
       text,
       'http_request_duration_seconds_bucket',
@@ -93,7 +105,11 @@ describe('/metrics', () => {
     )
     expect(inf).toEndWith(' 2')
     expect(
-      metricLine(text, 'http_request_duration_seconds_count', 'method="GET",route="/v1/things/:thingId",status="200"'),
+      metricLine(
+        text,
+        'http_request_duration_seconds_count',
+        'method="GET",route="/v1/things/:thingId",status="200"',
+      ),
     ).toEndWith(' 2')
   })
 
@@ -103,18 +119,31 @@ describe('/metrics', () => {
     const { ApiError } = await import('../src/errors')
     app.use(
       new Elysia()
-        .post('/v1/echo', ({ body }) => body, { body: t.Object({ n: t.Number() }), detail: { hide: true } })
-        .get('/v1/gone', () => {
-          throw new ApiError('forbidden', 403, 'no')
-        }, { detail: { hide: true } }),
+        .post('/v1/echo', ({ body }) => body, {
+          body: t.Object({ n: t.Number() }),
+          detail: { hide: true },
+        })
+        .get(
+          '/v1/gone',
+          () => {
+            throw new ApiError('forbidden', 403, 'no')
+          },
+          { detail: { hide: true } },
+        ),
     )
     expect((await req('POST', '/v1/echo', { body: { n: 'x' } })).status).toBe(400)
     expect((await req('GET', '/v1/gone')).status).toBe(403)
     const text = await until(async () => {
       const body = (await req('GET', '/metrics')).body as string
-      return body.includes('route="/v1/gone"') && body.includes('route="/v1/echo"') ? body : undefined
+      return body.includes('route="/v1/gone"') && body.includes('route="/v1/echo"')
+        ? body
+        : undefined
     })
-    expect(metricLine(text, 'http_requests_total', 'method="POST",route="/v1/echo",status="400"')).toEndWith(' 1')
-    expect(metricLine(text, 'http_requests_total', 'method="GET",route="/v1/gone",status="403"')).toEndWith(' 1')
+    expect(
+      metricLine(text, 'http_requests_total', 'method="POST",route="/v1/echo",status="400"'),
+    ).toEndWith(' 1')
+    expect(
+      metricLine(text, 'http_requests_total', 'method="GET",route="/v1/gone",status="403"'),
+    ).toEndWith(' 1')
   })
 })

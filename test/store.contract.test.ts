@@ -36,29 +36,57 @@ describe.each(backends)('$name', ({ store }) => {
     test('a fresh bucket holds its capacity and a take leaves capacity - cost', async () => {
       const key = fresh('take')
       expect(await store().take(key, 5, 1, T0)).toEqual({ ok: true, remaining: 4, retryAfterMs: 0 })
-      expect(await store().take(key, 5, 1, T0, 3)).toEqual({ ok: true, remaining: 1, retryAfterMs: 0 })
+      expect(await store().take(key, 5, 1, T0, 3)).toEqual({
+        ok: true,
+        remaining: 1,
+        retryAfterMs: 0,
+      })
     })
 
     test('an empty bucket refuses, says when a token is back, and a refused take costs nothing', async () => {
       const key = fresh('take')
       for (let i = 0; i < 3; i++) expect((await store().take(key, 3, 50, T0)).ok).toBe(true)
       // 50 per second: one token every 20 ms.
-      expect(await store().take(key, 3, 50, T0)).toEqual({ ok: false, remaining: 0, retryAfterMs: 20 })
-      expect(await store().take(key, 3, 50, T0 + 10)).toEqual({ ok: false, remaining: 0, retryAfterMs: 10 })
-      expect(await store().take(key, 3, 50, T0 + 20)).toEqual({ ok: true, remaining: 0, retryAfterMs: 0 })
+      expect(await store().take(key, 3, 50, T0)).toEqual({
+        ok: false,
+        remaining: 0,
+        retryAfterMs: 20,
+      })
+      expect(await store().take(key, 3, 50, T0 + 10)).toEqual({
+        ok: false,
+        remaining: 0,
+        retryAfterMs: 10,
+      })
+      expect(await store().take(key, 3, 50, T0 + 20)).toEqual({
+        ok: true,
+        remaining: 0,
+        retryAfterMs: 0,
+      })
     })
 
     test('a cost above the tokens on hand waits for all of it', async () => {
       const key = fresh('take')
       expect((await store().take(key, 4, 2, T0, 4)).ok).toBe(true)
-      expect(await store().take(key, 4, 2, T0 + 500, 2)).toEqual({ ok: false, remaining: 1, retryAfterMs: 500 })
-      expect(await store().take(key, 4, 2, T0 + 1000, 2)).toEqual({ ok: true, remaining: 0, retryAfterMs: 0 })
+      expect(await store().take(key, 4, 2, T0 + 500, 2)).toEqual({
+        ok: false,
+        remaining: 1,
+        retryAfterMs: 500,
+      })
+      expect(await store().take(key, 4, 2, T0 + 1000, 2)).toEqual({
+        ok: true,
+        remaining: 0,
+        retryAfterMs: 0,
+      })
     })
 
     test('refill never passes capacity, however long the bucket idles', async () => {
       const key = fresh('take')
       await store().take(key, 10, 5, T0)
-      expect(await store().take(key, 10, 5, T0 + 3_600_000)).toEqual({ ok: true, remaining: 9, retryAfterMs: 0 })
+      expect(await store().take(key, 10, 5, T0 + 3_600_000)).toEqual({
+        ok: true,
+        remaining: 9,
+        retryAfterMs: 0,
+      })
     })
 
     test('fractions accumulate: 20 per minute gives one token every 3 seconds', async () => {
@@ -86,7 +114,9 @@ describe.each(backends)('$name', ({ store }) => {
 
     test('concurrent takes never hand out more than the capacity', async () => {
       const key = fresh('take')
-      const results = await Promise.all(Array.from({ length: 50 }, () => store().take(key, 20, 1, T0)))
+      const results = await Promise.all(
+        Array.from({ length: 50 }, () => store().take(key, 20, 1, T0)),
+      )
       expect(results.filter((r) => r.ok)).toHaveLength(20)
     })
   })
@@ -102,7 +132,9 @@ describe.each(backends)('$name', ({ store }) => {
 
     test('of concurrent claims exactly one wins', async () => {
       const key = fresh('nonce')
-      const results = await Promise.all(Array.from({ length: 20 }, () => store().claimOnce(key, 60)))
+      const results = await Promise.all(
+        Array.from({ length: 20 }, () => store().claimOnce(key, 60)),
+      )
       expect(results.filter(Boolean)).toHaveLength(1)
     })
   })

@@ -1,6 +1,13 @@
 import type { Deps } from '../deps'
 import { ApiError } from '../errors'
-import { addCredits, createAccount, createApiKey, createApplication, revokeApiKey, UUID } from './accounts'
+import {
+  addCredits,
+  createAccount,
+  createApiKey,
+  createApplication,
+  revokeApiKey,
+  UUID,
+} from './accounts'
 
 /**
  * The operator commands, parsed and run in one place: the CLI runs them itself or hands the argv to a
@@ -47,7 +54,8 @@ function flags(kind: OperatorCommand['kind'], args: string[]): Map<string, strin
   for (let i = 0; i < args.length; i++) {
     const arg = args[i] ?? ''
     const m = /^--([a-z]+)(?:=(.*))?$/s.exec(arg)
-    if (!m?.[1]) throw new OperatorError(`unexpected argument "${arg}"; usage: ${kind} ${usageOf(kind)}`)
+    if (!m?.[1])
+      throw new OperatorError(`unexpected argument "${arg}"; usage: ${kind} ${usageOf(kind)}`)
     const name = m[1]
     if (out.has(name)) throw new OperatorError(`--${name} is given twice`)
     if (spec.switches.includes(name)) {
@@ -60,11 +68,14 @@ function flags(kind: OperatorCommand['kind'], args: string[]): Map<string, strin
       }
       out.set(name, value)
     } else {
-      throw new OperatorError(`unknown flag --${name} for "${kind}"; usage: ${kind} ${usageOf(kind)}`)
+      throw new OperatorError(
+        `unknown flag --${name} for "${kind}"; usage: ${kind} ${usageOf(kind)}`,
+      )
     }
   }
   for (const [name, required] of Object.entries(spec.values)) {
-    if (required && !out.has(name)) throw new OperatorError(`--${name} is required; usage: ${kind} ${usageOf(kind)}`)
+    if (required && !out.has(name))
+      throw new OperatorError(`--${name} is required; usage: ${kind} ${usageOf(kind)}`)
   }
   return out
 }
@@ -74,7 +85,8 @@ function usageOf(kind: string): string {
 }
 
 function integer(flag: string, text: string, min: number): number {
-  if (!/^-?\d+$/.test(text.trim())) throw new OperatorError(`--${flag} must be a whole number, got "${text}"`)
+  if (!/^-?\d+$/.test(text.trim()))
+    throw new OperatorError(`--${flag} must be a whole number, got "${text}"`)
   const n = Number(text.trim())
   if (!Number.isSafeInteger(n) || n < min) {
     throw new OperatorError(`--${flag} must be a whole number of at least ${min}, got "${text}"`)
@@ -84,12 +96,14 @@ function integer(flag: string, text: string, min: number): number {
 
 function name(text: string): string {
   const trimmed = text.trim()
-  if (trimmed.length < 1 || trimmed.length > 128) throw new OperatorError('--name must be 1 to 128 characters')
+  if (trimmed.length < 1 || trimmed.length > 128)
+    throw new OperatorError('--name must be 1 to 128 characters')
   return trimmed
 }
 
 function accountId(text: string): string {
-  if (!UUID.test(text)) throw new OperatorError(`--account must be an account id (a UUID), got "${text}"`)
+  if (!UUID.test(text))
+    throw new OperatorError(`--account must be an account id (a UUID), got "${text}"`)
   return text.toLowerCase()
 }
 
@@ -98,7 +112,8 @@ export function parseCommand(argv: readonly string[]): OperatorCommand {
   const [noun, verb, ...rest] = argv
   const kind = `${noun ?? ''} ${verb ?? ''}`
   if (!(kind in SPECS)) {
-    const given = argv.length === 0 ? 'no command given' : `unknown command "${argv.slice(0, 2).join(' ')}"`
+    const given =
+      argv.length === 0 ? 'no command given' : `unknown command "${argv.slice(0, 2).join(' ')}"`
     throw new OperatorError(`${given}; commands: ${USAGE.join(' | ')}`)
   }
   const k = kind as OperatorCommand['kind']
@@ -106,24 +121,41 @@ export function parseCommand(argv: readonly string[]): OperatorCommand {
   const get = (flag: string) => f.get(flag) as string
   switch (k) {
     case 'account create':
-      return { kind: k, name: name(get('name')), credits: f.has('credits') ? integer('credits', get('credits'), 0) : 0 }
+      return {
+        kind: k,
+        name: name(get('name')),
+        credits: f.has('credits') ? integer('credits', get('credits'), 0) : 0,
+      }
     case 'account credits':
       // A negative amount takes credits away (never below zero): how an operator corrects a mistake.
-      return { kind: k, accountId: accountId(get('account')), add: integer('add', get('add'), Number.MIN_SAFE_INTEGER) }
+      return {
+        kind: k,
+        accountId: accountId(get('account')),
+        add: integer('add', get('add'), Number.MIN_SAFE_INTEGER),
+      }
     case 'apikey create':
       return { kind: k, accountId: accountId(get('account')) }
     case 'apikey revoke': {
       const key = get('key').trim()
-      if (!API_KEY.test(key)) throw new OperatorError('--key must be an API key shaped svc_live_<opaque>')
+      if (!API_KEY.test(key))
+        throw new OperatorError('--key must be an API key shaped svc_live_<opaque>')
       return { kind: k, key }
     }
     case 'app create':
-      return { kind: k, accountId: accountId(get('account')), name: name(get('name')), sandbox: f.has('sandbox') }
+      return {
+        kind: k,
+        accountId: accountId(get('account')),
+        name: name(get('name')),
+        sandbox: f.has('sandbox'),
+      }
   }
 }
 
 /** Runs one command; storage answers like "no such account" come back as OperatorError. */
-export async function runCommand(deps: Deps, command: OperatorCommand): Promise<Record<string, unknown>> {
+export async function runCommand(
+  deps: Deps,
+  command: OperatorCommand,
+): Promise<Record<string, unknown>> {
   try {
     switch (command.kind) {
       case 'account create':
@@ -133,11 +165,17 @@ export async function runCommand(deps: Deps, command: OperatorCommand): Promise<
       case 'apikey create':
         return { apiKey: await createApiKey(deps, command.accountId) }
       case 'apikey revoke':
-        if (!(await revokeApiKey(deps, command.key))) throw new OperatorError('no live API key matches --key')
+        if (!(await revokeApiKey(deps, command.key)))
+          throw new OperatorError('no live API key matches --key')
         return { ok: true }
       case 'app create': {
         const app = await createApplication(deps, command.accountId, command.name, command.sandbox)
-        return { appId: app.appId, appSecret: app.appSecret, publicKey: app.publicKey, keyId: app.keyId }
+        return {
+          appId: app.appId,
+          appSecret: app.appSecret,
+          publicKey: app.publicKey,
+          keyId: app.keyId,
+        }
       }
     }
   } catch (err) {

@@ -25,7 +25,8 @@ export async function accountForKeyHash(deps: Deps, keyHash: string): Promise<st
   return row?.accountId ?? null
 }
 
-const invalidKey = () => new ApiError('invalid_api_key', 401, 'Missing, malformed or revoked API key')
+const invalidKey = () =>
+  new ApiError('invalid_api_key', 401, 'Missing, malformed or revoked API key')
 
 /**
  * `{ apiKey: true }` on a route resolves `accountId` from the bearer key, or answers 401. The rate

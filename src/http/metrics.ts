@@ -7,7 +7,9 @@ import { Elysia, StatusMap } from 'elysia'
  */
 
 /** Upper bounds in seconds; the low end resolves the sub-millisecond requests this server mostly serves. */
-export const DURATION_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10] as const
+export const DURATION_BUCKETS = [
+  0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+] as const
 
 interface Series {
   method: string
@@ -26,7 +28,14 @@ export class HttpMetrics {
     const id = `${method} ${status} ${route}`
     let s = this.#series.get(id)
     if (!s) {
-      s = { method, route, status, count: 0, sum: 0, buckets: new Array(DURATION_BUCKETS.length).fill(0) }
+      s = {
+        method,
+        route,
+        status,
+        count: 0,
+        sum: 0,
+        buckets: new Array(DURATION_BUCKETS.length).fill(0),
+      }
       this.#series.set(id, s)
     }
     s.count++
@@ -42,7 +51,8 @@ export class HttpMetrics {
   /** Prometheus text exposition format 0.0.4. */
   render(): string {
     const series = [...this.#series.values()].sort(
-      (a, b) => a.route.localeCompare(b.route) || a.method.localeCompare(b.method) || a.status - b.status,
+      (a, b) =>
+        a.route.localeCompare(b.route) || a.method.localeCompare(b.method) || a.status - b.status,
     )
     const out: string[] = [
       '# HELP http_requests_total HTTP requests served, by method, route pattern and status.',

@@ -24,7 +24,8 @@ export interface OperatorReply {
 
 async function handle(deps: Deps, request: Request): Promise<Response> {
   const url = new URL(request.url)
-  if (request.method !== 'POST' || url.pathname !== '/run') return Response.json({ error: 'not found' }, { status: 404 })
+  if (request.method !== 'POST' || url.pathname !== '/run')
+    return Response.json({ error: 'not found' }, { status: 404 })
   let argv: unknown
   try {
     argv = ((await request.json()) as { argv?: unknown }).argv
@@ -41,11 +42,15 @@ async function handle(deps: Deps, request: Request): Promise<Response> {
     const result = await runCommand(deps, command)
     return Response.json({ result } satisfies OperatorReply)
   } catch (err) {
-    if (err instanceof OperatorError) return Response.json({ error: err.message } satisfies OperatorReply, { status: 400 })
+    if (err instanceof OperatorError)
+      return Response.json({ error: err.message } satisfies OperatorReply, { status: 400 })
     log.error('operator command failed', errorFields(err))
-    return Response.json({ error: 'the server failed to run the command; see its log' } satisfies OperatorReply, {
-      status: 500,
-    })
+    return Response.json(
+      { error: 'the server failed to run the command; see its log' } satisfies OperatorReply,
+      {
+        status: 500,
+      },
+    )
   }
 }
 

@@ -18,13 +18,21 @@ let warnedAt = 0
 export async function takeApiToken(deps: Deps, keyHash: string): Promise<Record<string, string>> {
   let result
   try {
-    result = await deps.store.take(keys.bucket('api', keyHash), API_BURST, API_REFILL_PER_SECOND, deps.clock())
+    result = await deps.store.take(
+      keys.bucket('api', keyHash),
+      API_BURST,
+      API_REFILL_PER_SECOND,
+      deps.clock(),
+    )
   } catch (err) {
     // A limiter outage must not take the API down with it: let the request through and say so.
     const now = Date.now()
     if (now - warnedAt > 60_000) {
       warnedAt = now
-      log.warn('rate-limit store unreachable: Developer API requests are not limited', errorFields(err))
+      log.warn(
+        'rate-limit store unreachable: Developer API requests are not limited',
+        errorFields(err),
+      )
     }
     return {}
   }
@@ -39,10 +47,15 @@ export async function takeApiToken(deps: Deps, keyHash: string): Promise<Record<
     ),
   }
   if (!result.ok) {
-    throw new ApiError('rate_limited', 429, 'Too many requests for this API key; retry after the Retry-After header', {
-      ...headers,
-      'Retry-After': String(Math.max(1, Math.ceil(result.retryAfterMs / 1000))),
-    })
+    throw new ApiError(
+      'rate_limited',
+      429,
+      'Too many requests for this API key; retry after the Retry-After header',
+      {
+        ...headers,
+        'Retry-After': String(Math.max(1, Math.ceil(result.retryAfterMs / 1000))),
+      },
+    )
   }
   return headers
 }

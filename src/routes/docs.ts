@@ -63,15 +63,26 @@ export const docsRoutes = (_deps: Deps) =>
           info: { title: 'License service API', version: pkg.version, description: DESCRIPTION },
           servers: [{ url: '/', description: 'This server' }],
           tags: [
-            { name: 'Licenses', description: 'Issue, list, revoke, re-activate, extend, reset and delete license keys.' },
+            {
+              name: 'Licenses',
+              description:
+                'Issue, list, revoke, re-activate, extend, reset and delete license keys.',
+            },
             { name: 'Account', description: 'The account the API key belongs to and its credits.' },
-            { name: 'Apps', description: 'Applications and their Ed25519 signing keys (rotation).' },
-            { name: 'Variables', description: 'App and license variable maps, delivered in the signed payload.' },
+            {
+              name: 'Apps',
+              description: 'Applications and their Ed25519 signing keys (rotation).',
+            },
+            {
+              name: 'Variables',
+              description: 'App and license variable maps, delivered in the signed payload.',
+            },
             { name: 'Security', description: 'Per-app HWID and IP blacklists and whitelists.' },
             { name: 'Webhooks', description: 'Signed HTTPS deliveries of license events.' },
             {
               name: 'Client authentication',
-              description: 'Public endpoints the client SDKs call: validate, heartbeat, selfban. No bearer key.',
+              description:
+                'Public endpoints the client SDKs call: validate, heartbeat, selfban. No bearer key.',
             },
             { name: 'Operations', description: 'Health, readiness and Prometheus metrics.' },
           ],
@@ -89,13 +100,18 @@ export const docsRoutes = (_deps: Deps) =>
       }),
     )
     // Registered after the plugin on purpose: this page replaces the plugin's, which loads its script from a CDN.
-    .get('/docs', () => new Response(PAGE, { headers: { 'content-type': 'text/html; charset=utf-8' } }), {
-      detail: { hide: true },
-    })
+    .get(
+      '/docs',
+      () => new Response(PAGE, { headers: { 'content-type': 'text/html; charset=utf-8' } }),
+      {
+        detail: { hide: true },
+      },
+    )
     .get(
       '/docs/assets/:file',
       ({ params, status }) => {
-        if (!ASSETS.has(params.file)) return status(404, { error: 'not_found', message: 'No such asset' })
+        if (!ASSETS.has(params.file))
+          return status(404, { error: 'not_found', message: 'No such asset' })
         return new Response(Bun.file(join(SWAGGER_UI_DIR, params.file)), {
           headers: { 'cache-control': 'public, max-age=86400' },
         })

@@ -38,7 +38,10 @@ export const opsRoutes = (deps: Deps, metrics: HttpMetrics) =>
     .get(
       '/readyz',
       async ({ set }) => {
-        const [database, store] = await Promise.all([probe(() => deps.database.ping()), probe(() => deps.store.ping())])
+        const [database, store] = await Promise.all([
+          probe(() => deps.database.ping()),
+          probe(() => deps.store.ping()),
+        ])
         const ready = database === 'ok' && store === 'ok'
         if (!ready) set.status = 503
         return { status: ready ? ('ok' as const) : ('unavailable' as const), database, store }
@@ -48,7 +51,8 @@ export const opsRoutes = (deps: Deps, metrics: HttpMetrics) =>
         detail: {
           tags: ['Operations'],
           summary: 'Readiness',
-          description: 'Pings the database and the store (Redis or in-process); 503 names the one that failed.',
+          description:
+            'Pings the database and the store (Redis or in-process); 503 names the one that failed.',
         },
       },
     )
