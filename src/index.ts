@@ -19,7 +19,11 @@ async function main(): Promise<void> {
     throw err
   }
   setLogLevel(config.logLevel)
-  const deps = await buildDeps(config)
+  const depsReady = buildDeps(config)
+  // Listening before the database is open: a CLI started meanwhile waits for this server instead of
+  // opening the embedded database a second time.
+  const operatorSocket = usesOperatorSocket(config) ? startOperatorSocket(config.dataDir, depsReady) : null
+  const deps = await depsReady
   const app = createApp(deps)
   // Delivers events committed before a restart as well as new ones; one claim per delivery across instances.
   const dispatcher = startDispatcher(deps)
@@ -37,7 +41,6 @@ async function main(): Promise<void> {
     maxRequestBodySize: 2 * 1024 * 1024,
   })
   const server = app.server
-  const operatorSocket = usesOperatorSocket(config) ? startOperatorSocket(deps) : null
   log.info('listening', {
     url: `${tls ? 'https' : 'http'}://${config.host}:${server?.port}`,
     database: deps.database.kind,

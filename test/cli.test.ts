@@ -222,6 +222,35 @@ describe('operator CLI beside a running server', () => {
     expect(existsSync(socket)).toBe(false)
   })
 
+  test('a command sent while the server is still opening its database waits for that server', async () => {
+    const dataDir = tempDir()
+    const proc = Bun.spawn([process.execPath, 'src/index.ts'], {
+      cwd: ROOT,
+      env: { ...process.env, ...settings(dataDir), HOST: '127.0.0.1', PORT: '0' },
+      stdout: 'ignore',
+      stderr: 'pipe',
+    })
+    const log = new Response(proc.stderr).text()
+    try {
+      const socket = join(dataDir, 'operator.sock')
+      // The socket appears at once; a fresh embedded database then takes seconds to create and migrate.
+      if (MODE === 'embedded') while (!existsSync(socket)) await Bun.sleep(10)
+      const created = expectOk(await cli(dataDir, ['account', 'create', '--name', 'Early']))
+      expect(created.accountId).toMatch(UUID)
+    } finally {
+      proc.kill('SIGTERM')
+      await proc.exited
+    }
+    const lines = (await log).split('\n')
+    const ran = lines.findIndex((l) => l.includes('"operator command"'))
+    const listening = lines.findIndex((l) => l.includes('"listening"'))
+    if (MODE === 'embedded') {
+      // The server took the command before it was up, rather than the CLI opening the database too.
+      expect(ran).toBeGreaterThanOrEqual(0)
+      expect(ran < listening || listening < 0).toBe(true)
+    } else expect(ran).toBe(-1)
+  })
+
   test('a stale socket file left by a dead server does not stop the CLI', async () => {
     const dataDir = tempDir()
     writeFileSync(join(dataDir, 'operator.sock'), '')

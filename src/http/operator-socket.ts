@@ -1,4 +1,4 @@
-import { chmodSync, rmSync } from 'node:fs'
+import { chmodSync, mkdirSync, rmSync } from 'node:fs'
 import { join } from 'node:path'
 import type { Config } from '../config'
 import { OperatorError, parseCommand, runCommand } from '../core/operator'
@@ -22,7 +22,7 @@ export interface OperatorReply {
   error?: string
 }
 
-async function handle(deps: Deps, request: Request): Promise<Response> {
+async function handle(depsReady: Promise<Deps>, request: Request): Promise<Response> {
   const url = new URL(request.url)
   if (request.method !== 'POST' || url.pathname !== '/run')
     return Response.json({ error: 'not found' }, { status: 404 })
@@ -39,7 +39,7 @@ async function handle(deps: Deps, request: Request): Promise<Response> {
     const command = parseCommand(argv)
     // The command's name only: its flags carry names and keys that have no place in a log.
     log.info('operator command', { command: command.kind })
-    const result = await runCommand(deps, command)
+    const result = await runCommand(await depsReady, command)
     return Response.json({ result } satisfies OperatorReply)
   } catch (err) {
     if (err instanceof OperatorError)
@@ -58,16 +58,18 @@ async function handle(deps: Deps, request: Request): Promise<Response> {
  * Serves operator commands on DATA_DIR/operator.sock (mode 0600: only the server's own user may
  * provision) with the server's own deps. An embedded database admits one process, and in-process
  * caches learn of changes only from inside: so the CLI goes through here while the server runs.
+ * Commands that arrive while `depsReady` is pending (migrations at start) wait for it.
  */
-export function startOperatorSocket(deps: Deps): { stop(): void } {
-  const path = operatorSocketPath(deps.config.dataDir)
+export function startOperatorSocket(dataDir: string, depsReady: Promise<Deps>): { stop(): void } {
+  const path = operatorSocketPath(dataDir)
+  mkdirSync(dataDir, { recursive: true })
   // A file left by a server that died cannot be listened on; nothing else may own this path.
   rmSync(path, { force: true })
   // The umask makes the socket 0600 from its first instant; the chmod states it for the record.
   const previous = process.umask(0o177)
   let server: ReturnType<typeof Bun.serve>
   try {
-    server = Bun.serve({ unix: path, fetch: (request) => handle(deps, request) })
+    server = Bun.serve({ unix: path, fetch: (request) => handle(depsReady, request) })
   } finally {
     process.umask(previous)
   }
