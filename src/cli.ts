@@ -46,6 +46,7 @@ async function direct(config: ReturnType<typeof loadConfig>, command: OperatorCo
   try {
     return await runCommand(deps, command)
   } finally {
+    await deps.webhookPool.close()
     await deps.store.close()
     await deps.database.close()
   }
