@@ -4,8 +4,8 @@
  *
  * Settings (environment): BENCH_PG_ADMIN_URL (default postgres://postgres@127.0.0.1:5432/postgres; a
  * database ls_bench_<pid> is created there and dropped at the end), BENCH_REDIS_URL (default
- * redis://127.0.0.1:6379/14; flushed before and after), BENCH_DURATION seconds per scenario (10),
- * BENCH_LICENSES (1000), BENCH_PROFILE_DIR (when set, the server under test writes a CPU profile in
+ * redis://127.0.0.1:6379/14; flushed before and after), BENCH_DURATION seconds per scenario and round (5),
+ * BENCH_LICENSES (1000), BENCH_ROUNDS (3), BENCH_PROFILE_DIR (when set, the server under test writes a CPU profile in
  * markdown there when it stops).
  */
 import { mkdtempSync, writeFileSync } from 'node:fs'
@@ -22,8 +22,9 @@ import { setLogLevel } from '../src/log'
 
 const ADMIN_URL = process.env.BENCH_PG_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
 const REDIS_URL = process.env.BENCH_REDIS_URL ?? 'redis://127.0.0.1:6379/14'
-const DURATION = Number(process.env.BENCH_DURATION ?? 10)
+const DURATION = Number(process.env.BENCH_DURATION ?? 5)
 const LICENSES = Number(process.env.BENCH_LICENSES ?? 1000)
+const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3)
 const MASTER_KEY = Buffer.alloc(32, 42).toString('hex')
 const root = join(import.meta.dir, '..')
 const work = mkdtempSync(join(tmpdir(), 'ls-bench-'))
@@ -151,27 +152,36 @@ async function main() {
     const run = (name: string, url: string, mode: string, c: number) => {
       const r = wrk(name, url, mode, c, DURATION)
       results.push(r)
-      console.log(`  ${name.padEnd(28)} c=${String(c).padStart(2)}  ${r.rps.toFixed(0).padStart(7)} req/s  p50 ${r.p50.toFixed(2)} ms  p99 ${r.p99.toFixed(2)} ms${r.errors ? `  non-2xx ${r.errors}` : ''}`)
+      console.log(`  ${name.padEnd(24)} c=${String(c).padStart(2)}  ${r.rps.toFixed(0).padStart(7)} req/s  p50 ${r.p50.toFixed(2)} ms  p99 ${r.p99.toFixed(2)} ms${r.errors ? `  non-2xx ${r.errors}` : ''}`)
       return r
     }
-    console.log('measuring…')
-    const base64 = run('baseline (bare Elysia)', baseline.url, 'baseline', 64)
-    const val64 = run('validate', limited.url, 'validate', 64)
-    const hb64 = run('heartbeat', limited.url, 'heartbeat', 64)
-    const valNoLimits = run('validate, limits off', unlimited.url, 'validate', 64)
-    const val64b = run('validate (again)', limited.url, 'validate', 64)
+    // The machine is shared and noisy: interleave the scenarios over several rounds and keep each
+    // one's best round, so a burst of outside load hits one sample instead of one scenario.
+    const best = (list: Result[]) => list.reduce((a, b) => (b.rps > a.rps ? b : a))
+    const samples: Record<string, Result[]> = { base: [], val: [], hb: [], off: [] }
+    for (let round = 1; round <= ROUNDS; round++) {
+      console.log(`round ${round}/${ROUNDS}`)
+      samples.base!.push(run('baseline (bare Elysia)', baseline.url, 'baseline', 64))
+      samples.val!.push(run('validate', limited.url, 'validate', 64))
+      samples.hb!.push(run('heartbeat', limited.url, 'heartbeat', 64))
+      samples.off!.push(run('validate, limits off', unlimited.url, 'validate', 64))
+    }
+    console.log('single connection')
     const base1 = run('baseline (bare Elysia)', baseline.url, 'baseline', 1)
     const val1 = run('validate', limited.url, 'validate', 1)
     const hb1 = run('heartbeat', limited.url, 'heartbeat', 1)
+    const [base64, val64, hb64, off64] = [best(samples.base!), best(samples.val!), best(samples.hb!), best(samples.off!)]
 
-    const validateRps = Math.max(val64.rps, val64b.rps)
     const check = (ok: boolean) => (ok ? 'ok  ' : 'MISS')
-    console.log('\nsummary (targets from the brief)')
-    console.log(`  ${check(val64.rps / base64.rps >= 0.25)} validate  c=64: ${(val64.rps / base64.rps).toFixed(2)} of baseline (>= 0.25), p99 ${val64.p99.toFixed(2)} ms (< 25)`)
-    console.log(`  ${check(hb64.rps / base64.rps >= 0.25)} heartbeat c=64: ${(hb64.rps / base64.rps).toFixed(2)} of baseline (>= 0.25), p99 ${hb64.p99.toFixed(2)} ms (< 25)`)
+    console.log(`\nsummary: best of ${ROUNDS} rounds at 64 connections (targets from the brief)`)
+    console.log(`  baseline ${base64.rps.toFixed(0)} req/s, validate ${val64.rps.toFixed(0)}, heartbeat ${hb64.rps.toFixed(0)}, validate with limits off ${off64.rps.toFixed(0)}`)
+    console.log(`  ${check(val64.rps / base64.rps >= 0.25)} validate  c=64: ${(val64.rps / base64.rps).toFixed(2)} of baseline (>= 0.25)`)
+    console.log(`  ${check(val64.p99 < 25)} validate  c=64: p99 ${val64.p99.toFixed(2)} ms (< 25), p50 ${val64.p50.toFixed(2)} ms`)
+    console.log(`  ${check(hb64.rps / base64.rps >= 0.25)} heartbeat c=64: ${(hb64.rps / base64.rps).toFixed(2)} of baseline (>= 0.25)`)
+    console.log(`  ${check(hb64.p99 < 25)} heartbeat c=64: p99 ${hb64.p99.toFixed(2)} ms (< 25), p50 ${hb64.p50.toFixed(2)} ms`)
     console.log(`  ${check(val1.p50 < 1)} validate  c=1: p50 ${val1.p50.toFixed(3)} ms (< 1); baseline p50 ${base1.p50.toFixed(3)} ms`)
     console.log(`  ${check(hb1.p50 < 1)} heartbeat c=1: p50 ${hb1.p50.toFixed(3)} ms (< 1)`)
-    console.log(`  ${check(validateRps >= 0.9 * valNoLimits.rps)} validate with limits ${validateRps.toFixed(0)} req/s = ${(validateRps / valNoLimits.rps).toFixed(2)} of limits off ${valNoLimits.rps.toFixed(0)} (>= 0.90)`)
+    console.log(`  ${check(val64.rps >= 0.9 * off64.rps)} validate with limits = ${(val64.rps / off64.rps).toFixed(2)} of limits off (>= 0.90)`)
     const errors = results.reduce((n, r) => n + (r.name.startsWith('baseline') ? 0 : r.errors), 0)
     console.log(`  ${check(errors === 0)} non-2xx responses on the auth routes: ${errors}`)
   } finally {

@@ -56,6 +56,20 @@ interface Claimed {
 const CLEANUP_EVERY_MS = 10 * 60_000
 const FLUSH_DELAY_MS = 10
 
+// Values are cast to text/float8 in SQL so both drivers hand back the same JavaScript types.
+function toClaimed(r: Record<string, unknown>): Claimed {
+  return {
+    eventId: Number(r.event_id),
+    webhookId: String(r.webhook_id),
+    event: String(r.event),
+    data: JSON.parse(String(r.data)) as Record<string, unknown>,
+    occurredAt: new Date(Math.round(Number(r.occurred_ms))),
+    url: String(r.url),
+    secretEnc: String(r.secret_enc),
+    enabled: r.enabled === true || r.enabled === 't',
+  }
+}
+
 function rowsOf(result: unknown): Record<string, unknown>[] {
   // postgres.js returns the rows themselves, PGlite an object holding them.
   return (Array.isArray(result) ? result : (result as { rows?: unknown[] }).rows ?? []) as Record<string, unknown>[]
@@ -78,6 +92,8 @@ export class WebhookDispatcher {
   #pumping: Promise<void> | null = null
   #again = false
   #backlog = false
+  /** Whether the claim statement should run: set by the poll and by fan-outs that left deliveries unclaimed. */
+  #claimDue = true
   #lastPass = 0
   #delayed: ReturnType<typeof setTimeout> | null = null
   #inFlight = 0
@@ -100,7 +116,10 @@ export class WebhookDispatcher {
     if (!this.#stopped) return this
     this.#stopped = false
     this.#unsubscribe = this.#deps.bus.subscribe(() => this.kick())
-    this.#poll = setInterval(() => this.kick(), this.#pollMs)
+    this.#poll = setInterval(() => {
+      this.#claimDue = true
+      this.kick()
+    }, this.#pollMs)
     this.#cleanup = setInterval(() => void this.#purge(), CLEANUP_EVERY_MS)
     this.#poll.unref?.()
     this.#cleanup.unref?.()
@@ -151,45 +170,79 @@ export class WebhookDispatcher {
     })
   }
 
-  /** One pass: fan out new events, then claim what this instance can send now. */
+  /**
+   * One pass. New events are fanned out with the deliveries this instance can send right away
+   * already claimed, in one statement (the common case: one statement per pass). Deliveries left
+   * unclaimed (more than the free worker slots), expired leases and other instances' leftovers are
+   * claimed by a second statement when the poll asks for it or the previous pass left some.
+   */
   async #pump(): Promise<void> {
     this.#again = false
     try {
-      const fanned = await this.#fanOut()
-      const room = this.#maxInFlight - this.#inFlight
-      const claimed = room > 0 ? await this.#claim(room) : []
-      for (const c of claimed) this.#send(c)
-      // A full batch means more is due: another pass as soon as the gap (and a worker slot) allows.
-      this.#backlog = fanned >= this.#fanOutBatch || claimed.length >= room
+      let room = this.#maxInFlight - this.#inFlight
+      const fanned = await this.#fanOut(room)
+      for (const c of fanned.claimed) this.#send(c)
+      room -= fanned.claimed.length
+      if (fanned.unclaimed) this.#claimDue = true
+      let claimedMore = 0
+      if (this.#claimDue && room > 0) {
+        const claimed = await this.#claim(room)
+        for (const c of claimed) this.#send(c)
+        claimedMore = claimed.length
+        // A full batch means more is waiting; otherwise the table is drained until the next poll.
+        this.#claimDue = claimedMore >= room
+      }
+      this.#backlog = fanned.events >= this.#fanOutBatch || this.#claimDue
     } catch (err) {
       this.#backlog = false
       log.error('webhook dispatch failed; retrying on the next poll', errorFields(err))
     }
   }
 
-  async #fanOut(): Promise<number> {
+  async #fanOut(room: number): Promise<{ events: number; unclaimed: boolean; claimed: Claimed[] }> {
     const result = await this.#db.execute(sql`
       WITH picked AS (
-        SELECT id, app_id, event FROM events
+        SELECT id, app_id, event, data, occurred_at FROM events
         WHERE dispatched_at IS NULL
         ORDER BY id
         LIMIT ${this.#fanOutBatch}
         FOR UPDATE SKIP LOCKED
-      ), owed AS (
-        INSERT INTO webhook_deliveries (event_id, webhook_id)
-        SELECT p.id, w.id FROM picked p
-        JOIN webhooks w ON w.app_id = p.app_id AND w.enabled AND p.event = ANY(w.events)
-        ON CONFLICT DO NOTHING
       ), marked AS (
-        UPDATE events SET dispatched_at = now() FROM picked WHERE events.id = picked.id RETURNING 1
+        UPDATE events SET dispatched_at = now() FROM picked WHERE events.id = picked.id
+      ), pairs AS (
+        SELECT p.id AS event_id, w.id AS webhook_id, row_number() OVER (ORDER BY p.id, w.id) AS n
+        FROM picked p
+        JOIN webhooks w ON w.app_id = p.app_id AND w.enabled AND p.event = ANY(w.events)
+      ), owed AS (
+        INSERT INTO webhook_deliveries (event_id, webhook_id, claimed_at)
+        SELECT event_id, webhook_id, CASE WHEN n <= ${room} THEN now() END FROM pairs
+        ON CONFLICT DO NOTHING
+        RETURNING event_id, webhook_id, claimed_at
+      ), counts AS (
+        SELECT (SELECT count(*) FROM picked)::int AS events,
+               (SELECT count(*) FROM owed WHERE claimed_at IS NULL)::int AS unclaimed
       )
-      SELECT count(*)::int AS n FROM marked`)
-    return Number(rowsOf(result)[0]?.n ?? 0)
+      SELECT counts.events, counts.unclaimed, c.*
+      FROM counts LEFT JOIN (
+        SELECT o.event_id::float8 AS event_id, o.webhook_id, p.event, p.data::text AS data,
+               (extract(epoch FROM p.occurred_at) * 1000)::float8 AS occurred_ms,
+               w.url, w.secret_enc, w.enabled
+        FROM owed o
+        JOIN picked p ON p.id = o.event_id
+        JOIN webhooks w ON w.id = o.webhook_id
+        WHERE o.claimed_at IS NOT NULL
+      ) c ON true
+      ORDER BY c.event_id`)
+    const rows = rowsOf(result)
+    return {
+      events: Number(rows[0]?.events ?? 0),
+      unclaimed: Number(rows[0]?.unclaimed ?? 0) > 0,
+      claimed: rows.filter((r) => r.event_id !== null && r.event_id !== undefined).map(toClaimed),
+    }
   }
 
   /** Claims due deliveries and reads what sending them needs, in one statement. */
   async #claim(limit: number): Promise<Claimed[]> {
-    // Values are cast to text/float8 so both drivers hand back the same JavaScript types.
     const result = await this.#db.execute(sql`
       WITH due AS (
         SELECT event_id, webhook_id FROM webhook_deliveries
@@ -210,16 +263,7 @@ export class WebhookDispatcher {
       JOIN events e ON e.id = c.event_id
       JOIN webhooks w ON w.id = c.webhook_id
       ORDER BY c.event_id`)
-    return rowsOf(result).map((r) => ({
-      eventId: Number(r.event_id),
-      webhookId: String(r.webhook_id),
-      event: String(r.event),
-      data: JSON.parse(String(r.data)) as Record<string, unknown>,
-      occurredAt: new Date(Math.round(Number(r.occurred_ms))),
-      url: String(r.url),
-      secretEnc: String(r.secret_enc),
-      enabled: r.enabled === true || r.enabled === 't',
-    }))
+    return rowsOf(result).map(toClaimed)
   }
 
   #send(c: Claimed): void {
