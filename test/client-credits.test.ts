@@ -115,4 +115,17 @@ describe('credits on the client endpoints', async () => {
     expect(await reconciled(s.accountId)).toBe(6)
     expect(await live(s)).toBe(6)
   })
+
+  test('charges of a deleted account are dropped without holding up the others', async () => {
+    const gone = await t.seed({ credits: 10 })
+    const kept = await t.seed({ credits: 10 })
+    for (const s of [gone, kept]) {
+      const key = await insertLicense(t.deps, s.appId, { unlimitedHwidSlots: true })
+      expect((await validate(s, key)).status).toBe(200)
+    }
+    await t.deps.database.db.delete(accounts).where(eq(accounts.id, gone.accountId))
+    await flushCredits(t.deps)
+    expect(await reconciled(kept.accountId)).toBe(9)
+    expect(await t.deps.store.dirtyAccounts()).not.toContain(gone.accountId)
+  })
 })

@@ -9,6 +9,7 @@ import { AuthCache, type CachedApp, type CachedLicense, StoreUnavailable } from 
 import { loadLiveBalance, startCreditReconciler } from './credits-ledger'
 import { signText } from './crypto'
 import { type DomainEvent, recordEvents } from './events'
+import { SeatBinder } from './seat-binder'
 import { clampTtl, issueSession, MAX_SESSION_TTL, readSession, type Session } from './session'
 
 /** The spec's sandbox limits (per minute) and the contract's heartbeat pricing. */
@@ -23,13 +24,14 @@ const MAX_ATTEMPTS = 5
 interface Runtime {
   cache: AuthCache
   events: EventBatch
+  binder: SeatBinder
 }
 const runtimes = new WeakMap<Deps, Runtime>()
 
 function runtime(deps: Deps): Runtime {
   let rt = runtimes.get(deps)
   if (!rt) {
-    rt = { cache: new AuthCache(deps), events: new EventBatch(deps) }
+    rt = { cache: new AuthCache(deps), events: new EventBatch(deps), binder: new SeatBinder(deps) }
     runtimes.set(deps, rt)
   }
   return rt
@@ -290,53 +292,20 @@ export async function validate(deps: Deps, input: ValidateInput, ip: string): Pr
   return signedResponse(app, license, hwid, session, input.nonce, nowMs)
 }
 
-/**
- * Binds a new HWID: ordered per app by the mailbox, and atomic in SQL (one conditional UPDATE), so
- * concurrent validates on any number of instances never bind more seats than the license has.
- */
+/** Binds a new HWID through the app's seat binder, then reports the license as it now stands. */
 async function bindHwid(deps: Deps, app: CachedApp, licenseKey: string, hwid: string): Promise<CachedLicense> {
-  const { cache } = runtime(deps)
-  return deps.mailbox.run(app.id, async () => {
-    const now = new Date(deps.clock())
-    const bound = await deps.database.db.transaction(async (tx) => {
-      const [row] = await tx
-        .update(licenses)
-        .set({ hwids: sql`array_append(${licenses.hwids}, ${hwid}::text)` })
-        .where(
-          and(
-            eq(licenses.key, licenseKey),
-            eq(licenses.appId, app.id),
-            eq(licenses.status, 'active'),
-            sql`(${licenses.expiresAt} IS NULL OR ${licenses.expiresAt} > ${now.toISOString()}::timestamptz)`,
-            sql`NOT (${hwid}::text = ANY(${licenses.hwids}))`,
-            sql`cardinality(${licenses.hwids}) < ${licenses.maxHwidSlots}`,
-          ),
-        )
-        .returning({ key: licenses.key })
-      if (!row) return false
-      await recordEvents(tx, [
-        { event: 'license.hwid_bound', data: { licenseKey, appId: app.id, hwid }, occurredAt: now },
-      ])
-      return true
-    })
-    if (bound) {
-      deps.bus.notify()
-      await deps.store.bump([keys.licenseEpoch(licenseKey)]).catch((err: unknown) => {
-        // Other instances then still see the seat as free; their conditional UPDATE finds it bound.
-        log.warn('could not publish a new HWID binding', errorFields(err))
-      })
-    }
-    // Reloaded under a freshly read epoch, so the next request of this HWID is served from the cache.
-    cache.forgetLicense(licenseKey)
-    await cache.ensure(app.id, licenseKey)
-    const current = cache.cachedLicense(licenseKey)?.value ?? (await cache.loadLicense(licenseKey))
-    if (bound && current) return current
-    const state = current ? licenseState(current, app, now.getTime()) : 'invalid_key'
-    if (state) throw new PublicError(state)
-    // Bound meanwhile by a concurrent validate of the same HWID: that is a pass, not a mismatch.
-    if (current!.hwids.includes(hwid)) return current!
-    throw new PublicError('hwid_mismatch')
-  })
+  const { cache, binder } = runtime(deps)
+  const bound = await binder.bind(app.id, licenseKey, hwid)
+  // Reloaded under a freshly read epoch, so the next request of this HWID is served from the cache.
+  cache.forgetLicense(licenseKey)
+  await cache.ensure(app.id, licenseKey)
+  const current = cache.cachedLicense(licenseKey)?.value ?? (await cache.loadLicense(licenseKey))
+  if (bound && current) return current
+  const state = current ? licenseState(current, app, deps.clock()) : 'invalid_key'
+  if (state) throw new PublicError(state)
+  // Bound meanwhile by a concurrent validate of the same HWID: that is a pass, not a mismatch.
+  if (current!.hwids.includes(hwid)) return current!
+  throw new PublicError('hwid_mismatch')
 }
 
 export interface HeartbeatInput {

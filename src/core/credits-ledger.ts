@@ -38,26 +38,40 @@ export async function currentBalance(deps: Deps, accountId: string): Promise<num
   return row?.credits ?? 0
 }
 
-/** One reconciliation pass over every account with pending charges. */
+/**
+ * One reconciliation pass over every account with pending charges. One account's failure is logged
+ * and retried next pass without holding up the others; charges of a deleted account are dropped.
+ */
 export async function flushCredits(deps: Deps): Promise<void> {
   for (const accountId of await deps.store.dirtyAccounts()) {
-    const flush = await deps.store.beginFlush(accountId, randomUUID())
-    if (flush) {
-      await deps.database.db.transaction(async (tx) => {
-        const inserted = await tx
-          .insert(creditFlushes)
-          .values({ id: flush.id, accountId, amount: flush.amount })
-          .onConflictDoNothing()
-          .returning({ id: creditFlushes.id })
-        if (inserted.length === 0) return
-        await tx
-          .update(accounts)
-          .set({ credits: sql`GREATEST(0, ${accounts.credits} - ${flush.amount})` })
-          .where(eq(accounts.id, accountId))
-      })
+    try {
+      await flushAccount(deps, accountId)
+    } catch (err) {
+      log.warn('credit flush failed for an account; will retry', { accountId, ...errorFields(err) })
     }
-    await deps.store.endFlush(accountId, flush?.id ?? '')
   }
+}
+
+async function flushAccount(deps: Deps, accountId: string): Promise<void> {
+  const flush = await deps.store.beginFlush(accountId, randomUUID())
+  if (flush) {
+    await deps.database.db.transaction(async (tx) => {
+      // The row lock also orders this flush against addCredits on the same account.
+      const [account] = await tx.select({ id: accounts.id }).from(accounts).where(eq(accounts.id, accountId)).for('update')
+      if (!account) return
+      const inserted = await tx
+        .insert(creditFlushes)
+        .values({ id: flush.id, accountId, amount: flush.amount })
+        .onConflictDoNothing()
+        .returning({ id: creditFlushes.id })
+      if (inserted.length === 0) return
+      await tx
+        .update(accounts)
+        .set({ credits: sql`GREATEST(0, ${accounts.credits} - ${flush.amount})` })
+        .where(eq(accounts.id, accountId))
+    })
+  }
+  await deps.store.endFlush(accountId, flush?.id ?? '')
 }
 
 /** Runs flushCredits every `intervalMs` until stopped; stop() runs a last pass. */

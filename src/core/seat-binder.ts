@@ -1,0 +1,85 @@
+import { and, eq, sql } from 'drizzle-orm'
+import { licenses } from '../db/schema'
+import type { Deps } from '../deps'
+import { errorFields, log } from '../log'
+import { keys } from '../store/store'
+import { type DomainEvent, recordEvents } from './events'
+
+interface BindRequest {
+  licenseKey: string
+  hwid: string
+  resolve: (bound: boolean) => void
+  reject: (err: unknown) => void
+}
+
+/**
+ * Binds new HWIDs to license seats. Requests of one app queue up and the app's mailbox writes each
+ * batch in one transaction: one commit for a burst of first logins instead of one per login. Each
+ * seat is still one conditional UPDATE, atomic in SQL, so instances sharing the database never bind
+ * more HWIDs than a license has seats; rows are updated in key order so two instances' batches
+ * cannot deadlock.
+ */
+export class SeatBinder {
+  readonly #queues = new Map<string, BindRequest[]>()
+
+  constructor(private readonly deps: Deps) {}
+
+  /** True when this call bound the HWID; false when the conditions did not hold (the caller finds out why). */
+  bind(appId: string, licenseKey: string, hwid: string): Promise<boolean> {
+    return new Promise((resolve, reject) => {
+      let queue = this.#queues.get(appId)
+      if (!queue) {
+        queue = []
+        this.#queues.set(appId, queue)
+        void this.deps.mailbox.run(appId, () => this.#flush(appId))
+      }
+      queue.push({ licenseKey, hwid, resolve, reject })
+    })
+  }
+
+  async #flush(appId: string): Promise<void> {
+    const batch = this.#queues.get(appId) ?? []
+    this.#queues.delete(appId)
+    batch.sort((a, b) => (a.licenseKey < b.licenseKey ? -1 : a.licenseKey > b.licenseKey ? 1 : 0))
+    const now = new Date(this.deps.clock())
+    let results: boolean[]
+    try {
+      results = await this.deps.database.db.transaction(async (tx) => {
+        const bound: boolean[] = []
+        const events: DomainEvent[] = []
+        for (const { licenseKey, hwid } of batch) {
+          const rows = await tx
+            .update(licenses)
+            .set({ hwids: sql`array_append(${licenses.hwids}, ${hwid}::text)` })
+            .where(
+              and(
+                eq(licenses.key, licenseKey),
+                eq(licenses.appId, appId),
+                eq(licenses.status, 'active'),
+                sql`(${licenses.expiresAt} IS NULL OR ${licenses.expiresAt} > ${now.toISOString()}::timestamptz)`,
+                sql`NOT (${hwid}::text = ANY(${licenses.hwids}))`,
+                sql`cardinality(${licenses.hwids}) < ${licenses.maxHwidSlots}`,
+              ),
+            )
+            .returning({ key: licenses.key })
+          bound.push(rows.length > 0)
+          if (rows.length > 0) events.push({ event: 'license.hwid_bound', data: { licenseKey, appId, hwid }, occurredAt: now })
+        }
+        await recordEvents(tx, events)
+        return bound
+      })
+    } catch (err) {
+      for (const request of batch) request.reject(err)
+      return
+    }
+    const changed = [...new Set(batch.filter((_, i) => results[i]).map((r) => r.licenseKey))]
+    if (changed.length > 0) {
+      this.deps.bus.notify()
+      await this.deps.store.bump(changed.map(keys.licenseEpoch)).catch((err: unknown) => {
+        // Other instances then still see the seat as free; their conditional UPDATE finds it taken.
+        log.warn('could not publish new HWID bindings', errorFields(err))
+      })
+    }
+    batch.forEach((request, i) => request.resolve(results[i] ?? false))
+  }
+}
