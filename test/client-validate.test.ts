@@ -1,5 +1,6 @@
 import { describe, expect, test } from 'bun:test'
 import { eq } from 'drizzle-orm'
+import { rotateSigningKey } from '../src/core/accounts'
 import { clientAuthLoads } from '../src/core/auth'
 import { licenses } from '../src/db/schema'
 import { makeTestApp } from './helpers'
@@ -120,6 +121,21 @@ describe('POST /auth/validate', async () => {
     expect(results.filter((r) => r.body.error === 'hwid_mismatch')).toHaveLength(17)
     const [row] = await t.deps.database.db.select().from(licenses).where(eq(licenses.key, key))
     expect(row?.hwids).toHaveLength(3)
+  })
+
+  test('after a key rotation the next response is signed by the new active key', async () => {
+    const app = await t.seed()
+    const key = await insertLicense(t.deps, app.appId, { unlimitedHwidSlots: true })
+    const login = () =>
+      t.req('POST', '/auth/validate', {
+        body: { appId: app.appId, appSecret: app.appSecret, licenseKey: key, hwid: hwid(), nonce: nonce() },
+      })
+    expect((await login()).body.keyId).toBe(app.keyId)
+    const rotated = await rotateSigningKey(t.deps, app.appId)
+    const res = await login()
+    expect(res.body.keyId).toBe(rotated.keyId)
+    expect(verifySigned(res.body, rotated.publicKey)).toBe(true)
+    expect(verifySigned(res.body, app.publicKey)).toBe(false)
   })
 
   test('a change published through the store takes effect on the next request', async () => {
