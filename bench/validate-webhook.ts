@@ -100,7 +100,7 @@ async function runWrk(base: string, script: string) {
   return { rps, total, errors, raw: stdout }
 }
 
-/** CPU seconds used so far by the server process (all threads) and by every postgres/redis process. */
+/** CPU seconds used so far by the server process (all threads), its database's backends and Redis. */
 function cpu(serverPid: number) {
   const { readdirSync, readFileSync } = require('node:fs') as typeof import('node:fs')
   const ticks = (pid: string) => {
@@ -116,7 +116,8 @@ function cpu(serverPid: number) {
   let redis = 0
   for (const pid of readdirSync('/proc').filter((d) => /^\d+$/.test(d))) {
     const { comm, t } = ticks(pid)
-    if (comm === 'postgres') pg += t
+    // Only the backends serving this benchmark's database: others may be busy with other work.
+    if (comm === 'postgres' && readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes(dbName)) pg += t
     if (comm.startsWith('redis')) redis += t
   }
   return { server: ticks(String(serverPid)).t, pg, redis }

@@ -27,7 +27,10 @@ import { type Attempt, recordAttempts } from './record'
 export interface DispatcherOptions {
   /** How often to look for work from other instances (and missed wake-ups). */
   pollMs?: number
-  /** A claim older than this is taken over: longer than the 10 s delivery timeout plus recording. */
+  /**
+   * A claim older than this is taken over. It must exceed the longest a claimed delivery can wait:
+   * a full claim queued behind hanging receivers (maxInFlight / worker slots × 10 s) plus recording.
+   */
   leaseSeconds?: number
   /** Events fanned out per statement. */
   fanOutBatch?: number
@@ -54,7 +57,9 @@ interface Claimed {
 }
 
 const CLEANUP_EVERY_MS = 10 * 60_000
-const FLUSH_DELAY_MS = 10
+const FLUSH_DELAY_MS = 50
+/** Gap between passes while a backlog drains (wake-ups from commits use minGapMs). */
+const BACKLOG_GAP_MS = 5
 
 // Values are cast to text/float8 in SQL so both drivers hand back the same JavaScript types.
 function toClaimed(r: Record<string, unknown>): Claimed {
@@ -105,10 +110,10 @@ export class WebhookDispatcher {
     this.#deps = deps
     this.#db = deps.database.db
     this.#pollMs = options.pollMs ?? 1_000
-    this.#leaseSeconds = options.leaseSeconds ?? 30
+    this.#leaseSeconds = options.leaseSeconds ?? 60
     this.#fanOutBatch = options.fanOutBatch ?? 500
-    this.#maxInFlight = options.maxInFlight ?? 32
-    this.#minGapMs = options.minGapMs ?? 20
+    this.#maxInFlight = options.maxInFlight ?? 128
+    this.#minGapMs = options.minGapMs ?? 50
     this.#retentionDays = options.retentionDays ?? 7
   }
 
@@ -154,7 +159,7 @@ export class WebhookDispatcher {
       return
     }
     if (this.#delayed) return
-    const wait = this.#lastPass + this.#minGapMs - performance.now()
+    const wait = this.#lastPass + (this.#backlog ? BACKLOG_GAP_MS : this.#minGapMs) - performance.now()
     if (wait > 0) {
       this.#delayed = setTimeout(() => {
         this.#delayed = null

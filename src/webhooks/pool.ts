@@ -13,6 +13,8 @@ export interface DeliveryPoolOptions {
    */
   extraCaFile: string | null
   timeoutMs?: number
+  /** Requests each worker has open at once. */
+  concurrency?: number
 }
 
 interface Slot {
@@ -38,7 +40,13 @@ export class DeliveryPool {
     this.#slots = new Array(this.#size).fill(undefined)
     // A `ca` list replaces the default roots, so the system roots go in with the extra CA.
     const ca = options.extraCaFile ? [...rootCertificates, readFileSync(options.extraCaFile, 'utf8')] : null
-    this.#init = { type: 'init', allowPrivate: options.allowPrivate, ca, timeoutMs: options.timeoutMs ?? 10_000 }
+    this.#init = {
+      type: 'init',
+      allowPrivate: options.allowPrivate,
+      ca,
+      timeoutMs: options.timeoutMs ?? 10_000,
+      concurrency: options.concurrency ?? 16,
+    }
   }
 
   /** Sends one prepared delivery on the least busy worker; never rejects. */

@@ -6,6 +6,8 @@ export interface WorkerInit {
   /** Trusted CAs for deliveries (the system roots plus NODE_EXTRA_CA_CERTS), or null for the defaults. */
   ca: string[] | null
   timeoutMs: number
+  /** Requests a worker has open at once; more wait in its queue. */
+  concurrency: number
 }
 
 /** One signed POST, fully prepared by the main thread: the worker never sees the webhook secret. */
