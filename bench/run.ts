@@ -8,7 +8,7 @@
  * BENCH_LICENSES (1000), BENCH_ROUNDS (3), BENCH_PROFILE_DIR (when set, the server under test writes a CPU profile in
  * markdown there when it stops).
  */
-import { mkdtempSync, writeFileSync } from 'node:fs'
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import postgres from 'postgres'
@@ -31,6 +31,8 @@ const work = mkdtempSync(join(tmpdir(), 'ls-bench-'))
 
 interface Server {
   url: string
+  /** CPU seconds the server process has used so far (user + system, all threads). */
+  cpu(): number
   stop(): Promise<void>
 }
 
@@ -54,6 +56,10 @@ async function spawnServer(entry: string, env: Record<string, string>, flags: st
     })()
     return {
       url: (JSON.parse(line) as { url: string }).url,
+      cpu: () => {
+        const fields = readFileSync(`/proc/${proc.pid}/stat`, 'utf8').split(') ')[1]?.split(' ') ?? []
+        return (Number(fields[11]) + Number(fields[12])) / 100
+      },
       async stop() {
         proc.kill('SIGTERM')
         await proc.exited
@@ -69,12 +75,16 @@ interface Result {
   p50: number
   p99: number
   errors: number
+  /** Server CPU time per request (µs): robust to outside load, unlike req/s. */
+  cpuUs: number
 }
 
 const toMs = (v: string, unit: string) => Number(v) * ({ us: 0.001, ms: 1, s: 1000 }[unit] ?? Number.NaN)
 
 let runCounter = 0
-function wrk(name: string, url: string, mode: string, connections: number, seconds: number): Result {
+function wrk(name: string, server: Server, mode: string, connections: number, seconds: number): Result {
+  const url = server.url
+  const cpu0 = server.cpu()
   const runId = `${process.pid.toString(16)}r${(runCounter++).toString(16)}x`
   const threads = Math.min(2, connections)
   const out = Bun.spawnSync([
@@ -89,7 +99,9 @@ function wrk(name: string, url: string, mode: string, connections: number, secon
   }
   const rps = Number(/Requests\/sec:\s+([\d.]+)/.exec(text)?.[1] ?? Number.NaN)
   const errors = Number(/Non-2xx or 3xx responses:\s+(\d+)/.exec(text)?.[1] ?? 0)
-  return { name, connections, rps, p50: pct('50'), p99: pct('99'), errors }
+  const total = Number(/(\d+) requests in/.exec(text)?.[1] ?? Number.NaN)
+  const cpuUs = ((server.cpu() - cpu0) * 1e6) / total
+  return { name, connections, rps, p50: pct('50'), p99: pct('99'), errors, cpuUs }
 }
 
 async function main() {
@@ -145,14 +157,14 @@ async function main() {
     servers.push(unlimited)
 
     // Warm-up: JIT, connection pools, and every license into the server caches.
-    for (const [url, mode] of [[baseline.url, 'baseline'], [limited.url, 'validate'], [limited.url, 'heartbeat'], [unlimited.url, 'validate']] as const) {
-      wrk('warm-up', url, mode, 16, 3)
+    for (const [server, mode] of [[baseline, 'baseline'], [limited, 'validate'], [limited, 'heartbeat'], [unlimited, 'validate']] as const) {
+      wrk('warm-up', server, mode, 16, 3)
     }
     const results: Result[] = []
-    const run = (name: string, url: string, mode: string, c: number) => {
-      const r = wrk(name, url, mode, c, DURATION)
+    const run = (name: string, server: Server, mode: string, c: number) => {
+      const r = wrk(name, server, mode, c, DURATION)
       results.push(r)
-      console.log(`  ${name.padEnd(24)} c=${String(c).padStart(2)}  ${r.rps.toFixed(0).padStart(7)} req/s  p50 ${r.p50.toFixed(2)} ms  p99 ${r.p99.toFixed(2)} ms${r.errors ? `  non-2xx ${r.errors}` : ''}`)
+      console.log(`  ${name.padEnd(24)} c=${String(c).padStart(2)}  ${r.rps.toFixed(0).padStart(7)} req/s  p50 ${r.p50.toFixed(2)} ms  p99 ${r.p99.toFixed(2)} ms  server CPU ${r.cpuUs.toFixed(0)} µs/req${r.errors ? `  non-2xx ${r.errors}` : ''}`)
       return r
     }
     // The machine is shared and noisy: interleave the scenarios over several rounds and keep each
@@ -161,20 +173,22 @@ async function main() {
     const samples: Record<string, Result[]> = { base: [], val: [], hb: [], off: [] }
     for (let round = 1; round <= ROUNDS; round++) {
       console.log(`round ${round}/${ROUNDS}`)
-      samples.base!.push(run('baseline (bare Elysia)', baseline.url, 'baseline', 64))
-      samples.val!.push(run('validate', limited.url, 'validate', 64))
-      samples.hb!.push(run('heartbeat', limited.url, 'heartbeat', 64))
-      samples.off!.push(run('validate, limits off', unlimited.url, 'validate', 64))
+      samples.base!.push(run('baseline (bare Elysia)', baseline, 'baseline', 64))
+      samples.val!.push(run('validate', limited, 'validate', 64))
+      samples.hb!.push(run('heartbeat', limited, 'heartbeat', 64))
+      samples.off!.push(run('validate, limits off', unlimited, 'validate', 64))
     }
     console.log('single connection')
-    const base1 = run('baseline (bare Elysia)', baseline.url, 'baseline', 1)
-    const val1 = run('validate', limited.url, 'validate', 1)
-    const hb1 = run('heartbeat', limited.url, 'heartbeat', 1)
+    const base1 = run('baseline (bare Elysia)', baseline, 'baseline', 1)
+    const val1 = run('validate', limited, 'validate', 1)
+    const hb1 = run('heartbeat', limited, 'heartbeat', 1)
     const [base64, val64, hb64, off64] = [best(samples.base!), best(samples.val!), best(samples.hb!), best(samples.off!)]
 
     const check = (ok: boolean) => (ok ? 'ok  ' : 'MISS')
     console.log(`\nsummary: best of ${ROUNDS} rounds at 64 connections (targets from the brief)`)
     console.log(`  baseline ${base64.rps.toFixed(0)} req/s, validate ${val64.rps.toFixed(0)}, heartbeat ${hb64.rps.toFixed(0)}, validate with limits off ${off64.rps.toFixed(0)}`)
+    const minCpu = (list: Result[]) => Math.min(...list.map((r) => r.cpuUs))
+    console.log(`  server CPU per request (least of the rounds): baseline ${minCpu(samples.base!).toFixed(0)} µs, validate ${minCpu(samples.val!).toFixed(0)} µs, heartbeat ${minCpu(samples.hb!).toFixed(0)} µs, validate with limits off ${minCpu(samples.off!).toFixed(0)} µs`)
     console.log(`  ${check(val64.rps / base64.rps >= 0.25)} validate  c=64: ${(val64.rps / base64.rps).toFixed(2)} of baseline (>= 0.25)`)
     console.log(`  ${check(val64.p99 < 25)} validate  c=64: p99 ${val64.p99.toFixed(2)} ms (< 25), p50 ${val64.p50.toFixed(2)} ms`)
     console.log(`  ${check(hb64.rps / base64.rps >= 0.25)} heartbeat c=64: ${(hb64.rps / base64.rps).toFixed(2)} of baseline (>= 0.25)`)
