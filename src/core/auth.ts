@@ -141,6 +141,17 @@ const bucket = (scope: string, appId: string, id: string, perMinute: number) => 
   refillPerSecond: perMinute / 60,
 })
 
+const OUTAGE_WARN_EVERY_MS = 10_000
+const lastOutageWarn = new Map<string, number>()
+
+// During an outage every request would warn; one line per kind every 10 s says the same.
+function warnOutage(message: string, cause: unknown): void {
+  const now = Date.now()
+  if (now - (lastOutageWarn.get(message) ?? 0) < OUTAGE_WARN_EVERY_MS) return
+  lastOutageWarn.set(message, now)
+  log.warn(message, errorFields(cause))
+}
+
 /**
  * Runs one request through cache, evaluation and the store script, reloading and retrying when the
  * script reports a stale cache entry or an unloaded balance. Without a nonce the request fails open
@@ -207,10 +218,10 @@ async function authorize(
   } catch (err) {
     if (!(err instanceof StoreUnavailable)) throw err
     if (needsNonce) {
-      log.warn('store unreachable: refusing a request that needs a nonce claim', errorFields(err.cause))
+      warnOutage('store unreachable: refusing requests that need a nonce claim', err.cause)
       throw new PublicError('system_error')
     }
-    log.warn('store unreachable: serving without limits or charges', errorFields(err.cause))
+    warnOutage('store unreachable: serving requests without limits or charges', err.cause)
     const [app, license] = await Promise.all([
       cache.loadApp(appId),
       licenseKey === null ? null : cache.loadLicense(licenseKey),
@@ -417,7 +428,7 @@ export async function selfban(deps: Deps, input: SelfbanInput, ip: string): Prom
   const session = post ? sessionFor(deps, input.appId, input.sessionToken!, input.hwid) : null
   const licenseKey = post ? (session?.lic ?? null) : input.licenseKey!
   const revoke = input.revokeLicense ?? post
-  const auth = await authorize(deps, input.appId, licenseKey, !post, (app, license) => {
+  const auth = await authorize(deps, input.appId, licenseKey, !post, (app, license, nowMs) => {
     const secretOk = post || (app !== null && secretMatches(input.appSecret!, app.secretHash))
     let outcome: Outcome
     if (!app || !secretOk) outcome = fail('invalid_app')
@@ -431,7 +442,7 @@ export async function selfban(deps: Deps, input: SelfbanInput, ip: string): Prom
     const perLicense = sandbox ? SANDBOX.selfbanLicense : deps.config.selfbanLimitPerLicense
     return {
       outcome,
-      ceiling: app ? ceiling(deps, app, deps.clock()) : null,
+      ceiling: app ? ceiling(deps, app, nowMs) : null,
       buckets: app
         ? [bucket('s:ip', app.id, ip, perIp), ...(licenseKey ? [bucket('s:lic', app.id, licenseKey, perLicense)] : [])]
         : [],
