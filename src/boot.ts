@@ -26,6 +26,7 @@ export async function buildDeps(config: Readonly<Config>): Promise<Deps> {
       // Bun itself trusts NODE_EXTRA_CA_CERTS read at process start; passing it again per request
       // would cost a TLS context (and a connection) per delivery.
       extraCaFile: null,
+      lowPriority: true,
     }),
     clock: Date.now,
   }

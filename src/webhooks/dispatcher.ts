@@ -104,6 +104,8 @@ export class WebhookDispatcher {
   #inFlight = 0
   #idle: (() => void)[] = []
   #results: Attempt[] = []
+  /** Deliveries this instance claimed and has not recorded yet ("eventId webhookId"). */
+  readonly #owned = new Set<string>()
   #flushing: Promise<void> | null = null
 
   constructor(deps: Deps, options: DispatcherOptions = {}) {
@@ -272,6 +274,11 @@ export class WebhookDispatcher {
   }
 
   #send(c: Claimed): void {
+    const key = `${c.eventId} ${c.webhookId}`
+    // Our own claim that expired while queued or unrecorded (a saturated CPU, a database outage):
+    // re-claiming only extended the lease; sending it again would be a duplicate.
+    if (this.#owned.has(key)) return
+    this.#owned.add(key)
     if (!c.enabled) {
       // Disabled after fan-out: close the row without sending, so re-enabling does not replay old events.
       this.#results.push({ eventId: c.eventId, webhookId: c.webhookId, at: new Date(this.#deps.clock()), status: null })
@@ -310,6 +317,7 @@ export class WebhookDispatcher {
         const batch = this.#results.splice(0, 500)
         try {
           await recordAttempts(this.#db, batch)
+          for (const a of batch) this.#owned.delete(`${a.eventId} ${a.webhookId}`)
           failures = 0
         } catch (err) {
           failures++

@@ -15,6 +15,8 @@ export interface DeliveryPoolOptions {
   timeoutMs?: number
   /** Requests each worker has open at once. */
   concurrency?: number
+  /** Lowest CPU priority for the delivery threads, so API requests win a saturated CPU. */
+  lowPriority?: boolean
 }
 
 interface Slot {
@@ -46,6 +48,7 @@ export class DeliveryPool {
       ca,
       timeoutMs: options.timeoutMs ?? 10_000,
       concurrency: options.concurrency ?? 16,
+      lowPriority: options.lowPriority ?? false,
     }
   }
 

@@ -8,6 +8,8 @@ export interface WorkerInit {
   timeoutMs: number
   /** Requests a worker has open at once; more wait in its queue. */
   concurrency: number
+  /** Run delivery threads at the lowest CPU priority (the server; not tests sharing a process). */
+  lowPriority: boolean
 }
 
 /** One signed POST, fully prepared by the main thread: the worker never sees the webhook secret. */

@@ -1,4 +1,6 @@
 /// <reference lib="webworker" />
+import { readdirSync, readFileSync } from 'node:fs'
+import { setPriority } from 'node:os'
 import type { DeliveryResult, WorkerInit, WorkerReply, WorkerSend } from './protocol'
 import { assertPublicTarget, TargetError } from './target'
 
@@ -8,7 +10,27 @@ import { assertPublicTarget, TargetError } from './target'
  */
 declare var self: Worker
 
-let settings: WorkerInit = { type: 'init', allowPrivate: false, ca: null, timeoutMs: 10_000, concurrency: 16 }
+let settings: WorkerInit = { type: 'init', allowPrivate: false, ca: null, timeoutMs: 10_000, concurrency: 16, lowPriority: false }
+
+/**
+ * Deliveries are background work: this thread and Bun's HTTP client thread (which runs every fetch
+ * of the process, and only deliveries fetch in the server) run at the lowest CPU priority, so when
+ * the machine is saturated API requests get the CPU first. Linux applies nice per thread; elsewhere,
+ * or without permission, this does nothing.
+ */
+let lowered = false
+function lowerPriority(): void {
+  if (lowered) return
+  lowered = true
+  try {
+    setPriority(0, 19)
+    for (const tid of readdirSync('/proc/self/task')) {
+      if (readFileSync(`/proc/self/task/${tid}/comm`, 'utf8').trim() === 'HTTP Client') setPriority(Number(tid), 19)
+    }
+  } catch {
+    // Not Linux, or not allowed: deliveries simply share the CPU evenly.
+  }
+}
 
 async function deliver(job: WorkerSend): Promise<DeliveryResult> {
   // One budget for the address check and the request together: the spec's 10 seconds per delivery.
@@ -26,6 +48,8 @@ async function deliver(job: WorkerSend): Promise<DeliveryResult> {
     })
     // Only the status matters; dropping the body frees the connection without buffering it.
     await res.body?.cancel().catch(() => {})
+    // The HTTP client thread exists once the first request ran.
+    if (settings.lowPriority) lowerPriority()
     return { status: res.status }
   } catch (err) {
     if (err instanceof TargetError) return { status: 0, reason: 'blocked' }
