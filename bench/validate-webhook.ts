@@ -120,11 +120,23 @@ function cpu(serverPid: number) {
     if (comm === 'postgres' && readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes(dbName)) pg += t
     if (comm.startsWith('redis')) redis += t
   }
-  return { server: ticks(String(serverPid)).t, pg, redis }
+  // Per thread of the server: the API (main), delivery workers, Bun's HTTP client thread, the rest.
+  const threads: Record<string, number> = { main: 0, workers: 0, http: 0, other: 0 }
+  try {
+    for (const tid of readdirSync(`/proc/${serverPid}/task`)) {
+      const { comm, t } = ticks(`${serverPid}/task/${tid}`)
+      const kind = tid === String(serverPid) ? 'main' : comm === 'Worker' ? 'workers' : comm === 'HTTP Client' ? 'http' : 'other'
+      threads[kind] = (threads[kind] ?? 0) + t
+    }
+  } catch {}
+  return { server: ticks(String(serverPid)).t, threads, pg, redis }
 }
 function cpuDelta(a: ReturnType<typeof cpu>, b: ReturnType<typeof cpu>, n: number) {
   const us = (x: number) => ((x / n) * 1e6).toFixed(0)
-  return `CPU µs/request: server ${us(b.server - a.server)}, postgres ${us(b.pg - a.pg)}, redis ${us(b.redis - a.redis)}`
+  const th = Object.keys(b.threads)
+    .map((k) => `${k} ${us((b.threads[k] ?? 0) - (a.threads[k] ?? 0))}`)
+    .join(' ')
+  return `CPU µs/request: server ${us(b.server - a.server)} (${th}), postgres ${us(b.pg - a.pg)}, redis ${us(b.redis - a.redis)}`
 }
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] ?? 0
