@@ -7,6 +7,7 @@
  * redis://127.0.0.1:6379/14; flushed before and after), BENCH_DURATION seconds per scenario and round (5),
  * BENCH_LICENSES (1000), BENCH_ROUNDS (3), BENCH_PROFILE_DIR (when set, the server under test writes a CPU profile in
  * markdown there when it stops).
+ * `npm run bench:webhooks` (bench/validate-webhook.ts) is the variant with a subscribed license.validated webhook.
  */
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
