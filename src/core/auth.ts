@@ -20,7 +20,7 @@ const NONCE_TTL_SECONDS = MAX_SESSION_TTL
 const MAX_LIST_ENTRIES = 1000
 const MAX_ATTEMPTS = 5
 
-/** Per-Deps state of the client endpoints: the caches and the batch of license.validated events. */
+/** Per-Deps state of the client endpoints: the caches, the license.validated batch and the seat binder. */
 interface Runtime {
   cache: AuthCache
   events: EventBatch
