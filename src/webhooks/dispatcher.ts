@@ -107,6 +107,7 @@ export class WebhookDispatcher {
   /** Deliveries this instance claimed and has not recorded yet ("eventId webhookId"). */
   readonly #owned = new Set<string>()
   #flushing: Promise<void> | null = null
+  #purging: Promise<void> | null = null
 
   constructor(deps: Deps, options: DispatcherOptions = {}) {
     this.#deps = deps
@@ -127,11 +128,11 @@ export class WebhookDispatcher {
       this.#claimDue = true
       this.kick()
     }, this.#pollMs)
-    this.#cleanup = setInterval(() => void this.#purge(), CLEANUP_EVERY_MS)
+    this.#cleanup = setInterval(() => this.#startPurge(), CLEANUP_EVERY_MS)
     this.#poll.unref?.()
     this.#cleanup.unref?.()
     this.kick()
-    void this.#purge()
+    this.#startPurge()
     return this
   }
 
@@ -144,6 +145,7 @@ export class WebhookDispatcher {
     if (this.#delayed) clearTimeout(this.#delayed)
     if (this.#cleanup) clearInterval(this.#cleanup)
     await this.#pumping
+    await this.#purging
     if (this.#inFlight > 0) await new Promise<void>((resolve) => this.#idle.push(resolve))
     this.#flush()
     await this.#flushing
@@ -331,6 +333,12 @@ export class WebhookDispatcher {
     })().finally(() => {
       this.#flushing = null
       if (this.#results.length > 0 && !this.#stopped) this.#flush()
+    })
+  }
+
+  #startPurge(): void {
+    this.#purging ??= this.#purge().finally(() => {
+      this.#purging = null
     })
   }
 
