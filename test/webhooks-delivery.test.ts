@@ -379,15 +379,17 @@ describe('outbox retention', () => {
     const hook = await addHook(t, s, 'https://127.0.0.1:9/closed', ['license.created'])
     const db = t.deps.database.db
     const old = sql`now() - interval '8 days'`
-    const insert = async (dispatchedAt: ReturnType<typeof sql> | Date) => {
+    // Ids grow with time and the purge walks the oldest ids first: old rows get ids below any other.
+    const oldId = () => -Math.floor(1e12 + Math.random() * 1e12)
+    const insert = async (dispatchedAt: ReturnType<typeof sql> | Date, id?: number) => {
       const [row] = await db
         .insert(events)
-        .values({ appId: s.appId, event: 'license.created', data: { licenseKey: keyFor(), appId: s.appId }, occurredAt: new Date(), dispatchedAt })
+        .values({ id, appId: s.appId, event: 'license.created', data: { licenseKey: keyFor(), appId: s.appId }, occurredAt: new Date(), dispatchedAt })
         .returning({ id: events.id })
       return row!.id
     }
-    const done = await insert(old)
-    const owed = await insert(old)
+    const done = await insert(old, oldId())
+    const owed = await insert(old, oldId())
     const recent = await insert(new Date())
     await db.insert(webhookDeliveries).values([
       { eventId: done, webhookId: hook.webhookId, attemptedAt: new Date(), httpStatus: 200 },

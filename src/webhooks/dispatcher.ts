@@ -11,17 +11,18 @@ import { type Attempt, recordAttempts } from './record'
  *
  * Each step is safe with several instances on one database:
  * 1. Fan-out: undispatched events (SKIP LOCKED) get one webhook_deliveries row per webhook that is
- *    enabled and subscribed at that moment, and are marked dispatched, in one statement.
- * 2. Claim: due deliveries (never attempted, and unclaimed or claimed longer than the lease ago) get
- *    claimed_at = now() with SKIP LOCKED, so exactly one instance sends each.
+ *    enabled and subscribed at that moment, and are marked dispatched, in one statement; the rows
+ *    this instance can send now are inserted already claimed.
+ * 2. Claim: other due deliveries (never attempted, and unclaimed or claimed longer than the lease
+ *    ago) get claimed_at = now() with SKIP LOCKED, so exactly one instance sends each.
  * 3. Send on a worker, then record attempted_at/http_status and the webhook's lastDelivery*.
  *
  * Semantics: every event committed is attempted once per subscribed, enabled webhook, including
  * after a crash or restart between commit and send (the rows wait in PostgreSQL). There are no
  * retries: a timeout or refusal is an attempt (status 0). The one exception is a crash during the
- * send itself (claimed, result not recorded): when the lease expires the delivery is attempted again,
- * so it is at least once only across a crash during the send. Receivers can drop a repeat by
- * (X-Service-Event, X-Service-Timestamp, body).
+ * send itself (claimed, result not recorded): when the lease (2 minutes) expires the delivery is
+ * attempted again, so it is at least once only across a crash during the send. Receivers can drop a
+ * repeat by (X-Service-Event, X-Service-Timestamp, body).
  */
 
 export interface DispatcherOptions {
@@ -57,6 +58,8 @@ interface Claimed {
 }
 
 const CLEANUP_EVERY_MS = 10 * 60_000
+const PURGE_BATCH = 5_000
+const PURGE_MAX_BATCHES = 100
 const FLUSH_DELAY_MS = 50
 /** Gap between passes while a backlog drains (wake-ups from commits use minGapMs). */
 const BACKLOG_GAP_MS = 5
@@ -113,9 +116,9 @@ export class WebhookDispatcher {
     this.#deps = deps
     this.#db = deps.database.db
     this.#pollMs = options.pollMs ?? 1_000
-    this.#leaseSeconds = options.leaseSeconds ?? 60
+    this.#leaseSeconds = options.leaseSeconds ?? 120
     this.#fanOutBatch = options.fanOutBatch ?? 500
-    this.#maxInFlight = options.maxInFlight ?? 128
+    this.#maxInFlight = options.maxInFlight ?? 256
     this.#minGapMs = options.minGapMs ?? 50
     this.#retentionDays = options.retentionDays ?? 7
   }
@@ -342,21 +345,32 @@ export class WebhookDispatcher {
     })
   }
 
+  /**
+   * Deletes old events (their deliveries go with them). Ids grow with time, so each batch looks only
+   * at the oldest rows through the primary key instead of scanning a table that can be large.
+   */
   async #purge(): Promise<void> {
     try {
-      await this.#db.execute(sql`
-        DELETE FROM events WHERE id IN (
-          SELECT e.id FROM events e
-          WHERE e.dispatched_at < now() - make_interval(days => ${this.#retentionDays})
-            AND NOT EXISTS (
-              SELECT 1 FROM webhook_deliveries d WHERE d.event_id = e.id AND d.attempted_at IS NULL
-            )
-          LIMIT 5000
-        )`)
+      for (let batch = 0; batch < PURGE_MAX_BATCHES && !this.#stopped; batch++) {
+        const result = await this.#db.execute(sql`
+          WITH oldest AS (SELECT id FROM events ORDER BY id LIMIT ${PURGE_BATCH}),
+          gone AS (
+            DELETE FROM events e USING oldest
+            WHERE e.id = oldest.id
+              AND e.dispatched_at < now() - make_interval(days => ${this.#retentionDays})
+              AND NOT EXISTS (
+                SELECT 1 FROM webhook_deliveries d WHERE d.event_id = e.id AND d.attempted_at IS NULL
+              )
+            RETURNING 1
+          )
+          SELECT count(*)::int AS n FROM gone`)
+        if (Number(rowsOf(result)[0]?.n ?? 0) < PURGE_BATCH) break
+      }
     } catch (err) {
       log.warn('purging old webhook events failed', errorFields(err))
     }
   }
+
 }
 
 /** Starts delivering the outbox with the given dependencies; stop() before closing the database. */
