@@ -2,7 +2,7 @@
  * Validate throughput with and without a subscribed license.validated webhook, then proof that every
  * validated event of the webhook run was delivered exactly once.
  *
- *   bun bench/validate-webhook.ts [--duration 10] [--connections 64]
+ *   bun bench/validate-webhook.ts [--duration 10] [--connections 64] [--rounds 2]
  *
  * Needs wrk, PostgreSQL and Redis (BENCH_PG_ADMIN_URL, BENCH_REDIS_URL). It creates and drops its
  * own database, starts the real server (src/index.ts) on a free port, and runs an HTTPS receiver
@@ -42,7 +42,10 @@ function certificate() {
 }
 
 async function startServer(env: Record<string, string>) {
-  const proc = Bun.spawn([process.execPath, 'src/index.ts'], { cwd: root, env, stdout: 'ignore', stderr: 'pipe' })
+  // BENCH_PROFILE_DIR: the server writes a CPU profile (markdown) there when it stops.
+  const profile = process.env.BENCH_PROFILE_DIR
+  const flags = profile ? ['--cpu-prof-md', `--cpu-prof-dir=${profile}`] : []
+  const proc = Bun.spawn([process.execPath, ...flags, 'src/index.ts'], { cwd: root, env, stdout: 'ignore', stderr: 'pipe' })
   let log = ''
   let base: string | null = null
   void (async () => {
