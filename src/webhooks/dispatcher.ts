@@ -126,6 +126,7 @@ export class WebhookDispatcher {
   start(): this {
     if (!this.#stopped) return this
     this.#stopped = false
+    this.#deps.webhookPool.start()
     this.#unsubscribe = this.#deps.bus.subscribe(() => this.kick())
     this.#poll = setInterval(() => {
       this.#claimDue = true

@@ -70,6 +70,12 @@ export class DeliveryPool {
     })
   }
 
+  /** Starts every worker now (the server does at boot), so the first delivery does not wait for one. */
+  start(): void {
+    if (this.#closed) return
+    for (let i = 0; i < this.#size; i++) if (!this.#slots[i]) this.#spawn(i)
+  }
+
   /** Deliveries handed to a worker and not answered yet. */
   get inFlight(): number {
     return this.#slots.reduce((n, s) => n + (s?.pending.size ?? 0), 0)
