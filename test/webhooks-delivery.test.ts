@@ -7,6 +7,7 @@ import { events, webhookDeliveries } from '../src/db/schema'
 import type { Deps } from '../src/deps'
 import { startDispatcher } from '../src/webhooks/dispatcher'
 import { DeliveryPool } from '../src/webhooks/pool'
+import { pinnedTarget } from '../src/webhooks/target'
 import { makeTestApp, sharedInfra, TEST_DATABASE_URL, type TestApp } from './helpers'
 
 // Opening the shared database (and migrating it) takes seconds on a busy machine: do it before any test's clock starts.
@@ -405,5 +406,32 @@ describe('outbox retention', () => {
     expect((await left()).sort((a, b) => a - b)).toEqual([owed, recent].sort((a, b) => a - b))
     expect(await db.select().from(webhookDeliveries).where(eq(webhookDeliveries.eventId, done))).toEqual([])
     await db.delete(events).where(eq(events.id, owed))
+  })
+})
+
+describe('DNS pinning at delivery time', () => {
+  test('a request aimed at the vetted address keeps the host name for Host, SNI and the certificate check', async () => {
+    await using rx = startReceiver()
+    const url = new URL(rx.url('/pinned').replace('127.0.0.1', 'localhost'))
+    const pinned = pinnedTarget(url, '127.0.0.1')!
+    expect(pinned.url.hostname).toBe('127.0.0.1')
+    expect(pinned).toMatchObject({ host: url.host, serverName: 'localhost' })
+    const res = await fetch(pinned.url, {
+      method: 'POST',
+      body: '{}',
+      headers: { host: pinned.host },
+      tls: { ca: [testCertificate().cert], serverName: pinned.serverName },
+    })
+    expect(res.status).toBe(200)
+    expect(rx.at('/pinned')[0]?.headers.host).toBe(url.host)
+    // The certificate must match the name, not the address: a wrong name is refused.
+    const wrong = await fetch(pinned.url, {
+      method: 'POST',
+      body: '{}',
+      tls: { ca: [testCertificate().cert], serverName: 'evil.test' },
+    }).catch((err: { code?: string }) => err.code)
+    expect(wrong).toBe('ERR_TLS_CERT_ALTNAME_INVALID')
+    expect(pinnedTarget(new URL('https://[::1]:8443/x'), '::1')).toBeNull()
+    expect(pinnedTarget(new URL('https://hooks.example.com/x'), '2606:4700::1')?.url.href).toBe('https://[2606:4700::1]/x')
   })
 })

@@ -81,9 +81,10 @@ function hostOf(url: URL): string {
 
 /**
  * Resolves the host and refuses it when any address it resolves to is not public: a name with one
- * public and one private record would otherwise reach the private one half the time.
+ * public and one private record would otherwise reach the private one half the time. Returns the
+ * vetted addresses, so the caller can connect to one of them rather than resolve again.
  */
-export async function assertPublicTarget(url: URL, timeoutMs = 5_000): Promise<void> {
+export async function resolvePublicTarget(url: URL, timeoutMs = 5_000): Promise<string[]> {
   const host = hostOf(url)
   let addresses: string[]
   if (isIP(host)) {
@@ -107,6 +108,24 @@ export async function assertPublicTarget(url: URL, timeoutMs = 5_000): Promise<v
   if (!addresses.every(isPublicAddress)) {
     throw new TargetError(`url host ${host} resolves to a loopback, private or otherwise non-public address`)
   }
+  return addresses
+}
+
+export async function assertPublicTarget(url: URL, timeoutMs = 5_000): Promise<void> {
+  await resolvePublicTarget(url, timeoutMs)
+}
+
+/**
+ * The same request aimed at a vetted address: the URL names the IP, while the Host header and the
+ * TLS server name (SNI and certificate check) keep the original host. Without this, fetch would
+ * resolve the name again and a DNS answer changed in between (rebinding) could reach a private host.
+ */
+export function pinnedTarget(url: URL, address: string): { url: URL; host: string; serverName: string } | null {
+  const host = hostOf(url)
+  if (isIP(host)) return null
+  const pinned = new URL(url)
+  pinned.hostname = isIP(address) === 6 ? `[${address}]` : address
+  return { url: pinned, host: url.host, serverName: host }
 }
 
 /** Shape check plus, unless private targets are allowed, the address check. */

@@ -2,7 +2,7 @@
 import { readdirSync, readFileSync } from 'node:fs'
 import { setPriority } from 'node:os'
 import type { DeliveryResult, WorkerInit, WorkerReply, WorkerSend } from './protocol'
-import { assertPublicTarget, TargetError } from './target'
+import { pinnedTarget, resolvePublicTarget, TargetError } from './target'
 
 /**
  * A delivery worker: sends prepared, signed POSTs so that slow or dead receivers cost the API
@@ -36,15 +36,25 @@ async function deliver(job: WorkerSend): Promise<DeliveryResult> {
   // One budget for the address check and the request together: the spec's 10 seconds per delivery.
   const signal = AbortSignal.timeout(settings.timeoutMs)
   try {
-    const url = new URL(job.url)
-    if (!settings.allowPrivate) await assertPublicTarget(url, Math.min(5_000, settings.timeoutMs))
+    let url = new URL(job.url)
+    let headers = job.headers
+    const tls: { ca?: string[]; serverName?: string } = settings.ca ? { ca: settings.ca } : {}
+    if (!settings.allowPrivate) {
+      const [address] = await resolvePublicTarget(url, Math.min(5_000, settings.timeoutMs))
+      const pinned = address ? pinnedTarget(url, address) : null
+      if (pinned) {
+        url = pinned.url
+        headers = { ...headers, host: pinned.host }
+        tls.serverName = pinned.serverName
+      }
+    }
     const res = await fetch(url, {
       method: 'POST',
-      headers: job.headers,
+      headers,
       body: job.body,
       redirect: 'manual',
       signal,
-      ...(settings.ca ? { tls: { ca: settings.ca } } : {}),
+      ...(Object.keys(tls).length > 0 ? { tls } : {}),
     })
     // Only the status matters; dropping the body frees the connection without buffering it.
     await res.body?.cancel().catch(() => {})
