@@ -435,3 +435,39 @@ describe('DNS pinning at delivery time', () => {
     expect(pinnedTarget(new URL('https://hooks.example.com/x'), '2606:4700::1')?.url.href).toBe('https://[2606:4700::1]/x')
   })
 })
+
+describe('shutdown', () => {
+  test('stop hands back claimed deliveries that never left the queue; the next start sends them at once', async () => {
+    const t = await appWithReceiverCa()
+    const s = await t.seed()
+    const rx = startReceiver(() => 'hang')
+    const hook = await addHook(t, s, rx.url('/queued'), ['license.created'])
+    // One request open at a time, so the rest of the claimed deliveries wait in the worker's queue.
+    // The open one gives up after a short timeout, so stop() finishes without the receiver's help.
+    t.deps.webhookPool = new DeliveryPool({
+      allowPrivate: true,
+      extraCaFile: testCertificate().certFile,
+      size: 1,
+      concurrency: 1,
+      timeoutMs: 500,
+    })
+    const first = startDispatcher(t.deps, { pollMs: 50 })
+    await emit(t.deps, Array.from({ length: 5 }, () => ({ event: 'license.created' as EventName, data: dataFor('license.created', s.appId, keyFor()) })))
+    await until(() => rx.at('/queued').length === 1, 'the first delivery open on the receiver')
+    await first.stop()
+    await rx.stop()
+
+    const rows = () =>
+      t.deps.database.db.select().from(webhookDeliveries).where(eq(webhookDeliveries.webhookId, hook.webhookId))
+    const after = await rows()
+    expect(after).toHaveLength(5)
+    expect(after.filter((r) => r.attemptedAt !== null)).toHaveLength(1)
+    expect(after.filter((r) => r.attemptedAt === null && r.claimedAt === null)).toHaveLength(4)
+
+    await using _next = startDispatcher(t.deps, { pollMs: 50 })
+    // Well within the 2-minute lease: the handed-back rows are claimable right away.
+    await until(async () => (await rows()).every((r) => r.attemptedAt !== null), 'the handed-back deliveries attempted')
+    expect(rx.at('/queued')).toHaveLength(1)
+    await t.deps.webhookPool.close()
+  })
+})

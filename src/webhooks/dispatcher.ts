@@ -3,6 +3,7 @@ import type { Db } from '../db/client'
 import type { Deps } from '../deps'
 import { errorFields, log } from '../log'
 import { signedDelivery } from './payload'
+import type { DeliveryResult } from './protocol'
 import { type Attempt, recordAttempts } from './record'
 
 /**
@@ -109,6 +110,8 @@ export class WebhookDispatcher {
   #results: Attempt[] = []
   /** Deliveries this instance claimed and has not recorded yet ("eventId webhookId"). */
   readonly #owned = new Set<string>()
+  /** Claimed deliveries cancelled at shutdown before they were sent. */
+  #released: { eventId: number; webhookId: string }[] = []
   #flushing: Promise<void> | null = null
   #purging: Promise<void> | null = null
 
@@ -150,9 +153,27 @@ export class WebhookDispatcher {
     if (this.#cleanup) clearInterval(this.#cleanup)
     await this.#pumping
     await this.#purging
+    // Claimed deliveries still queued behind busy receivers were never sent: hand them back.
+    this.#deps.webhookPool.cancelQueued()
     if (this.#inFlight > 0) await new Promise<void>((resolve) => this.#idle.push(resolve))
     this.#flush()
     await this.#flushing
+    await this.#release()
+  }
+
+  /** Clears the claims of deliveries cancelled before sending, so the next start sends them at once. */
+  async #release(): Promise<void> {
+    if (this.#released.length === 0) return
+    const rows = this.#released.splice(0).map((r) => ({ event_id: r.eventId, webhook_id: r.webhookId }))
+    try {
+      await this.#db.execute(sql`
+        UPDATE webhook_deliveries AS d SET claimed_at = NULL
+        FROM jsonb_to_recordset(${JSON.stringify(rows)}::jsonb) AS r(event_id bigint, webhook_id text)
+        WHERE d.event_id = r.event_id AND d.webhook_id = r.webhook_id AND d.attempted_at IS NULL`)
+    } catch (err) {
+      // Their lease runs out instead: still sent once, only later.
+      log.warn('could not hand back unsent webhook deliveries', errorFields(err))
+    }
   }
 
   [Symbol.asyncDispose](): Promise<void> {
@@ -292,7 +313,7 @@ export class WebhookDispatcher {
       return
     }
     this.#inFlight++
-    let sending: Promise<{ status: number }>
+    let sending: Promise<DeliveryResult>
     try {
       const secret = this.#deps.sealer.open(c.secretEnc).toString('utf8')
       sending = this.#deps.webhookPool.send(signedDelivery(c.url, secret, c.event, c.occurredAt, c.data))
@@ -303,8 +324,13 @@ export class WebhookDispatcher {
       })
       sending = Promise.resolve({ status: 0 })
     }
-    void sending.then((result) => {
-      this.#results.push({ eventId: c.eventId, webhookId: c.webhookId, at: new Date(this.#deps.clock()), status: result.status })
+    void sending.then((result: DeliveryResult) => {
+      if (result.reason === 'cancelled') {
+        this.#released.push({ eventId: c.eventId, webhookId: c.webhookId })
+        this.#owned.delete(key)
+      } else {
+        this.#results.push({ eventId: c.eventId, webhookId: c.webhookId, at: new Date(this.#deps.clock()), status: result.status })
+      }
       this.#inFlight--
       this.#flush()
       if (this.#inFlight === 0) for (const resolve of this.#idle.splice(0)) resolve()

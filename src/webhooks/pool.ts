@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs'
 import { rootCertificates } from 'node:tls'
 import { log } from '../log'
-import type { DeliveryJob, DeliveryResult, WorkerInit, WorkerReply, WorkerSend } from './protocol'
+import { CANCEL_QUEUED, type DeliveryJob, type DeliveryResult, type WorkerInit, type WorkerReply, type WorkerSend } from './protocol'
 
 export interface DeliveryPoolOptions {
   /** Worker threads; each sends many requests concurrently, so two cover a 2-core machine. */
@@ -74,6 +74,22 @@ export class DeliveryPool {
   start(): void {
     if (this.#closed) return
     for (let i = 0; i < this.#size; i++) if (!this.#slots[i]) this.#spawn(i)
+  }
+
+  /**
+   * Answers every job still waiting in a worker's queue (never sent) with reason 'cancelled'; requests
+   * already open run to their end. For shutdown: the caller can hand those back instead of losing them.
+   */
+  cancelQueued(): void {
+    for (const slot of this.#slots) {
+      if (!slot) continue
+      // Jobs of this tick not posted yet are cancelled here; those already posted, by the worker.
+      for (const job of slot.outbox.splice(0)) {
+        slot.pending.get(job.id)?.({ status: 0, reason: 'cancelled' })
+        slot.pending.delete(job.id)
+      }
+      slot.worker.postMessage(CANCEL_QUEUED)
+    }
   }
 
   /** Deliveries handed to a worker and not answered yet. */

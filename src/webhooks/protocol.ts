@@ -29,7 +29,10 @@ export interface WorkerSend extends DeliveryJob {
  * the receiver timed out, refused or reset the connection, failed TLS, did not resolve, or the
  * target was refused by the private-address guard.
  */
-export type FailureReason = 'timeout' | 'connection' | 'blocked' | 'worker'
+export type FailureReason = 'timeout' | 'connection' | 'blocked' | 'worker' | 'cancelled'
+
+/** Sent to a worker at shutdown: answer every job still queued (never sent) with reason 'cancelled'. */
+export const CANCEL_QUEUED = 'cancel-queued'
 
 export interface DeliveryResult {
   /** The receiver's HTTP status, or 0 when there was no response. */

@@ -1,7 +1,7 @@
 /// <reference lib="webworker" />
 import { readdirSync, readFileSync } from 'node:fs'
 import { setPriority } from 'node:os'
-import type { DeliveryResult, WorkerInit, WorkerReply, WorkerSend } from './protocol'
+import { CANCEL_QUEUED, type DeliveryResult, type WorkerInit, type WorkerReply, type WorkerSend } from './protocol'
 import { pinnedTarget, resolvePublicTarget, TargetError } from './target'
 
 /**
@@ -100,6 +100,10 @@ self.onmessage = (event: MessageEvent<WorkerInit | string>) => {
   const msg = event.data
   if (typeof msg !== 'string') {
     settings = msg
+    return
+  }
+  if (msg === CANCEL_QUEUED) {
+    for (const job of queue.splice(0)) reply({ id: job.id, status: 0, reason: 'cancelled' })
     return
   }
   queue.push(...(JSON.parse(msg) as WorkerSend[]))
