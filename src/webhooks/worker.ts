@@ -18,17 +18,23 @@ let settings: WorkerInit = { type: 'init', allowPrivate: false, ca: null, timeou
  * the machine is saturated API requests get the CPU first. Linux applies nice per thread; elsewhere,
  * or without permission, this does nothing.
  */
-let lowered = false
+let loweredSelf = false
+let loweredHttp = false
 function lowerPriority(): void {
-  if (lowered) return
-  lowered = true
+  if (loweredHttp) return
   try {
-    setPriority(0, 19)
+    if (!loweredSelf) setPriority(0, 19)
+    loweredSelf = true
+    // Bun starts its HTTP client thread with the first fetch: look until it is there.
     for (const tid of readdirSync('/proc/self/task')) {
-      if (readFileSync(`/proc/self/task/${tid}/comm`, 'utf8').trim() === 'HTTP Client') setPriority(Number(tid), 19)
+      if (readFileSync(`/proc/self/task/${tid}/comm`, 'utf8').trim() === 'HTTP Client') {
+        setPriority(Number(tid), 19)
+        loweredHttp = true
+      }
     }
   } catch {
     // Not Linux, or not allowed: deliveries simply share the CPU evenly.
+    loweredHttp = true
   }
 }
 
@@ -58,13 +64,13 @@ async function deliver(job: WorkerSend): Promise<DeliveryResult> {
     })
     // Only the status matters; dropping the body frees the connection without buffering it.
     await res.body?.cancel().catch(() => {})
-    // The HTTP client thread exists once the first request ran.
-    if (settings.lowPriority) lowerPriority()
     return { status: res.status }
   } catch (err) {
     if (err instanceof TargetError) return { status: 0, reason: 'blocked' }
     if (signal.aborted) return { status: 0, reason: 'timeout' }
     return { status: 0, reason: 'connection' }
+  } finally {
+    if (settings.lowPriority) lowerPriority()
   }
 }
 
