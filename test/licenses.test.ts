@@ -258,6 +258,20 @@ describe('401 invalid_api_key on every license route', () => {
     const still = await t.req('GET', `/v1/licenses/${license.licenseKey}`, { apiKey: s.apiKey })
     expect(still.body.status).toBe('active')
   })
+  test('authentication is checked before the body: a keyless request with a bad body gets 401', async () => {
+    const s = await t.seed()
+    const cases = [
+      ['POST', '/v1/licenses', { quantity: 'many' }],
+      ['PUT', `/v1/licenses/${(await createOne(s)).licenseKey}`, { action: 'explode' }],
+      ['PUT', `/v1/apps/${s.appId}/variables`, [1, 2]],
+      ['PUT', `/v1/apps/${s.appId}/security`, { ipBlacklist: 'x' }],
+    ] as const
+    for (const [method, path, body] of cases) {
+      const res = await t.req(method, path, { body })
+      expect(res.status, `${method} ${path}`).toBe(401)
+      expect(res.body).toEqual(errorBody('invalid_api_key'))
+    }
+  })
 })
 
 describe('GET /v1/licenses', () => {

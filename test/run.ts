@@ -19,7 +19,7 @@ interface Pass {
 
 async function runPass(name: string, env: Record<string, string>): Promise<Pass> {
   console.log(`\n=== ${name} ===`)
-  const proc = Bun.spawn([process.execPath, 'test', ...extraArgs], {
+  const proc = Bun.spawn([process.execPath, 'test', '--timeout', '30000', ...extraArgs], {
     env: { ...process.env, ...env },
     stdout: 'inherit',
     stderr: 'pipe',

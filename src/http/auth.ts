@@ -28,20 +28,44 @@ export async function accountForKeyHash(deps: Deps, keyHash: string): Promise<st
 const invalidKey = () =>
   new ApiError('invalid_api_key', 401, 'Missing, malformed or revoked API key')
 
+// The account each authenticated request resolved to, handed from `transform` to `resolve`.
+const authenticated = new WeakMap<Request, string>()
+
+interface AuthContext {
+  headers: Record<string, string | undefined>
+  request: Request
+  set: { headers: Record<string, unknown> }
+}
+
 /**
- * `{ apiKey: true }` on a route resolves `accountId` from the bearer key, or answers 401. The rate
- * limit comes first, keyed on the presented key, so a flood of requests never reaches the database.
+ * The API-key check as a `transform` hook: rate limit first (keyed on the presented key, so a flood
+ * never reaches the database), then the key lookup. Idempotent per request, so a route whose own
+ * transform must run after authentication can list it first.
+ */
+export const authenticate =
+  (deps: Deps) =>
+  async ({ headers, request, set }: AuthContext): Promise<void> => {
+    if (authenticated.has(request)) return
+    const keyHash = presentedKeyHash(headers.authorization)
+    if (!keyHash) throw invalidKey()
+    Object.assign(set.headers, await takeApiToken(deps, keyHash))
+    const accountId = await accountForKeyHash(deps, keyHash)
+    if (!accountId) throw invalidKey()
+    authenticated.set(request, accountId)
+  }
+
+/**
+ * `{ apiKey: true }` on a route resolves `accountId` from the bearer key, or answers 401. It runs at
+ * `transform`, before body validation, so a request without a valid key learns that first (401, not 400).
  */
 export const apiKeyAuth = (deps: Deps) =>
   new Elysia({ name: 'api-key-auth' }).macro({
     apiKey: {
       // Every route using the macro is documented as needing the bearer key (docs.ts names the scheme).
       detail: { security: [{ bearerAuth: [] }] },
-      async resolve({ headers, set }) {
-        const keyHash = presentedKeyHash(headers.authorization)
-        if (!keyHash) throw invalidKey()
-        Object.assign(set.headers, await takeApiToken(deps, keyHash))
-        const accountId = await accountForKeyHash(deps, keyHash)
+      transform: authenticate(deps),
+      resolve({ request }) {
+        const accountId = authenticated.get(request)
         if (!accountId) throw invalidKey()
         return { accountId }
       },

@@ -15,7 +15,7 @@ import {
   putLicenseVariables,
 } from '../core/variables'
 import type { Deps } from '../deps'
-import { apiKeyAuth } from '../http/auth'
+import { apiKeyAuth, authenticate } from '../http/auth'
 import { apiErrors, notFoundError } from '../models'
 import {
   AccountResponse,
@@ -141,7 +141,8 @@ export const appRoutes = (deps: Deps) =>
       {
         apiKey: true,
         params: AppIdParams,
-        transform: objectBodyOnly,
+        // Route transforms run before the macro's: authenticate first, so a keyless request gets 401.
+        transform: [authenticate(deps), objectBodyOnly],
         body: VariableMapBody,
         response: { 200: VariableMapBody, ...apiErrors },
         detail: {
@@ -172,7 +173,8 @@ export const appRoutes = (deps: Deps) =>
       {
         apiKey: true,
         params: LicenseKeyParams,
-        transform: objectBodyOnly,
+        // Route transforms run before the macro's: authenticate first, so a keyless request gets 401.
+        transform: [authenticate(deps), objectBodyOnly],
         body: VariableMapBody,
         response: { 200: VariableMapBody, ...apiErrors, ...notFoundError },
         detail: {
