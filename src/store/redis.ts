@@ -1,5 +1,3 @@
-import { createHash } from 'node:crypto'
-import { RedisClient } from 'bun'
 import Redis from 'ioredis'
 import { log } from '../log'
 import { type AuthorizeInput, type AuthorizeResult, keys, type Store, type TakeResult } from './store'
@@ -101,8 +99,6 @@ end
 return { 'ok', cost }
 `
 
-const AUTHORIZE_SHA = createHash('sha1').update(AUTHORIZE).digest('hex')
-
 // KEYS: balance, pending, flushing, account epoch. ARGV: expected epoch, reconciled balance.
 const LOAD_BALANCE = `
 if tonumber(redis.call('GET', KEYS[4]) or '0') ~= tonumber(ARGV[1]) then return 0 end
@@ -152,6 +148,7 @@ return 1
 `
 
 type Commands = Redis & {
+  lsAuthorize(spec: string): Promise<(string | number)[]>
   lsLoadBalance(bal: string, pend: string, fl: string, ep: string, expected: number, reconciled: number): Promise<number>
   lsCreditsAdded(bal: string, ep: string, n: number): Promise<number>
   lsRefund(bal: string, pend: string, dirty: string, account: string, n: number): Promise<number>
@@ -180,6 +177,8 @@ export class RedisStore implements Store {
       retryStrategy: (times) => Math.min(times * 200, 2000),
     })
     redis.on('error', (err: Error) => log.debug('redis connection error', { message: err.message }))
+    // defineCommand sends EVALSHA and falls back to EVAL once after a Redis restart (NOSCRIPT).
+    redis.defineCommand('lsAuthorize', { numberOfKeys: 0, lua: AUTHORIZE })
     redis.defineCommand('lsTake', { numberOfKeys: 1, lua: TAKE })
     redis.defineCommand('lsBump', { lua: BUMP })
     redis.defineCommand('lsLoadBalance', { numberOfKeys: 4, lua: LOAD_BALANCE })
@@ -188,51 +187,6 @@ export class RedisStore implements Store {
     redis.defineCommand('lsBeginFlush', { numberOfKeys: 2, lua: BEGIN_FLUSH })
     redis.defineCommand('lsEndFlush', { numberOfKeys: 3, lua: END_FLUSH })
     this.redis = redis as Commands
-    // Fails at once while disconnected (no offline queue): the caller then fails open or closed.
-    this.#fast = new RedisClient(url, {
-      autoReconnect: true,
-      enableOfflineQueue: false,
-      connectionTimeout: options.connectTimeoutMs ?? 2000,
-    })
-    this.#firstConnect = this.#fast.connect().catch((err: Error) => {
-      log.debug('redis connection error', { message: err.message })
-    })
-  }
-
-  /**
-   * The hot path's one round trip goes through Bun's native client: ioredis writes through node:net,
-   * which under load cost a quarter of the request thread's time. Everything else stays on ioredis.
-   */
-  readonly #fast: RedisClient
-  #firstConnect: Promise<void> | null
-  #reconnectAt = 0
-
-  async #evalAuthorize(spec: string): Promise<(string | number)[]> {
-    if (!this.#fast.connected) {
-      // Only the very first connection is waited for; a lost one fails the request at once.
-      if (this.#firstConnect) {
-        await this.#firstConnect
-        this.#firstConnect = null
-      }
-      if (!this.#fast.connected) {
-        this.#reconnectSoon()
-        throw new Error('redis connection lost')
-      }
-    }
-    try {
-      return (await this.#fast.send('EVALSHA', [AUTHORIZE_SHA, '0', spec])) as (string | number)[]
-    } catch (err) {
-      if (!(err instanceof Error) || !err.message.startsWith('NOSCRIPT')) throw err
-      return (await this.#fast.send('EVAL', [AUTHORIZE, '0', spec])) as (string | number)[]
-    }
-  }
-
-  // The native client gives up after a number of reconnect attempts; requests keep it trying.
-  #reconnectSoon(): void {
-    const now = Date.now()
-    if (now < this.#reconnectAt) return
-    this.#reconnectAt = now + 500
-    this.#fast.connect().catch(() => {})
   }
 
   async take(key: string, capacity: number, refillPerSecond: number, nowMs: number, cost = 1): Promise<TakeResult> {
@@ -286,7 +240,8 @@ export class RedisStore implements Store {
           }
         : undefined,
     })
-    const reply = await this.#evalAuthorize(spec)
+    this.#failFastWhenLost()
+    const reply = await this.redis.lsAuthorize(spec)
     switch (reply[0]) {
       case 'ok':
         return { kind: 'ok', charged: Number(reply[1]) }
@@ -367,7 +322,6 @@ export class RedisStore implements Store {
 
   async close(): Promise<void> {
     this.redis.disconnect()
-    this.#fast.close()
   }
 }
 
