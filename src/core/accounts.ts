@@ -12,6 +12,7 @@ import {
   generateSigningKey,
   sha256Hex,
 } from './crypto'
+import { invalidate } from './invalidate'
 
 /** Account, API key, app and signing-key provisioning: shared by the operator CLI and the Developer API. */
 
@@ -124,7 +125,7 @@ export async function rotateSigningKey(deps: Deps, appId: string) {
     await tx.update(signingKeys).set({ active: false }).where(eq(signingKeys.appId, appId))
     return insertSigningKey(deps, tx, appId, (current?.version ?? 0) + 1)
   })
-  await deps.store.bump([keys.appEpoch(appId)])
+  await invalidate(deps, [keys.appEpoch(appId)])
   return key
 }
 

@@ -1,6 +1,6 @@
 import { createHash, timingSafeEqual } from 'node:crypto'
-import { and, eq, sql } from 'drizzle-orm'
-import { apps, licenses } from '../db/schema'
+import { and, eq } from 'drizzle-orm'
+import { licenses } from '../db/schema'
 import type { Deps } from '../deps'
 import { PublicError, type PublicErrorCode } from '../errors'
 import { errorFields, log } from '../log'
@@ -9,7 +9,9 @@ import { AuthCache, type CachedApp, type CachedLicense, StoreUnavailable } from 
 import { loadLiveBalance, startCreditReconciler } from './credits-ledger'
 import { signText } from './crypto'
 import { type DomainEvent, recordEvents } from './events'
+import { invalidate } from './invalidate'
 import { SeatBinder } from './seat-binder'
+import { appendEntry } from './security'
 import { clampTtl, issueSession, MAX_SESSION_TTL, readSession, type Session } from './session'
 
 /** The spec's sandbox limits (per minute) and the contract's heartbeat pricing. */
@@ -17,7 +19,6 @@ const SANDBOX = { validateIp: 20, validateLicense: 60, heartbeatIp: 20, selfbanI
 const HEARTBEATS_PER_CREDIT = 10
 /** A nonce is remembered for the longest session lifetime, per app. */
 const NONCE_TTL_SECONDS = MAX_SESSION_TTL
-const MAX_LIST_ENTRIES = 1000
 const MAX_ATTEMPTS = 5
 
 /** Per-Deps state of the client endpoints: the caches, the license.validated batch and the seat binder. */
@@ -490,30 +491,15 @@ async function applySelfban(
           ])
         }
       }
-      const append = async (list: 'hwidBlacklist' | 'ipBlacklist', value: string) => {
-        const column = apps[list]
-        const rows = await tx
-          .update(apps)
-          .set({ [list]: sql`array_append(${column}, ${value}::text)` } as Partial<typeof apps.$inferInsert>)
-          .where(
-            and(
-              eq(apps.id, app.id),
-              sql`NOT (${value}::text = ANY(${column}))`,
-              sql`cardinality(${column}) < ${MAX_LIST_ENTRIES}`,
-            ),
-          )
-          .returning({ id: apps.id })
-        return rows.length > 0
-      }
-      if (want.blacklistHwid) done.blacklistHwid = await append('hwidBlacklist', want.hwid)
-      if (want.blacklistIp) done.blacklistIp = await append('ipBlacklist', want.ip)
+      if (want.blacklistHwid) done.blacklistHwid = await appendEntry(tx, app.id, 'hwidBlacklist', want.hwid)
+      if (want.blacklistIp) done.blacklistIp = await appendEntry(tx, app.id, 'ipBlacklist', want.ip)
       return done
     }),
   )
   const bumps: string[] = []
   if (performed.blacklistHwid || performed.blacklistIp) bumps.push(keys.appEpoch(app.id))
   if (performed.revokeLicense) bumps.push(keys.licenseEpoch(licenseKey))
-  if (bumps.length > 0) await deps.store.bump(bumps)
+  await invalidate(deps, bumps)
   if (performed.revokeLicense) deps.bus.notify()
   return performed
 }

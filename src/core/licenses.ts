@@ -9,6 +9,7 @@ import { hasPositiveBalance } from './credits'
 import { generateLicenseKey, LICENSE_KEY_PATTERN } from './crypto'
 import { type DomainEvent, type EventData, type EventName, recordEvents } from './events'
 import { parseIsoTimestamp } from './time'
+import { invalidate } from './invalidate'
 
 type LicenseRow = typeof licenses.$inferSelect
 
@@ -57,7 +58,7 @@ function expiryFrom(text: string | null | undefined): Date | null {
 
 /** Publishes a committed change: caches on every instance drop the keys, the dispatcher wakes. */
 async function published(deps: Deps, licenseKeys: readonly string[]): Promise<void> {
-  await deps.store.bump(licenseKeys.map(keys.licenseEpoch))
+  await invalidate(deps, licenseKeys.map(keys.licenseEpoch))
   deps.bus.notify()
 }
 

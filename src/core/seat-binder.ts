@@ -1,9 +1,9 @@
 import { and, eq, sql } from 'drizzle-orm'
 import { licenses } from '../db/schema'
 import type { Deps } from '../deps'
-import { errorFields, log } from '../log'
 import { keys } from '../store/store'
 import { type DomainEvent, recordEvents } from './events'
+import { invalidate } from './invalidate'
 
 interface BindRequest {
   licenseKey: string
@@ -75,10 +75,8 @@ export class SeatBinder {
     const changed = [...new Set(batch.filter((_, i) => results[i]).map((r) => r.licenseKey))]
     if (changed.length > 0) {
       this.deps.bus.notify()
-      await this.deps.store.bump(changed.map(keys.licenseEpoch)).catch((err: unknown) => {
-        // Other instances then still see the seat as free; their conditional UPDATE finds it taken.
-        log.warn('could not publish new HWID bindings', errorFields(err))
-      })
+      // Until it lands, other instances still see the seat as free; their conditional UPDATE finds it taken.
+      await invalidate(this.deps, changed.map(keys.licenseEpoch))
     }
     batch.forEach((request, i) => request.resolve(results[i] ?? false))
   }

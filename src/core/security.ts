@@ -1,12 +1,14 @@
 import { isIP } from 'node:net'
 import { and, eq, sql } from 'drizzle-orm'
 import type { PgUpdateSetSource } from 'drizzle-orm/pg-core'
+import type { DbOrTx } from '../db/client'
 import { apps } from '../db/schema'
 import type { Deps } from '../deps'
 import { badRequest } from '../errors'
 import { canonicalIp } from '../http/client-ip'
 import { keys } from '../store/store'
 import { requireOwnedApp } from './accounts'
+import { invalidate } from './invalidate'
 
 export const MAX_LIST_ENTRIES = 1000
 export const HWID_LENGTH = { min: 1, max: 128 } as const
@@ -102,8 +104,28 @@ export async function putSecurity(
     .where(and(eq(apps.id, app.id), eq(apps.accountId, accountId)))
     .returning(selection)
   if (!row) throw new Error('owned app vanished during update')
-  await deps.store.bump([keys.appEpoch(app.id)])
+  await invalidate(deps, [keys.appEpoch(app.id)])
   return row
+}
+
+/**
+ * Appends `value` (already normalized) to one list in a single conditional UPDATE, so concurrent adds
+ * can neither duplicate an entry nor push a list past its limit. False when it was present or full.
+ */
+export async function appendEntry(db: DbOrTx, appId: string, name: ListName, value: string): Promise<boolean> {
+  const column = LISTS[name].column
+  const rows = await db
+    .update(apps)
+    .set({ [name]: sql`array_append(${column}, ${value}::text)` })
+    .where(
+      and(
+        eq(apps.id, appId),
+        sql`NOT (${value}::text = ANY(${column}))`,
+        sql`cardinality(${column}) < ${MAX_LIST_ENTRIES}`,
+      ),
+    )
+    .returning({ id: apps.id })
+  return rows.length > 0
 }
 
 export interface EntryInput {
@@ -111,10 +133,7 @@ export interface EntryInput {
   value: string
 }
 
-/**
- * Adds one entry with a single conditional UPDATE, so concurrent adds can neither duplicate an entry
- * nor push a list past its limit. An entry already present is a no-op success.
- */
+/** Adds one entry (see appendEntry); an entry already present is a no-op success, a full list 400. */
 export async function addEntry(
   deps: Deps,
   accountId: string,
@@ -125,24 +144,13 @@ export async function addEntry(
   const name = listName(input.type, kind)
   const value = normalizeEntry(input.type, input.value)
   const app = await requireOwnedApp(deps, accountId, appId)
-  const column = LISTS[name].column
-  const added = await deps.database.db
-    .update(apps)
-    .set({ [name]: sql`array_append(${column}, ${value}::text)` })
-    .where(
-      and(
-        eq(apps.id, app.id),
-        sql`NOT (${value}::text = ANY(${column}))`,
-        sql`cardinality(${column}) < ${MAX_LIST_ENTRIES}`,
-      ),
-    )
-    .returning({ id: apps.id })
-  if (added.length > 0) {
-    await deps.store.bump([keys.appEpoch(app.id)])
+  const added = await appendEntry(deps.database.db, app.id, name, value)
+  if (added) {
+    await invalidate(deps, [keys.appEpoch(app.id)])
     return { ok: true as const }
   }
   const [current] = await deps.database.db
-    .select({ list: column })
+    .select({ list: LISTS[name].column })
     .from(apps)
     .where(eq(apps.id, app.id))
   if (current?.list.includes(value)) return { ok: true as const }
@@ -166,6 +174,6 @@ export async function removeEntry(
     .set({ [name]: sql`array_remove(${column}, ${value}::text)` })
     .where(and(eq(apps.id, app.id), sql`${value}::text = ANY(${column})`))
     .returning({ id: apps.id })
-  if (removed.length > 0) await deps.store.bump([keys.appEpoch(app.id)])
+  if (removed.length > 0) await invalidate(deps, [keys.appEpoch(app.id)])
   return { ok: true as const }
 }

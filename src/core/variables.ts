@@ -5,6 +5,7 @@ import { badRequest, notFound } from '../errors'
 import { keys } from '../store/store'
 import { requireOwnedApp } from './accounts'
 import { requireOwnedLicense } from './licenses'
+import { invalidate } from './invalidate'
 
 export const MAX_VARIABLES = 50
 export const MAX_VARIABLE_KEY_LENGTH = 64
@@ -57,7 +58,7 @@ export async function putAppVariables(
     .where(and(eq(apps.id, app.id), eq(apps.accountId, accountId)))
     .returning({ variables: apps.variables })
   if (!row) throw new Error('owned app vanished during update')
-  await deps.store.bump([keys.appEpoch(app.id)])
+  await invalidate(deps, [keys.appEpoch(app.id)])
   return row.variables
 }
 
@@ -88,6 +89,6 @@ export async function putLicenseVariables(
     return updated
   })
   if (!row) throw notFound(`No license ${licenseKey}`)
-  await deps.store.bump([keys.licenseEpoch(license.key)])
+  await invalidate(deps, [keys.licenseEpoch(license.key)])
   return row.variables
 }

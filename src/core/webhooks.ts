@@ -9,6 +9,7 @@ import { checkTarget, TargetError } from '../webhooks/target'
 import { requireOwnedApp } from './accounts'
 import { generateWebhookId, generateWebhookSecret } from './crypto'
 import type { EventName } from './events'
+import { invalidate } from './invalidate'
 
 /** Webhook management and the test ping. The outbox delivery loop lives in webhooks/dispatcher. */
 
@@ -41,7 +42,7 @@ async function checkedUrl(deps: Deps, url: string): Promise<string> {
 
 /** The validate path caches "does this app have a license.validated subscriber": make it re-read. */
 function invalidateApp(deps: Deps, appId: string): Promise<void> {
-  return deps.store.bump([keys.appEpoch(appId)])
+  return invalidate(deps, [keys.appEpoch(appId)])
 }
 
 export interface NewWebhook {
