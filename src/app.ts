@@ -71,7 +71,8 @@ export function createApp(deps: Deps) {
       if (error instanceof PublicError) {
         return reply(error.status, error.code, error.code, { ...headers, ...error.headers })
       }
-      if (error instanceof BodyTooLarge) {
+      // Elysia wraps what a parse hook throws in its ParseError, with ours as the cause.
+      if (error instanceof BodyTooLarge || (error as Error).cause instanceof BodyTooLarge) {
         return reply(413, 'bad_request', 'Request body is too large')
       }
       if (error instanceof MalformedJson || code === 'PARSE') {

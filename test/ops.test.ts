@@ -147,3 +147,18 @@ describe('/metrics', () => {
     ).toEndWith(' 1')
   })
 })
+
+describe('oversized bodies', () => {
+  test.each([
+    ['/auth/validate', 16 * 1024, { status: 'failed', error: 'bad_request' }],
+    ['/v1/licenses', 1024 * 1024, { error: 'bad_request', message: 'Request body is too large' }],
+  ])('%s over its limit gets 413 in the route error shape', async (path, limit, body) => {
+    const { req } = await makeTestApp()
+    const big = JSON.stringify({ pad: 'x'.repeat(limit) })
+    const res = await req('POST', path, { body: big })
+    expect(res.status).toBe(413)
+    expect(res.body).toEqual(body)
+    const justUnder = await req('POST', path, { body: JSON.stringify({ pad: 'x'.repeat(limit - 20) }) })
+    expect(justUnder.status).not.toBe(413)
+  })
+})
