@@ -40,11 +40,59 @@ async function parseJsonBody(request: Request, path: string): Promise<unknown> {
   }
 }
 
+interface SchemaLike {
+  type?: string
+  anyOf?: SchemaLike[]
+  minimum?: number
+  maximum?: number
+  minLength?: number
+  maxLength?: number
+  enum?: unknown[]
+  const?: unknown
+}
+
+/** What a field must be, in words, from its schema (the numeric-string union Elysia adds is looked through). */
+function expected(schema: SchemaLike | undefined): string | null {
+  if (!schema) return null
+  if (schema.anyOf) {
+    const nullable = schema.anyOf.some((s) => s.type === 'null')
+    if (nullable) {
+      const rest = expected({ anyOf: schema.anyOf.filter((s) => s.type !== 'null') })
+      return rest && `${rest} or null`
+    }
+    if (schema.anyOf.length === 1) return expected(schema.anyOf[0])
+    const literals = schema.anyOf.filter((s) => s.const !== undefined).map((s) => JSON.stringify(s.const))
+    if (literals.length === schema.anyOf.length) return `one of ${literals.join(', ')}`
+    const typed = schema.anyOf.find((s) => s.type === 'integer' || s.type === 'number')
+    return expected(typed ?? schema.anyOf.find((s) => s.type !== 'string') ?? schema.anyOf[0])
+  }
+  const range = (lo?: number, hi?: number, unit = '') =>
+    lo !== undefined && hi !== undefined ? ` from ${lo} to ${hi}${unit}` : lo !== undefined ? ` of at least ${lo}${unit}` : hi !== undefined ? ` of at most ${hi}${unit}` : ''
+  switch (schema.type) {
+    case 'integer':
+      return `an integer${range(schema.minimum, schema.maximum)}`
+    case 'number':
+      return `a number${range(schema.minimum, schema.maximum)}`
+    case 'string':
+      return `a string${range(schema.minLength, schema.maxLength, ' characters')}`
+    case 'boolean':
+      return 'true or false'
+    case 'array':
+      return 'an array'
+    case 'object':
+      return 'an object'
+    default:
+      return null
+  }
+}
+
 /** Turns Elysia's validation error into a short message naming the field, never the whole schema. */
 function validationMessage(error: unknown): string {
-  const e = error as { all?: { path?: string; message?: string }[]; type?: string }
+  const e = error as { all?: { path?: string; message?: string; schema?: SchemaLike }[]; type?: string }
   const first = e.all?.[0]
-  const where = first?.path ? first.path.replace(/^\//, '').replaceAll('/', '.') : e.type ?? 'request'
+  const where = first?.path ? first.path.replace(/^\//, '').replaceAll('/', '.') : (e.type ?? 'request')
+  const want = expected(first?.schema)
+  if (first?.path && want) return `${where} must be ${want}`
   return first?.message ? `${where || e.type}: ${first.message}` : `Invalid ${where}`
 }
 

@@ -597,3 +597,17 @@ describe('DELETE /v1/licenses/:licenseKey', () => {
     expect(res.body).toEqual(errorBody('not_found'))
   })
 })
+
+describe('validation messages name the field and what it must be', () => {
+  test.each([
+    [{ quantity: 101 }, 'quantity must be an integer from 1 to 100'],
+    [{ quantity: 'many' }, 'quantity must be an integer from 1 to 100'],
+    [{ label: 'x'.repeat(129) }, 'label must be a string of at most 128 characters or null'],
+    [{ unlimitedHwidSlots: 'yes' }, 'unlimitedHwidSlots must be true or false'],
+  ])('%j', async (extra, message) => {
+    const s = await t.seed()
+    const res = await t.req('POST', '/v1/licenses', { apiKey: s.apiKey, body: { appId: s.appId, ...extra } })
+    expect(res.status).toBe(400)
+    expect(res.body).toEqual({ error: 'bad_request', message })
+  })
+})
