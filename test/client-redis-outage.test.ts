@@ -39,7 +39,7 @@ afterAll(async () => {
 
 const t = await makeTestApp({ store })
 
-test('Redis unreachable: validate fails closed, heartbeat fails open, both recover when it returns', async () => {
+test('Redis unreachable: validate fails closed, heartbeat fails open, /readyz is 503, all recover when it returns', async () => {
   await until(() => store.ping(), (up) => up)
   const s = await t.seed()
   const licenseKey = await insertLicense(t.deps, s.appId)
@@ -55,6 +55,9 @@ test('Redis unreachable: validate fails closed, heartbeat fails open, both recov
   await redis.exited
   const down = await validate()
   expect(down.status).toBe(500)
+  const notReady = await t.req('GET', '/readyz')
+  expect(notReady.status).toBe(503)
+  expect(notReady.body).toEqual({ status: 'unavailable', database: 'ok', store: 'failed' })
   expect(down.body).toEqual({ status: 'failed', error: 'system_error' })
   const open = await beat()
   expect(open.status, JSON.stringify(open.body)).toBe(200)
@@ -66,4 +69,5 @@ test('Redis unreachable: validate fails closed, heartbeat fails open, both recov
   const back = await until(validate, (r) => r.status === 200)
   expect(back.status).toBe(200)
   expect((await beat()).status).toBe(200)
+  expect((await t.req('GET', '/readyz')).status).toBe(200)
 })
