@@ -1,5 +1,5 @@
+import { sql } from 'drizzle-orm'
 import type { DbOrTx } from '../db/client'
-import { events } from '../db/schema'
 
 /** The subscribable event names (test.ping is sent by the test operation only). */
 export const EVENT_NAMES = [
@@ -27,12 +27,35 @@ export interface DomainEvent {
 /**
  * Writes events to the outbox inside the caller's transaction, so an event exists exactly when the
  * change that caused it committed. Delivery reads the outbox; call `EventBus.notify()` after commit.
+ *
+ * The same statement fans each event out: one webhook_deliveries row per webhook of its app that is
+ * enabled and subscribed now, and the event is marked dispatched, so the dispatcher only has to
+ * claim and send (no second pass rewriting every event row). The webhooks are locked FOR KEY SHARE:
+ * one deleted meanwhile is skipped instead of failing the caller's change on the foreign key.
+ * Events no webhook wants stay undispatched for the dispatcher's own fan-out, which also serves rows
+ * an older version wrote. One JSON parameter keeps the statement text fixed whatever the batch size.
  */
 export async function recordEvents(tx: DbOrTx, list: readonly DomainEvent[]): Promise<void> {
   if (list.length === 0) return
-  await tx.insert(events).values(
-    list.map((e) => ({ appId: e.data.appId, event: e.event, data: e.data, occurredAt: e.occurredAt })),
-  )
+  const rows = list.map((e) => ({ app_id: e.data.appId, event: e.event, data: e.data, occurred_at: e.occurredAt.toISOString() }))
+  await tx.execute(sql`
+    WITH r AS (
+      SELECT * FROM ROWS FROM (
+        jsonb_to_recordset(${JSON.stringify(rows)}::jsonb) AS (app_id uuid, event text, data jsonb, occurred_at timestamptz)
+      ) WITH ORDINALITY AS r(app_id, event, data, occurred_at, n)
+    ), hooks AS (
+      SELECT w.id, w.app_id, w.events FROM webhooks w
+      WHERE w.enabled AND w.app_id IN (SELECT app_id FROM r)
+      FOR KEY SHARE
+    ), inserted AS (
+      INSERT INTO events (app_id, event, data, occurred_at, dispatched_at)
+      SELECT r.app_id, r.event, r.data, r.occurred_at,
+             CASE WHEN EXISTS (SELECT 1 FROM hooks h WHERE h.app_id = r.app_id AND r.event = ANY(h.events)) THEN now() END
+      FROM r ORDER BY r.n
+      RETURNING id, app_id, event
+    )
+    INSERT INTO webhook_deliveries (event_id, webhook_id)
+    SELECT i.id, h.id FROM inserted i JOIN hooks h ON h.app_id = i.app_id AND i.event = ANY(h.events)`)
 }
 
 /** Wakes in-process consumers of the outbox (the webhook dispatcher) right after a commit. */

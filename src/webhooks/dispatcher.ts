@@ -11,11 +11,13 @@ import { type Attempt, recordAttempts } from './record'
  * run on the delivery pool's workers, so API calls never wait on a receiver.
  *
  * Each step is safe with several instances on one database:
- * 1. Fan-out: undispatched events (SKIP LOCKED) get one webhook_deliveries row per webhook that is
- *    enabled and subscribed at that moment, and are marked dispatched, in one statement; the rows
- *    this instance can send now are inserted already claimed.
- * 2. Claim: other due deliveries (never attempted, and unclaimed or claimed longer than the lease
- *    ago) get claimed_at = now() with SKIP LOCKED, so exactly one instance sends each.
+ * 1. Fan-out: recordEvents already writes one webhook_deliveries row per webhook that is enabled
+ *    and subscribed at commit, in the writer's statement. Events it left undispatched (no webhook
+ *    wanted them then, or an older version wrote them) are fanned out here on every poll: SKIP
+ *    LOCKED, one row per webhook enabled and subscribed at that moment, marked dispatched, the rows
+ *    this instance can send now inserted already claimed, in one statement.
+ * 2. Claim: due deliveries (never attempted, and unclaimed or claimed longer than the lease ago) get
+ *    claimed_at = now() with SKIP LOCKED, so exactly one instance sends each.
  * 3. Send on a worker, then record attempted_at/http_status and the webhook's lastDelivery*.
  *
  * Semantics: every event committed is attempted once per subscribed, enabled webhook, including
@@ -101,8 +103,10 @@ export class WebhookDispatcher {
   #pumping: Promise<void> | null = null
   #again = false
   #backlog = false
-  /** Whether the claim statement should run: set by the poll and by fan-outs that left deliveries unclaimed. */
-  #claimDue = true
+  /** Whether the fan-out statement should run: at start, on every poll, and while it finds full batches. */
+  #fanOutDue = true
+  /** Whether the last claim filled the room it had (or had none): more deliveries are waiting. */
+  #claimFull = false
   #lastPass = 0
   #delayed: ReturnType<typeof setTimeout> | null = null
   #inFlight = 0
@@ -132,7 +136,7 @@ export class WebhookDispatcher {
     this.#deps.webhookPool.start()
     this.#unsubscribe = this.#deps.bus.subscribe(() => this.kick())
     this.#poll = setInterval(() => {
-      this.#claimDue = true
+      this.#fanOutDue = true
       this.kick()
     }, this.#pollMs)
     this.#cleanup = setInterval(() => this.#startPurge(), CLEANUP_EVERY_MS)
@@ -205,35 +209,36 @@ export class WebhookDispatcher {
   }
 
   /**
-   * One pass. New events are fanned out with the deliveries this instance can send right away
-   * already claimed, in one statement (the common case: one statement per pass). Deliveries left
-   * unclaimed (more than the free worker slots), expired leases and other instances' leftovers are
-   * claimed by a second statement when the poll asks for it or the previous pass left some.
+   * One pass: the deliveries writers fanned out at commit (and expired leases, other instances'
+   * leftovers) are claimed up to the free worker slots, in one statement. The fan-out statement runs
+   * only when the poll asks for it, since writers fan out themselves.
    */
   async #pump(): Promise<void> {
     this.#again = false
     try {
       let room = this.#maxInFlight - this.#inFlight
-      const fanned = await this.#fanOut(room)
-      for (const c of fanned.claimed) this.#send(c)
-      room -= fanned.claimed.length
-      if (fanned.unclaimed) this.#claimDue = true
-      let claimedMore = 0
-      if (this.#claimDue && room > 0) {
+      if (this.#fanOutDue) {
+        const fanned = await this.#fanOut(room)
+        for (const c of fanned.claimed) this.#send(c)
+        room -= fanned.claimed.length
+        this.#fanOutDue = fanned.events >= this.#fanOutBatch
+      }
+      if (room > 0) {
         const claimed = await this.#claim(room)
         for (const c of claimed) this.#send(c)
-        claimedMore = claimed.length
-        // A full batch means more is waiting; otherwise the table is drained until the next poll.
-        this.#claimDue = claimedMore >= room
+        // A full batch means more is waiting; otherwise the table is drained until the next wake-up.
+        this.#claimFull = claimed.length >= room
+      } else {
+        this.#claimFull = true
       }
-      this.#backlog = fanned.events >= this.#fanOutBatch || this.#claimDue
+      this.#backlog = this.#fanOutDue || this.#claimFull
     } catch (err) {
       this.#backlog = false
       log.error('webhook dispatch failed; retrying on the next poll', errorFields(err))
     }
   }
 
-  async #fanOut(room: number): Promise<{ events: number; unclaimed: boolean; claimed: Claimed[] }> {
+  async #fanOut(room: number): Promise<{ events: number; claimed: Claimed[] }> {
     const result = await this.#db.execute(sql`
       WITH picked AS (
         SELECT id, app_id, event, data, occurred_at FROM events
@@ -253,10 +258,9 @@ export class WebhookDispatcher {
         ON CONFLICT DO NOTHING
         RETURNING event_id, webhook_id, claimed_at
       ), counts AS (
-        SELECT (SELECT count(*) FROM picked)::int AS events,
-               (SELECT count(*) FROM owed WHERE claimed_at IS NULL)::int AS unclaimed
+        SELECT (SELECT count(*) FROM picked)::int AS events
       )
-      SELECT counts.events, counts.unclaimed, c.*
+      SELECT counts.events, c.*
       FROM counts LEFT JOIN (
         SELECT o.event_id::float8 AS event_id, o.webhook_id, p.event, p.data::text AS data,
                (extract(epoch FROM p.occurred_at) * 1000)::float8 AS occurred_ms,
@@ -270,7 +274,6 @@ export class WebhookDispatcher {
     const rows = rowsOf(result)
     return {
       events: Number(rows[0]?.events ?? 0),
-      unclaimed: Number(rows[0]?.unclaimed ?? 0) > 0,
       claimed: rows.filter((r) => r.event_id !== null && r.event_id !== undefined).map(toClaimed),
     }
   }
