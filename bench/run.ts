@@ -78,13 +78,25 @@ interface Result {
   errors: number
   /** Server CPU time per request (µs): robust to outside load, unlike req/s. */
   cpuUs: number
+  /** Redis CPU per request (µs; the whole Redis server, so other users of it add to it). */
+  redisUs: number
+  /** wrk's own CPU per request (µs): its Lua builds every request body. */
+  wrkUs: number
 }
 
 const toMs = (v: string, unit: string) => Number(v) * ({ us: 0.001, ms: 1, s: 1000 }[unit] ?? Number.NaN)
 
+/** CPU seconds the Redis server has used (INFO cpu), read with redis-cli so no client sits in this process. */
+function redisCpu(): number {
+  const info = Bun.spawnSync(['redis-cli', '-u', REDIS_URL, 'info', 'cpu']).stdout.toString()
+  const field = (name: string) => Number(new RegExp(`^${name}:([\\d.]+)`, 'm').exec(info)?.[1] ?? Number.NaN)
+  return field('used_cpu_user') + field('used_cpu_sys')
+}
+
 let runCounter = 0
 function wrk(name: string, server: Server, mode: string, connections: number, seconds: number): Result {
   const url = server.url
+  const redis0 = redisCpu()
   const cpu0 = server.cpu()
   const runId = `${process.pid.toString(16)}r${(runCounter++).toString(16)}x`
   const threads = Math.min(2, connections)
@@ -102,7 +114,9 @@ function wrk(name: string, server: Server, mode: string, connections: number, se
   const errors = Number(/Non-2xx or 3xx responses:\s+(\d+)/.exec(text)?.[1] ?? 0)
   const total = Number(/(\d+) requests in/.exec(text)?.[1] ?? Number.NaN)
   const cpuUs = ((server.cpu() - cpu0) * 1e6) / total
-  return { name, connections, rps, p50: pct('50'), p99: pct('99'), errors, cpuUs }
+  const redisUs = ((redisCpu() - redis0) * 1e6) / total
+  const wrkUs = Number(out.resourceUsage?.cpuTime.total ?? Number.NaN) / total
+  return { name, connections, rps, p50: pct('50'), p99: pct('99'), errors, cpuUs, redisUs, wrkUs }
 }
 
 async function main() {
@@ -165,7 +179,7 @@ async function main() {
     const run = (name: string, server: Server, mode: string, c: number) => {
       const r = wrk(name, server, mode, c, DURATION)
       results.push(r)
-      console.log(`  ${name.padEnd(24)} c=${String(c).padStart(2)}  ${r.rps.toFixed(0).padStart(7)} req/s  p50 ${r.p50.toFixed(2)} ms  p99 ${r.p99.toFixed(2)} ms  server CPU ${r.cpuUs.toFixed(0)} µs/req${r.errors ? `  non-2xx ${r.errors}` : ''}`)
+      console.log(`  ${name.padEnd(24)} c=${String(c).padStart(2)}  ${r.rps.toFixed(0).padStart(7)} req/s  p50 ${r.p50.toFixed(2)} ms  p99 ${r.p99.toFixed(2)} ms  server CPU ${r.cpuUs.toFixed(0)} µs/req, Redis ${r.redisUs.toFixed(0)}, wrk ${r.wrkUs.toFixed(0)}${r.errors ? `  non-2xx ${r.errors}` : ''}`)
       return r
     }
     // The machine is shared and noisy: interleave the scenarios over several rounds and keep each

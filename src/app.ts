@@ -18,6 +18,8 @@ export const API_BODY_LIMIT = 1024 * 1024
 const isPublic = (path: string) => path.startsWith('/auth/')
 
 class BodyTooLarge extends Error {}
+// Stateless between calls (no streaming), so one decoder serves every request.
+const utf8 = new TextDecoder()
 class MalformedJson extends Error {}
 
 function errorResponse(path: string, status: number, code: string, message: string, headers: Record<string, string> = {}): Response {
@@ -34,7 +36,7 @@ async function parseJsonBody(request: Request, path: string): Promise<unknown> {
   if (bytes.byteLength > limit) throw new BodyTooLarge()
   if (bytes.byteLength === 0) return undefined
   try {
-    return JSON.parse(new TextDecoder().decode(bytes))
+    return JSON.parse(utf8.decode(bytes))
   } catch {
     throw new MalformedJson()
   }

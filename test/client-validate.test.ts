@@ -39,6 +39,32 @@ describe('POST /auth/validate', async () => {
     expect(new Date(p.sessionExpiresAt).getTime()).toBe(p.expiresIn * 1000)
   })
 
+  test('the payload is plain JSON in the fixed field order, escaping what the client sent', async () => {
+    const expiresAt = new Date('2031-02-03T04:05:06.789Z')
+    const key = await insertLicense(t.deps, s.appId, { label: 'Q"\\é', variables: { 'a"b': 'ü\n', n: 1 }, expiresAt })
+    const h = `hw"\\\u00e9\u{1F600}${hwid()}`
+    const sent = body(key, h, { nonce: `n"\\\u2028${nonce()}` })
+    let token = ''
+    for (const beat of [false, true]) {
+      const res = beat
+        ? await t.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken: token, hwid: h } })
+        : await t.req('POST', '/auth/validate', { body: sent })
+      expect(res.status, JSON.stringify(res.body)).toBe(200)
+      const text = Buffer.from(res.body.payload, 'base64').toString('utf8')
+      const p = JSON.parse(text)
+      expect(JSON.stringify(p)).toBe(text)
+      expect(Object.keys(p)).toEqual([
+        'sessionToken', 'expiresIn', 'sessionExpiresAt', 'timestamp', ...(beat ? [] : ['nonce']), 'appId', 'licenseKey',
+        'hwid', 'licenseExpiresAt', 'unlimitedHwidSlots', 'maxHwidSlots', 'hwidCount', 'licenseLabel', 'appVariables',
+        'licenseVariables',
+      ])
+      expect(p).toMatchObject({ hwid: h, licenseExpiresAt: expiresAt.toISOString(), licenseLabel: 'Q"\\é' })
+      if (!beat) expect(p.nonce).toBe(sent.nonce)
+      expect(p.licenseVariables).toEqual({ 'a"b': 'ü\n', n: 1 })
+      token = p.sessionToken
+    }
+  })
+
   test('a tampered payload fails verification', async () => {
     const key = await insertLicense(t.deps, s.appId)
     const res = await t.req('POST', '/auth/validate', { body: body(key, hwid()) })

@@ -365,6 +365,57 @@ export async function heartbeat(deps: Deps, input: HeartbeatInput, ip: string): 
   return signedResponse(auth.app, auth.license!, input.hwid, renewed, input.nonce, nowMs)
 }
 
+/**
+ * The signed payload is JSON with a fixed field order (sessionToken, expiresIn, sessionExpiresAt,
+ * timestamp, nonce?, appId, licenseKey, hwid, licenseExpiresAt, unlimitedHwidSlots, maxHwidSlots,
+ * hwidCount, licenseLabel, appVariables, licenseVariables). The fields that only change when the app
+ * or the license is reloaded are serialized once per cache entry (entries are replaced, never
+ * mutated, on reload) by the same JSON.stringify, so the text is byte for byte what one
+ * JSON.stringify of the whole object gives.
+ */
+const payloadTails = new WeakMap<CachedLicense, { app: CachedApp; head: string; tail: string }>()
+
+function payloadParts(app: CachedApp, license: CachedLicense, hwid: string): string {
+  let parts = payloadTails.get(license)
+  if (!parts || parts.app !== app) {
+    const head = JSON.stringify({ appId: app.id, licenseKey: license.key })
+    const tail = JSON.stringify({
+      licenseExpiresAt: license.expiresAt ? license.expiresAt.toISOString() : null,
+      unlimitedHwidSlots: license.unlimitedHwidSlots,
+      maxHwidSlots: license.maxHwidSlots,
+      hwidCount: license.hwids.length,
+      licenseLabel: license.label,
+      appVariables: app.variables,
+      licenseVariables: license.variables,
+    })
+    parts = { app, head: head.slice(1, -1), tail: tail.slice(1) }
+    payloadTails.set(license, parts)
+  }
+  return `${parts.head},"hwid":${JSON.stringify(hwid)},${parts.tail}`
+}
+
+// Many requests share one clock second or millisecond: the last text of each is kept.
+let lastSeconds = Number.NaN
+let lastSecondsIso = ''
+let lastMillis = Number.NaN
+let lastMillisIso = ''
+
+function isoSeconds(unixSeconds: number): string {
+  if (unixSeconds !== lastSeconds) {
+    lastSecondsIso = new Date(unixSeconds * 1000).toISOString()
+    lastSeconds = unixSeconds
+  }
+  return lastSecondsIso
+}
+
+function isoMillis(ms: number): string {
+  if (ms !== lastMillis) {
+    lastMillisIso = new Date(ms).toISOString()
+    lastMillis = ms
+  }
+  return lastMillisIso
+}
+
 function signedResponse(
   app: CachedApp,
   license: CachedLicense,
@@ -378,24 +429,11 @@ function signedResponse(
     throw new PublicError('system_error')
   }
   const exp = session.session.exp
-  const body = {
-    sessionToken: session.token,
-    expiresIn: exp,
-    sessionExpiresAt: new Date(exp * 1000).toISOString(),
-    timestamp: new Date(nowMs).toISOString(),
-    ...(nonce === undefined ? {} : { nonce }),
-    appId: app.id,
-    licenseKey: license.key,
-    hwid,
-    licenseExpiresAt: license.expiresAt ? license.expiresAt.toISOString() : null,
-    unlimitedHwidSlots: license.unlimitedHwidSlots,
-    maxHwidSlots: license.maxHwidSlots,
-    hwidCount: license.hwids.length,
-    licenseLabel: license.label,
-    appVariables: app.variables,
-    licenseVariables: license.variables,
-  }
-  const payload = Buffer.from(JSON.stringify(body), 'utf8').toString('base64')
+  const json =
+    `{"sessionToken":${JSON.stringify(session.token)},"expiresIn":${JSON.stringify(exp)},` +
+    `"sessionExpiresAt":"${isoSeconds(exp)}","timestamp":"${isoMillis(nowMs)}"` +
+    `${nonce === undefined ? '' : `,"nonce":${JSON.stringify(nonce)}`},${payloadParts(app, license, hwid)}`
+  const payload = Buffer.from(json, 'utf8').toString('base64')
   return { status: 'success', payload, signature: signText(payload, app.signing.key), keyId: app.signing.keyId }
 }
 

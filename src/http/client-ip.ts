@@ -27,6 +27,18 @@ export function canonicalIp(text: string): string | null {
   return `${groups.slice(0, best).join(':')}::${groups.slice(best + bestLen).join(':')}`
 }
 
+// Keep-alive connections repeat the same peer request after request: its canonical text is kept.
+let lastPeer = ''
+let lastPeerCanonical = ''
+
+function canonicalPeer(peer: string): string {
+  if (peer !== lastPeer) {
+    lastPeerCanonical = canonicalIp(peer) ?? peer
+    lastPeer = peer
+  }
+  return lastPeerCanonical
+}
+
 function trusted(ip: string, proxies: readonly Cidr[]): boolean {
   const bytes = ipBytes(ip)
   return bytes !== null && proxies.some((c) => cidrContains(c, bytes))
@@ -37,7 +49,7 @@ function trusted(ip: string, proxies: readonly Cidr[]): boolean {
  * X-Forwarded-For hop that is not itself a trusted proxy.
  */
 export function clientIp(peer: string | null, forwardedFor: string | null, proxies: readonly Cidr[]): string {
-  const socket = peer ? (canonicalIp(peer) ?? peer) : '0.0.0.0'
+  const socket = peer ? canonicalPeer(peer) : '0.0.0.0'
   if (!forwardedFor || proxies.length === 0 || !trusted(socket, proxies)) return socket
   const hops = forwardedFor.split(',').map((h) => h.trim()).filter(Boolean)
   for (let i = hops.length - 1; i >= 0; i--) {
