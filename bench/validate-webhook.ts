@@ -103,7 +103,7 @@ async function runWrk(base: string, script: string) {
   return { rps, total, errors, raw: stdout }
 }
 
-/** CPU seconds used so far by the server process (all threads), its database's backends and Redis. */
+/** CPU seconds used so far by the server process (all threads), its database's backends, Redis and the receiver. */
 function cpu(serverPid: number) {
   const { readdirSync, readFileSync } = require('node:fs') as typeof import('node:fs')
   const ticks = (pid: string) => {
@@ -132,14 +132,17 @@ function cpu(serverPid: number) {
       threads[kind] = (threads[kind] ?? 0) + t
     }
   } catch {}
-  return { server: ticks(String(serverPid)).t, threads, pg, redis }
+  return { server: ticks(String(serverPid)).t, threads, pg, redis, receiver: ticks(String(receiver.pid)).t }
 }
 function cpuDelta(a: ReturnType<typeof cpu>, b: ReturnType<typeof cpu>, n: number) {
   const us = (x: number) => ((x / n) * 1e6).toFixed(0)
   const th = Object.keys(b.threads)
     .map((k) => `${k} ${us((b.threads[k] ?? 0) - (a.threads[k] ?? 0))}`)
     .join(' ')
-  return `CPU µs/request: server ${us(b.server - a.server)} (${th}), postgres ${us(b.pg - a.pg)}, redis ${us(b.redis - a.redis)}`
+  return (
+    `CPU µs/request: server ${us(b.server - a.server)} (${th}), postgres ${us(b.pg - a.pg)}, redis ${us(b.redis - a.redis)}, ` +
+    `receiver ${us(b.receiver - a.receiver)}`
+  )
 }
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] ?? 0
@@ -156,10 +159,9 @@ const receiver = Bun.spawn(['nice', '-n', '19', process.execPath, join(import.me
   stdout: 'pipe',
 })
 const receiverPort = Number(new TextDecoder().decode((await receiver.stdout.getReader().read()).value).trim())
-const receiverCount = async () =>
-  ((await (await fetch(`https://127.0.0.1:${receiverPort}/`, { tls: { ca: await Bun.file(certFile).text() } })).json()) as {
-    received: number
-  }).received
+const receiverTls = { ca: await Bun.file(certFile).text() }
+const receiverCounts = async () =>
+  (await (await fetch(`https://127.0.0.1:${receiverPort}/`, { tls: receiverTls })).json()) as { received: number; rejected: number }
 
 const env: Record<string, string> = {
   ...(process.env as Record<string, string>),
@@ -199,7 +201,15 @@ try {
   }
   const script = wrkScript(app.appId, app.appSecret, keys)
   await runWrk(server.base, script) // warm-up: caches, JIT, HWID bindings
-  let webhookId: string | null = null
+  // Created disabled, so the receiver knows the secret before the first delivery; each round enables it.
+  const created = await api('POST', `/v1/apps/${app.appId}/webhooks`, {
+    url: `https://127.0.0.1:${receiverPort}/bench`,
+    events: ['license.validated'],
+    enabled: false,
+  })
+  if (created.status !== 201) throw new Error(`webhook create: ${JSON.stringify(created.body)}`)
+  const webhookId: string = created.body.webhookId
+  await fetch(`https://127.0.0.1:${receiverPort}/secret`, { method: 'PUT', body: created.body.secret, tls: receiverTls })
 
   const without: number[] = []
   const withHook: number[] = []
@@ -211,16 +221,7 @@ try {
     without.push(plain.rps)
     console.log(`without webhook: ${plain.rps.toFixed(0)} req/s (${plain.errors} non-2xx); ${cpuDelta(before, cpu(server.proc.pid), plain.total)}`)
 
-    if (!webhookId) {
-      const created = await api('POST', `/v1/apps/${app.appId}/webhooks`, {
-        url: `https://127.0.0.1:${receiverPort}/bench`,
-        events: ['license.validated'],
-      })
-      if (created.status !== 201) throw new Error(`webhook create: ${JSON.stringify(created.body)}`)
-      webhookId = created.body.webhookId
-    } else {
-      await api('PUT', `/v1/apps/${app.appId}/webhooks/${webhookId}`, { enabled: true })
-    }
+    await api('PUT', `/v1/apps/${app.appId}/webhooks/${webhookId}`, { enabled: true })
     before = cpu(server.proc.pid)
     const hookedRun = await runWrk(server.base, script)
     withHook.push(hookedRun.rps)
@@ -244,20 +245,20 @@ try {
     FROM webhook_deliveries WHERE webhook_id = ${webhookId}`
   const a = median(without)
   const b = median(withHook)
-  const delivered = await receiverCount()
+  const { received: delivered, rejected } = await receiverCounts()
   console.log('')
   console.log(`validate without webhook (median): ${a.toFixed(0)} req/s`)
   console.log(`validate with webhook    (median): ${b.toFixed(0)} req/s  (${((b / a - 1) * 100).toFixed(1)}%)`)
   console.log(
     `successful validates in webhook runs: ${hookRequests}; license.validated events: ${events?.n}; ` +
       `delivery rows: ${attempts?.n} (distinct events ${attempts?.distinct_events}, 204: ${attempts?.ok}); ` +
-      `requests the receiver got: ${delivered}`,
+      `signed requests the receiver verified: ${delivered} (bad signatures: ${rejected})`,
   )
   // wrk does not count requests still in flight when it stops, so validates and events may differ by
   // at most the connection count; deliveries must match events exactly.
   const n = events?.n ?? -1
   const exact =
-    attempts?.n === n && attempts?.distinct_events === n && attempts?.ok === n && delivered === n &&
+    attempts?.n === n && attempts?.distinct_events === n && attempts?.ok === n && delivered === n && rejected === 0 &&
     Math.abs(n - hookRequests) <= CONNECTIONS * ROUNDS
   console.log(exact ? 'every validated event delivered exactly once' : 'MISMATCH between validates and deliveries')
   console.log(b >= a * 0.85 ? 'within 15%' : 'NOT within 15%')

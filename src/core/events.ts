@@ -1,5 +1,9 @@
 import { sql } from 'drizzle-orm'
+import { PgTransaction } from 'drizzle-orm/pg-core'
 import type { DbOrTx } from '../db/client'
+import { rowsOf, writerClaims } from '../webhooks/dispatcher'
+import { executePrepared } from '../webhooks/prepared'
+import { MAX_WEBHOOKS_PER_APP } from './webhooks'
 
 /** The subscribable event names (test.ping is sent by the test operation only). */
 export const EVENT_NAMES = [
@@ -34,28 +38,53 @@ export interface DomainEvent {
  * one deleted meanwhile is skipped instead of failing the caller's change on the foreign key.
  * Events no webhook wants stay undispatched for the dispatcher's own fan-out, which also serves rows
  * an older version wrote. One JSON parameter keeps the statement text fixed whatever the batch size.
+ *
+ * Outside a transaction the statement commits on its own, so when this process runs a dispatcher on
+ * the same database the deliveries it has room for are inserted already claimed and handed to it
+ * right away (validate's batches: no claim statement per delivery). Inside a transaction they are
+ * inserted unclaimed, because the caller may still roll back; the claim statement picks them up.
  */
 export async function recordEvents(tx: DbOrTx, list: readonly DomainEvent[]): Promise<void> {
   if (list.length === 0) return
   const rows = list.map((e) => ({ app_id: e.data.appId, event: e.event, data: e.data, occurred_at: e.occurredAt.toISOString() }))
-  await tx.execute(sql`
-    WITH r AS (
-      SELECT * FROM ROWS FROM (
-        jsonb_to_recordset(${JSON.stringify(rows)}::jsonb) AS (app_id uuid, event text, data jsonb, occurred_at timestamptz)
-      ) WITH ORDINALITY AS r(app_id, event, data, occurred_at, n)
-    ), hooks AS (
-      SELECT w.id, w.app_id, w.events FROM webhooks w
-      WHERE w.enabled AND w.app_id IN (SELECT app_id FROM r)
-      FOR KEY SHARE
-    ), inserted AS (
-      INSERT INTO events (app_id, event, data, occurred_at, dispatched_at)
-      SELECT r.app_id, r.event, r.data, r.occurred_at,
-             CASE WHEN EXISTS (SELECT 1 FROM hooks h WHERE h.app_id = r.app_id AND r.event = ANY(h.events)) THEN now() END
-      FROM r ORDER BY r.n
-      RETURNING id, app_id, event
-    )
-    INSERT INTO webhook_deliveries (event_id, webhook_id)
-    SELECT i.id, h.id FROM inserted i JOIN hooks h ON h.app_id = i.app_id AND i.event = ANY(h.events)`)
+  const claim = tx instanceof PgTransaction ? null : writerClaims(tx, list.length * MAX_WEBHOOKS_PER_APP)
+  let result: unknown
+  try {
+    result = await executePrepared(tx, 'record_events', sql`
+      WITH r AS (
+        SELECT * FROM ROWS FROM (
+          jsonb_to_recordset(${JSON.stringify(rows)}::jsonb) AS (app_id uuid, event text, data jsonb, occurred_at timestamptz)
+        ) WITH ORDINALITY AS r(app_id, event, data, occurred_at, n)
+      ), hooks AS (
+        SELECT w.id, w.app_id, w.events, w.url, w.secret_enc, w.enabled FROM webhooks w
+        WHERE w.enabled AND w.app_id IN (SELECT app_id FROM r)
+        FOR KEY SHARE
+      ), inserted AS (
+        INSERT INTO events (app_id, event, data, occurred_at, dispatched_at)
+        SELECT r.app_id, r.event, r.data, r.occurred_at,
+               CASE WHEN EXISTS (SELECT 1 FROM hooks h WHERE h.app_id = r.app_id AND r.event = ANY(h.events)) THEN now() END
+        FROM r ORDER BY r.n
+        RETURNING id, app_id, event, data, occurred_at
+      ), pairs AS (
+        SELECT i.id AS event_id, h.id AS webhook_id, row_number() OVER (ORDER BY i.id, h.id) AS k
+        FROM inserted i JOIN hooks h ON h.app_id = i.app_id AND i.event = ANY(h.events)
+      ), owed AS (
+        INSERT INTO webhook_deliveries (event_id, webhook_id, claimed_at)
+        SELECT event_id, webhook_id, CASE WHEN k <= ${claim?.room ?? 0} THEN now() END FROM pairs
+        RETURNING event_id, webhook_id, claimed_at
+      )
+      SELECT o.event_id::float8 AS event_id, o.webhook_id, i.event, i.data::text AS data,
+             (extract(epoch FROM i.occurred_at) * 1000)::float8 AS occurred_ms,
+             h.url, h.secret_enc, h.enabled
+      FROM owed o
+      JOIN inserted i ON i.id = o.event_id
+      JOIN hooks h ON h.id = o.webhook_id
+      WHERE o.claimed_at IS NOT NULL`)
+  } catch (err) {
+    claim?.take([])
+    throw err
+  }
+  claim?.take(rowsOf(result))
 }
 
 /** Wakes in-process consumers of the outbox (the webhook dispatcher) right after a commit. */

@@ -3,6 +3,7 @@ import type { Db } from '../db/client'
 import type { Deps } from '../deps'
 import { errorFields, log } from '../log'
 import { signedDelivery } from './payload'
+import { executePrepared } from './prepared'
 import type { DeliveryResult } from './protocol'
 import { type Attempt, recordAttempts } from './record'
 
@@ -16,8 +17,12 @@ import { type Attempt, recordAttempts } from './record'
  *    wanted them then, or an older version wrote them) are fanned out here on every poll: SKIP
  *    LOCKED, one row per webhook enabled and subscribed at that moment, marked dispatched, the rows
  *    this instance can send now inserted already claimed, in one statement.
- * 2. Claim: due deliveries (never attempted, and unclaimed or claimed longer than the lease ago) get
- *    claimed_at = now() with SKIP LOCKED, so exactly one instance sends each.
+ * 2. Claim: a writer whose statement commits on its own (validate's batches) and that runs in a
+ *    process with a dispatcher on the same database inserts the deliveries this dispatcher has room
+ *    for already claimed and hands them over once committed (writerClaims/takeClaimed): no claim
+ *    statement at all for them. Every other due delivery (never attempted, and unclaimed or claimed
+ *    longer than the lease ago) gets claimed_at = now() with SKIP LOCKED by the claim statement.
+ *    Either way exactly one instance sends each.
  * 3. Send on a worker, then record attempted_at/http_status and the webhook's lastDelivery*.
  *
  * Semantics: every event committed is attempted once per subscribed, enabled webhook, including
@@ -81,9 +86,29 @@ function toClaimed(r: Record<string, unknown>): Claimed {
   }
 }
 
-function rowsOf(result: unknown): Record<string, unknown>[] {
+export function rowsOf(result: unknown): Record<string, unknown>[] {
   // postgres.js returns the rows themselves, PGlite an object holding them.
   return (Array.isArray(result) ? result : (result as { rows?: unknown[] }).rows ?? []) as Record<string, unknown>[]
+}
+
+/** Dispatchers running in this process, by database handle: writers on that handle claim for them. */
+const running = new WeakMap<object, WebhookDispatcher>()
+
+/**
+ * What a writer committing on its own may claim for this process's dispatcher: `room` deliveries,
+ * handed over with take() after the commit (or with none when the statement failed).
+ */
+export interface WriterClaim {
+  room: number
+  take(rows: readonly Record<string, unknown>[]): void
+}
+
+/**
+ * The dispatcher running on this database handle with free worker slots, reserved for a writer's
+ * statement of up to `max` deliveries; null when there is none (the claim statement serves them).
+ */
+export function writerClaims(db: object, max: number): WriterClaim | null {
+  return running.get(db)?.reserve(max) ?? null
 }
 
 export class WebhookDispatcher {
@@ -110,6 +135,8 @@ export class WebhookDispatcher {
   #lastPass = 0
   #delayed: ReturnType<typeof setTimeout> | null = null
   #inFlight = 0
+  /** Worker slots promised to writers' statements still running. */
+  #reserved = 0
   #idle: (() => void)[] = []
   #results: Attempt[] = []
   /** Deliveries this instance claimed and has not recorded yet ("eventId webhookId"). */
@@ -134,6 +161,7 @@ export class WebhookDispatcher {
     if (!this.#stopped) return this
     this.#stopped = false
     this.#deps.webhookPool.start()
+    running.set(this.#db, this)
     this.#unsubscribe = this.#deps.bus.subscribe(() => this.kick())
     this.#poll = setInterval(() => {
       this.#fanOutDue = true
@@ -151,6 +179,7 @@ export class WebhookDispatcher {
   async stop(): Promise<void> {
     if (this.#stopped) return
     this.#stopped = true
+    if (running.get(this.#db) === this) running.delete(this.#db)
     this.#unsubscribe?.()
     if (this.#poll) clearInterval(this.#poll)
     if (this.#delayed) clearTimeout(this.#delayed)
@@ -184,6 +213,32 @@ export class WebhookDispatcher {
     return this.stop()
   }
 
+  /** Reserves worker slots for a writer's statement; see writerClaims. */
+  reserve(max: number): WriterClaim | null {
+    const room = Math.min(max, this.#maxInFlight - this.#inFlight - this.#reserved)
+    if (this.#stopped || room <= 0) return null
+    this.#reserved += room
+    let open = true
+    return {
+      room,
+      take: (rows) => {
+        if (!open) return
+        open = false
+        this.#reserved -= room
+        for (const r of rows) {
+          const c = toClaimed(r)
+          if (this.#stopped) {
+            // Committed as ours after shutdown began: hand it back rather than wait for the lease.
+            this.#released.push({ eventId: c.eventId, webhookId: c.webhookId })
+          } else {
+            this.#send(c)
+          }
+        }
+        if (this.#stopped && rows.length > 0) void this.#release()
+      },
+    }
+  }
+
   /** Looks for work now (called on every commit that wrote events, and by the poll). */
   kick(): void {
     if (this.#stopped) return
@@ -204,7 +259,7 @@ export class WebhookDispatcher {
     this.#pumping = this.#pump().finally(() => {
       this.#pumping = null
       // Wake-ups that came in during the pass are served by one more (spaced) pass.
-      if ((this.#again || this.#backlog) && this.#inFlight < this.#maxInFlight) this.kick()
+      if ((this.#again || this.#backlog) && this.#inFlight + this.#reserved < this.#maxInFlight) this.kick()
     })
   }
 
@@ -216,7 +271,7 @@ export class WebhookDispatcher {
   async #pump(): Promise<void> {
     this.#again = false
     try {
-      let room = this.#maxInFlight - this.#inFlight
+      let room = this.#maxInFlight - this.#inFlight - this.#reserved
       if (this.#fanOutDue) {
         const fanned = await this.#fanOut(room)
         for (const c of fanned.claimed) this.#send(c)
@@ -239,7 +294,7 @@ export class WebhookDispatcher {
   }
 
   async #fanOut(room: number): Promise<{ events: number; claimed: Claimed[] }> {
-    const result = await this.#db.execute(sql`
+    const result = await executePrepared(this.#db, 'webhook_fan_out', sql`
       WITH picked AS (
         SELECT id, app_id, event, data, occurred_at FROM events
         WHERE dispatched_at IS NULL
@@ -280,7 +335,7 @@ export class WebhookDispatcher {
 
   /** Claims due deliveries and reads what sending them needs, in one statement. */
   async #claim(limit: number): Promise<Claimed[]> {
-    const result = await this.#db.execute(sql`
+    const result = await executePrepared(this.#db, 'webhook_claim', sql`
       WITH due AS (
         SELECT event_id, webhook_id FROM webhook_deliveries
         WHERE attempted_at IS NULL

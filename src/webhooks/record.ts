@@ -1,5 +1,6 @@
 import { sql } from 'drizzle-orm'
 import type { DbOrTx } from '../db/client'
+import { executePrepared } from './prepared'
 
 /** One finished attempt: a delivery of an outbox event, or a test ping (no eventId). */
 export interface Attempt {
@@ -22,7 +23,7 @@ export async function recordAttempts(db: DbOrTx, attempts: readonly Attempt[]): 
     at: a.at.toISOString(),
     status: a.status,
   }))
-  await db.execute(sql`
+  await executePrepared(db, 'record_webhook_attempts', sql`
     WITH r AS (
       SELECT * FROM jsonb_to_recordset(${JSON.stringify(rows)}::jsonb)
         AS r(event_id bigint, webhook_id text, at timestamptz, status integer)
