@@ -72,19 +72,28 @@ export async function recordEvents(tx: DbOrTx, list: readonly DomainEvent[]): Pr
         INSERT INTO webhook_deliveries (event_id, webhook_id, claimed_at)
         SELECT event_id, webhook_id, CASE WHEN k <= ${claim?.room ?? 0} THEN now() END FROM pairs
         RETURNING event_id, webhook_id, claimed_at
+      ), counts AS (
+        SELECT count(*) FILTER (WHERE claimed_at IS NULL)::int AS unclaimed FROM owed
       )
-      SELECT o.event_id::float8 AS event_id, o.webhook_id, i.event, i.data::text AS data,
-             (extract(epoch FROM i.occurred_at) * 1000)::float8 AS occurred_ms,
-             h.url, h.secret_enc, h.enabled
-      FROM owed o
-      JOIN inserted i ON i.id = o.event_id
-      JOIN hooks h ON h.id = o.webhook_id
-      WHERE o.claimed_at IS NOT NULL`)
+      SELECT counts.unclaimed, c.* FROM counts LEFT JOIN (
+        SELECT o.event_id::float8 AS event_id, o.webhook_id, i.event, i.data::text AS data,
+               (extract(epoch FROM i.occurred_at) * 1000)::float8 AS occurred_ms,
+               h.url, h.secret_enc, h.enabled
+        FROM owed o
+        JOIN inserted i ON i.id = o.event_id
+        JOIN hooks h ON h.id = o.webhook_id
+        WHERE o.claimed_at IS NOT NULL
+      ) c ON true`)
   } catch (err) {
-    claim?.take([])
+    claim?.take([], false)
     throw err
   }
-  claim?.take(rowsOf(result))
+  if (!claim) return
+  const returned = rowsOf(result)
+  claim.take(
+    returned.filter((r) => r.event_id !== null && r.event_id !== undefined),
+    Number(returned[0]?.unclaimed ?? 1) === 0,
+  )
 }
 
 /** Wakes in-process consumers of the outbox (the webhook dispatcher) right after a commit. */

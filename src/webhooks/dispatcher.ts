@@ -100,7 +100,8 @@ const running = new WeakMap<object, WebhookDispatcher>()
  */
 export interface WriterClaim {
   room: number
-  take(rows: readonly Record<string, unknown>[]): void
+  /** `complete`: the statement claimed every delivery it wrote (its wake-up needs no claim statement). */
+  take(rows: readonly Record<string, unknown>[], complete: boolean): void
 }
 
 /**
@@ -130,8 +131,17 @@ export class WebhookDispatcher {
   #backlog = false
   /** Whether the fan-out statement should run: at start, on every poll, and while it finds full batches. */
   #fanOutDue = true
-  /** Whether the last claim filled the room it had (or had none): more deliveries are waiting. */
-  #claimFull = false
+  /**
+   * Whether the claim statement should run: at start, on every poll, on a commit's wake-up, and while
+   * claims come back full (or there was no room for one).
+   */
+  #claimDue = true
+  /**
+   * Writers' statements that claimed every delivery they wrote, whose wake-up has not come yet: that
+   * many wake-ups skip the claim statement, which would find nothing of theirs. Every wake-up follows
+   * its writer's commit, so whenever a skipped one was another writer's, a later one still claims.
+   */
+  #handledByWriters = 0
   #lastPass = 0
   #delayed: ReturnType<typeof setTimeout> | null = null
   #inFlight = 0
@@ -162,9 +172,17 @@ export class WebhookDispatcher {
     this.#stopped = false
     this.#deps.webhookPool.start()
     running.set(this.#db, this)
-    this.#unsubscribe = this.#deps.bus.subscribe(() => this.kick())
+    this.#unsubscribe = this.#deps.bus.subscribe(() => {
+      if (this.#handledByWriters > 0) {
+        this.#handledByWriters--
+        return
+      }
+      this.#claimDue = true
+      this.kick()
+    })
     this.#poll = setInterval(() => {
       this.#fanOutDue = true
+      this.#claimDue = true
       this.kick()
     }, this.#pollMs)
     this.#cleanup = setInterval(() => this.#startPurge(), CLEANUP_EVERY_MS)
@@ -221,10 +239,11 @@ export class WebhookDispatcher {
     let open = true
     return {
       room,
-      take: (rows) => {
+      take: (rows, complete) => {
         if (!open) return
         open = false
         this.#reserved -= room
+        if (complete && !this.#stopped) this.#handledByWriters++
         for (const r of rows) {
           const c = toClaimed(r)
           if (this.#stopped) {
@@ -278,17 +297,18 @@ export class WebhookDispatcher {
         room -= fanned.claimed.length
         this.#fanOutDue = fanned.events >= this.#fanOutBatch
       }
-      if (room > 0) {
+      if (this.#claimDue && room > 0) {
+        // Cleared first: a commit during the statement asks for one more pass.
+        this.#claimDue = false
         const claimed = await this.#claim(room)
         for (const c of claimed) this.#send(c)
         // A full batch means more is waiting; otherwise the table is drained until the next wake-up.
-        this.#claimFull = claimed.length >= room
-      } else {
-        this.#claimFull = true
+        if (claimed.length >= room) this.#claimDue = true
       }
-      this.#backlog = this.#fanOutDue || this.#claimFull
+      this.#backlog = this.#fanOutDue || this.#claimDue
     } catch (err) {
       this.#backlog = false
+      this.#claimDue = true
       log.error('webhook dispatch failed; retrying on the next poll', errorFields(err))
     }
   }
