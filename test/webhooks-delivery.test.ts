@@ -405,6 +405,8 @@ describe('outbox retention', () => {
     await until(async () => !(await left()).includes(done), 'the old event purged')
     expect((await left()).sort((a, b) => a - b)).toEqual([owed, recent].sort((a, b) => a - b))
     expect(await db.select().from(webhookDeliveries).where(eq(webhookDeliveries.eventId, done))).toEqual([])
+    // No foreign key cascades from events: the purge deletes both, and so does this cleanup.
+    await db.delete(webhookDeliveries).where(eq(webhookDeliveries.eventId, owed))
     await db.delete(events).where(eq(events.id, owed))
   })
 })

@@ -451,8 +451,9 @@ export class WebhookDispatcher {
   }
 
   /**
-   * Deletes old events (their deliveries go with them). Ids grow with time, so each batch looks only
-   * at the oldest rows through the primary key instead of scanning a table that can be large.
+   * Deletes old events and, in the same statement, their deliveries (no foreign key cascades them).
+   * Ids grow with time, so each batch looks only at the oldest rows through the primary key instead
+   * of scanning a table that can be large.
    */
   async #purge(): Promise<void> {
     try {
@@ -466,7 +467,9 @@ export class WebhookDispatcher {
               AND NOT EXISTS (
                 SELECT 1 FROM webhook_deliveries d WHERE d.event_id = e.id AND d.attempted_at IS NULL
               )
-            RETURNING 1
+            RETURNING e.id
+          ), deliveries AS (
+            DELETE FROM webhook_deliveries d USING gone WHERE d.event_id = gone.id
           )
           SELECT count(*)::int AS n FROM gone`)
         if (Number(rowsOf(result)[0]?.n ?? 0) < PURGE_BATCH) break
