@@ -121,6 +121,8 @@ export class WebhookDispatcher {
   readonly #maxInFlight: number
   readonly #retentionDays: number
   readonly #minGapMs: number
+  /** Free worker slots a claim waits for while deliveries are out. */
+  readonly #claimChunk: number
 
   #unsubscribe: (() => void) | null = null
   #poll: ReturnType<typeof setInterval> | null = null
@@ -165,6 +167,7 @@ export class WebhookDispatcher {
     this.#maxInFlight = options.maxInFlight ?? 256
     this.#minGapMs = options.minGapMs ?? 50
     this.#retentionDays = options.retentionDays ?? 7
+    this.#claimChunk = Math.max(1, Math.floor(this.#maxInFlight / 4))
   }
 
   start(): this {
@@ -278,7 +281,7 @@ export class WebhookDispatcher {
     this.#pumping = this.#pump().finally(() => {
       this.#pumping = null
       // Wake-ups that came in during the pass are served by one more (spaced) pass.
-      if ((this.#again || this.#backlog) && this.#inFlight + this.#reserved < this.#maxInFlight) this.kick()
+      if (this.#again || this.#fanOutDue || (this.#claimDue && this.#roomForClaim())) this.kick()
     })
   }
 
@@ -290,16 +293,15 @@ export class WebhookDispatcher {
   async #pump(): Promise<void> {
     this.#again = false
     try {
-      let room = this.#maxInFlight - this.#inFlight - this.#reserved
       if (this.#fanOutDue) {
-        const fanned = await this.#fanOut(room)
+        const fanned = await this.#fanOut(Math.max(0, this.#maxInFlight - this.#inFlight - this.#reserved))
         for (const c of fanned.claimed) this.#send(c)
-        room -= fanned.claimed.length
         this.#fanOutDue = fanned.events >= this.#fanOutBatch
       }
-      if (this.#claimDue && room > 0) {
+      if (this.#claimDue && this.#roomForClaim()) {
         // Cleared first: a commit during the statement asks for one more pass.
         this.#claimDue = false
+        const room = this.#maxInFlight - this.#inFlight - this.#reserved
         const claimed = await this.#claim(room)
         for (const c of claimed) this.#send(c)
         // A full batch means more is waiting; otherwise the table is drained until the next wake-up.
@@ -311,6 +313,15 @@ export class WebhookDispatcher {
       this.#claimDue = true
       log.error('webhook dispatch failed; retrying on the next poll', errorFields(err))
     }
+  }
+
+  /**
+   * While deliveries are out, a claim waits for a chunk of free slots: under a backlog every finished
+   * delivery would otherwise run a claim statement for one or two rows.
+   */
+  #roomForClaim(): boolean {
+    const room = this.#maxInFlight - this.#inFlight - this.#reserved
+    return room >= (this.#inFlight > 0 ? this.#claimChunk : 1)
   }
 
   async #fanOut(room: number): Promise<{ events: number; claimed: Claimed[] }> {
@@ -412,7 +423,7 @@ export class WebhookDispatcher {
       this.#inFlight--
       this.#flush()
       if (this.#inFlight === 0) for (const resolve of this.#idle.splice(0)) resolve()
-      if (this.#backlog) this.kick()
+      if (this.#claimDue && this.#roomForClaim()) this.kick()
     })
   }
 
