@@ -68,7 +68,8 @@ interface Claimed {
 const CLEANUP_EVERY_MS = 10 * 60_000
 const PURGE_BATCH = 5_000
 const PURGE_MAX_BATCHES = 100
-const FLUSH_DELAY_MS = 50
+const FLUSH_DELAY_MS = 100
+const RECORD_BATCH = 1_000
 /** Gap between passes while a backlog drains (wake-ups from commits use minGapMs). */
 const BACKLOG_GAP_MS = 5
 
@@ -435,11 +436,14 @@ export class WebhookDispatcher {
       if (!this.#stopped) await Bun.sleep(FLUSH_DELAY_MS)
       let failures = 0
       while (this.#results.length > 0) {
-        const batch = this.#results.splice(0, 500)
+        const batch = this.#results.splice(0, RECORD_BATCH)
         try {
           await recordAttempts(this.#db, batch)
           for (const a of batch) this.#owned.delete(`${a.eventId} ${a.webhookId}`)
           failures = 0
+          // What arrived during the write waits for the next batch (after the delay), unless a full
+          // batch is already there: back-to-back statements of a few rows each cost the most.
+          if (!this.#stopped && this.#results.length < RECORD_BATCH) break
         } catch (err) {
           failures++
           log.error('recording webhook attempts failed', errorFields(err))
