@@ -145,7 +145,7 @@ export async function sendTestPing(deps: Deps, accountId: string, appId: string,
   if (!row) throw missing()
   const secret = deps.sealer.open(row.secretEnc).toString('utf8')
   const data = { licenseKey: PING_LICENSE_KEY, appId, webhookId, test: true }
-  const job = signedDelivery(row.url, secret, 'test.ping', new Date(deps.clock()), data)
+  const job = signedDelivery(row.url, secret, 'test.ping', new Date(deps.clock()), JSON.stringify(data))
   const result = await deps.webhookPool.send(job)
   await recordAttempts(deps.database.db, [{ webhookId, at: new Date(deps.clock()), status: result.status }])
   return { ok: true as const, status: result.status }

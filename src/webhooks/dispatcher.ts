@@ -58,7 +58,8 @@ interface Claimed {
   eventId: number
   webhookId: string
   event: string
-  data: Record<string, unknown>
+  /** The event's data as JSON text, as PostgreSQL prints jsonb: it goes into the body as it is. */
+  data: string
   occurredAt: Date
   url: string
   secretEnc: string
@@ -79,7 +80,7 @@ function toClaimed(r: Record<string, unknown>): Claimed {
     eventId: Number(r.event_id),
     webhookId: String(r.webhook_id),
     event: String(r.event),
-    data: JSON.parse(String(r.data)) as Record<string, unknown>,
+    data: String(r.data),
     occurredAt: new Date(Math.round(Number(r.occurred_ms))),
     url: String(r.url),
     secretEnc: String(r.secret_enc),
@@ -157,6 +158,8 @@ export class WebhookDispatcher {
   /** Claimed deliveries cancelled at shutdown before they were sent. */
   #released: { eventId: number; webhookId: string }[] = []
   #flushing: Promise<void> | null = null
+  /** Opened webhook secrets by sealed value: opening one per delivery was a decryption per event. */
+  readonly #secrets = new Map<string, string>()
   #purging: Promise<void> | null = null
 
   constructor(deps: Deps, options: DispatcherOptions = {}) {
@@ -405,7 +408,7 @@ export class WebhookDispatcher {
     this.#inFlight++
     let sending: Promise<DeliveryResult>
     try {
-      const secret = this.#deps.sealer.open(c.secretEnc).toString('utf8')
+      const secret = this.#secret(c.secretEnc)
       sending = this.#deps.webhookPool.send(signedDelivery(c.url, secret, c.event, c.occurredAt, c.data))
     } catch (err) {
       log.error('webhook secret could not be opened; delivery recorded without sending', {
@@ -426,6 +429,17 @@ export class WebhookDispatcher {
       if (this.#inFlight === 0) for (const resolve of this.#idle.splice(0)) resolve()
       if (this.#claimDue && this.#roomForClaim()) this.kick()
     })
+  }
+
+  #secret(sealed: string): string {
+    let secret = this.#secrets.get(sealed)
+    if (secret === undefined) {
+      secret = this.#deps.sealer.open(sealed).toString('utf8')
+      // Sealed values change only when a webhook is created; a bound keeps deleted ones from piling up.
+      if (this.#secrets.size >= 1_000) this.#secrets.clear()
+      this.#secrets.set(sealed, secret)
+    }
+    return secret
   }
 
   /** Records finished attempts in batches; one write in flight at a time, later results queue up. */

@@ -1,16 +1,13 @@
 import { hmacHex } from '../core/crypto'
 import type { DeliveryJob } from './protocol'
 
-/** Builds the spec's signed POST: body { event, timestamp, data }, the four headers, HMAC of the raw body. */
-export function signedDelivery(
-  url: string,
-  secret: string,
-  event: string,
-  occurredAt: Date,
-  data: Record<string, unknown>,
-): DeliveryJob {
+/**
+ * Builds the spec's signed POST: body { event, timestamp, data }, the four headers, HMAC of the raw
+ * body. `dataJson` is the data object as JSON text (the outbox hands it over as text already).
+ */
+export function signedDelivery(url: string, secret: string, event: string, occurredAt: Date, dataJson: string): DeliveryJob {
   const timestamp = occurredAt.toISOString()
-  const body = JSON.stringify({ event, timestamp, data })
+  const body = `{"event":${JSON.stringify(event)},"timestamp":"${timestamp}","data":${dataJson}}`
   return {
     url,
     body,
