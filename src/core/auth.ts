@@ -4,7 +4,7 @@ import { licenses } from '../db/schema'
 import type { Deps } from '../deps'
 import { PublicError, type PublicErrorCode } from '../errors'
 import { errorFields, log } from '../log'
-import { type AuthorizeInput, keys } from '../store/store'
+import { type AuthorizeInput, type AuthorizeResult, keys } from '../store/store'
 import { AuthCache, type CachedApp, type CachedLicense, StoreUnavailable } from './auth-cache'
 import { loadLiveBalance, startCreditReconciler } from './credits-ledger'
 import { signText } from './crypto'
@@ -170,10 +170,15 @@ async function authorize(
   const nowMs = deps.clock()
   try {
     for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
-      await cache.ensure(appId, licenseKey)
-      const appEntry = cache.cachedApp(appId)
-      const licenseEntry = licenseKey === null ? undefined : cache.cachedLicense(licenseKey)
-      if (!appEntry || (licenseKey !== null && !licenseEntry)) continue
+      let appEntry = cache.cachedApp(appId)
+      let licenseEntry = licenseKey === null ? undefined : cache.cachedLicense(licenseKey)
+      // Awaited only on a miss: the common all-cached request skips a promise and a microtask turn.
+      if (!appEntry || (licenseKey !== null && !licenseEntry)) {
+        await cache.ensure(appId, licenseKey)
+        appEntry = cache.cachedApp(appId)
+        licenseEntry = licenseKey === null ? undefined : cache.cachedLicense(licenseKey)
+        if (!appEntry || (licenseKey !== null && !licenseEntry)) continue
+      }
       const app = appEntry.value
       const license = licenseEntry?.value ?? null
       const p = plan(app, license, nowMs)
@@ -182,11 +187,12 @@ async function authorize(
       if (licenseKey !== null && licenseEntry) epochs.push({ key: keys.licenseEpoch(licenseKey), expected: licenseEntry.epoch })
       const { outcome, ...rest } = p
       if (!deps.config.publicRateLimits) rest.buckets = []
-      const result = await deps.store
-        .authorize({ ...rest, nowMs, epochs, deny: !outcome.ok })
-        .catch((err: unknown) => {
-          throw new StoreUnavailable(err)
-        })
+      let result: AuthorizeResult
+      try {
+        result = await deps.store.authorize({ ...rest, nowMs, epochs, deny: !outcome.ok })
+      } catch (err) {
+        throw new StoreUnavailable(err)
+      }
       switch (result.kind) {
         case 'stale':
           if (result.epochs[0] !== appEntry.epoch) await cache.reloadApp(appId, result.epochs[0] ?? 0)
