@@ -271,7 +271,9 @@ describe('exactly one attempt per delivery', () => {
       .from(webhookDeliveries)
       .where(and(eq(webhookDeliveries.eventId, ids.live!), eq(webhookDeliveries.webhookId, hook.webhookId)))
     expect(live?.attemptedAt).toBeNull()
-    // Hand the live claim back so later tests' dispatchers don't send it when its lease runs out.
+    // Remove the live claim so later tests' dispatchers don't send it when its lease runs out (no
+    // foreign key cascades from events to deliveries).
+    await db.delete(webhookDeliveries).where(eq(webhookDeliveries.eventId, ids.live!))
     await db.delete(events).where(eq(events.id, ids.live!))
   })
 
@@ -318,6 +320,50 @@ describe('exactly one attempt per delivery', () => {
       if (secondDb !== t.deps.database) await secondDb.close()
     }
   })
+})
+
+test('batches written outside a transaction (validate) are claimed at insert and sent once each, with two instances writing and sending', async () => {
+  const t = await appWithReceiverCa()
+  const s = await t.seed()
+  await using rx = startReceiver()
+  const hook = await addHook(t, s, rx.url('/batches'), ['license.validated'])
+  const secondDb = TEST_DATABASE_URL ? await openDb({ databaseUrl: TEST_DATABASE_URL, dataDir: null }) : t.deps.database
+  const other: Deps = {
+    ...t.deps,
+    database: secondDb,
+    bus: new EventBus(),
+    webhookPool: new DeliveryPool({ allowPrivate: true, extraCaFile: testCertificate().certFile }),
+  }
+  try {
+    // Few slots, so some batches find no room and leave their deliveries to the claim statement.
+    await using _one = startDispatcher(t.deps, { pollMs: 20, maxInFlight: 8 })
+    await using _two = startDispatcher(other, { pollMs: 20, maxInFlight: 8 })
+    const n = 80
+    const writes: Promise<void>[] = []
+    for (let i = 0; i < n; i += 10) {
+      const deps = (i / 10) % 2 === 0 ? t.deps : other
+      const list = Array.from({ length: 10 }, (_, j) => ({
+        event: 'license.validated' as const,
+        data: { licenseKey: keyFor(), appId: s.appId, status: 'active', hwid: `h${i + j}`, seq: i + j },
+        occurredAt: new Date(),
+      }))
+      writes.push(recordEvents(deps.database.db, list).then(() => deps.bus.notify()))
+    }
+    await Promise.all(writes)
+    await until(async () => {
+      const [row] = await t.deps.database.db
+        .select({ n: sql<number>`count(*)::int` })
+        .from(webhookDeliveries)
+        .where(and(eq(webhookDeliveries.webhookId, hook.webhookId), sql`${webhookDeliveries.attemptedAt} IS NOT NULL`))
+      return Number(row?.n) === n
+    }, 'every delivery recorded')
+    const seqs = rx.at('/batches').map((r) => r.body.data.seq as number)
+    expect(seqs.sort((x, y) => x - y)).toEqual(Array.from({ length: n }, (_, i) => i))
+    for (const r of rx.at('/batches')) expect(signatureValid(r, hook.secret)).toBe(true)
+  } finally {
+    await other.webhookPool.close()
+    if (secondDb !== t.deps.database) await secondDb.close()
+  }
 })
 
 describe('client authentication events', () => {
