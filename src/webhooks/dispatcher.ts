@@ -285,7 +285,7 @@ export class WebhookDispatcher {
     this.#pumping = this.#pump().finally(() => {
       this.#pumping = null
       // Wake-ups that came in during the pass are served by one more (spaced) pass.
-      if (this.#again || this.#fanOutDue || (this.#claimDue && this.#roomForClaim())) this.kick()
+      if (this.#again || (this.#backlog && (this.#fanOutDue || this.#roomForClaim()))) this.kick()
     })
   }
 
@@ -313,8 +313,8 @@ export class WebhookDispatcher {
       }
       this.#backlog = this.#fanOutDue || this.#claimDue
     } catch (err) {
+      // The poll asks again (a claim cleared before its failed statement included).
       this.#backlog = false
-      this.#claimDue = true
       log.error('webhook dispatch failed; retrying on the next poll', errorFields(err))
     }
   }
