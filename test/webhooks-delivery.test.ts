@@ -44,6 +44,25 @@ async function emit(deps: Deps, list: { event: EventName; data: DomainEvent['dat
 
 const keyFor = () => `T${randomUUID().slice(0, 3)}-${randomUUID().slice(0, 4)}-${randomUUID().slice(0, 4)}-${randomUUID().slice(0, 4)}`.toUpperCase()
 
+
+/** A second instance on the same database: its own connection pool (on PostgreSQL), bus and workers. */
+async function secondInstance(deps: Deps) {
+  const database = TEST_DATABASE_URL ? await openDb({ databaseUrl: TEST_DATABASE_URL, dataDir: null }) : deps.database
+  const other: Deps = {
+    ...deps,
+    database,
+    bus: new EventBus(),
+    webhookPool: new DeliveryPool({ allowPrivate: true, extraCaFile: testCertificate().certFile }),
+  }
+  return {
+    deps: other,
+    async [Symbol.asyncDispose]() {
+      await other.webhookPool.close()
+      if (database !== deps.database) await database.close()
+    },
+  }
+}
+
 describe('webhook delivery', () => {
   test('every event type is delivered once, signed, with the spec body and headers', async () => {
     const t = await appWithReceiverCa()
@@ -283,15 +302,9 @@ describe('exactly one attempt per delivery', () => {
     await using rx = startReceiver()
     const a = await addHook(t, s, rx.url('/a'), ['license.created', 'license.deleted'])
     const b = await addHook(t, s, rx.url('/b'), ['license.created'])
-    // A second instance: its own connection pool (on PostgreSQL), bus and workers.
-    const secondDb = TEST_DATABASE_URL ? await openDb({ databaseUrl: TEST_DATABASE_URL, dataDir: null }) : t.deps.database
-    const other: Deps = {
-      ...t.deps,
-      database: secondDb,
-      bus: new EventBus(),
-      webhookPool: new DeliveryPool({ allowPrivate: true, extraCaFile: testCertificate().certFile }),
-    }
-    try {
+    await using second = await secondInstance(t.deps)
+    const other = second.deps
+    {
       await using _one = startDispatcher(t.deps, { pollMs: 20, maxInFlight: 8 })
       await using _two = startDispatcher(other, { pollMs: 20, maxInFlight: 8 })
       const n = 60
@@ -315,9 +328,6 @@ describe('exactly one attempt per delivery', () => {
       const seqs = (path: string) => rx.at(path).map((r) => r.body.data.seq as number)
       expect(seqs('/a').sort((x, y) => x - y)).toEqual(list.map((_, i) => i))
       expect(seqs('/b').sort((x, y) => x - y)).toEqual(list.map((_, i) => i).filter((i) => i % 2 === 0))
-    } finally {
-      await other.webhookPool.close()
-      if (secondDb !== t.deps.database) await secondDb.close()
     }
   })
 })
@@ -327,14 +337,9 @@ test('batches written outside a transaction (validate) are claimed at insert and
   const s = await t.seed()
   await using rx = startReceiver()
   const hook = await addHook(t, s, rx.url('/batches'), ['license.validated'])
-  const secondDb = TEST_DATABASE_URL ? await openDb({ databaseUrl: TEST_DATABASE_URL, dataDir: null }) : t.deps.database
-  const other: Deps = {
-    ...t.deps,
-    database: secondDb,
-    bus: new EventBus(),
-    webhookPool: new DeliveryPool({ allowPrivate: true, extraCaFile: testCertificate().certFile }),
-  }
-  try {
+  await using second = await secondInstance(t.deps)
+  const other = second.deps
+  {
     // Few slots, so some batches find no room and leave their deliveries to the claim statement.
     await using _one = startDispatcher(t.deps, { pollMs: 20, maxInFlight: 8 })
     await using _two = startDispatcher(other, { pollMs: 20, maxInFlight: 8 })
@@ -360,9 +365,6 @@ test('batches written outside a transaction (validate) are claimed at insert and
     const seqs = rx.at('/batches').map((r) => r.body.data.seq as number)
     expect(seqs.sort((x, y) => x - y)).toEqual(Array.from({ length: n }, (_, i) => i))
     for (const r of rx.at('/batches')) expect(signatureValid(r, hook.secret)).toBe(true)
-  } finally {
-    await other.webhookPool.close()
-    if (secondDb !== t.deps.database) await secondDb.close()
   }
 })
 
