@@ -1,7 +1,7 @@
 import { sql } from 'drizzle-orm'
 import { PgTransaction } from 'drizzle-orm/pg-core'
 import type { DbOrTx } from '../db/client'
-import { rowsOf, writerClaims } from '../webhooks/dispatcher'
+import { claimedColumns, rowsOf, writerClaims } from '../webhooks/dispatcher'
 import { executePrepared } from '../webhooks/prepared'
 import { MAX_WEBHOOKS_PER_APP } from './webhooks'
 
@@ -76,9 +76,7 @@ export async function recordEvents(tx: DbOrTx, list: readonly DomainEvent[]): Pr
         SELECT count(*) FILTER (WHERE claimed_at IS NULL)::int AS unclaimed FROM owed
       )
       SELECT counts.unclaimed, c.* FROM counts LEFT JOIN (
-        SELECT o.event_id::float8 AS event_id, o.webhook_id, i.event, i.data::text AS data,
-               (extract(epoch FROM i.occurred_at) * 1000)::float8 AS occurred_ms,
-               h.url, h.secret_enc, h.enabled
+        SELECT ${claimedColumns('o', 'i', 'h')}
         FROM owed o
         JOIN inserted i ON i.id = o.event_id
         JOIN hooks h ON h.id = o.webhook_id

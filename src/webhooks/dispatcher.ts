@@ -1,4 +1,4 @@
-import { sql } from 'drizzle-orm'
+import { type SQL, sql } from 'drizzle-orm'
 import type { Db } from '../db/client'
 import type { Deps } from '../deps'
 import { errorFields, log } from '../log'
@@ -74,7 +74,19 @@ const RECORD_BATCH = 1_000
 /** Gap between passes while a backlog drains (wake-ups from commits use minGapMs). */
 const BACKLOG_GAP_MS = 5
 
-// Values are cast to text/float8 in SQL so both drivers hand back the same JavaScript types.
+/**
+ * The select list every claiming statement returns and toClaimed reads, over a delivery (`d`), its
+ * event (`e`) and its webhook (`w`) under the given aliases. Values are cast to text/float8 so both
+ * drivers hand back the same JavaScript types. Constant text, so the statements stay preparable.
+ */
+export function claimedColumns(d: string, e: string, w: string): SQL {
+  return sql.raw(
+    `${d}.event_id::float8 AS event_id, ${d}.webhook_id, ${e}.event, ${e}.data::text AS data, ` +
+      `(extract(epoch FROM ${e}.occurred_at) * 1000)::float8 AS occurred_ms, ` +
+      `${w}.url, ${w}.secret_enc, ${w}.enabled`,
+  )
+}
+
 function toClaimed(r: Record<string, unknown>): Claimed {
   return {
     eventId: Number(r.event_id),
@@ -352,9 +364,7 @@ export class WebhookDispatcher {
       )
       SELECT counts.events, c.*
       FROM counts LEFT JOIN (
-        SELECT o.event_id::float8 AS event_id, o.webhook_id, p.event, p.data::text AS data,
-               (extract(epoch FROM p.occurred_at) * 1000)::float8 AS occurred_ms,
-               w.url, w.secret_enc, w.enabled
+        SELECT ${claimedColumns('o', 'p', 'w')}
         FROM owed o
         JOIN picked p ON p.id = o.event_id
         JOIN webhooks w ON w.id = o.webhook_id
@@ -383,9 +393,7 @@ export class WebhookDispatcher {
         FROM due WHERE d.event_id = due.event_id AND d.webhook_id = due.webhook_id
         RETURNING d.event_id, d.webhook_id
       )
-      SELECT c.event_id::float8 AS event_id, c.webhook_id, e.event, e.data::text AS data,
-             (extract(epoch FROM e.occurred_at) * 1000)::float8 AS occurred_ms,
-             w.url, w.secret_enc, w.enabled
+      SELECT ${claimedColumns('c', 'e', 'w')}
       FROM claimed c
       JOIN events e ON e.id = c.event_id
       JOIN webhooks w ON w.id = c.webhook_id
