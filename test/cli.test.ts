@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { keys } from '../src/store/store'
 import { MODE, TEST_DATABASE_URL, TEST_MASTER_KEY, TEST_REDIS_URL, sharedInfra } from './helpers'
-import { startServer } from './server-process'
+import { runToExit, startServer } from './server-process'
 
 // Each test spawns processes that open (and the first time migrate) an embedded database: seconds, not
 // milliseconds. bunfig's `timeout` is not read by bun test, so the file sets its own default.
@@ -41,17 +41,7 @@ interface CliRun {
 }
 
 async function cli(dataDir: string, args: string[]): Promise<CliRun> {
-  const proc = Bun.spawn([process.execPath, 'src/cli.ts', ...args], {
-    cwd: ROOT,
-    env: { ...process.env, ...settings(dataDir) },
-    stdout: 'pipe',
-    stderr: 'pipe',
-  })
-  const [stdout, stderr, code] = await Promise.all([
-    new Response(proc.stdout).text(),
-    new Response(proc.stderr).text(),
-    proc.exited,
-  ])
+  const { code, stdout, stderr } = await runToExit(['src/cli.ts', ...args], settings(dataDir))
   const last = stdout.trimEnd().split('\n').at(-1) ?? ''
   let json: unknown
   try {

@@ -3,6 +3,7 @@ import { mkdtempSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { ConfigError, loadConfig, parseCidr } from '../src/config'
+import { runToExit } from './server-process'
 
 const dir = mkdtempSync(join(tmpdir(), 'ls-config-'))
 const certFile = join(dir, 'cert.pem')
@@ -122,17 +123,7 @@ describe('a bad value is a ConfigError naming the setting', () => {
 })
 
 test('the server exits non-zero with one stderr line naming a bad setting', async () => {
-  const proc = Bun.spawn([process.execPath, 'src/index.ts'], {
-    cwd: join(import.meta.dir, '..'),
-    env: { ...process.env, DATA_DIR: dir, PORT: 'eighty' },
-    stdout: 'pipe',
-    stderr: 'pipe',
-  })
-  const [stdout, stderr, code] = await Promise.all([
-    new Response(proc.stdout).text(),
-    new Response(proc.stderr).text(),
-    proc.exited,
-  ])
+  const { code, stdout, stderr } = await runToExit(['src/index.ts'], { DATA_DIR: dir, PORT: 'eighty' })
   expect(code).not.toBe(0)
   expect(stdout).toBe('')
   const lines = stderr.trimEnd().split('\n')

@@ -56,3 +56,22 @@ export async function startServer(env: Record<string, string>): Promise<ServerPr
     }
   }
 }
+
+/** Runs one of the project's entry points (`src/cli.ts`, `src/index.ts`) to its exit and collects its output. */
+export async function runToExit(
+  args: string[],
+  env: Record<string, string>,
+): Promise<{ code: number; stdout: string; stderr: string }> {
+  const proc = Bun.spawn([process.execPath, ...args], {
+    cwd: join(import.meta.dir, '..'),
+    env: { ...process.env, ...env },
+    stdout: 'pipe',
+    stderr: 'pipe',
+  })
+  const [stdout, stderr, code] = await Promise.all([
+    new Response(proc.stdout).text(),
+    new Response(proc.stderr).text(),
+    proc.exited,
+  ])
+  return { code, stdout, stderr }
+}
