@@ -8,9 +8,10 @@ import { type AuthorizeInput, type AuthorizeResult, keys } from '../store/store'
 import { AuthCache, type CachedApp, type CachedLicense, StoreUnavailable } from './auth-cache'
 import { loadLiveBalance, startCreditReconciler } from './credits-ledger'
 import { signText } from './crypto'
-import { type DomainEvent, recordEvents } from './events'
+import { recordEvents } from './events'
 import { invalidate } from './invalidate'
 import { SeatBinder } from './seat-binder'
+import { EventBatch } from './validated-events'
 import { appendEntry } from './security'
 import { clampTtl, issueSession, MAX_SESSION_TTL, readSession, type Session } from './session'
 
@@ -36,37 +37,6 @@ function runtime(deps: Deps): Runtime {
     runtimes.set(deps, rt)
   }
   return rt
-}
-
-/**
- * license.validated fires on every login: written in batches (one INSERT every few milliseconds,
- * ordered through the mailbox) instead of one transaction per request.
- */
-class EventBatch {
-  #queue: DomainEvent[] = []
-  #timer: ReturnType<typeof setTimeout> | null = null
-  constructor(private readonly deps: Deps) {}
-
-  add(event: DomainEvent): void {
-    this.#queue.push(event)
-    this.#timer ??= setTimeout(() => void this.flush(), 5)
-  }
-
-  flush(): Promise<void> {
-    if (this.#timer) clearTimeout(this.#timer)
-    this.#timer = null
-    const list = this.#queue
-    this.#queue = []
-    if (list.length === 0) return Promise.resolve()
-    return this.deps.mailbox.run('events:validated', async () => {
-      try {
-        await recordEvents(this.deps.database.db, list)
-        this.deps.bus.notify()
-      } catch (err) {
-        log.warn('could not record license.validated events', { count: list.length, ...errorFields(err) })
-      }
-    })
-  }
 }
 
 /** Background work of the client endpoints; stop() flushes what is pending (call before closing storage). */
