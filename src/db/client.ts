@@ -15,6 +15,8 @@ export type DbOrTx = Db | Tx
 export interface Database {
   db: Db
   kind: 'postgres' | 'pglite'
+  /** The postgres:// URL (other threads open connections of their own); null for PGlite. */
+  url: string | null
   ping(): Promise<boolean>
   close(): Promise<void>
 }
@@ -47,6 +49,7 @@ export async function openDb(options: OpenDbOptions): Promise<Database> {
     return {
       db: db as unknown as Db,
       kind: 'postgres',
+      url: options.databaseUrl,
       ping: () => pingWith(db as unknown as Db),
       close: () => client.end({ timeout: 5 }),
     }
@@ -65,6 +68,7 @@ export async function openDb(options: OpenDbOptions): Promise<Database> {
   return {
     db: db as unknown as Db,
     kind: 'pglite',
+    url: null,
     ping: () => pingWith(db as unknown as Db),
     close: () => client.close(),
   }

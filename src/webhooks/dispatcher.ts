@@ -4,12 +4,15 @@ import type { Deps } from '../deps'
 import { errorFields, log } from '../log'
 import { signedDelivery } from './payload'
 import { executePrepared } from './prepared'
-import type { DeliveryResult } from './protocol'
+import type { DeliveryJob, DeliveryResult } from './protocol'
 import { type Attempt, recordAttempts } from './record'
 
 /**
- * Delivers the outbox. Runs on the main thread but only moves rows and messages: the HTTP requests
- * run on the delivery pool's workers, so API calls never wait on a receiver.
+ * Delivers the outbox. On PostgreSQL it runs inside one of the delivery pool's workers, with a
+ * connection of its own: claiming, signing, sending and recording cost the API thread nothing, and
+ * that worker runs at the lowest CPU priority, so under a saturated CPU deliveries wait (unclaimed,
+ * in PostgreSQL) and catch up when API requests leave CPU over. On embedded PGlite, which only the
+ * main thread can open, the same code runs on the main thread and sends through the pool's workers.
  *
  * Each step is safe with several instances on one database:
  * 1. Fan-out: recordEvents already writes one webhook_deliveries row per webhook that is enabled
@@ -52,6 +55,27 @@ export interface DispatcherOptions {
   minGapMs?: number
   /** Dispatched events whose deliveries are all attempted are deleted after this many days. */
   retentionDays?: number
+}
+
+/** What the dispatcher runs on: the main thread's deps (PGlite) or a delivery worker's own (PostgreSQL). */
+export interface DispatcherContext {
+  db: Db
+  /** Sends one prepared delivery; never rejects. */
+  send(job: DeliveryJob): Promise<DeliveryResult>
+  /** Answers every delivery still queued (not sent) with reason 'cancelled'. */
+  cancelQueued(): void
+  /** Opens a sealed webhook secret; throws when it cannot be opened. */
+  openSecret(sealed: string): Promise<string>
+  /** Calls the listener after every commit that wrote events; returns the unsubscribe. */
+  onCommit(listener: () => void): () => void
+  clock: () => number
+}
+
+/** A started dispatcher, in this thread or in a delivery worker. */
+export interface RunningDispatcher {
+  /** Stops taking work, then waits for deliveries on the way and records their results. */
+  stop(): Promise<void>
+  [Symbol.asyncDispose](): Promise<void>
 }
 
 interface Claimed {
@@ -126,8 +150,8 @@ export function writerClaims(db: object, max: number): WriterClaim | null {
   return running.get(db)?.reserve(max) ?? null
 }
 
-export class WebhookDispatcher {
-  readonly #deps: Deps
+export class WebhookDispatcher implements RunningDispatcher {
+  readonly #ctx: DispatcherContext
   readonly #db: Db
   readonly #pollMs: number
   readonly #leaseSeconds: number
@@ -170,13 +194,13 @@ export class WebhookDispatcher {
   /** Claimed deliveries cancelled at shutdown before they were sent. */
   #released: { eventId: number; webhookId: string }[] = []
   #flushing: Promise<void> | null = null
-  /** Opened webhook secrets by sealed value: opening one per delivery was a decryption per event. */
+  /** Opened webhook secrets by sealed value: opening one per delivery was a decryption (or a message) per event. */
   readonly #secrets = new Map<string, string>()
   #purging: Promise<void> | null = null
 
-  constructor(deps: Deps, options: DispatcherOptions = {}) {
-    this.#deps = deps
-    this.#db = deps.database.db
+  constructor(ctx: DispatcherContext, options: DispatcherOptions = {}) {
+    this.#ctx = ctx
+    this.#db = ctx.db
     this.#pollMs = options.pollMs ?? 1_000
     this.#leaseSeconds = options.leaseSeconds ?? 120
     this.#fanOutBatch = options.fanOutBatch ?? 500
@@ -189,9 +213,8 @@ export class WebhookDispatcher {
   start(): this {
     if (!this.#stopped) return this
     this.#stopped = false
-    this.#deps.webhookPool.start()
     running.set(this.#db, this)
-    this.#unsubscribe = this.#deps.bus.subscribe(() => {
+    this.#unsubscribe = this.#ctx.onCommit(() => {
       if (this.#handledByWriters > 0) {
         this.#handledByWriters--
         return
@@ -224,7 +247,7 @@ export class WebhookDispatcher {
     await this.#pumping
     await this.#purging
     // Claimed deliveries still queued behind busy receivers were never sent: hand them back.
-    this.#deps.webhookPool.cancelQueued()
+    this.#ctx.cancelQueued()
     if (this.#inFlight > 0) await new Promise<void>((resolve) => this.#idle.push(resolve))
     this.#flush()
     await this.#flushing
@@ -409,28 +432,31 @@ export class WebhookDispatcher {
     this.#owned.add(key)
     if (!c.enabled) {
       // Disabled after fan-out: close the row without sending, so re-enabling does not replay old events.
-      this.#results.push({ eventId: c.eventId, webhookId: c.webhookId, at: new Date(this.#deps.clock()), status: null })
+      this.#results.push({ eventId: c.eventId, webhookId: c.webhookId, at: new Date(this.#ctx.clock()), status: null })
       this.#flush()
       return
     }
     this.#inFlight++
-    let sending: Promise<DeliveryResult>
-    try {
-      const secret = this.#secret(c.secretEnc)
-      sending = this.#deps.webhookPool.send(signedDelivery(c.url, secret, c.event, c.occurredAt, c.data))
-    } catch (err) {
-      log.error('webhook secret could not be opened; delivery recorded without sending', {
-        webhookId: c.webhookId,
-        ...errorFields(err),
-      })
-      sending = Promise.resolve({ status: 0 })
-    }
+    const secret = this.#secrets.get(c.secretEnc)
+    const sending =
+      secret !== undefined
+        ? this.#ctx.send(signedDelivery(c.url, secret, c.event, c.occurredAt, c.data))
+        : this.#secret(c.secretEnc).then(
+            (opened) => this.#ctx.send(signedDelivery(c.url, opened, c.event, c.occurredAt, c.data)),
+            (err): DeliveryResult => {
+              log.error('webhook secret could not be opened; delivery recorded without sending', {
+                webhookId: c.webhookId,
+                ...errorFields(err),
+              })
+              return { status: 0 }
+            },
+          )
     void sending.then((result: DeliveryResult) => {
       if (result.reason === 'cancelled') {
         this.#released.push({ eventId: c.eventId, webhookId: c.webhookId })
         this.#owned.delete(key)
       } else {
-        this.#results.push({ eventId: c.eventId, webhookId: c.webhookId, at: new Date(this.#deps.clock()), status: result.status })
+        this.#results.push({ eventId: c.eventId, webhookId: c.webhookId, at: new Date(this.#ctx.clock()), status: result.status })
       }
       this.#inFlight--
       this.#flush()
@@ -439,14 +465,11 @@ export class WebhookDispatcher {
     })
   }
 
-  #secret(sealed: string): string {
-    let secret = this.#secrets.get(sealed)
-    if (secret === undefined) {
-      secret = this.#deps.sealer.open(sealed).toString('utf8')
-      // Sealed values change only when a webhook is created; a bound keeps deleted ones from piling up.
-      if (this.#secrets.size >= 1_000) this.#secrets.clear()
-      this.#secrets.set(sealed, secret)
-    }
+  async #secret(sealed: string): Promise<string> {
+    const secret = await this.#ctx.openSecret(sealed)
+    // Sealed values change only when a webhook is created; a bound keeps deleted ones from piling up.
+    if (this.#secrets.size >= 1_000) this.#secrets.clear()
+    this.#secrets.set(sealed, secret)
     return secret
   }
 
@@ -518,7 +541,25 @@ export class WebhookDispatcher {
 
 }
 
-/** Starts delivering the outbox with the given dependencies; stop() before closing the database. */
-export function startDispatcher(deps: Deps, options?: DispatcherOptions): WebhookDispatcher {
-  return new WebhookDispatcher(deps, options).start()
+/**
+ * Starts delivering the outbox with the given dependencies; stop() before closing the database. On
+ * PostgreSQL the dispatcher runs in one of deps.webhookPool's workers (with the pool's delivery
+ * settings); on PGlite on this thread, sending through the pool.
+ */
+export function startDispatcher(deps: Deps, options: DispatcherOptions = {}): RunningDispatcher {
+  const url = deps.database.url
+  if (url) return deps.webhookPool.dispatch(url, options, deps)
+  deps.webhookPool.start()
+  const pool = deps.webhookPool
+  return new WebhookDispatcher(
+    {
+      db: deps.database.db,
+      send: (job) => pool.send(job),
+      cancelQueued: () => pool.cancelQueued(),
+      openSecret: async (sealed) => deps.sealer.open(sealed).toString('utf8'),
+      onCommit: (listener) => deps.bus.subscribe(listener),
+      clock: deps.clock,
+    },
+    options,
+  ).start()
 }

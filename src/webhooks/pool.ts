@@ -1,7 +1,20 @@
 import { readFileSync } from 'node:fs'
 import { rootCertificates } from 'node:tls'
+import type { Deps } from '../deps'
 import { log } from '../log'
-import { CANCEL_QUEUED, type DeliveryJob, type DeliveryResult, type WorkerInit, type WorkerReply, type WorkerSend } from './protocol'
+import type { DispatcherOptions, RunningDispatcher } from './dispatcher'
+import {
+  CANCEL_QUEUED,
+  type DeliveryJob,
+  type DeliveryResult,
+  type DispatchStart,
+  KICK,
+  type SecretReply,
+  type WorkerEvent,
+  type WorkerInit,
+  type WorkerReply,
+  type WorkerSend,
+} from './protocol'
 
 export interface DeliveryPoolOptions {
   /** Worker threads; each sends many requests concurrently, so two cover a 2-core machine. */
@@ -17,6 +30,15 @@ export interface DeliveryPoolOptions {
   concurrency?: number
   /** Lowest CPU priority for the delivery threads, so API requests win a saturated CPU. */
   lowPriority?: boolean
+}
+
+/** The dispatcher running in the first worker: what restarts it there, and who waits for its stop. */
+interface Dispatching {
+  start: DispatchStart
+  deps: Pick<Deps, 'sealer' | 'bus' | 'config'>
+  unsubscribe: () => void
+  stopped: (() => void)[]
+  stopping: boolean
 }
 
 interface Slot {
@@ -36,6 +58,7 @@ export class DeliveryPool {
   readonly #slots: (Slot | undefined)[]
   #seq = 0
   #closed = false
+  #dispatching: Dispatching | null = null
 
   constructor(options: DeliveryPoolOptions) {
     this.#size = Math.max(1, options.size ?? 2)
@@ -70,6 +93,38 @@ export class DeliveryPool {
     })
   }
 
+  /**
+   * Runs the outbox dispatcher in the first worker, on a PostgreSQL connection of its own: commits
+   * announced on deps.bus wake it, and it asks this thread to open webhook secrets (the master key
+   * stays here). One dispatcher per pool.
+   */
+  dispatch(databaseUrl: string, options: DispatcherOptions, deps: Pick<Deps, 'sealer' | 'bus' | 'config'>): RunningDispatcher {
+    if (this.#dispatching) throw new Error('this delivery pool already runs a dispatcher')
+    const start: DispatchStart = { type: 'dispatch', databaseUrl, options: { ...options }, logLevel: deps.config.logLevel }
+    const unsubscribe = deps.bus.subscribe(() => this.#slots[0]?.worker.postMessage(KICK))
+    this.#dispatching = { start, deps, unsubscribe, stopped: [], stopping: false }
+    // A worker spawned now gets the start message with its settings; one already running, here.
+    const first = this.#slots[0]
+    if (first) first.worker.postMessage(start)
+    this.start()
+    const stop = () => this.#stopDispatch()
+    return { stop, [Symbol.asyncDispose]: stop }
+  }
+
+  async #stopDispatch(): Promise<void> {
+    const d = this.#dispatching
+    const slot = this.#slots[0]
+    if (!d) return
+    d.unsubscribe()
+    if (slot && !this.#closed) {
+      const done = new Promise<void>((resolve) => d.stopped.push(resolve))
+      if (!d.stopping) slot.worker.postMessage({ type: 'stop' })
+      d.stopping = true
+      await done
+    }
+    if (this.#dispatching === d) this.#dispatching = null
+  }
+
   /** Starts every worker now (the server does at boot), so the first delivery does not wait for one. */
   start(): void {
     if (this.#closed) return
@@ -99,6 +154,8 @@ export class DeliveryPool {
 
   /** Stops the workers; deliveries still in flight count as attempted without a response. */
   async close(): Promise<void> {
+    // A dispatcher still running records what it has out before its worker goes.
+    if (this.#dispatching && !this.#closed) await this.#stopDispatch()
     this.#closed = true
     for (let i = 0; i < this.#slots.length; i++) {
       const slot = this.#slots[i]
@@ -121,7 +178,8 @@ export class DeliveryPool {
   #spawn(index: number): Slot {
     const worker = new Worker(new URL('./worker.ts', import.meta.url).href)
     const slot: Slot = { worker, pending: new Map(), outbox: [] }
-    worker.onmessage = (event: MessageEvent<string>) => {
+    worker.onmessage = (event: MessageEvent<string | WorkerEvent>) => {
+      if (typeof event.data !== 'string') return this.#control(worker, event.data)
       for (const { id, ...result } of JSON.parse(event.data) as WorkerReply[]) {
         const resolve = slot.pending.get(id)
         slot.pending.delete(id)
@@ -133,12 +191,36 @@ export class DeliveryPool {
       if (this.#slots[index] === slot) this.#slots[index] = undefined
       this.#fail(slot)
       worker.terminate()
+      // The dispatcher died with it: what it had claimed is sent again after the lease; a
+      // replacement worker takes over the rest.
+      if (index === 0 && this.#dispatching) {
+        for (const resolve of this.#dispatching.stopped.splice(0)) resolve()
+        if (!this.#dispatching.stopping && !this.#closed) this.#spawn(0)
+      }
     }
     worker.postMessage(this.#init)
+    if (index === 0 && this.#dispatching && !this.#dispatching.stopping) worker.postMessage(this.#dispatching.start)
     // The pool must not keep a finished process (a test, the CLI) alive.
     worker.unref()
     this.#slots[index] = slot
     return slot
+  }
+
+  /** A dispatching worker's requests: a webhook secret to open, or the end of its stop. */
+  #control(worker: Worker, msg: WorkerEvent): void {
+    const d = this.#dispatching
+    if (msg.type === 'stopped') {
+      for (const resolve of d?.stopped.splice(0) ?? []) resolve()
+      return
+    }
+    let secret: string | null = null
+    try {
+      if (d) secret = d.deps.sealer.open(msg.sealed).toString('utf8')
+    } catch {
+      // Sealed under another master key, or damaged: the dispatcher logs it and records status 0.
+    }
+    const reply: SecretReply = { type: 'opened', sealed: msg.sealed, secret }
+    worker.postMessage(reply)
   }
 
   #fail(slot: Slot): void {

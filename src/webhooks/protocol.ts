@@ -34,6 +34,43 @@ export type FailureReason = 'timeout' | 'connection' | 'blocked' | 'worker' | 'c
 /** Sent to a worker at shutdown: answer every job still queued (never sent) with reason 'cancelled'. */
 export const CANCEL_QUEUED = 'cancel-queued'
 
+/** Sent to the worker running the dispatcher after a commit wrote events: look for work now. */
+export const KICK = 'kick'
+
+/**
+ * Starts the outbox dispatcher inside a worker (PostgreSQL only): it claims, signs, sends and
+ * records on a connection of its own, so none of that per-delivery work runs on the API thread.
+ */
+export interface DispatchStart {
+  type: 'dispatch'
+  databaseUrl: string
+  /** The dispatcher's options (see DispatcherOptions). */
+  options: Record<string, number | undefined>
+  logLevel: 'debug' | 'info' | 'warn' | 'error'
+}
+
+/** Main thread → dispatching worker: stop claiming, finish what is out, record it, then answer 'stopped'. */
+export interface DispatchStop {
+  type: 'stop'
+}
+
+/**
+ * Webhook secrets are sealed under the master key, which stays on the main thread: the dispatching
+ * worker asks for each webhook's secret once and keeps it.
+ */
+export interface SecretRequest {
+  type: 'open'
+  sealed: string
+}
+export interface SecretReply {
+  type: 'opened'
+  sealed: string
+  secret: string | null
+}
+
+/** Control messages a worker sends besides its (string) batches of replies. */
+export type WorkerEvent = SecretRequest | { type: 'stopped' }
+
 export interface DeliveryResult {
   /** The receiver's HTTP status, or 0 when there was no response. */
   status: number

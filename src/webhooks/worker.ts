@@ -1,12 +1,28 @@
 /// <reference lib="webworker" />
 import { readdirSync, readFileSync } from 'node:fs'
 import { setPriority } from 'node:os'
-import { CANCEL_QUEUED, type DeliveryResult, type WorkerInit, type WorkerReply, type WorkerSend } from './protocol'
+import type { Db } from '../db/client'
+import { errorFields, log, setLogLevel } from '../log'
+import type { RunningDispatcher } from './dispatcher'
+import {
+  CANCEL_QUEUED,
+  type DeliveryJob,
+  type DeliveryResult,
+  type DispatchStart,
+  type DispatchStop,
+  KICK,
+  type SecretReply,
+  type SecretRequest,
+  type WorkerInit,
+  type WorkerReply,
+  type WorkerSend,
+} from './protocol'
 import { pinnedTarget, resolvePublicTarget, TargetError } from './target'
 
 /**
  * A delivery worker: sends prepared, signed POSTs so that slow or dead receivers cost the API
- * thread nothing. Started once at boot by the pool and kept for the life of the process.
+ * thread nothing. Started once at boot by the pool and kept for the life of the process. On
+ * PostgreSQL the pool's first worker also runs the outbox dispatcher (see startDispatcher).
  */
 declare var self: Worker
 
@@ -38,7 +54,7 @@ function lowerPriority(): void {
   }
 }
 
-async function deliver(job: WorkerSend): Promise<DeliveryResult> {
+async function deliver(job: DeliveryJob): Promise<DeliveryResult> {
   // One budget for the address check and the request together: the spec's 10 seconds per delivery.
   const signal = AbortSignal.timeout(settings.timeoutMs)
   try {
@@ -88,30 +104,112 @@ function reply(r: WorkerReply): void {
 
 // Requests to one receiver beyond a few dozen at once stop reusing keep-alive connections and pay a
 // TLS handshake each: jobs beyond the limit wait here (their 10 s start when they are sent).
-const queue: WorkerSend[] = []
+interface Queued {
+  job: DeliveryJob
+  done: (result: DeliveryResult) => void
+}
+const queue: Queued[] = []
 let active = 0
 function next(): void {
   while (active < settings.concurrency && queue.length > 0) {
-    const job = queue.shift() as WorkerSend
+    const { job, done } = queue.shift() as Queued
     active++
     void deliver(job).then((result) => {
       active--
-      reply({ id: job.id, ...result })
+      done(result)
       next()
     })
   }
 }
 
-self.onmessage = (event: MessageEvent<WorkerInit | string>) => {
+/** Queues one delivery on this worker: jobs from the main thread and from the dispatcher alike. */
+function sendHere(job: DeliveryJob): Promise<DeliveryResult> {
+  return new Promise((done) => {
+    queue.push({ job, done })
+    next()
+  })
+}
+
+function cancelQueued(): void {
+  for (const { done } of queue.splice(0)) done({ status: 0, reason: 'cancelled' })
+}
+
+// The dispatcher, when this worker runs it: its wake-ups, and its secret requests to the main thread.
+let dispatcher: Promise<{ running: RunningDispatcher; close: () => Promise<void> }> | null = null
+const wakeUps = new Set<() => void>()
+const secretWaits = new Map<string, ((secret: string | null) => void)[]>()
+
+function openSecret(sealed: string): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const waits = secretWaits.get(sealed)
+    const done = (secret: string | null) =>
+      secret === null ? reject(new Error('webhook secret could not be opened')) : resolve(secret)
+    if (waits) return void waits.push(done)
+    secretWaits.set(sealed, [done])
+    const request: SecretRequest = { type: 'open', sealed }
+    self.postMessage(request)
+  })
+}
+
+async function startDispatching(msg: DispatchStart) {
+  setLogLevel(msg.logLevel)
+  const { default: postgres } = await import('postgres')
+  const { drizzle } = await import('drizzle-orm/postgres-js')
+  const { WebhookDispatcher } = await import('./dispatcher')
+  // Claims, records and the poll's fan-out run one at a time; two connections let a purge overlap.
+  const client = postgres(msg.databaseUrl, { max: 2, onnotice: () => {} })
+  const running = new WebhookDispatcher(
+    {
+      db: drizzle({ client }) as unknown as Db,
+      send: sendHere,
+      cancelQueued,
+      openSecret,
+      onCommit: (listener) => {
+        wakeUps.add(listener)
+        return () => wakeUps.delete(listener)
+      },
+      clock: Date.now,
+    },
+    msg.options,
+  ).start()
+  return { running, close: () => client.end({ timeout: 5 }) }
+}
+
+type Incoming = WorkerInit | DispatchStart | DispatchStop | SecretReply | string
+
+self.onmessage = (event: MessageEvent<Incoming>) => {
   const msg = event.data
   if (typeof msg !== 'string') {
-    settings = msg
+    if (msg.type === 'init') settings = msg
+    else if (msg.type === 'dispatch') dispatcher ??= startDispatching(msg)
+    else if (msg.type === 'opened') {
+      for (const done of secretWaits.get(msg.sealed) ?? []) done(msg.secret)
+      secretWaits.delete(msg.sealed)
+    } else if (msg.type === 'stop') {
+      const stopping = dispatcher
+      dispatcher = null
+      void (async () => {
+        try {
+          if (stopping) {
+            const { running, close } = await stopping
+            await running.stop()
+            await close()
+          }
+        } catch (err) {
+          log.error('webhook dispatcher did not stop cleanly', errorFields(err))
+        } finally {
+          self.postMessage({ type: 'stopped' })
+        }
+      })()
+    }
     return
   }
-  if (msg === CANCEL_QUEUED) {
-    for (const job of queue.splice(0)) reply({ id: job.id, status: 0, reason: 'cancelled' })
+  if (msg === KICK) {
+    for (const wake of wakeUps) wake()
     return
   }
-  queue.push(...(JSON.parse(msg) as WorkerSend[]))
-  next()
+  if (msg === CANCEL_QUEUED) return cancelQueued()
+  for (const { id, type: _, ...job } of JSON.parse(msg) as WorkerSend[]) {
+    void sendHere(job).then((result) => reply({ id, ...result }))
+  }
 }
