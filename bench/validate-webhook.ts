@@ -215,6 +215,7 @@ try {
   const withHook: number[] = []
   let hookRequests = 0
   let hookErrors = 0
+  const drains: { during: number; after: number; seconds: number }[] = []
   for (let round = 0; round < ROUNDS; round++) {
     let before = cpu(server.proc.pid)
     const plain = await runWrk(server.base, script)
@@ -222,19 +223,31 @@ try {
     console.log(`without webhook: ${plain.rps.toFixed(0)} req/s (${plain.errors} non-2xx); ${cpuDelta(before, cpu(server.proc.pid), plain.total)}`)
 
     await api('PUT', `/v1/apps/${app.appId}/webhooks/${webhookId}`, { enabled: true })
+    const receivedBefore = (await receiverCounts()).received
     before = cpu(server.proc.pid)
     const hookedRun = await runWrk(server.base, script)
+    const loadEnded = performance.now()
+    const during = (await receiverCounts()).received - receivedBefore
     withHook.push(hookedRun.rps)
     hookRequests += hookedRun.total - hookedRun.errors
     hookErrors += hookedRun.errors
     console.log(`with webhook:    ${hookedRun.rps.toFixed(0)} req/s (${hookedRun.errors} non-2xx); ${cpuDelta(before, cpu(server.proc.pid), hookedRun.total)}`)
-    // The backlog of this run is delivered before the webhook is disabled (fan-out honours `enabled`).
-    for (let i = 0; i < 1200; i++) {
+    // Deliveries give way to API requests while the CPU is saturated: the backlog of this run is
+    // delivered after the load, before the webhook is disabled (fan-out honours `enabled`).
+    let drained = false
+    for (let i = 0; i < 3000 && !drained; i++) {
       const [row] = await db`SELECT count(*)::int AS n FROM webhook_deliveries WHERE attempted_at IS NULL`
       const [pending] = await db`SELECT count(*)::int AS n FROM events WHERE dispatched_at IS NULL`
-      if (row?.n === 0 && pending?.n === 0) break
-      await Bun.sleep(100)
+      drained = row?.n === 0 && pending?.n === 0
+      if (!drained) await Bun.sleep(100)
     }
+    const drainSeconds = (performance.now() - loadEnded) / 1000
+    const after = (await receiverCounts()).received - receivedBefore - during
+    drains.push({ during, after, seconds: drainSeconds })
+    console.log(
+      `  delivered during the load: ${during}; after it: ${after}; ` +
+        (drained ? `backlog drained ${drainSeconds.toFixed(1)} s after the load` : `NOT drained after ${drainSeconds.toFixed(0)} s`),
+    )
     await api('PUT', `/v1/apps/${app.appId}/webhooks/${webhookId}`, { enabled: false })
   }
 

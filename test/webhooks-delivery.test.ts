@@ -332,7 +332,7 @@ describe('exactly one attempt per delivery', () => {
   })
 })
 
-test('batches written outside a transaction (validate) are claimed at insert and sent once each, with two instances writing and sending', async () => {
+test('batches written outside a transaction (validate) are fanned out and sent once each, with two instances writing and sending', async () => {
   const t = await appWithReceiverCa()
   const s = await t.seed()
   await using rx = startReceiver()
@@ -340,7 +340,7 @@ test('batches written outside a transaction (validate) are claimed at insert and
   await using second = await secondInstance(t.deps)
   const other = second.deps
   {
-    // Few slots, so some batches find no room and leave their deliveries to the claim statement.
+    // Few slots, so the two instances' fan-outs take a few events at a time and race for the rest.
     await using _one = startDispatcher(t.deps, { pollMs: 20, maxInFlight: 8 })
     await using _two = startDispatcher(other, { pollMs: 20, maxInFlight: 8 })
     const n = 80

@@ -5,6 +5,7 @@ import { errorFields, log } from '../log'
 import { signedDelivery } from './payload'
 import { executePrepared } from './prepared'
 import type { DeliveryJob, DeliveryResult } from './protocol'
+import { HostLoad } from './load'
 import { type Attempt, recordAttempts } from './record'
 
 /**
@@ -15,18 +16,19 @@ import { type Attempt, recordAttempts } from './record'
  * main thread can open, the same code runs on the main thread and sends through the pool's workers.
  *
  * Each step is safe with several instances on one database:
- * 1. Fan-out: recordEvents already writes one webhook_deliveries row per webhook that is enabled
- *    and subscribed at commit, in the writer's statement. Events it left undispatched (no webhook
- *    wanted them then, or an older version wrote them) are fanned out here on every poll: SKIP
- *    LOCKED, one row per webhook enabled and subscribed at that moment, marked dispatched, the rows
- *    this instance can send now inserted already claimed, in one statement.
- * 2. Claim: a writer whose statement commits on its own (validate's batches) and that runs in a
- *    process with a dispatcher on the same database inserts the deliveries this dispatcher has room
- *    for already claimed and hands them over once committed (writerClaims/takeClaimed): no claim
- *    statement at all for them. Every other due delivery (never attempted, and unclaimed or claimed
- *    longer than the lease ago) gets claimed_at = now() with SKIP LOCKED by the claim statement.
- *    Either way exactly one instance sends each.
+ * 1. Fan-out: recordEvents writes only the events. After a commit's wake-up (and on every poll) the
+ *    fan-out statement takes as many undispatched events as there are free slots, SKIP LOCKED,
+ *    marks them dispatched and writes one webhook_deliveries row per webhook enabled and subscribed
+ *    at that moment, inserted already claimed by this instance (up to its free slots): one
+ *    statement, no separate claim for them.
+ * 2. Claim: every other due delivery (never attempted, and unclaimed or claimed longer than the
+ *    lease ago: an event with more webhooks than free slots, a crash, a shutdown's hand-back) gets
+ *    claimed_at = now() with SKIP LOCKED by the claim statement, on the poll. Either way exactly one
+ *    instance sends each.
  * 3. Send on a worker, then record attempted_at/http_status and the webhook's lastDelivery*.
+ *
+ * Under a saturated CPU (yieldAbove) only the poll runs steps 1 and 2, once per pollMs: the events
+ * wait undispatched in PostgreSQL, costing it one row each, and are sent once the load drops.
  *
  * Semantics: every event committed is attempted once per subscribed, enabled webhook, including
  * after a crash or restart between commit and send (the rows wait in PostgreSQL). There are no
@@ -44,7 +46,7 @@ export interface DispatcherOptions {
    * a full claim queued behind hanging receivers (maxInFlight / worker slots × 10 s) plus recording.
    */
   leaseSeconds?: number
-  /** Events fanned out per statement. */
+  /** Most events fanned out per statement (fewer when fewer slots are free). */
   fanOutBatch?: number
   /** Deliveries this instance has on the workers at once. */
   maxInFlight?: number
@@ -55,6 +57,13 @@ export interface DispatcherOptions {
   minGapMs?: number
   /** Dispatched events whose deliveries are all attempted are deleted after this many days. */
   retentionDays?: number
+  /**
+   * Host CPU share (0–1) of non-background work from which deliveries give way: while the host is
+   * that busy, commits no longer wake the dispatcher and only the poll claims (up to maxInFlight per
+   * pollMs), so API requests keep the CPU and the database; the backlog waits unclaimed in
+   * PostgreSQL and is sent when the load drops. 1 turns this off.
+   */
+  yieldAbove?: number
 }
 
 /** What the dispatcher runs on: the main thread's deps (PGlite) or a delivery worker's own (PostgreSQL). */
@@ -99,11 +108,11 @@ const RECORD_BATCH = 1_000
 const BACKLOG_GAP_MS = 5
 
 /**
- * The select list every claiming statement returns and toClaimed reads, over a delivery (`d`), its
+ * The select list both claiming statements return and toClaimed reads, over a delivery (`d`), its
  * event (`e`) and its webhook (`w`) under the given aliases. Values are cast to text/float8 so both
  * drivers hand back the same JavaScript types. Constant text, so the statements stay preparable.
  */
-export function claimedColumns(d: string, e: string, w: string): SQL {
+function claimedColumns(d: string, e: string, w: string): SQL {
   return sql.raw(
     `${d}.event_id::float8 AS event_id, ${d}.webhook_id, ${e}.event, ${e}.data::text AS data, ` +
       `(extract(epoch FROM ${e}.occurred_at) * 1000)::float8 AS occurred_ms, ` +
@@ -124,30 +133,9 @@ function toClaimed(r: Record<string, unknown>): Claimed {
   }
 }
 
-export function rowsOf(result: unknown): Record<string, unknown>[] {
+function rowsOf(result: unknown): Record<string, unknown>[] {
   // postgres.js returns the rows themselves, PGlite an object holding them.
   return (Array.isArray(result) ? result : (result as { rows?: unknown[] }).rows ?? []) as Record<string, unknown>[]
-}
-
-/** Dispatchers running in this process, by database handle: writers on that handle claim for them. */
-const running = new WeakMap<object, WebhookDispatcher>()
-
-/**
- * What a writer committing on its own may claim for this process's dispatcher: `room` deliveries,
- * handed over with take() after the commit (or with none when the statement failed).
- */
-export interface WriterClaim {
-  room: number
-  /** `complete`: the statement claimed every delivery it wrote (its wake-up needs no claim statement). */
-  take(rows: readonly Record<string, unknown>[], complete: boolean): void
-}
-
-/**
- * The dispatcher running on this database handle with free worker slots, reserved for a writer's
- * statement of up to `max` deliveries; null when there is none (the claim statement serves them).
- */
-export function writerClaims(db: object, max: number): WriterClaim | null {
-  return running.get(db)?.reserve(max) ?? null
 }
 
 export class WebhookDispatcher implements RunningDispatcher {
@@ -161,6 +149,7 @@ export class WebhookDispatcher implements RunningDispatcher {
   readonly #minGapMs: number
   /** Free worker slots a claim waits for while deliveries are out. */
   readonly #claimChunk: number
+  readonly #load: HostLoad | null
 
   #unsubscribe: (() => void) | null = null
   #poll: ReturnType<typeof setInterval> | null = null
@@ -169,24 +158,18 @@ export class WebhookDispatcher implements RunningDispatcher {
   #pumping: Promise<void> | null = null
   #again = false
   #backlog = false
-  /** Whether the fan-out statement should run: at start, on every poll, and while it finds full batches. */
+  /** Whether the fan-out statement should run: at start, on every poll and wake-up, and while it finds full batches. */
   #fanOutDue = true
   /**
-   * Whether the claim statement should run: at start, on every poll, on a commit's wake-up, and while
-   * claims come back full (or there was no room for one).
+   * Whether the claim statement should run: at start, on every poll, after a fan-out that left
+   * deliveries unclaimed, and while claims come back full.
    */
   #claimDue = true
-  /**
-   * Writers' statements that claimed every delivery they wrote, whose wake-up has not come yet: that
-   * many wake-ups skip the claim statement, which would find nothing of theirs. Every wake-up follows
-   * its writer's commit, so whenever a skipped one was another writer's, a later one still claims.
-   */
-  #handledByWriters = 0
+  /** The next pass was asked for by the poll: it runs even while the host is saturated. */
+  #pollPass = true
   #lastPass = 0
   #delayed: ReturnType<typeof setTimeout> | null = null
   #inFlight = 0
-  /** Worker slots promised to writers' statements still running. */
-  #reserved = 0
   #idle: (() => void)[] = []
   #results: Attempt[] = []
   /** Deliveries this instance claimed and has not recorded yet ("eventId webhookId"). */
@@ -208,23 +191,21 @@ export class WebhookDispatcher implements RunningDispatcher {
     this.#minGapMs = options.minGapMs ?? 50
     this.#retentionDays = options.retentionDays ?? 7
     this.#claimChunk = Math.max(1, Math.floor(this.#maxInFlight / 4))
+    const yieldAbove = options.yieldAbove ?? 0.7
+    this.#load = yieldAbove < 1 ? new HostLoad(yieldAbove) : null
   }
 
   start(): this {
     if (!this.#stopped) return this
     this.#stopped = false
-    running.set(this.#db, this)
     this.#unsubscribe = this.#ctx.onCommit(() => {
-      if (this.#handledByWriters > 0) {
-        this.#handledByWriters--
-        return
-      }
-      this.#claimDue = true
+      this.#fanOutDue = true
       this.kick()
     })
     this.#poll = setInterval(() => {
       this.#fanOutDue = true
       this.#claimDue = true
+      this.#pollPass = true
       this.kick()
     }, this.#pollMs)
     this.#cleanup = setInterval(() => this.#startPurge(), CLEANUP_EVERY_MS)
@@ -239,7 +220,6 @@ export class WebhookDispatcher implements RunningDispatcher {
   async stop(): Promise<void> {
     if (this.#stopped) return
     this.#stopped = true
-    if (running.get(this.#db) === this) running.delete(this.#db)
     this.#unsubscribe?.()
     if (this.#poll) clearInterval(this.#poll)
     if (this.#delayed) clearTimeout(this.#delayed)
@@ -273,33 +253,6 @@ export class WebhookDispatcher implements RunningDispatcher {
     return this.stop()
   }
 
-  /** Reserves worker slots for a writer's statement; see writerClaims. */
-  reserve(max: number): WriterClaim | null {
-    const room = Math.min(max, this.#maxInFlight - this.#inFlight - this.#reserved)
-    if (this.#stopped || room <= 0) return null
-    this.#reserved += room
-    let open = true
-    return {
-      room,
-      take: (rows, complete) => {
-        if (!open) return
-        open = false
-        this.#reserved -= room
-        if (complete && !this.#stopped) this.#handledByWriters++
-        for (const r of rows) {
-          const c = toClaimed(r)
-          if (this.#stopped) {
-            // Committed as ours after shutdown began: hand it back rather than wait for the lease.
-            this.#released.push({ eventId: c.eventId, webhookId: c.webhookId })
-          } else {
-            this.#send(c)
-          }
-        }
-        if (this.#stopped && rows.length > 0) void this.#release()
-      },
-    }
-  }
-
   /** Looks for work now (called on every commit that wrote events, and by the poll). */
   kick(): void {
     if (this.#stopped) return
@@ -320,27 +273,37 @@ export class WebhookDispatcher implements RunningDispatcher {
     this.#pumping = this.#pump().finally(() => {
       this.#pumping = null
       // Wake-ups that came in during the pass are served by one more (spaced) pass.
-      if (this.#again || (this.#backlog && (this.#fanOutDue || this.#roomForClaim()))) this.kick()
+      if (this.#again || (this.#backlog && this.#roomForClaim())) this.kick()
     })
   }
 
   /**
-   * One pass: the deliveries writers fanned out at commit (and expired leases, other instances'
-   * leftovers) are claimed up to the free worker slots, in one statement. The fan-out statement runs
-   * only when the poll asks for it, since writers fan out themselves.
+   * One pass: undispatched events are fanned out and claimed up to the free worker slots, then (when
+   * due) leftover deliveries are claimed: expired leases, other instances' leftovers, hand-backs.
    */
   async #pump(): Promise<void> {
     this.#again = false
+    const polled = this.#pollPass
+    this.#pollPass = false
+    if (!polled && this.#load?.saturated()) {
+      // Giving way to API requests: the poll's next pass claims what is due (see yieldAbove).
+      this.#backlog = false
+      return
+    }
     try {
-      if (this.#fanOutDue) {
-        const fanned = await this.#fanOut(Math.max(0, this.#maxInFlight - this.#inFlight - this.#reserved))
+      if (this.#fanOutDue && this.#roomForClaim()) {
+        // Cleared first: a commit during the statement asks for one more pass.
+        this.#fanOutDue = false
+        const limit = Math.min(this.#fanOutBatch, this.#maxInFlight - this.#inFlight)
+        const fanned = await this.#fanOut(limit)
         for (const c of fanned.claimed) this.#send(c)
-        this.#fanOutDue = fanned.events >= this.#fanOutBatch
+        // A full batch means more is waiting; unclaimed deliveries (more webhooks than slots) are claimed below.
+        if (fanned.events >= limit) this.#fanOutDue = true
+        if (fanned.unclaimed > 0) this.#claimDue = true
       }
       if (this.#claimDue && this.#roomForClaim()) {
-        // Cleared first: a commit during the statement asks for one more pass.
         this.#claimDue = false
-        const room = this.#maxInFlight - this.#inFlight - this.#reserved
+        const room = this.#maxInFlight - this.#inFlight
         const claimed = await this.#claim(room)
         for (const c of claimed) this.#send(c)
         // A full batch means more is waiting; otherwise the table is drained until the next wake-up.
@@ -355,21 +318,22 @@ export class WebhookDispatcher implements RunningDispatcher {
   }
 
   /**
-   * While deliveries are out, a claim waits for a chunk of free slots: under a backlog every finished
-   * delivery would otherwise run a claim statement for one or two rows.
+   * While deliveries are out, a fan-out or claim waits for a chunk of free slots: under a backlog every
+   * finished delivery would otherwise run a statement for one or two rows.
    */
   #roomForClaim(): boolean {
-    const room = this.#maxInFlight - this.#inFlight - this.#reserved
+    const room = this.#maxInFlight - this.#inFlight
     return room >= (this.#inFlight > 0 ? this.#claimChunk : 1)
   }
 
-  async #fanOut(room: number): Promise<{ events: number; claimed: Claimed[] }> {
+  /** Fans out up to `limit` events, claiming up to `limit` of their deliveries, in one statement. */
+  async #fanOut(limit: number): Promise<{ events: number; unclaimed: number; claimed: Claimed[] }> {
     const result = await executePrepared(this.#db, 'webhook_fan_out', sql`
       WITH picked AS (
         SELECT id, app_id, event, data, occurred_at FROM events
         WHERE dispatched_at IS NULL
         ORDER BY id
-        LIMIT ${this.#fanOutBatch}
+        LIMIT ${limit}
         FOR UPDATE SKIP LOCKED
       ), marked AS (
         UPDATE events SET dispatched_at = now() FROM picked WHERE events.id = picked.id
@@ -379,13 +343,14 @@ export class WebhookDispatcher implements RunningDispatcher {
         JOIN webhooks w ON w.app_id = p.app_id AND w.enabled AND p.event = ANY(w.events)
       ), owed AS (
         INSERT INTO webhook_deliveries (event_id, webhook_id, claimed_at)
-        SELECT event_id, webhook_id, CASE WHEN n <= ${room} THEN now() END FROM pairs
+        SELECT event_id, webhook_id, CASE WHEN n <= ${limit} THEN now() END FROM pairs
         ON CONFLICT DO NOTHING
         RETURNING event_id, webhook_id, claimed_at
       ), counts AS (
-        SELECT (SELECT count(*) FROM picked)::int AS events
+        SELECT (SELECT count(*) FROM picked)::int AS events,
+               (SELECT count(*) FROM owed WHERE claimed_at IS NULL)::int AS unclaimed
       )
-      SELECT counts.events, c.*
+      SELECT counts.events, counts.unclaimed, c.*
       FROM counts LEFT JOIN (
         SELECT ${claimedColumns('o', 'p', 'w')}
         FROM owed o
@@ -397,6 +362,7 @@ export class WebhookDispatcher implements RunningDispatcher {
     const rows = rowsOf(result)
     return {
       events: Number(rows[0]?.events ?? 0),
+      unclaimed: Number(rows[0]?.unclaimed ?? 0),
       claimed: rows.filter((r) => r.event_id !== null && r.event_id !== undefined).map(toClaimed),
     }
   }
@@ -461,7 +427,7 @@ export class WebhookDispatcher implements RunningDispatcher {
       this.#inFlight--
       this.#flush()
       if (this.#inFlight === 0) for (const resolve of this.#idle.splice(0)) resolve()
-      if (this.#claimDue && this.#roomForClaim()) this.kick()
+      if ((this.#fanOutDue || this.#claimDue) && this.#roomForClaim()) this.kick()
     })
   }
 
