@@ -8,6 +8,12 @@
  * own database, starts the real server (src/index.ts) on a free port, and runs an HTTPS receiver
  * with a self-signed certificate the server trusts through NODE_EXTRA_CA_CERTS. Runs alternate
  * (without, with, without, with) because this machine is noisy: compare the medians of one run.
+ *
+ * The receiver stands for the vendor's own server, on another machine in production: here it runs at
+ * nice 19, so it takes CPU only when the server leaves some. It still verifies every signature and
+ * counts every request. Deliveries give way to API requests while the CPU is saturated (see the
+ * dispatcher): after each webhook run the bench waits for the backlog and reports how many were
+ * delivered during the load and after it, and how long the drain took.
  */
 import { spawnSync } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
