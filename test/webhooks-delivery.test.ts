@@ -1,5 +1,6 @@
 import { describe, expect, test } from 'bun:test'
 import { randomUUID } from 'node:crypto'
+import { existsSync } from 'node:fs'
 import { and, eq, inArray, sql } from 'drizzle-orm'
 import { type DomainEvent, EVENT_NAMES, type EventName, EventBus, recordEvents } from '../src/core/events'
 import { openDb } from '../src/db/client'
@@ -483,6 +484,23 @@ describe('DNS pinning at delivery time', () => {
     expect(wrong).toBe('ERR_TLS_CERT_ALTNAME_INVALID')
     expect(pinnedTarget(new URL('https://[::1]:8443/x'), '::1')).toBeNull()
     expect(pinnedTarget(new URL('https://hooks.example.com/x'), '2606:4700::1')?.url.href).toBe('https://[2606:4700::1]/x')
+  })
+})
+
+describe('priority', () => {
+  test.skipIf(!existsSync('/proc/stat'))('while the host is saturated commits do not wake the dispatcher; its poll still delivers', async () => {
+    const t = await appWithReceiverCa()
+    const s = await t.seed()
+    await using rx = startReceiver()
+    await addHook(t, s, rx.url('/busy'), ['license.created'])
+    // A threshold of 0: any host counts as saturated once a CPU reading covers an interval.
+    await using _d = startDispatcher(t.deps, { pollMs: 1_500, yieldAbove: 0 })
+    // Past the start's own pass and the first interval of readings.
+    await Bun.sleep(400)
+    await emit(t.deps, [{ event: 'license.created', data: dataFor('license.created', s.appId, keyFor()) }])
+    await Bun.sleep(400)
+    expect(rx.at('/busy')).toHaveLength(0)
+    await until(() => rx.at('/busy').length === 1, 'the delivery by the poll')
   })
 })
 
