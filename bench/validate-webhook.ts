@@ -2,7 +2,7 @@
  * Validate throughput with and without a subscribed license.validated webhook, then proof that every
  * validated event of the webhook run was delivered exactly once.
  *
- *   bun bench/validate-webhook.ts [--duration 10] [--connections 64] [--rounds 2]
+ *   bun bench/validate-webhook.ts [--duration 10] [--connections 64] [--rounds 3]
  *
  * Needs wrk, PostgreSQL and Redis (BENCH_PG_ADMIN_URL, BENCH_REDIS_URL). It creates and drops its
  * own database, starts the real server (src/index.ts) on a free port, and runs an HTTPS receiver
@@ -29,7 +29,7 @@ const flag = (name: string, fallback: number) => {
 }
 const DURATION = flag('duration', 10)
 const CONNECTIONS = flag('connections', 64)
-const ROUNDS = flag('rounds', 2)
+const ROUNDS = flag('rounds', 3)
 const LICENSES = 200
 const PG_ADMIN = process.env.BENCH_PG_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
 const REDIS = process.env.BENCH_REDIS_URL ?? 'redis://127.0.0.1:6379/13'
