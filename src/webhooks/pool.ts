@@ -17,7 +17,10 @@ import {
 } from './protocol'
 
 export interface DeliveryPoolOptions {
-  /** Worker threads; each sends many requests concurrently, so two cover a 2-core machine. */
+  /**
+   * Worker threads; each sends many requests concurrently, so two cover a 2-core machine. On
+   * PostgreSQL the first also runs the dispatcher (see dispatch()) and test pings use the others.
+   */
   size?: number
   allowPrivate: boolean
   /**
@@ -168,7 +171,10 @@ export class DeliveryPool {
 
   #leastBusy(): Slot {
     let best: Slot | undefined
-    for (let i = 0; i < this.#size; i++) {
+    // The dispatching worker's own queue (up to maxInFlight deliveries) is invisible here: a test
+    // ping goes to another worker when there is one, so it never waits behind a backlog.
+    const first = this.#dispatching && this.#size > 1 ? 1 : 0
+    for (let i = first; i < this.#size; i++) {
       const slot = this.#slots[i] ?? this.#spawn(i)
       if (!best || slot.pending.size < best.pending.size) best = slot
     }
