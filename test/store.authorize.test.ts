@@ -109,6 +109,27 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     expect(await store.balance(acct)).toBe(1)
   })
 
+  test('requests issued together are each checked in order and each get their own answer', async () => {
+    const nonceKey = `ls:test:n:${id()}`
+    const ep = `ls:test:ep:${id()}`
+    await store.bump([ep])
+    const bucket = { key: `ls:test:b:${id()}`, capacity: 2, refillPerSecond: 0.001 }
+    const replies = await Promise.all([
+      store.authorize(base({ nonce: { key: nonceKey, ttlSeconds: 60 }, buckets: [bucket] })),
+      store.authorize(base({ epochs: [{ key: ep, expected: 0 }] })),
+      store.authorize(base({ nonce: { key: nonceKey, ttlSeconds: 60 }, buckets: [bucket] })),
+      store.authorize(base({ buckets: [bucket] })),
+      store.authorize(base({ deny: true })),
+    ])
+    expect(replies).toEqual([
+      { kind: 'ok', charged: 0 },
+      { kind: 'stale', epochs: [1] },
+      { kind: 'replay' },
+      { kind: 'limited', retryAfterMs: expect.any(Number) },
+      { kind: 'denied' },
+    ])
+  })
+
   test('key names stay distinct per account', () => {
     expect(new Set([keys.balance('a'), keys.pendingCharges('a'), keys.flushing('a'), keys.accountEpoch('a')]).size).toBe(4)
   })
