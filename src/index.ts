@@ -3,6 +3,7 @@ import { createApp } from './app'
 import { buildDeps } from './boot'
 import { ConfigError, loadConfig } from './config'
 import { startClientAuth } from './core/auth'
+import { signer } from './core/signer'
 import { startOperatorSocket, usesOperatorSocket } from './http/operator-socket'
 import { errorFields, log, setLogLevel } from './log'
 import { startDispatcher } from './webhooks/dispatcher'
@@ -29,6 +30,7 @@ async function main(): Promise<void> {
   const dispatcher = startDispatcher(deps)
   // Moves credit charges from the store into PostgreSQL and writes batched license.validated events.
   const clientAuth = startClientAuth(deps)
+  signer.start()
   const tls =
     config.tlsCertFile && config.tlsKeyFile
       ? { cert: readFileSync(config.tlsCertFile, 'utf8'), key: readFileSync(config.tlsKeyFile, 'utf8') }

@@ -7,10 +7,10 @@ import { errorFields, log } from '../log'
 import { type AuthorizeInput, type AuthorizeResult, keys } from '../store/store'
 import { AuthCache, type CachedApp, type CachedLicense, StoreUnavailable } from './auth-cache'
 import { loadLiveBalance, startCreditReconciler } from './credits-ledger'
-import { signText } from './crypto'
 import { recordEvents } from './events'
 import { invalidate } from './invalidate'
 import { SeatBinder } from './seat-binder'
+import { signer } from './signer'
 import { EventBatch } from './validated-events'
 import { appendEntry } from './security'
 import { clampTtl, issueSession, MAX_SESSION_TTL, readSession, type Session } from './session'
@@ -392,14 +392,14 @@ function isoMillis(ms: number): string {
   return lastMillisIso
 }
 
-function signedResponse(
+async function signedResponse(
   app: CachedApp,
   license: CachedLicense,
   hwid: string,
   session: { token: string; session: Session },
   nonce: string | undefined,
   nowMs: number,
-): SignedResponse {
+): Promise<SignedResponse> {
   if (!app.signing) {
     log.error('app has no active signing key', { appId: app.id })
     throw new PublicError('system_error')
@@ -410,7 +410,8 @@ function signedResponse(
     `"sessionExpiresAt":"${isoSeconds(exp)}","timestamp":"${isoMillis(nowMs)}"` +
     `${nonce === undefined ? '' : `,"nonce":${JSON.stringify(nonce)}`},${payloadParts(app, license, hwid)}`
   const payload = Buffer.from(json, 'utf8').toString('base64')
-  return { status: 'success', payload, signature: signText(payload, app.signing.key), keyId: app.signing.keyId }
+  const { keyId, key } = app.signing
+  return { status: 'success', payload, signature: await signer.sign(keyId, key, payload), keyId }
 }
 
 export interface SelfbanInput {
