@@ -34,7 +34,20 @@ interface Server {
   url: string
   /** CPU seconds the server process has used so far (user + system, all threads). */
   cpu(): number
+  /** CPU seconds of the server's main thread, which runs every request's JavaScript. */
+  mainCpu(): number
   stop(): Promise<void>
+}
+
+/** Idle and total jiffies of the whole machine, from the first line of /proc/stat. */
+function machineTicks(): { idle: number; total: number } {
+  const f = (readFileSync('/proc/stat', 'utf8').split('\n')[0] ?? '').trim().split(/\s+/).slice(1).map(Number)
+  return { idle: (f[3] ?? 0) + (f[4] ?? 0), total: f.reduce((a, b) => a + b, 0) }
+}
+
+function cpuSeconds(statFile: string): number {
+  const fields = readFileSync(statFile, 'utf8').split(') ')[1]?.split(' ') ?? []
+  return (Number(fields[11]) + Number(fields[12])) / 100
 }
 
 async function spawnServer(entry: string, env: Record<string, string>, flags: string[] = []): Promise<Server> {
@@ -57,10 +70,8 @@ async function spawnServer(entry: string, env: Record<string, string>, flags: st
     })()
     return {
       url: (JSON.parse(line) as { url: string }).url,
-      cpu: () => {
-        const fields = readFileSync(`/proc/${proc.pid}/stat`, 'utf8').split(') ')[1]?.split(' ') ?? []
-        return (Number(fields[11]) + Number(fields[12])) / 100
-      },
+      cpu: () => cpuSeconds(`/proc/${proc.pid}/stat`),
+      mainCpu: () => cpuSeconds(`/proc/${proc.pid}/task/${proc.pid}/stat`),
       async stop() {
         proc.kill('SIGTERM')
         await proc.exited
@@ -78,6 +89,10 @@ interface Result {
   errors: number
   /** Server CPU time per request (µs): robust to outside load, unlike req/s. */
   cpuUs: number
+  /** The server main thread's share of cpuUs. */
+  mainUs: number
+  /** Share of the machine's CPU time left idle during the run: above a few % means it was not CPU-bound. */
+  idlePct: number
   /** Redis CPU per request (µs; the whole Redis server, so other users of it add to it). */
   redisUs: number
   /** wrk's own CPU per request (µs): its Lua builds every request body. */
@@ -103,6 +118,8 @@ function wrk(name: string, server: Server, mode: string, connections: number, se
   const url = server.url
   const redis0 = redisCpu()
   const cpu0 = server.cpu()
+  const main0 = server.mainCpu()
+  const ticks0 = machineTicks()
   const runId = `${process.pid.toString(16)}r${(runCounter++).toString(16)}x`
   const threads = Math.min(2, connections)
   const out = Bun.spawnSync([
@@ -119,9 +136,12 @@ function wrk(name: string, server: Server, mode: string, connections: number, se
   const errors = Number(/Non-2xx or 3xx responses:\s+(\d+)/.exec(text)?.[1] ?? 0)
   const total = Number(/(\d+) requests in/.exec(text)?.[1] ?? Number.NaN)
   const cpuUs = ((server.cpu() - cpu0) * 1e6) / total
+  const mainUs = ((server.mainCpu() - main0) * 1e6) / total
+  const ticks = machineTicks()
+  const idlePct = (100 * (ticks.idle - ticks0.idle)) / (ticks.total - ticks0.total)
   const redisUs = ((redisCpu() - redis0) * 1e6) / total
   const wrkUs = Number(out.resourceUsage?.cpuTime.total ?? Number.NaN) / total
-  return { name, connections, rps, p50: pct('50'), p99: pct('99'), errors, cpuUs, redisUs, wrkUs }
+  return { name, connections, rps, p50: pct('50'), p99: pct('99'), errors, cpuUs, mainUs, idlePct, redisUs, wrkUs }
 }
 
 async function main() {
@@ -184,7 +204,7 @@ async function main() {
     const run = (name: string, server: Server, mode: string, c: number) => {
       const r = wrk(name, server, mode, c, DURATION)
       results.push(r)
-      console.log(`  ${name.padEnd(24)} c=${String(c).padStart(2)}  ${r.rps.toFixed(0).padStart(7)} req/s  p50 ${r.p50.toFixed(2)} ms  p99 ${r.p99.toFixed(2)} ms  server CPU ${r.cpuUs.toFixed(0)} µs/req, Redis ${r.redisUs.toFixed(0)}, wrk ${r.wrkUs.toFixed(0)}${r.errors ? `  non-2xx ${r.errors}` : ''}`)
+      console.log(`  ${name.padEnd(24)} c=${String(c).padStart(2)}  ${r.rps.toFixed(0).padStart(7)} req/s  p50 ${r.p50.toFixed(2)} ms  p99 ${r.p99.toFixed(2)} ms  server CPU ${r.cpuUs.toFixed(0)} µs/req (main thread ${r.mainUs.toFixed(0)}), Redis ${r.redisUs.toFixed(0)}, wrk ${r.wrkUs.toFixed(0)}; machine idle ${r.idlePct.toFixed(0)}%${r.errors ? `  non-2xx ${r.errors}` : ''}`)
       return r
     }
     // The machine is shared and noisy: interleave the scenarios over several rounds and keep each
