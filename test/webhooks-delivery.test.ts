@@ -493,8 +493,8 @@ describe('priority', () => {
     const s = await t.seed()
     await using rx = startReceiver()
     await addHook(t, s, rx.url('/busy'), ['license.created'])
-    // A threshold of 0: any host counts as saturated once a CPU reading covers an interval.
-    await using _d = startDispatcher(t.deps, { pollMs: 1_500, yieldAbove: 0 })
+    // Thresholds of 0: any host counts as saturated once a CPU reading covers an interval.
+    await using _d = startDispatcher(t.deps, { pollMs: 1_500, yieldAbove: 0, yieldApiAbove: 0 })
     // Past the start's own pass and the first interval of readings.
     await Bun.sleep(400)
     await emit(t.deps, [{ event: 'license.created', data: dataFor('license.created', s.appId, keyFor()) }])

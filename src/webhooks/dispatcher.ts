@@ -27,8 +27,9 @@ import { type Attempt, recordAttempts } from './record'
  *    instance sends each.
  * 3. Send on a worker, then record attempted_at/http_status and the webhook's lastDelivery*.
  *
- * Under a saturated CPU (yieldAbove) only the poll runs steps 1 and 2, once per pollMs: the events
- * wait undispatched in PostgreSQL, costing it one row each, and are sent once the load drops.
+ * While API requests are short of CPU (yieldAbove) only the poll runs steps 1 and 2, once per
+ * pollMs: the events wait undispatched in PostgreSQL, costing it one row each, and are sent once the
+ * load drops.
  *
  * Semantics: every event committed is attempted once per subscribed, enabled webhook, including
  * after a crash or restart between commit and send (the rows wait in PostgreSQL). There are no
@@ -58,12 +59,14 @@ export interface DispatcherOptions {
   /** Dispatched events whose deliveries are all attempted are deleted after this many days. */
   retentionDays?: number
   /**
-   * Host CPU share (0–1) of non-background work from which deliveries give way: while the host is
-   * that busy, commits no longer wake the dispatcher and only the poll claims (up to maxInFlight per
-   * pollMs), so API requests keep the CPU and the database; the backlog waits unclaimed in
-   * PostgreSQL and is sent when the load drops. 1 turns this off.
+   * Host CPU share (0–1) of non-background work from which deliveries give way, when the API thread
+   * is busy too (yieldApiAbove): then commits no longer wake the dispatcher and only the poll fans
+   * out and claims (up to maxInFlight per pollMs), so API requests keep the CPU and the database; the
+   * events wait undispatched in PostgreSQL and are sent when the load drops. Above 1 turns this off.
    */
   yieldAbove?: number
+  /** The API thread's share of one CPU (0–1) from which it counts as busy; see yieldAbove. */
+  yieldApiAbove?: number
 }
 
 /** What the dispatcher runs on: the main thread's deps (PGlite) or a delivery worker's own (PostgreSQL). */
@@ -192,7 +195,7 @@ export class WebhookDispatcher implements RunningDispatcher {
     this.#retentionDays = options.retentionDays ?? 7
     this.#claimChunk = Math.max(1, Math.floor(this.#maxInFlight / 4))
     const yieldAbove = options.yieldAbove ?? 0.7
-    this.#load = yieldAbove < 1 ? new HostLoad(yieldAbove) : null
+    this.#load = yieldAbove <= 1 ? new HostLoad(yieldAbove, options.yieldApiAbove ?? 0.25) : null
   }
 
   start(): this {
