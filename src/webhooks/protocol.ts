@@ -12,7 +12,7 @@ export interface WorkerInit {
   lowPriority: boolean
 }
 
-/** One signed POST, fully prepared by the main thread: the worker never sees the webhook secret. */
+/** One signed POST, fully prepared by the dispatcher (on the main thread with PGlite, in the first worker on PostgreSQL). */
 export interface DeliveryJob {
   url: string
   headers: Record<string, string>
