@@ -110,7 +110,8 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
   })
 
   test('requests issued together are each checked in order and each get their own answer', async () => {
-    const nonceKey = `ls:test:n:${id()}`
+    // Multi-byte characters: each key must be cut at its UTF-8 length, not its JavaScript length.
+    const nonceKey = `ls:test:n:${id()}:é€😀`
     const ep = `ls:test:ep:${id()}`
     await store.bump([ep])
     const bucket = { key: `ls:test:b:${id()}`, capacity: 2, refillPerSecond: 0.001 }
