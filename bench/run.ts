@@ -20,6 +20,7 @@ import { generateLicenseKey } from '../src/core/crypto'
 import { issueSession, MAX_SESSION_TTL } from '../src/core/session'
 import { licenses } from '../src/db/schema'
 import { setLogLevel } from '../src/log'
+import { procCpu } from './proc'
 
 const ADMIN_URL = process.env.BENCH_PG_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
 const REDIS_URL = process.env.BENCH_REDIS_URL ?? 'redis://127.0.0.1:6379/14'
@@ -45,11 +46,6 @@ function machineTicks(): { idle: number; total: number } {
   return { idle: (f[3] ?? 0) + (f[4] ?? 0), total: f.reduce((a, b) => a + b, 0) }
 }
 
-function cpuSeconds(statFile: string): number {
-  const fields = readFileSync(statFile, 'utf8').split(') ')[1]?.split(' ') ?? []
-  return (Number(fields[11]) + Number(fields[12])) / 100
-}
-
 async function spawnServer(entry: string, env: Record<string, string>, flags: string[] = []): Promise<Server> {
   const proc = Bun.spawn([process.execPath, ...flags, entry], {
     env: { ...process.env, HOST: '127.0.0.1', PORT: '0', LOG_LEVEL: 'info', ...env },
@@ -70,8 +66,8 @@ async function spawnServer(entry: string, env: Record<string, string>, flags: st
     })()
     return {
       url: (JSON.parse(line) as { url: string }).url,
-      cpu: () => cpuSeconds(`/proc/${proc.pid}/stat`),
-      mainCpu: () => cpuSeconds(`/proc/${proc.pid}/task/${proc.pid}/stat`),
+      cpu: () => procCpu(String(proc.pid)).seconds,
+      mainCpu: () => procCpu(`${proc.pid}/task/${proc.pid}`).seconds,
       async stop() {
         proc.kill('SIGTERM')
         await proc.exited

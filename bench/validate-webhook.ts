@@ -17,10 +17,11 @@
  */
 import { spawnSync } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
-import { mkdtempSync, writeFileSync } from 'node:fs'
+import { mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import postgres from 'postgres'
+import { procCpu } from './proc'
 
 const args = process.argv.slice(2)
 const flag = (name: string, fallback: number) => {
@@ -111,20 +112,10 @@ async function runWrk(base: string, script: string) {
 
 /** CPU seconds used so far by the server process (all threads), its database's backends, Redis and the receiver. */
 function cpu(serverPid: number) {
-  const { readdirSync, readFileSync } = require('node:fs') as typeof import('node:fs')
-  const ticks = (pid: string) => {
-    try {
-      const f = readFileSync(`/proc/${pid}/stat`, 'utf8')
-      const rest = f.slice(f.lastIndexOf(')') + 2).split(' ')
-      return { comm: f.slice(f.indexOf('(') + 1, f.lastIndexOf(')')), t: (Number(rest[11]) + Number(rest[12])) / 100 }
-    } catch {
-      return { comm: '', t: 0 }
-    }
-  }
   let pg = 0
   let redis = 0
   for (const pid of readdirSync('/proc').filter((d) => /^\d+$/.test(d))) {
-    const { comm, t } = ticks(pid)
+    const { comm, seconds: t } = procCpu(pid)
     // Only the backends serving this benchmark's database: others may be busy with other work.
     if (comm === 'postgres' && readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes(dbName)) pg += t
     if (comm.startsWith('redis')) redis += t
@@ -133,12 +124,12 @@ function cpu(serverPid: number) {
   const threads: Record<string, number> = { main: 0, workers: 0, http: 0, other: 0 }
   try {
     for (const tid of readdirSync(`/proc/${serverPid}/task`)) {
-      const { comm, t } = ticks(`${serverPid}/task/${tid}`)
+      const { comm, seconds: t } = procCpu(`${serverPid}/task/${tid}`)
       const kind = tid === String(serverPid) ? 'main' : comm === 'Worker' ? 'workers' : comm === 'HTTP Client' ? 'http' : 'other'
       threads[kind] = (threads[kind] ?? 0) + t
     }
   } catch {}
-  return { server: ticks(String(serverPid)).t, threads, pg, redis, receiver: ticks(String(receiver.pid)).t }
+  return { server: procCpu(String(serverPid)).seconds, threads, pg, redis, receiver: procCpu(String(receiver.pid)).seconds }
 }
 function cpuDelta(a: ReturnType<typeof cpu>, b: ReturnType<typeof cpu>, n: number) {
   const us = (x: number) => ((x / n) * 1e6).toFixed(0)
