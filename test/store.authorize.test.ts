@@ -135,3 +135,44 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     expect(new Set([keys.balance('a'), keys.pendingCharges('a'), keys.flushing('a'), keys.accountEpoch('a')]).size).toBe(4)
   })
 })
+
+describe.skipIf(!TEST_REDIS_URL)('redis store: one authorize call in flight', () => {
+  test('requests that arrive while a call is in flight ride together on the next one', async () => {
+    const store = new RedisStore(TEST_REDIS_URL as string)
+    try {
+      const original = store.redis.lsAuthorize.bind(store.redis)
+      const sizes: number[] = []
+      let inFlight = 0
+      let mostInFlight = 0
+      store.redis.lsAuthorize = async (...args: string[]) => {
+        // Each request's first argument is its comma-separated numbers; keys never hold a comma here.
+        sizes.push(args.filter((a) => a.includes(',')).length)
+        mostInFlight = Math.max(mostInFlight, ++inFlight)
+        try {
+          return await original(...args)
+        } finally {
+          inFlight--
+        }
+      }
+      const input = (): AuthorizeInput => ({
+        nowMs: Date.now(),
+        epochs: [],
+        ceiling: null,
+        buckets: [],
+        nonce: { key: `ls:test:n:${randomUUID()}`, ttlSeconds: 60 },
+        deny: false,
+        charge: null,
+      })
+      const first = store.authorize(input())
+      await Promise.resolve()
+      expect(sizes).toEqual([1])
+      const rest = Array.from({ length: 5 }, () => store.authorize(input()))
+      const replies = await Promise.all([first, ...rest])
+      expect(replies.every((r) => r.kind === 'ok')).toBe(true)
+      expect(sizes).toEqual([1, 5])
+      expect(mostInFlight).toBe(1)
+    } finally {
+      await store.close()
+    }
+  })
+})
