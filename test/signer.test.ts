@@ -1,6 +1,6 @@
 import { describe, expect, test } from 'bun:test'
 import { generateKeyPairSync, randomUUID, verify } from 'node:crypto'
-import { signer } from '../src/core/signer'
+import { Signer, signer } from '../src/core/signer'
 
 const keyPair = () => ({ keyId: randomUUID(), ...generateKeyPairSync('ed25519') })
 const valid = (text: string, signature: string, publicKey: ReturnType<typeof keyPair>['publicKey']) =>
@@ -25,4 +25,15 @@ describe('signing worker', () => {
       round.forEach((p, i) => expect(valid(p.keyId, signatures[i]!, p.publicKey)).toBe(true))
     }
   })
+})
+
+test('a signer started without a worker signs on the calling thread, with the same signatures', async () => {
+  const own = new Signer()
+  own.start({ worker: false })
+  const pair = keyPair()
+  const text = 'payload é€😀'
+  const pending = own.sign(pair.keyId, pair.privateKey, text)
+  // Ed25519 is deterministic: the worker's signature of the same text is the same bytes.
+  expect(Bun.peek(pending)).toBe(await signer.sign(pair.keyId, pair.privateKey, text))
+  expect(valid(text, await pending, pair.publicKey)).toBe(true)
 })

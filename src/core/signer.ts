@@ -23,25 +23,33 @@ const MAX_WORKER_KEYS = 4096
  * request, and the HTTP work of every request runs on the one main thread: handing a turn's
  * signatures over in one message costs that thread ~1 µs each instead, and the second core signs.
  * If the worker fails, its pending texts are signed here and a new worker starts with the next batch.
+ * A server running one process per core signs on the calling thread instead (start): every core
+ * already runs a process's requests, so the hand-off would only add the messages and wake-ups.
  */
-class Signer {
+export class Signer {
   #worker: Worker | null = null
   /** Key ids the current worker holds. */
   #known = new Set<string>()
   #queue: Job[] = []
   /** Batches posted and not answered yet, in the order the worker answers them. */
   #posted: Job[][] = []
+  #onCallerThread = false
 
   sign(keyId: string, key: KeyObject, text: string): Promise<string> {
+    if (this.#onCallerThread) return Promise.resolve(signText(text, key))
     return new Promise((resolve) => {
       // A microtask, not setImmediate: Bun runs immediates late enough to leave the CPU idle under load.
       if (this.#queue.push({ keyId, key, text, resolve }) === 1) queueMicrotask(this.#flush)
     })
   }
 
-  /** Starts the worker now (the server does at boot), so the first request does not wait for it. */
-  start(): void {
-    this.#worker ??= this.#spawn()
+  /**
+   * The server's choice at boot: a worker started now, so the first request does not wait for it, or
+   * (`worker: false`) every signature made on the calling thread from now on.
+   */
+  start({ worker }: { worker: boolean }): void {
+    this.#onCallerThread = !worker
+    if (worker) this.#worker ??= this.#spawn()
   }
 
   readonly #flush = (): void => {
