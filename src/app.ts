@@ -10,6 +10,7 @@ import { licenseRoutes } from './routes/licenses'
 import { opsRoutes } from './routes/ops'
 import { securityRoutes } from './routes/security'
 import { webhookRoutes } from './routes/webhooks'
+import { serverProcessIndex } from './server-processes'
 
 /** Body limits from the contract: 16 KiB on the client endpoints, 1 MiB on the Developer API. */
 export const AUTH_BODY_LIMIT = 16 * 1024
@@ -99,7 +100,7 @@ function validationMessage(error: unknown): string {
 }
 
 export function createApp(deps: Deps) {
-  const metrics = new HttpMetrics()
+  const metrics = new HttpMetrics(deps.config.serverProcesses > 1 ? serverProcessIndex() : null)
   return new Elysia({ name: 'license-service' })
     .use(httpMetrics(metrics))
     .onParse(async ({ request, path }) => {

@@ -1,10 +1,16 @@
 import { existsSync } from 'node:fs'
 import { isIP } from 'node:net'
+import { availableParallelism } from 'node:os'
 
 /** Every setting the server and the CLI read, parsed once from the environment. */
 export interface Config {
   host: string
   port: number
+  /**
+   * Server processes sharing the listener (SO_REUSEPORT): 1, or more on a machine with as many cores;
+   * more than 1 needs DATABASE_URL and REDIS_URL, the state every instance shares.
+   */
+  serverProcesses: number
   /** postgres://… or null for the embedded PGlite under dataDir. */
   databaseUrl: string | null
   dataDir: string
@@ -165,6 +171,13 @@ export function loadConfig(env: Env = process.env): Readonly<Config> {
   if (isIP(host) === 0 && !/^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$/.test(host)) {
     throw new ConfigError(`HOST must be an IP address or a host name, got "${host}"`)
   }
+  const databaseUrl = url(env, 'DATABASE_URL', ['postgres:', 'postgresql:'])
+  const redisUrl = url(env, 'REDIS_URL', ['redis:', 'rediss:'])
+  const serverProcesses =
+    str(env, 'SERVER_PROCESSES', '1').trim() === 'auto' ? availableParallelism() : int(env, 'SERVER_PROCESSES', 1, 1, 256)
+  if (serverProcesses > 1 && (databaseUrl === null || redisUrl === null)) {
+    throw new ConfigError('SERVER_PROCESSES above 1 needs DATABASE_URL and REDIS_URL: the embedded database and store belong to one process')
+  }
   const logLevel = str(env, 'LOG_LEVEL', 'info')
   if (!['debug', 'info', 'warn', 'error'].includes(logLevel)) {
     throw new ConfigError(`LOG_LEVEL must be debug, info, warn or error, got "${logLevel}"`)
@@ -172,9 +185,10 @@ export function loadConfig(env: Env = process.env): Readonly<Config> {
   return Object.freeze({
     host,
     port: int(env, 'PORT', 3000, 0, 65535),
-    databaseUrl: url(env, 'DATABASE_URL', ['postgres:', 'postgresql:']),
+    serverProcesses,
+    databaseUrl,
     dataDir: str(env, 'DATA_DIR', './data'),
-    redisUrl: url(env, 'REDIS_URL', ['redis:', 'rediss:']),
+    redisUrl,
     trustedProxies: Object.freeze(proxies),
     webhookAllowPrivateTargets: bool(env, 'WEBHOOK_ALLOW_PRIVATE_TARGETS', false),
     webhookExtraCaFile: optional(env, 'NODE_EXTRA_CA_CERTS'),

@@ -6,6 +6,12 @@ import { startClientAuth } from './core/auth'
 import { signer } from './core/signer'
 import { startOperatorSocket, usesOperatorSocket } from './http/operator-socket'
 import { errorFields, log, setLogLevel } from './log'
+import {
+  type OtherServerProcesses,
+  reportToFirstServerProcess,
+  serverProcessIndex,
+  startOtherServerProcesses,
+} from './server-processes'
 import { startDispatcher } from './webhooks/dispatcher'
 
 async function main(): Promise<void> {
@@ -30,7 +36,7 @@ async function main(): Promise<void> {
   const dispatcher = startDispatcher(deps)
   // Moves credit charges from the store into PostgreSQL and writes batched license.validated events.
   const clientAuth = startClientAuth(deps)
-  signer.start()
+  signer.start({ worker: config.serverProcesses === 1 })
   const tls =
     config.tlsCertFile && config.tlsKeyFile
       ? { cert: readFileSync(config.tlsCertFile, 'utf8'), key: readFileSync(config.tlsKeyFile, 'utf8') }
@@ -39,22 +45,21 @@ async function main(): Promise<void> {
     hostname: config.host,
     port: config.port,
     tls,
+    reusePort: config.serverProcesses > 1,
     // A hard ceiling above the per-route limits, so no request can make the server buffer more.
     maxRequestBodySize: 2 * 1024 * 1024,
   })
-  const server = app.server
-  log.info('listening', {
-    url: `${tls ? 'https' : 'http'}://${config.host}:${server?.port}`,
-    database: deps.database.kind,
-    store: deps.store.kind,
-  })
+  const port = app.server?.port ?? config.port
+  const index = serverProcessIndex()
 
+  let others: OtherServerProcesses | null = null
   let stopping = false
-  const shutdown = async (signal: string) => {
+  const shutdown = async (reason: string) => {
     if (stopping) return
     stopping = true
-    log.info('shutting down', { signal })
+    log.info('shutting down', { reason, process: index })
     try {
+      await others?.stop()
       operatorSocket?.stop()
       await app.stop()
       await clientAuth.stop()
@@ -69,6 +74,19 @@ async function main(): Promise<void> {
   }
   process.on('SIGINT', () => void shutdown('SIGINT'))
   process.on('SIGTERM', () => void shutdown('SIGTERM'))
+
+  if (index > 0) {
+    reportToFirstServerProcess(() => void shutdown('the first server process is gone'))
+    return
+  }
+  // The others start once this one has a port (PORT=0 picks one) and has run the migrations.
+  if (config.serverProcesses > 1) others = await startOtherServerProcesses(config.serverProcesses, port)
+  log.info('listening', {
+    url: `${tls ? 'https' : 'http'}://${config.host}:${port}`,
+    database: deps.database.kind,
+    store: deps.store.kind,
+    processes: config.serverProcesses,
+  })
 }
 
 main().catch((err) => {

@@ -1,6 +1,6 @@
 import { describe, expect, test } from 'bun:test'
 import { mkdtempSync, writeFileSync } from 'node:fs'
-import { tmpdir } from 'node:os'
+import { availableParallelism, tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { ConfigError, loadConfig, parseCidr } from '../src/config'
 import { runToExit } from './server-process'
@@ -16,6 +16,7 @@ describe('defaults', () => {
     expect(loadConfig({})).toEqual({
       host: '0.0.0.0',
       port: 3000,
+      serverProcesses: 1,
       databaseUrl: null,
       dataDir: './data',
       redisUrl: null,
@@ -81,6 +82,13 @@ describe('each setting is parsed', () => {
     expect(loadConfig({ [name]: value })[field]).toEqual(expected as never)
   })
 
+  test('SERVER_PROCESSES: a count or auto (one per core), with the shared database and store', () => {
+    const shared = { DATABASE_URL: 'postgres://db/ls', REDIS_URL: 'redis://cache' }
+    expect(loadConfig({ ...shared, SERVER_PROCESSES: '2' }).serverProcesses).toBe(2)
+    expect(loadConfig({ ...shared, SERVER_PROCESSES: 'auto' }).serverProcesses).toBe(availableParallelism())
+    expect(loadConfig({ SERVER_PROCESSES: '1' }).serverProcesses).toBe(1)
+  })
+
   test('TLS_CERT_FILE and TLS_KEY_FILE together', () => {
     const config = loadConfig({ TLS_CERT_FILE: certFile, TLS_KEY_FILE: keyFile })
     expect([config.tlsCertFile, config.tlsKeyFile]).toEqual([certFile, keyFile])
@@ -109,6 +117,9 @@ describe('a bad value is a ConfigError naming the setting', () => {
     ['LOG_LEVEL', 'verbose'],
     ['MASTER_KEY', 'short'],
     ['TLS_CERT_FILE', join(dir, 'missing.pem')],
+    ['SERVER_PROCESSES', '0'],
+    ['SERVER_PROCESSES', 'many'],
+    ['SERVER_PROCESSES', '2'],
   ] as const)('%s=%s', (name, value) => {
     const env: Record<string, string> = { [name]: value }
     // The TLS pair must be complete for the missing-file check to be the one that fires.

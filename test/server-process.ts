@@ -5,6 +5,7 @@ import { TEST_MASTER_KEY } from './helpers'
 
 export interface ServerProcess {
   url: string
+  pid: number
   /** Everything the server has logged so far (stderr). */
   log(): string
   /** SIGTERM, then the exit code. */
@@ -47,6 +48,7 @@ export async function startServer(env: Record<string, string>): Promise<ServerPr
       })()
       return {
         url,
+        pid: proc.pid,
         log: () => seen,
         async stop() {
           proc.kill('SIGTERM')

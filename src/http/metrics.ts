@@ -23,6 +23,15 @@ interface Series {
 
 export class HttpMetrics {
   readonly #series = new Map<string, Series>()
+  /**
+   * `process="i"` when several server processes share the port: a scrape reaches one of them, and
+   * each one's counters stay a series of their own instead of seeming to jump back and forth.
+   */
+  readonly #processLabel: string
+
+  constructor(processIndex: number | null = null) {
+    this.#processLabel = processIndex === null ? '' : `,process="${processIndex}"`
+  }
 
   record(method: string, route: string, status: number, seconds: number): void {
     const id = `${method} ${status} ${route}`
@@ -58,13 +67,13 @@ export class HttpMetrics {
       '# HELP http_requests_total HTTP requests served, by method, route pattern and status.',
       '# TYPE http_requests_total counter',
     ]
-    for (const s of series) out.push(`http_requests_total{${labels(s)}} ${s.count}`)
+    for (const s of series) out.push(`http_requests_total{${this.#labels(s)}} ${s.count}`)
     out.push(
       '# HELP http_request_duration_seconds Time from receiving a request to sending its response.',
       '# TYPE http_request_duration_seconds histogram',
     )
     for (const s of series) {
-      const base = labels(s)
+      const base = this.#labels(s)
       let cumulative = 0
       DURATION_BUCKETS.forEach((le, i) => {
         cumulative += s.buckets[i] ?? 0
@@ -76,10 +85,10 @@ export class HttpMetrics {
     }
     return `${out.join('\n')}\n`
   }
-}
 
-function labels(s: Series): string {
-  return `method="${escape(s.method)}",route="${escape(s.route)}",status="${s.status}"`
+  #labels(s: Series): string {
+    return `method="${escape(s.method)}",route="${escape(s.route)}",status="${s.status}"${this.#processLabel}`
+  }
 }
 
 function escape(value: string): string {

@@ -1,0 +1,67 @@
+import type { Subprocess } from 'bun'
+import { log } from './log'
+
+/** Set by the first server process on each one it starts: that process's index, 1 to n-1. */
+const INDEX_VARIABLE = 'LS_SERVER_PROCESS_INDEX'
+
+/** 0 in the first (or only) server process, the index given at spawn in the others. */
+export const serverProcessIndex = (): number => Number(process.env[INDEX_VARIABLE] ?? 0)
+
+/** How long a process that exited on its own waits before it is started again. */
+const RESTART_DELAY_MS = 1000
+
+export interface OtherServerProcesses {
+  /** SIGTERM to each, resolved once all have exited (each finishes its own shutdown first). */
+  stop(): Promise<void>
+}
+
+/**
+ * Starts server processes 1 to count-1 of this entry point on `port`, beside the first: every one
+ * listens with SO_REUSEPORT and the kernel spreads connections across them. Resolves once each one
+ * listens. They share nothing in memory: every invariant holds across processes the way it holds
+ * across instances (PostgreSQL and Redis). One that exits while the server runs is started again.
+ */
+export async function startOtherServerProcesses(count: number, port: number): Promise<OtherServerProcesses> {
+  let stopping = false
+  const running = new Map<number, Subprocess>()
+  const spawnOne = (index: number) =>
+    new Promise<void>((resolve, reject) => {
+      const child = Bun.spawn([process.execPath, Bun.main], {
+        env: { ...process.env, PORT: String(port), [INDEX_VARIABLE]: String(index) },
+        stdio: ['ignore', 'inherit', 'inherit'],
+        ipc: (message) => {
+          if (message === 'listening') resolve()
+        },
+        onExit: (_proc, code, signal) => {
+          running.delete(index)
+          // Settles nothing once it listened; before that the whole start-up fails.
+          reject(new Error(`server process ${index} exited before listening (code ${code}, signal ${signal})`))
+          if (stopping) return
+          log.error('server process exited; starting it again', { index, code, signal })
+          setTimeout(() => {
+            if (!stopping) spawnOne(index).catch(() => {})
+          }, RESTART_DELAY_MS)
+        },
+      })
+      running.set(index, child)
+    })
+  await Promise.all(Array.from({ length: count - 1 }, (_, i) => spawnOne(i + 1)))
+  return {
+    async stop() {
+      stopping = true
+      const children = [...running.values()]
+      for (const child of children) child.kill('SIGTERM')
+      await Promise.all(children.map((child) => child.exited))
+    },
+  }
+}
+
+/**
+ * In a process the first one started: reports that it listens, and shuts it down when the first
+ * process is gone (its IPC channel closes, also when it was killed outright), so none is orphaned
+ * on the port.
+ */
+export function reportToFirstServerProcess(shutdown: () => void): void {
+  process.send?.('listening')
+  process.on('disconnect', shutdown)
+}

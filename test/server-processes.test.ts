@@ -1,0 +1,99 @@
+import { afterAll, describe, expect, test } from 'bun:test'
+import { decode, hwid, insertLicense, nonce, verifySigned } from './client-helpers'
+import { makeTestApp, MODE, TEST_DATABASE_URL, TEST_REDIS_URL } from './helpers'
+import { type ServerProcess, startServer } from './server-process'
+
+/** Pids of the processes `pid` started itself (the other server processes; workers are threads). */
+const childrenOf = (pid: number) =>
+  Bun.spawnSync(['pgrep', '-P', String(pid)]).stdout.toString().split('\n').filter(Boolean).map(Number)
+
+const alive = (pid: number) => {
+  try {
+    process.kill(pid, 0)
+    return true
+  } catch {
+    return false
+  }
+}
+
+async function until<T>(probe: () => T | undefined, timeoutMs = 10_000): Promise<T> {
+  const end = Date.now() + timeoutMs
+  for (;;) {
+    const value = probe()
+    if (value !== undefined) return value
+    if (Date.now() > end) throw new Error('timed out')
+    await Bun.sleep(50)
+  }
+}
+
+// Several processes share the port only with the shared database and store: PostgreSQL mode only.
+if (MODE === 'postgres') {
+  describe('SERVER_PROCESSES=2', async () => {
+    const t = await makeTestApp()
+    const server: ServerProcess = await startServer({
+      DATABASE_URL: TEST_DATABASE_URL!,
+      REDIS_URL: TEST_REDIS_URL!,
+      SERVER_PROCESSES: '2',
+    })
+    afterAll(async () => {
+      if (alive(server.pid)) await server.stop()
+    })
+    // A new connection per request, so the kernel picks a process each time.
+    const fresh = (path: string, init: RequestInit = {}) =>
+      fetch(`${server.url}${path}`, { ...init, keepalive: false, headers: { ...init.headers, connection: 'close' } })
+
+    test('both processes serve the port, each labelling its own metrics', async () => {
+      expect(childrenOf(server.pid)).toHaveLength(1)
+      const seen = new Set<string>()
+      for (let i = 0; i < 60 && seen.size < 2; i++) {
+        const text = await (await fresh('/metrics')).text()
+        for (const m of text.matchAll(/process="(\d+)"/g)) seen.add(m[1]!)
+      }
+      expect([...seen].sort()).toEqual(['0', '1'])
+    })
+
+    test('validates through either process are signed, and a HWID bound by one passes on the other', async () => {
+      const s = await t.seed()
+      const licenseKey = await insertLicense(t.deps, s.appId, { maxHwidSlots: 2 })
+      const machine = hwid()
+      for (let i = 0; i < 10; i++) {
+        const res = await fresh('/auth/validate', {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({ appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: machine, nonce: nonce() }),
+        })
+        const body = (await res.json()) as { payload: string; signature: string }
+        expect(res.status).toBe(200)
+        expect(verifySigned(body, s.publicKey)).toBe(true)
+        expect(decode(body.payload).hwid).toBe(machine)
+      }
+    })
+
+    test('a process that dies is started again and serves', async () => {
+      const [first] = childrenOf(server.pid)
+      process.kill(first!, 'SIGKILL')
+      const next = await until(() => childrenOf(server.pid).find((pid) => pid !== first))
+      expect(next).not.toBe(first)
+      const seen = new Set<string>()
+      for (let i = 0; i < 60 && !seen.has('1'); i++) {
+        const text = await (await fresh('/metrics')).text()
+        for (const m of text.matchAll(/process="(\d+)"/g)) seen.add(m[1]!)
+        await Bun.sleep(20)
+      }
+      expect(seen.has('1')).toBe(true)
+    })
+
+    test('SIGTERM to the first process stops them all, exit code 0', async () => {
+      const others = childrenOf(server.pid)
+      expect(await server.stop()).toBe(0)
+      for (const pid of others) expect(alive(pid)).toBe(false)
+    })
+  })
+
+  test('the other processes stop when the first one is killed outright', async () => {
+    const server = await startServer({ DATABASE_URL: TEST_DATABASE_URL!, REDIS_URL: TEST_REDIS_URL!, SERVER_PROCESSES: '2' })
+    const [other] = childrenOf(server.pid)
+    process.kill(server.pid, 'SIGKILL')
+    await until(() => (alive(other!) ? undefined : true))
+  })
+}
