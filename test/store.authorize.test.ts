@@ -131,6 +131,31 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     ])
   })
 
+  test('requests issued together share one balance, counter and bucket as if one after another', async () => {
+    const acct = id()
+    await store.loadBalance(acct, 0, 2)
+    const charge = { accountId: acct, cost: 1, counter: null }
+    const counted = { accountId: acct, cost: 1, counter: { key: `ls:test:hb:${id()}`, every: 2 } }
+    const bucket = { key: `ls:test:b:${id()}`, capacity: 4, refillPerSecond: 0.001 }
+    const replies = await Promise.all([
+      store.authorize(base({ charge, buckets: [bucket] })),
+      store.authorize(base({ charge: counted, buckets: [bucket] })),
+      store.authorize(base({ charge: counted, buckets: [bucket] })),
+      store.authorize(base({ charge, buckets: [bucket] })),
+      store.authorize(base({ charge, buckets: [bucket] })),
+    ])
+    expect(replies).toEqual([
+      { kind: 'ok', charged: 1 },
+      { kind: 'ok', charged: 0 },
+      { kind: 'ok', charged: 1 },
+      { kind: 'no_credits' },
+      { kind: 'limited', retryAfterMs: expect.any(Number) },
+    ])
+    expect(await store.balance(acct)).toBe(0)
+    expect(await store.dirtyAccounts()).toContain(acct)
+    expect(await store.beginFlush(acct, 'f')).toEqual({ id: 'f', amount: 2 })
+  })
+
   test('key names stay distinct per account', () => {
     expect(new Set([keys.balance('a'), keys.pendingCharges('a'), keys.flushing('a'), keys.accountEpoch('a')]).size).toBe(4)
   })
@@ -144,12 +169,13 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: one authorize call in flight', ()
       const sizes: number[] = []
       let inFlight = 0
       let mostInFlight = 0
-      store.redis.lsAuthorize = async (...args: string[]) => {
-        // Each request's first argument is its comma-separated numbers; keys never hold a comma here.
-        sizes.push(args.filter((a) => a.includes(',')).length)
+      store.redis.lsAuthorize = async (...args: (Buffer | string)[]) => {
         mostInFlight = Math.max(mostInFlight, ++inFlight)
+        const call = original(...args)
+        // One block of doubles for the whole call; here each request is its count and 16 fixed fields.
+        sizes.push((args[0] as Buffer).length / 8 / 17)
         try {
-          return await original(...args)
+          return await call
         } finally {
           inFlight--
         }
