@@ -145,7 +145,7 @@ end
 local out = {}
 for i, h in ipairs(reqs) do out[i] = one(h) end
 for k, px in pairs(bucket_px) do
-  redis.call('SET', key(k), string.format('%.17g', val[k]), 'PX', px)
+  redis.call('SET', key(k), val[k], 'PX', px)
 end
 for bal, amount in pairs(spent) do
   local h = charged_by[bal]
