@@ -84,12 +84,17 @@ for _, h in ipairs(reqs) do
 end
 -- unpack has a stack limit: a large batch reads in slices.
 for from = 1, #reads, 500 do
-  local names = {}
-  for i = from, math.min(from + 499, #reads) do names[#names + 1] = key(reads[i]) end
-  local v = redis.call('MGET', unpack(names))
-  for i = 1, #names do val[reads[from + i - 1]] = tonumber(v[i]) end
+  local slice = {}
+  for i = from, math.min(from + 499, #reads) do slice[#slice + 1] = key(reads[i]) end
+  local v = redis.call('MGET', unpack(slice))
+  for i = 1, #slice do val[reads[from + i - 1]] = tonumber(v[i]) end
 end
 
+-- One request's answer, appended to out as integers: 0 and the amount charged (ok), 1, the epoch
+-- count and the current epochs (stale), 2 and the wait in ms (limited), or one code of 3 no_balance,
+-- 4 quota, 5 replay, 6 denied, 7 no_credits.
+local out = {}
+local function put(x) out[#out + 1] = x end
 local function one(h)
   local now, ne, nb = h[1], h[2], h[3]
   local b = 17 + 2 * ne
@@ -98,17 +103,18 @@ local function one(h)
     if (val[h[i]] or 0) ~= h[i + 1] then stale = true end
   end
   if stale then
-    local r = { 'stale' }
-    for i = 17, b - 1, 2 do r[#r + 1] = val[h[i]] or 0 end
-    return r
+    put(1)
+    put(ne)
+    for i = 17, b - 1, 2 do put(val[h[i]] or 0) end
+    return
   end
   local bal = h[11]
-  if bal > 0 and not val[bal] then return { 'no_balance' } end
+  if bal > 0 and not val[bal] then return put(3) end
   local ceil = h[5]
   if ceil > 0 then
     local count = redis.call('INCR', key(ceil))
     if count == 1 then redis.call('EXPIRE', key(ceil), h[7]) end
-    if count > h[6] then return { 'quota' } end
+    if count > h[6] then return put(4) end
   end
   if nb > 0 then
     local tats = {}
@@ -120,33 +126,38 @@ local function one(h)
       local over = tat - now - h[j + 1] * t
       if over > 1e-6 then short = math.max(short, math.ceil(over)) end
     end
-    if short > 0 then return { 'limited', short } end
+    if short > 0 then
+      put(2)
+      return put(short)
+    end
     for j = b, b + 3 * nb - 1, 3 do
       val[h[j]] = tats[j]
       bucket_px[h[j]] = math.ceil(tats[j] - now) + 1000
     end
   end
   local nonce = h[8]
-  if nonce > 0 and not redis.call('SET', key(nonce), '1', 'NX', 'EX', h[9]) then return { 'replay' } end
-  if h[4] == 1 then return { 'denied' } end
-  if bal == 0 then return { 'ok', 0 } end
-  local cost = h[14]
-  local ctr = h[15]
-  if ctr > 0 and redis.call('INCR', key(ctr)) % h[16] ~= 0 then cost = 0 end
-  if cost > 0 then
-    if val[bal] < cost then
-      if ctr > 0 then redis.call('DECR', key(ctr)) end
-      return { 'no_credits' }
+  if nonce > 0 and not redis.call('SET', key(nonce), '1', 'NX', 'EX', h[9]) then return put(5) end
+  if h[4] == 1 then return put(6) end
+  local cost = 0
+  if bal > 0 then
+    cost = h[14]
+    local ctr = h[15]
+    if ctr > 0 and redis.call('INCR', key(ctr)) % h[16] ~= 0 then cost = 0 end
+    if cost > 0 then
+      if val[bal] < cost then
+        if ctr > 0 then redis.call('DECR', key(ctr)) end
+        return put(7)
+      end
+      val[bal] = val[bal] - cost
+      spent[bal] = (spent[bal] or 0) + cost
+      charged_by[bal] = h
     end
-    val[bal] = val[bal] - cost
-    spent[bal] = (spent[bal] or 0) + cost
-    charged_by[bal] = h
   end
-  return { 'ok', cost }
+  put(0)
+  put(cost)
 end
 
-local out = {}
-for i, h in ipairs(reqs) do out[i] = one(h) end
+for _, h in ipairs(reqs) do one(h) end
 for k, px in pairs(bucket_px) do
   redis.call('SET', key(k), val[k], 'PX', px)
 end
@@ -159,7 +170,7 @@ return out
 `
 
 /** One AUTHORIZE call's single argument: each distinct key once, then the numbers of every request. */
-class AuthorizeArgs {
+export class AuthorizeArgs {
   readonly #keys: string[] = []
   readonly #positions = new Map<string, number>()
   readonly #numbers: number[] = []
@@ -223,22 +234,25 @@ class AuthorizeArgs {
   }
 }
 
-function authorizeResult(reply: (string | number)[]): AuthorizeResult {
-  switch (reply[0]) {
-    case 'ok':
-      return { kind: 'ok', charged: Number(reply[1]) }
-    case 'stale':
-      return { kind: 'stale', epochs: reply.slice(1).map(Number) }
-    case 'limited':
-      return { kind: 'limited', retryAfterMs: Number(reply[1]) }
-    case 'no_balance':
-    case 'quota':
-    case 'replay':
-    case 'denied':
-    case 'no_credits':
-      return { kind: reply[0] }
-    default:
-      throw new Error(`unexpected authorize reply ${String(reply[0])}`)
+const REFUSALS = [undefined, undefined, undefined, 'no_balance', 'quota', 'replay', 'denied', 'no_credits'] as const
+
+/** Reads one request's answer from the script's integers at `at`; returns it and where the next starts. */
+function authorizeResult(flat: number[], at: number): [AuthorizeResult, number] {
+  const code = flat[at] as number
+  switch (code) {
+    case 0:
+      return [{ kind: 'ok', charged: flat[at + 1] as number }, at + 2]
+    case 1: {
+      const count = flat[at + 1] as number
+      return [{ kind: 'stale', epochs: flat.slice(at + 2, at + 2 + count) }, at + 2 + count]
+    }
+    case 2:
+      return [{ kind: 'limited', retryAfterMs: flat[at + 1] as number }, at + 2]
+    default: {
+      const kind = REFUSALS[code]
+      if (kind === undefined) throw new Error(`unexpected authorize reply ${String(code)}`)
+      return [{ kind }, at + 1]
+    }
   }
 }
 
@@ -297,7 +311,7 @@ return 1
 `
 
 type Commands = Redis & {
-  lsAuthorize(packed: Buffer): Promise<(string | number)[][]>
+  lsAuthorize(packed: Buffer): Promise<number[]>
   lsLoadBalance(bal: string, pend: string, fl: string, ep: string, expected: number, reconciled: number): Promise<number>
   lsCreditsAdded(bal: string, ep: string, n: number): Promise<number>
   lsRefund(bal: string, pend: string, dirty: string, account: string, n: number): Promise<number>
@@ -395,18 +409,20 @@ export class RedisStore implements Store {
     this.#authorizeInFlight = true
     const call = new AuthorizeArgs()
     for (const p of batch) call.add(p.input)
-    const settle = (replies: (string | number)[][] | null, err: unknown) => {
+    const settle = (replies: number[] | null, err: unknown) => {
       this.#authorizeInFlight = false
       // What queued meanwhile goes out before this batch's requests go on, so Redis works alongside them.
       this.#sendAuthorize()
-      for (let i = 0; i < batch.length; i++) {
-        const p = batch[i] as PendingAuthorize
+      let at = 0
+      for (const p of batch) {
         if (!replies) {
           p.reject(err)
           continue
         }
         try {
-          p.resolve(authorizeResult(replies[i] as (string | number)[]))
+          const [result, next] = authorizeResult(replies, at)
+          at = next
+          p.resolve(result)
         } catch (e) {
           p.reject(e)
         }
