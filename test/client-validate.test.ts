@@ -100,6 +100,8 @@ describe('POST /auth/validate', async () => {
     ['short nonce', { nonce: 'abc' }, 400, 'bad_request'],
     ['long hwid', { hwid: 'h'.repeat(129) }, 400, 'bad_request'],
     ['missing nonce', { nonce: undefined }, 400, 'bad_request'],
+    ['ttlSeconds as text', { ttlSeconds: '3600' }, 400, 'bad_request'],
+    ['fractional ttlSeconds', { ttlSeconds: 3600.5 }, 400, 'bad_request'],
   ])('%s', async (_name, override, status, error) => {
     const key = await insertLicense(t.deps, s.appId)
     const res = await t.req('POST', '/auth/validate', { body: { ...body(key, hwid()), ...override } })

@@ -162,3 +162,47 @@ describe('oversized bodies', () => {
     expect(justUnder.status).not.toBe(413)
   })
 })
+
+describe('bodies over a socket', () => {
+  // In-process Requests carry no Content-Length; a real client's does, and it takes another read path.
+  test('declared and chunked bodies: parsed, refused when malformed or over the limit', async () => {
+    const { app } = await makeTestApp()
+    app.listen({ hostname: '127.0.0.1', port: 0 })
+    try {
+      const url = `http://127.0.0.1:${app.server?.port}/auth/validate`
+      const post = async (body: string | ReadableStream) => {
+        const res = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body })
+        return { status: res.status, body: await res.json() }
+      }
+      const chunked = (text: string) =>
+        new ReadableStream({
+          start(c) {
+            c.enqueue(new TextEncoder().encode(text))
+            c.close()
+          },
+        })
+      const unknownApp = JSON.stringify({
+        appId: '00000000-0000-4000-8000-000000000000',
+        appSecret: 'secret',
+        licenseKey: 'ABCD-EFGH-IJKL-MNOP',
+        hwid: 'hwid',
+        nonce: 'nonce-0123456789',
+      })
+      const invalidApp = { status: 401, body: { status: 'failed', error: 'invalid_app' } }
+      expect(await post(unknownApp)).toEqual(invalidApp)
+      expect(await post(chunked(unknownApp))).toEqual(invalidApp)
+      const wrongType = JSON.stringify({ appId: 7 })
+      const bad = { status: 400, body: { status: 'failed', error: 'bad_request' } }
+      expect(await post(wrongType)).toEqual(bad)
+      expect(await post(chunked(wrongType))).toEqual(bad)
+      expect(await post('{"appId":')).toEqual(bad)
+      expect(await post(chunked('{"appId":'))).toEqual(bad)
+      const big = JSON.stringify({ pad: 'x'.repeat(16 * 1024) })
+      const tooLarge = { status: 413, body: { status: 'failed', error: 'bad_request' } }
+      expect(await post(big)).toEqual(tooLarge)
+      expect(await post(chunked(big))).toEqual(tooLarge)
+    } finally {
+      await app.stop()
+    }
+  })
+})

@@ -170,7 +170,7 @@ return out
 `
 
 /** One AUTHORIZE call's single argument: each distinct key once, then the numbers of every request. */
-export class AuthorizeArgs {
+class AuthorizeArgs {
   readonly #keys: string[] = []
   readonly #positions = new Map<string, number>()
   readonly #numbers: number[] = []
