@@ -67,7 +67,6 @@ local val = {}
 local bucket_px = {}
 local spent = {}
 local charged_by = {}
-local function key(i) return names[i] end
 
 local reads, seen = {}, {}
 local function read(i)
@@ -85,7 +84,7 @@ end
 -- unpack has a stack limit: a large batch reads in slices.
 for from = 1, #reads, 500 do
   local slice = {}
-  for i = from, math.min(from + 499, #reads) do slice[#slice + 1] = key(reads[i]) end
+  for i = from, math.min(from + 499, #reads) do slice[#slice + 1] = names[reads[i]] end
   local v = redis.call('MGET', unpack(slice))
   for i = 1, #slice do val[reads[from + i - 1]] = tonumber(v[i]) end
 end
@@ -112,8 +111,8 @@ local function one(h)
   if bal > 0 and not val[bal] then return put(3) end
   local ceil = h[5]
   if ceil > 0 then
-    local count = redis.call('INCR', key(ceil))
-    if count == 1 then redis.call('EXPIRE', key(ceil), h[7]) end
+    local count = redis.call('INCR', names[ceil])
+    if count == 1 then redis.call('EXPIRE', names[ceil], h[7]) end
     if count > h[6] then return put(4) end
   end
   if nb > 0 then
@@ -136,16 +135,16 @@ local function one(h)
     end
   end
   local nonce = h[8]
-  if nonce > 0 and not redis.call('SET', key(nonce), '1', 'NX', 'EX', h[9]) then return put(5) end
+  if nonce > 0 and not redis.call('SET', names[nonce], '1', 'NX', 'EX', h[9]) then return put(5) end
   if h[4] == 1 then return put(6) end
   local cost = 0
   if bal > 0 then
     cost = h[14]
     local ctr = h[15]
-    if ctr > 0 and redis.call('INCR', key(ctr)) % h[16] ~= 0 then cost = 0 end
+    if ctr > 0 and redis.call('INCR', names[ctr]) % h[16] ~= 0 then cost = 0 end
     if cost > 0 then
       if val[bal] < cost then
-        if ctr > 0 then redis.call('DECR', key(ctr)) end
+        if ctr > 0 then redis.call('DECR', names[ctr]) end
         return put(7)
       end
       val[bal] = val[bal] - cost
@@ -159,12 +158,12 @@ end
 
 for _, h in ipairs(reqs) do one(h) end
 for k, px in pairs(bucket_px) do
-  redis.call('SET', key(k), val[k], 'PX', px)
+  redis.call('SET', names[k], val[k], 'PX', px)
 end
 for bal, amount in pairs(spent) do
   local h = charged_by[bal]
-  redis.call('DECRBY', key(bal), amount)
-  if redis.call('INCRBY', key(h[12]), amount) == amount then redis.call('SADD', key(h[13]), key(h[10])) end
+  redis.call('DECRBY', names[bal], amount)
+  if redis.call('INCRBY', names[h[12]], amount) == amount then redis.call('SADD', names[h[13]], names[h[10]]) end
 end
 return out
 `
