@@ -1,40 +1,14 @@
 import { afterAll, expect, test } from 'bun:test'
-import { createServer } from 'node:net'
 import { RedisStore } from '../src/store/redis'
 import { makeTestApp } from './helpers'
 import { decode, hwid, insertLicense, nonce } from './client-helpers'
+import { ownRedis, until } from './faults/servers'
 
-async function freePort(): Promise<number> {
-  return new Promise((resolve) => {
-    const srv = createServer().listen(0, '127.0.0.1', () => {
-      const port = (srv.address() as { port: number }).port
-      srv.close(() => resolve(port))
-    })
-  })
-}
-
-function startRedis(port: number) {
-  return Bun.spawn(['redis-server', '--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], {
-    stdout: 'ignore',
-    stderr: 'ignore',
-  })
-}
-
-async function until<T>(fn: () => Promise<T>, ok: (v: T) => boolean, ms = 10_000): Promise<T> {
-  const deadline = Date.now() + ms
-  for (;;) {
-    const v = await fn()
-    if (ok(v) || Date.now() > deadline) return v
-    await Bun.sleep(100)
-  }
-}
-
-const port = await freePort()
-let redis = startRedis(port)
-const store = new RedisStore(`redis://127.0.0.1:${port}`)
+const redis = await ownRedis()
+const store = new RedisStore(redis.url)
 afterAll(async () => {
   await store.close()
-  redis.kill()
+  await redis.stop()
 })
 
 const t = await makeTestApp({ store })
@@ -51,8 +25,7 @@ test('Redis unreachable: validate fails closed, heartbeat fails open, /readyz is
   const token = decode(first.body.payload).sessionToken
   const beat = () => t.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken: token, hwid: h } })
 
-  redis.kill()
-  await redis.exited
+  await redis.stop()
   const down = await validate()
   expect(down.status).toBe(500)
   const notReady = await t.req('GET', '/readyz')
@@ -65,7 +38,7 @@ test('Redis unreachable: validate fails closed, heartbeat fails open, /readyz is
   // Failing open still reads the license fresh: a bad token is refused without the store.
   expect((await t.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken: 'x.y', hwid: h } })).status).toBe(401)
 
-  redis = startRedis(port)
+  await redis.start()
   const back = await until(validate, (r) => r.status === 200)
   expect(back.status).toBe(200)
   expect((await beat()).status).toBe(200)

@@ -1,0 +1,132 @@
+/**
+ * Servers a fault test owns: a redis-server and a PostgreSQL cluster on ports of their own, which the
+ * test stops, restarts (empty) and starts again without touching the machine's shared servers.
+ */
+import { chownSync, mkdtempSync, rmSync } from 'node:fs'
+import { createServer } from 'node:net'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+
+export async function freePort(): Promise<number> {
+  return new Promise((resolve) => {
+    const srv = createServer().listen(0, '127.0.0.1', () => {
+      const port = (srv.address() as { port: number }).port
+      srv.close(() => resolve(port))
+    })
+  })
+}
+
+/** Calls `fn` every 100 ms until `ok` holds or `ms` pass; returns the last value either way. */
+export async function until<T>(fn: () => Promise<T>, ok: (v: T) => boolean, ms = 10_000): Promise<T> {
+  const deadline = Date.now() + ms
+  for (;;) {
+    const v = await fn()
+    if (ok(v) || Date.now() > deadline) return v
+    await Bun.sleep(100)
+  }
+}
+
+async function waitForPort(port: number, ms = 10_000): Promise<void> {
+  const open = () =>
+    new Promise<boolean>((resolve) => {
+      Bun.connect({
+        hostname: '127.0.0.1',
+        port,
+        socket: {
+          open: (s) => {
+            s.end()
+            resolve(true)
+          },
+          data: () => {},
+          connectError: () => resolve(false),
+        },
+      }).catch(() => resolve(false))
+    })
+  if (!(await until(open, (up) => up, ms))) throw new Error(`nothing listens on port ${port}`)
+}
+
+export interface OwnRedis {
+  url: string
+  port: number
+  /** Kills the server (SIGKILL: nothing is saved). */
+  stop(): Promise<void>
+  /** Starts it again on the same port; without persistence it comes back empty. */
+  start(): Promise<void>
+}
+
+/** A redis-server of the test's own, without persistence unless `args` asks for it. */
+export async function ownRedis(args: string[] = ['--save', '', '--appendonly', 'no']): Promise<OwnRedis> {
+  const port = await freePort()
+  const dir = mkdtempSync(join(tmpdir(), 'ls-redis-'))
+  let proc: ReturnType<typeof Bun.spawn> | null = null
+  const handle: OwnRedis = {
+    url: `redis://127.0.0.1:${port}`,
+    port,
+    async start() {
+      proc = Bun.spawn(['redis-server', '--port', String(port), '--bind', '127.0.0.1', '--dir', dir, ...args], {
+        stdout: 'ignore',
+        stderr: 'ignore',
+      })
+      await waitForPort(port)
+    },
+    async stop() {
+      if (!proc) return
+      proc.kill('SIGKILL')
+      await proc.exited
+      proc = null
+    },
+  }
+  await handle.start()
+  return handle
+}
+
+export interface OwnPostgres {
+  url: string
+  /** Fast shutdown: every connection is cut. */
+  stop(): Promise<void>
+  start(): Promise<void>
+  /** Stops the cluster and deletes its files. */
+  destroy(): Promise<void>
+}
+
+// initdb and the server refuse to run as root, which CI is.
+const asPostgres = (cmd: string[]) => (process.getuid?.() === 0 ? ['runuser', '-u', 'postgres', '--', ...cmd] : cmd)
+
+async function run(cmd: string[]): Promise<void> {
+  const proc = Bun.spawn(asPostgres(cmd), { stdout: 'pipe', stderr: 'pipe' })
+  const [code, err] = await Promise.all([proc.exited, new Response(proc.stderr).text()])
+  if (code !== 0) throw new Error(`${cmd[0]} exited ${code}: ${err}`)
+}
+
+function postgresUid(): { uid: number; gid: number } | null {
+  if (process.getuid?.() !== 0) return null
+  const out = Bun.spawnSync(['id', '-u', 'postgres']).stdout.toString().trim()
+  const gid = Bun.spawnSync(['id', '-g', 'postgres']).stdout.toString().trim()
+  return { uid: Number(out), gid: Number(gid) }
+}
+
+/** A PostgreSQL cluster of the test's own (initdb + pg_ctl from the machine's binaries), trust auth. */
+export async function ownPostgres(): Promise<OwnPostgres> {
+  const port = await freePort()
+  const root = mkdtempSync(join(tmpdir(), 'ls-pg-'))
+  const owner = postgresUid()
+  if (owner) chownSync(root, owner.uid, owner.gid)
+  const data = join(root, 'data')
+  await run(['initdb', '-D', data, '-U', 'postgres', '--auth=trust', '--no-sync', '-E', 'UTF8'])
+  const options = `-p ${port} -k ${root} -c listen_addresses=127.0.0.1 -c fsync=off`
+  const handle: OwnPostgres = {
+    url: `postgres://postgres@127.0.0.1:${port}/postgres`,
+    async start() {
+      await run(['pg_ctl', '-D', data, '-o', options, '-l', join(root, 'log'), '-w', 'start'])
+    },
+    async stop() {
+      await run(['pg_ctl', '-D', data, '-m', 'fast', '-w', 'stop'])
+    },
+    async destroy() {
+      await run(['pg_ctl', '-D', data, '-m', 'immediate', '-w', 'stop']).catch(() => {})
+      rmSync(root, { recursive: true, force: true })
+    },
+  }
+  await handle.start()
+  return handle
+}
