@@ -7,7 +7,10 @@
  * redis://127.0.0.1:6379/14; flushed before and after), BENCH_DURATION seconds per scenario and round (5),
  * BENCH_LICENSES (1000), BENCH_ROUNDS (4), BENCH_PROCESSES (the server's SERVER_PROCESSES: 2, one per core of
  * this machine; 1 measures a single process), BENCH_PROFILE_DIR (when set, the server under test writes a CPU
- * profile in markdown there when it stops; its first process only).
+ * profile in markdown there when it stops; its first process only), BENCH_COMPARE (the root of another
+ * checkout of this project, e.g. a `git worktree` of the commit before a change: its server runs beside this
+ * one on the same database and Redis, and each round measures both validates back to back, in turn first,
+ * so "after ÷ before" is read in one run on one machine state).
  * `npm run bench:webhooks` (bench/validate-webhook.ts) is the variant with a subscribed license.validated webhook.
  */
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs'
@@ -29,6 +32,7 @@ const DURATION = Number(process.env.BENCH_DURATION ?? 5)
 const LICENSES = Number(process.env.BENCH_LICENSES ?? 1000)
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 4)
 const PROCESSES = process.env.BENCH_PROCESSES ?? '2'
+const COMPARE = process.env.BENCH_COMPARE
 const MASTER_KEY = Buffer.alloc(32, 42).toString('hex')
 const root = join(import.meta.dir, '..')
 const work = mkdtempSync(join(tmpdir(), 'ls-bench-'))
@@ -197,11 +201,13 @@ async function main() {
     servers.push(limited)
     const unlimited = await spawnServer(join(root, 'src', 'index.ts'), { ...env, PUBLIC_RATE_LIMITS: 'false' })
     servers.push(unlimited)
+    const before = COMPARE ? await spawnServer(join(COMPARE, 'src', 'index.ts'), env) : null
+    if (before) servers.push(before)
 
     // Warm-up: JIT, connection pools, and every license into the server caches.
-    for (const [server, mode] of [[baseline, 'baseline'], [limited, 'validate'], [limited, 'heartbeat'], [unlimited, 'validate']] as const) {
-      wrk('warm-up', server, mode, 16, 3)
-    }
+    const warmUps = [[baseline, 'baseline'], [limited, 'validate'], [limited, 'heartbeat'], [unlimited, 'validate']] as [Server, string][]
+    if (before) warmUps.push([before, 'validate'], [before, 'heartbeat'])
+    for (const [server, mode] of warmUps) wrk('warm-up', server, mode, 16, 3)
     const results: Result[] = []
     const run = (name: string, server: Server, mode: string, c: number) => {
       const r = wrk(name, server, mode, c, DURATION)
@@ -212,7 +218,7 @@ async function main() {
     // The machine is shared and noisy: interleave the scenarios over several rounds and keep each
     // one's best round, so a burst of outside load hits one sample instead of one scenario.
     const best = (list: Result[]) => list.reduce((a, b) => (b.rps > a.rps ? b : a))
-    const samples: Record<string, Result[]> = { base: [], val: [], hb: [], off: [] }
+    const samples: Record<string, Result[]> = { base: [], val: [], hb: [], off: [], beforeVal: [], compareVal: [] }
     for (let round = 1; round <= ROUNDS; round++) {
       console.log(`round ${round}/${ROUNDS}`)
       samples.base!.push(run('baseline (bare Elysia)', baseline, 'baseline', 64))
@@ -223,6 +229,13 @@ async function main() {
       ]
       for (const step of round % 2 === 1 ? pair() : pair().reverse()) step()
       samples.hb!.push(run('heartbeat', limited, 'heartbeat', 64))
+      if (before) {
+        const compare = [
+          () => samples.compareVal!.push(run('validate (this checkout)', limited, 'validate', 64)),
+          () => samples.beforeVal!.push(run('validate (BENCH_COMPARE)', before, 'validate', 64)),
+        ]
+        for (const step of round % 2 === 1 ? compare : compare.reverse()) step()
+      }
     }
     console.log('single connection')
     const base1 = run('baseline (bare Elysia)', baseline, 'baseline', 1)
@@ -255,6 +268,11 @@ async function main() {
     const perRound = samples.val!.map((r, i) => r.rps / (samples.off![i] as Result).rps)
     const limitsRatio = median(perRound)
     console.log(`  ${check(limitsRatio >= 0.9)} validate with limits = ${limitsRatio.toFixed(2)} of limits off, median of the rounds' back-to-back pairs (${perRound.map((r) => r.toFixed(2)).join(', ')}; best of each: ${(val64.rps / off64.rps).toFixed(2)}) (>= 0.90)`)
+    if (before) {
+      const afterOverBefore = samples.compareVal!.map((r, i) => r.rps / (samples.beforeVal![i] as Result).rps)
+      const ratio = median(afterOverBefore)
+      console.log(`  ${check(ratio >= 0.95)} validate of this checkout = ${ratio.toFixed(2)} of BENCH_COMPARE's, median of the rounds' back-to-back pairs (${afterOverBefore.map((r) => r.toFixed(2)).join(', ')}) (>= 0.95)`)
+    }
     const machineUs = (r: Result) => r.cpuUs + r.redisUs + r.wrkUs
     console.log(`  CPU per validate (server + Redis + wrk, median): limits on ${median(samples.val!.map(machineUs)).toFixed(0)} µs, off ${median(samples.off!.map(machineUs)).toFixed(0)} µs`)
     const errors = results.reduce((n, r) => n + (r.name.startsWith('baseline') ? 0 : r.errors), 0)
