@@ -3,8 +3,10 @@ import { and, eq, sql } from 'drizzle-orm'
 import { SeatBinder } from '../src/core/seat-binder'
 import { events, licenses } from '../src/db/schema'
 import { PublicError } from '../src/errors'
+import type { Deps } from '../src/deps'
 import { makeTestApp } from './helpers'
 import { hwid, insertLicense } from './client-helpers'
+import { connectionRefused } from './faults/pg-errors'
 
 const t = await makeTestApp()
 
@@ -47,4 +49,25 @@ describe.each([
       .where(and(eq(events.appId, s.appId), eq(events.event, 'license.hwid_bound')))
     expect(bound).toHaveLength(60)
   })
+})
+
+test('while the database is unreachable every bind of the batch fails with system_error and nothing is bound', async () => {
+  const s = await t.seed()
+  const keys = await Promise.all(Array.from({ length: 5 }, () => insertLicense(t.deps, s.appId)))
+  const { db } = t.deps.database
+  const unreachable = new Proxy(db, {
+    get: (target, name) => (name === 'transaction' ? () => Promise.reject(connectionRefused()) : Reflect.get(target, name)),
+  })
+  const down: Deps = { ...t.deps, database: { ...t.deps.database, db: unreachable } }
+
+  const outcomes = await Promise.allSettled(keys.map((key) => new SeatBinder(down).bind(s.appId, key, hwid())))
+  for (const outcome of outcomes) {
+    expect(outcome.status).toBe('rejected')
+    const reason = outcome.status === 'rejected' ? outcome.reason : null
+    expect(reason).toBeInstanceOf(PublicError)
+    expect((reason as PublicError).code).toBe('system_error')
+  }
+  const rows = await db.select({ hwids: licenses.hwids }).from(licenses).where(eq(licenses.appId, s.appId))
+  expect(rows.map((r) => r.hwids)).toEqual(keys.map(() => []))
+  expect(await new SeatBinder(t.deps).bind(s.appId, keys[0]!, hwid())).toBe(true)
 })

@@ -5,6 +5,7 @@ import { EventBatch } from '../src/core/validated-events'
 import { events } from '../src/db/schema'
 import { makeTestApp } from './helpers'
 import { hwid } from './client-helpers'
+import { connectionRefused } from './faults/pg-errors'
 import { until } from './faults/servers'
 
 const t = await makeTestApp()
@@ -22,12 +23,6 @@ async function hwidsRecorded(appIds: string[]): Promise<string[]> {
     .from(events)
     .where(and(inArray(events.appId, appIds), eq(events.event, 'license.validated')))
   return rows.map((r) => String(r.data.hwid))
-}
-
-/** What the driver throws when PostgreSQL is down: a failed connect, wrapped by drizzle. */
-function connectionRefused(): Error {
-  const refused = Object.assign(new Error('connect ECONNREFUSED 127.0.0.1:5432'), { code: 'ECONNREFUSED', syscall: 'connect' })
-  return new Error('Failed query', { cause: refused })
 }
 
 let stderr: ReturnType<typeof spyOn<typeof process.stderr, 'write'>> | undefined
