@@ -41,6 +41,8 @@ export interface TestAppOptions {
   env?: Record<string, string>
   /** A store of the test's own instead of the shared one. */
   store?: Store
+  /** A database of the test's own (a fault test's cluster) instead of the shared one. */
+  database?: Database
 }
 
 export async function makeTestApp(options: TestAppOptions = {}) {
@@ -52,7 +54,7 @@ export async function makeTestApp(options: TestAppOptions = {}) {
   })
   const deps: Deps = {
     config,
-    database: infra.database,
+    database: options.database ?? infra.database,
     store: options.store ?? infra.store,
     sealer: new Sealer(TEST_MASTER_KEY),
     sessionKey: deriveKey(TEST_MASTER_KEY, 'session-token-v1'),

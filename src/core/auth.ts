@@ -44,7 +44,7 @@ export function startClientAuth(deps: Deps): { stop(): Promise<void> } {
   const reconciler = startCreditReconciler(deps)
   return {
     async stop() {
-      await runtime(deps).events.flush()
+      await runtime(deps).events.stop()
       await reconciler.stop()
     },
   }

@@ -21,6 +21,36 @@ interface Series {
   buckets: number[]
 }
 
+/** A process-wide counter with one label, for work done outside HTTP requests. */
+export class LabeledCounter {
+  readonly #values = new Map<string, number>()
+
+  constructor(
+    readonly name: string,
+    readonly help: string,
+    readonly label: string,
+  ) {}
+
+  add(value: string, n: number): void {
+    this.#values.set(value, (this.#values.get(value) ?? 0) + n)
+  }
+
+  render(processLabel: string): string[] {
+    const out = [`# HELP ${this.name} ${this.help}`, `# TYPE ${this.name} counter`]
+    for (const [value, n] of [...this.#values].sort(([a], [b]) => a.localeCompare(b))) {
+      out.push(`${this.name}{${this.label}="${escape(value)}"${processLabel}} ${n}`)
+    }
+    return out
+  }
+}
+
+/** reason: refused (PostgreSQL refused its data), overflow (past the bound while it was unreachable), shutdown. */
+export const validatedEventsDropped = new LabeledCounter(
+  'license_validated_events_dropped_total',
+  'license.validated events never written to the outbox, by reason.',
+  'reason',
+)
+
 export class HttpMetrics {
   readonly #series = new Map<string, Series>()
   /**
@@ -83,6 +113,7 @@ export class HttpMetrics {
       out.push(`http_request_duration_seconds_sum{${base}} ${s.sum}`)
       out.push(`http_request_duration_seconds_count{${base}} ${s.count}`)
     }
+    out.push(...validatedEventsDropped.render(this.#processLabel))
     return `${out.join('\n')}\n`
   }
 

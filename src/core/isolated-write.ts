@@ -1,0 +1,98 @@
+/**
+ * Batched writes share a statement or a transaction, never a fate: when PostgreSQL refuses one
+ * member's data the batch is split until that member stands alone, and when the database cannot be
+ * reached the caller learns which members were not written, so it can keep them for a retry.
+ */
+
+/** What went wrong with a write, as far as the batch is concerned. */
+export type WriteFailure =
+  /** Connection refused or lost, server shutting down, out of resources, a transient conflict: try again later. */
+  | 'outage'
+  /** PostgreSQL refused a value (data exception, constraint, size limit): some member's own data. */
+  | 'data'
+  /** Anything else (a statement or programming error): no member is to blame and a retry would not help. */
+  | 'failure'
+
+// SQLSTATE classes: 08 connection exception, 40 transaction rollback (serialization, deadlock),
+// 53 insufficient resources, 57 operator intervention (admin shutdown, cannot connect now), 58 system error.
+const OUTAGE_CLASSES = new Set(['08', '40', '53', '57', '58'])
+// 22 data exception (bad encoding, NUL, invalid JSON), 23 integrity constraint, 54 program limit (a value too large).
+const DATA_CLASSES = new Set(['22', '23', '54'])
+const SQLSTATE = /^[0-9A-Z]{5}$/
+
+/** The first error in the `cause` chain that carries a code (drizzle wraps the driver's error). */
+function codedError(err: unknown): { code: string; syscall: boolean } | undefined {
+  for (let e = err, depth = 0; e instanceof Error && depth < 8; e = e.cause, depth++) {
+    const { code, syscall } = e as { code?: unknown; syscall?: unknown }
+    if (typeof code === 'string') return { code, syscall: syscall !== undefined }
+  }
+  return undefined
+}
+
+/**
+ * A SQLSTATE from PostgreSQL or PGlite, a postgres.js connection code (CONNECTION_CLOSED,
+ * CONNECT_TIMEOUT) or a socket errno (ECONNREFUSED): safe for a log line, unlike the messages, where
+ * drizzle puts the statement's parameters.
+ */
+export function errorCode(err: unknown): string | undefined {
+  return codedError(err)?.code
+}
+
+export function classifyWriteError(err: unknown): WriteFailure {
+  const coded = codedError(err)
+  if (!coded) return 'failure'
+  // A failed socket call, or postgres.js's CONNECTION_CLOSED/_DESTROYED/_ENDED and CONNECT_TIMEOUT.
+  if (coded.syscall || coded.code.startsWith('CONNECT')) return 'outage'
+  if (!SQLSTATE.test(coded.code)) return 'failure'
+  const cls = coded.code.slice(0, 2)
+  if (OUTAGE_CLASSES.has(cls)) return 'outage'
+  return DATA_CLASSES.has(cls) ? 'data' : 'failure'
+}
+
+export interface IsolatedWrite<T> {
+  /** Members that were not written and never will be as they are, each with its error. */
+  refused: { member: T; error: unknown; failure: Exclude<WriteFailure, 'outage'> }[]
+  /** Members not written because the database was unreachable, in their original order. */
+  unwritten: T[]
+  /** The error that stopped the write when the database was unreachable. */
+  outage: unknown
+}
+
+/**
+ * Writes `members` with one call of `write` (a statement or a transaction over all of them). When
+ * PostgreSQL refuses some member's data, each half is written on its own, recursively: k bad
+ * members among n cost about 2·k·log2(n) extra statements, and every other member is written. At
+ * the first outage the rest is left unwritten (what was written stays written). `write` must apply
+ * nothing, or only its own transaction's changes, when it throws.
+ */
+export async function writeIsolated<T>(
+  members: readonly T[],
+  write: (part: readonly T[]) => Promise<void>,
+): Promise<IsolatedWrite<T>> {
+  const result: IsolatedWrite<T> = { refused: [], unwritten: [], outage: undefined }
+  let unreachable = false
+  const attempt = async (part: readonly T[]): Promise<void> => {
+    if (unreachable) {
+      result.unwritten = result.unwritten.concat(part)
+      return
+    }
+    try {
+      await write(part)
+    } catch (error) {
+      const failure = classifyWriteError(error)
+      if (failure === 'outage') {
+        unreachable = true
+        result.outage = error
+        result.unwritten = result.unwritten.concat(part)
+      } else if (failure === 'data' && part.length > 1) {
+        const half = part.length >> 1
+        await attempt(part.slice(0, half))
+        await attempt(part.slice(half))
+      } else {
+        for (const member of part) result.refused.push({ member, error, failure })
+      }
+    }
+  }
+  await attempt(members)
+  return result
+}
