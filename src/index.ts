@@ -89,6 +89,15 @@ async function main(): Promise<void> {
   })
 }
 
+// Bun's own report of an uncaught error prints every property of the error object, and drivers
+// attach the statement, its parameters and the row: report it through errorFields, then exit as Bun would.
+for (const event of ['uncaughtException', 'unhandledRejection'] as const) {
+  process.on(event, (err: unknown) => {
+    log.error(event, errorFields(err))
+    process.exit(1)
+  })
+}
+
 main().catch((err) => {
   log.error('failed to start', errorFields(err))
   process.exit(1)
