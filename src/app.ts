@@ -2,7 +2,7 @@ import { Elysia } from 'elysia'
 import type { Deps } from './deps'
 import { ApiError, PublicError } from './errors'
 import { HttpMetrics, httpMetrics, UNMATCHED_ROUTE } from './http/metrics'
-import { errorFields, log } from './log'
+import { logErrorOnce } from './log'
 import { appRoutes } from './routes/apps'
 import { clientRoutes } from './routes/client'
 import { docsRoutes } from './routes/docs'
@@ -144,7 +144,7 @@ export function createApp(deps: Deps) {
         return reply(404, 'not_found', 'No such route')
       }
       // The route pattern, not the path: a path carries license keys, HWIDs and webhook ids.
-      log.error('unhandled error', { route: route || UNMATCHED_ROUTE, ...errorFields(error) })
+      logErrorOnce('unhandled error', error, { route: route || UNMATCHED_ROUTE })
       return isPublic(path)
         ? reply(500, 'system_error', 'system_error')
         : reply(500, 'internal_error', 'Something went wrong on our side')

@@ -39,6 +39,20 @@ export const log = {
   error: (msg: string, fields?: Record<string, unknown>) => write('error', msg, fields),
 }
 
+const reported = new WeakSet<object>()
+
+/**
+ * Logs an error once however many requests it fails: a shared write (a seat-binding batch) rejects
+ * each of its members with the same error object, and one line says it.
+ */
+export function logErrorOnce(msg: string, err: unknown, fields?: Record<string, unknown>): void {
+  if (typeof err === 'object' && err !== null) {
+    if (reported.has(err)) return
+    reported.add(err)
+  }
+  log.error(msg, { ...fields, ...errorFields(err) })
+}
+
 // Names a database error attaches (PGlite spells them short, postgres.js with `_name`): identifiers
 // from the schema, never row data. `detail`, `where`, `query` and the parameters are left behind.
 const NAMES = [

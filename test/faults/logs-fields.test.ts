@@ -8,22 +8,28 @@ import { DrizzleQueryError } from 'drizzle-orm'
 import postgres from 'postgres'
 import { generateLicenseKey } from '../../src/core/crypto'
 import { licenses } from '../../src/db/schema'
-import { errorFields, log, MAX_LOG_LINE } from '../../src/log'
+import { errorFields, log, logErrorOnce, MAX_LOG_LINE } from '../../src/log'
 import { insertLicense } from '../client-helpers'
 import { makeTestApp } from '../helpers'
 
 const sha256 = (text: string) => createHash('sha256').update(text).digest('hex')
 
-/** What one log line with these error fields would print. */
-function logged(err: unknown): string {
+/** The lines `fn` logs. */
+function captured(fn: () => void): string[] {
   const written: string[] = []
   const write = process.stderr.write
   process.stderr.write = ((chunk: string) => written.push(chunk) > 0) as typeof process.stderr.write
   try {
-    log.error('failed', errorFields(err))
+    fn()
   } finally {
     process.stderr.write = write
   }
+  return written
+}
+
+/** What one log line with these error fields would print. */
+function logged(err: unknown): string {
+  const written = captured(() => log.error('failed', errorFields(err)))
   expect(written).toHaveLength(1)
   return written[0] ?? ''
 }
@@ -92,17 +98,22 @@ describe('errorFields', () => {
   })
 
   test('any oversized field is cut so the line stays under the cap', () => {
-    const written: string[] = []
-    const write = process.stderr.write
-    process.stderr.write = ((chunk: string) => written.push(chunk) > 0) as typeof process.stderr.write
-    try {
+    const written = captured(() => {
       log.error('big', { note: 'x'.repeat(100_000), count: 3 })
       log.error('many', Object.fromEntries(Array.from({ length: 200 }, (_, i) => [`f${i}`, 'y'.repeat(400)])))
-    } finally {
-      process.stderr.write = write
-    }
+    })
     expect(written.map((l) => l.length <= MAX_LOG_LINE + 1)).toEqual([true, true])
     expect(JSON.parse(written[0] ?? '')).toMatchObject({ msg: 'big', count: 3 })
     expect(JSON.parse(written[1] ?? '')).toMatchObject({ msg: 'many', truncated: true })
+  })
+
+  test('an error shared by the members of a failed batch is logged once', () => {
+    const shared = new postgres.PostgresError({ message: 'could not serialize access' } as never)
+    const other = new Error('another failure')
+    const written = captured(() => {
+      for (let i = 0; i < 60; i++) logErrorOnce('unhandled error', shared, { route: '/auth/validate' })
+      logErrorOnce('unhandled error', other, { route: '/auth/validate' })
+    })
+    expect(written.map((line) => JSON.parse(line).message)).toEqual(['could not serialize access', 'another failure'])
   })
 })
