@@ -1,8 +1,8 @@
 import { Elysia } from 'elysia'
 import type { Deps } from './deps'
 import { ApiError, PublicError } from './errors'
-import { HttpMetrics, httpMetrics } from './http/metrics'
-import { errorFields, log } from './log'
+import { HttpMetrics, httpMetrics, UNMATCHED_ROUTE } from './http/metrics'
+import { logErrorOnce } from './log'
 import { appRoutes } from './routes/apps'
 import { clientRoutes } from './routes/client'
 import { docsRoutes } from './routes/docs'
@@ -115,7 +115,7 @@ export function createApp(deps: Deps) {
       if (request.method === 'GET' || request.method === 'HEAD') return
       return (await parseJsonBody(request, path)) ?? {}
     })
-    .onError(({ code, error, path, set }) => {
+    .onError(({ code, error, path, route, set }) => {
       // Records the status on `set` too: the metrics hook reads it there, as a returned Response does not.
       const reply = (status: number, errorCode: string, message: string, headers: Record<string, string> = {}) => {
         set.status = status
@@ -143,7 +143,8 @@ export function createApp(deps: Deps) {
       if (code === 'NOT_FOUND') {
         return reply(404, 'not_found', 'No such route')
       }
-      log.error('unhandled error', { path, ...errorFields(error) })
+      // The route pattern, not the path: a path carries license keys, HWIDs and webhook ids.
+      logErrorOnce('unhandled error', error, { route: route || UNMATCHED_ROUTE })
       return isPublic(path)
         ? reply(500, 'system_error', 'system_error')
         : reply(500, 'internal_error', 'Something went wrong on our side')

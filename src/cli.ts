@@ -5,6 +5,7 @@
 import { existsSync } from 'node:fs'
 import { buildDeps } from './boot'
 import { ConfigError, loadConfig } from './config'
+import { describeHolder, isLock, LOCK_WAIT_MS, lockDataDir } from './data-dir-lock'
 import {
   OperatorError,
   type OperatorCommand,
@@ -52,16 +53,37 @@ async function direct(config: ReturnType<typeof loadConfig>, command: OperatorCo
   }
 }
 
+/**
+ * Through the running server when one answers on the socket; otherwise directly, holding the
+ * DATA_DIR lock so no server starts on the database meanwhile. A lock holder that does not answer
+ * (another CLI, a server still starting) is waited for, briefly.
+ */
+async function viaServerOrLocked(config: ReturnType<typeof loadConfig>, command: OperatorCommand, argv: string[]) {
+  const socket = operatorSocketPath(config.dataDir)
+  let answer = await viaServer(socket, argv)
+  if (answer) return answer
+  const lock = await lockDataDir(config.dataDir, 'cli', LOCK_WAIT_MS, async () => {
+    answer = await viaServer(socket, argv)
+    return answer === null
+  })
+  if (answer) return answer
+  if (!isLock(lock)) throw new CliError(`${describeHolder(config.dataDir, lock)} and its operator socket does not answer`)
+  try {
+    return await direct(config, command)
+  } finally {
+    lock.release()
+  }
+}
+
 async function main(argv: string[]): Promise<number> {
   try {
     const config = loadConfig()
     // Stdout carries the answer and stderr the one error line: the server's start-up notes stay out.
     setLogLevel('error')
     const command = parseCommand(argv)
-    const result =
-      (usesOperatorSocket(config)
-        ? await viaServer(operatorSocketPath(config.dataDir), argv)
-        : null) ?? (await direct(config, command))
+    const result = usesOperatorSocket(config)
+      ? await viaServerOrLocked(config, command, argv)
+      : await direct(config, command)
     process.stdout.write(`${JSON.stringify(result)}\n`)
     return 0
   } catch (err) {

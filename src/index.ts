@@ -2,6 +2,7 @@ import { readFileSync } from 'node:fs'
 import { createApp } from './app'
 import { buildDeps } from './boot'
 import { ConfigError, loadConfig } from './config'
+import { describeHolder, isLock, LOCK_WAIT_MS, lockDataDir } from './data-dir-lock'
 import { startClientAuth } from './core/auth'
 import { signer } from './core/signer'
 import { startOperatorSocket, usesOperatorSocket } from './http/operator-socket'
@@ -26,6 +27,14 @@ async function main(): Promise<void> {
     throw err
   }
   setLogLevel(config.logLevel)
+  if (usesOperatorSocket(config)) {
+    // A CLI in direct mode lets go within seconds; another server never does.
+    const lock = await lockDataDir(config.dataDir, 'server', LOCK_WAIT_MS, async (holder) => holder.owner === 'cli')
+    if (!isLock(lock)) {
+      process.stderr.write(`error: ${describeHolder(config.dataDir, lock)}; one server per DATA_DIR\n`)
+      process.exit(1)
+    }
+  }
   const depsReady = buildDeps(config)
   // Listening before the database is open: a CLI started meanwhile waits for this server instead of
   // opening the embedded database a second time.
@@ -86,6 +95,15 @@ async function main(): Promise<void> {
     database: deps.database.kind,
     store: deps.store.kind,
     processes: config.serverProcesses,
+  })
+}
+
+// Bun's own report of an uncaught error prints every property of the error object, and drivers
+// attach the statement, its parameters and the row: report it through errorFields, then exit as Bun would.
+for (const event of ['uncaughtException', 'unhandledRejection'] as const) {
+  process.on(event, (err: unknown) => {
+    log.error(event, errorFields(err))
+    process.exit(1)
   })
 }
 

@@ -1,4 +1,4 @@
-import { chmodSync, mkdirSync, rmSync } from 'node:fs'
+import { chmodSync, mkdirSync, rmSync, statSync } from 'node:fs'
 import { join } from 'node:path'
 import type { Config } from '../config'
 import { OperatorError, parseCommand, runCommand } from '../core/operator'
@@ -58,12 +58,13 @@ async function handle(depsReady: Promise<Deps>, request: Request): Promise<Respo
  * Serves operator commands on DATA_DIR/operator.sock (mode 0600: only the server's own user may
  * provision) with the server's own deps. An embedded database admits one process, and in-process
  * caches learn of changes only from inside: so the CLI goes through here while the server runs.
- * Commands that arrive while `depsReady` is pending (migrations at start) wait for it.
+ * Commands that arrive while `depsReady` is pending (migrations at start) wait for it. The caller
+ * holds the DATA_DIR lock (src/data-dir-lock.ts).
  */
 export function startOperatorSocket(dataDir: string, depsReady: Promise<Deps>): { stop(): void } {
   const path = operatorSocketPath(dataDir)
   mkdirSync(dataDir, { recursive: true })
-  // A file left by a server that died cannot be listened on; nothing else may own this path.
+  // The caller holds the DATA_DIR lock, so a file here is a dead server's, and cannot be listened on.
   rmSync(path, { force: true })
   // The umask makes the socket 0600 from its first instant; the chmod states it for the record.
   const previous = process.umask(0o177)
@@ -74,11 +75,13 @@ export function startOperatorSocket(dataDir: string, depsReady: Promise<Deps>): 
     process.umask(previous)
   }
   chmodSync(path, 0o600)
+  const created = statSync(path).ino
   log.info('operator socket listening', { path })
   return {
     stop() {
       server.stop(true)
-      rmSync(path, { force: true })
+      // Only the socket this server created: whatever replaced it belongs to someone else.
+      if (statSync(path, { throwIfNoEntry: false })?.ino === created) rmSync(path, { force: true })
     },
   }
 }

@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs'
 import { rootCertificates } from 'node:tls'
 import type { Deps } from '../deps'
-import { log } from '../log'
+import { errorFields, log } from '../log'
 import type { DispatcherOptions, RunningDispatcher } from './dispatcher'
 import {
   CANCEL_QUEUED,
@@ -193,7 +193,7 @@ export class DeliveryPool {
       }
     }
     worker.onerror = (event) => {
-      log.error('webhook delivery worker failed; replacing it', { message: event.message })
+      log.error('webhook delivery worker failed; replacing it', errorFields(event.error ?? event.message))
       if (this.#slots[index] === slot) this.#slots[index] = undefined
       this.#fail(slot)
       worker.terminate()

@@ -1,0 +1,171 @@
+/**
+ * One process at a time owns a DATA_DIR whose state no other process can reach: the embedded
+ * database, and the operator socket of a server without a shared store. A second server there would
+ * open the same database files and take over the socket; a CLI writing directly beside a running
+ * server would write what that server never sees.
+ *
+ * Bun has no flock: the lock is a file created atomically (a hard link of a complete temp file, so
+ * nobody reads it half-written) that records its holder's pid and the process's start time. A
+ * holder that died (kill -9 leaves the file) is recognised by its pid being gone, or reused by a
+ * younger process, and its lock is taken over.
+ */
+import { linkSync, mkdirSync, readFileSync, unlinkSync, writeFileSync } from 'node:fs'
+import { join } from 'node:path'
+
+export type LockOwner = 'server' | 'cli'
+
+/** Who holds a DATA_DIR. */
+export interface LockHolder {
+  pid: number
+  /** The process's start time from /proc, so a reused pid is not mistaken for the holder; null where unknown. */
+  started: string | null
+  owner: LockOwner
+}
+
+export interface DataDirLock {
+  /** Removes the lock if it is still this process's; also runs at process exit. */
+  release(): void
+}
+
+const LOCK_FILE = 'lock'
+// Held only for the instant of replacing a dead holder's lock, so two processes never both do it.
+const TAKEOVER_FILE = 'lock.takeover'
+
+/** Start time in clock ticks since boot (field 22 of /proc/<pid>/stat); null without /proc. */
+function startTime(pid: number): string | null {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
+    // Fields after the command name, which may itself hold spaces and parentheses.
+    return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19] ?? null
+  } catch {
+    return null
+  }
+}
+
+function alive(holder: LockHolder): boolean {
+  try {
+    process.kill(holder.pid, 0)
+  } catch (err) {
+    // EPERM: the process exists under another user.
+    if ((err as NodeJS.ErrnoException).code !== 'EPERM') return false
+  }
+  // A restarted container runs its server as pid 1 again: only the start time tells the two apart.
+  const started = startTime(holder.pid)
+  return holder.started === null || started === null || started === holder.started
+}
+
+function readHolder(path: string): LockHolder | null {
+  let text: string
+  try {
+    text = readFileSync(path, 'utf8')
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return null
+    throw err
+  }
+  let parsed: Partial<LockHolder> = {}
+  try {
+    parsed = JSON.parse(text) as Partial<LockHolder>
+  } catch {}
+  if (!Number.isSafeInteger(parsed.pid) || (parsed.pid ?? 0) <= 0) {
+    throw new Error(`${path} is not a lock this service wrote; remove it if no server or CLI uses this DATA_DIR`)
+  }
+  return { pid: parsed.pid ?? 0, started: parsed.started ?? null, owner: parsed.owner === 'cli' ? 'cli' : 'server' }
+}
+
+/** Creates `path` holding `holder`, or returns false when it exists. */
+function create(path: string, holder: LockHolder): boolean {
+  const temp = `${path}.${process.pid}.${Math.random().toString(36).slice(2)}`
+  writeFileSync(temp, JSON.stringify(holder), { mode: 0o600 })
+  try {
+    linkSync(temp, path)
+    return true
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'EEXIST') return false
+    throw err
+  } finally {
+    unlinkSync(temp)
+  }
+}
+
+const sameHolder = (a: LockHolder | null, b: LockHolder) => a !== null && a.pid === b.pid && a.started === b.started
+
+function removeIfHeldBy(path: string, holder: LockHolder): void {
+  if (sameHolder(readHolder(path), holder)) unlinkSync(path)
+}
+
+/**
+ * Removes a dead holder's lock; while another live process is doing the same, returns that process
+ * (it is about to hold the lock).
+ */
+function takeOver(dataDir: string, dead: LockHolder, me: LockHolder): LockHolder | null {
+  const guard = join(dataDir, TAKEOVER_FILE)
+  if (!create(guard, me)) {
+    const other = readHolder(guard)
+    if (other && alive(other)) return other
+    // A process that died between creating the guard and removing it would block every start.
+    if (other) removeIfHeldBy(guard, other)
+    return null
+  }
+  try {
+    // Re-read under the guard: a live process may have taken the lock since it was found dead.
+    removeIfHeldBy(join(dataDir, LOCK_FILE), dead)
+  } finally {
+    unlinkSync(guard)
+  }
+  return null
+}
+
+/**
+ * Takes the DATA_DIR lock for this process, or returns the live process that holds it. A lock left
+ * by a dead process is taken over.
+ */
+export function tryLockDataDir(dataDir: string, owner: LockOwner): DataDirLock | LockHolder {
+  mkdirSync(dataDir, { recursive: true })
+  const path = join(dataDir, LOCK_FILE)
+  const me: LockHolder = { pid: process.pid, started: startTime(process.pid), owner }
+  for (;;) {
+    if (create(path, me)) break
+    const holder = readHolder(path)
+    // Gone since the create failed: try again.
+    if (holder === null) continue
+    if (alive(holder)) return holder
+    const other = takeOver(dataDir, holder, me)
+    if (other) return other
+  }
+  let held = true
+  const release = () => {
+    if (!held) return
+    held = false
+    process.off('exit', release)
+    removeIfHeldBy(path, me)
+  }
+  process.on('exit', release)
+  return { release }
+}
+
+export const isLock = (result: DataDirLock | LockHolder): result is DataDirLock => 'release' in result
+
+/** The one line a process prints when it cannot have the DATA_DIR. */
+export const describeHolder = (dataDir: string, holder: LockHolder) =>
+  `DATA_DIR ${dataDir} is in use by a running ${holder.owner === 'server' ? 'server' : 'operator CLI'} (pid ${holder.pid})`
+
+/** Long enough for a CLI command in direct mode to open, migrate and close the embedded database. */
+export const LOCK_WAIT_MS = 10_000
+
+/**
+ * Takes the lock, retrying every 100 ms while the holder is one `keepWaiting` says will let go (and
+ * until `ms` pass); otherwise returns the holder.
+ */
+export async function lockDataDir(
+  dataDir: string,
+  owner: LockOwner,
+  ms: number,
+  keepWaiting: (holder: LockHolder) => Promise<boolean>,
+): Promise<DataDirLock | LockHolder> {
+  const deadline = Date.now() + ms
+  for (;;) {
+    const result = tryLockDataDir(dataDir, owner)
+    if (isLock(result) || Date.now() >= deadline || !(await keepWaiting(result))) return result
+    await Bun.sleep(100)
+  }
+}
