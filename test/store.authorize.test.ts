@@ -1,4 +1,4 @@
-import { afterAll, describe, expect, test } from 'bun:test'
+import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { randomUUID } from 'node:crypto'
 import { MemoryStore } from '../src/store/memory'
 import { RedisStore } from '../src/store/redis'
@@ -16,8 +16,14 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
   const store = make()
   afterAll(() => store.close())
   const now = Date.parse('2031-01-01T00:00:00Z')
+  let generation = 0
+  beforeAll(async () => {
+    const read = await store.snapshot([])
+    if (read.kind === 'ok') generation = read.generation
+  })
   const base = (over: Partial<AuthorizeInput> = {}): AuthorizeInput => ({
     nowMs: now,
+    generation,
     epochs: [],
     ceiling: null,
     buckets: [],
@@ -67,8 +73,8 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     const acct = id()
     const charge = { accountId: acct, cost: 1, counter: null }
     expect(await store.authorize(base({ charge }))).toEqual({ kind: 'no_balance' })
-    expect(await store.loadBalance(acct, 1, 2)).toBe('stale')
-    expect(await store.loadBalance(acct, 0, 2)).toBe('ok')
+    expect(await store.loadBalance(acct, { epoch: 1, flushId: null }, 2, false)).toBe('stale')
+    expect(await store.loadBalance(acct, { epoch: 0, flushId: null }, 2, false)).toBe('ok')
     expect(await store.authorize(base({ charge }))).toEqual({ kind: 'ok', charged: 1 })
     expect(await store.authorize(base({ charge }))).toEqual({ kind: 'ok', charged: 1 })
     expect(await store.authorize(base({ charge }))).toEqual({ kind: 'no_credits' })
@@ -76,7 +82,7 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     expect(await store.dirtyAccounts()).toContain(acct)
     await store.creditsAdded(acct, 5)
     expect(await store.balance(acct)).toBe(5)
-    expect(await store.loadBalance(acct, 0, 100)).toBe('stale')
+    expect(await store.loadBalance(acct, { epoch: 0, flushId: null }, 100, false)).toBe('stale')
     await store.refund(acct, 1)
     expect(await store.balance(acct)).toBe(6)
     const flush = await store.beginFlush(acct, 'f1')
@@ -90,7 +96,7 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
 
   test('heartbeat counter: every n-th call is charged, a refused charge is rolled back', async () => {
     const acct = id()
-    await store.loadBalance(acct, 0, 1)
+    await store.loadBalance(acct, { epoch: 0, flushId: null }, 1, false)
     const charge = { accountId: acct, cost: 1, counter: { key: `ls:test:hb:${id()}`, every: 3 } }
     const kinds: string[] = []
     for (let i = 0; i < 7; i++) {
@@ -104,7 +110,7 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
 
   test('a denied request is never charged', async () => {
     const acct = id()
-    await store.loadBalance(acct, 0, 1)
+    await store.loadBalance(acct, { epoch: 0, flushId: null }, 1, false)
     expect(await store.authorize(base({ deny: true, charge: { accountId: acct, cost: 1, counter: null } }))).toEqual({ kind: 'denied' })
     expect(await store.balance(acct)).toBe(1)
   })
@@ -133,7 +139,7 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
 
   test('requests issued together share one balance, counter and bucket as if one after another', async () => {
     const acct = id()
-    await store.loadBalance(acct, 0, 2)
+    await store.loadBalance(acct, { epoch: 0, flushId: null }, 2, false)
     const charge = { accountId: acct, cost: 1, counter: null }
     const counted = { accountId: acct, cost: 1, counter: { key: `ls:test:hb:${id()}`, every: 2 } }
     const bucket = { key: `ls:test:b:${id()}`, capacity: 4, refillPerSecond: 0.001 }
@@ -169,9 +175,9 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: one authorize call in flight', ()
       const sizes: number[] = []
       let inFlight = 0
       let mostInFlight = 0
-      store.redis.lsAuthorize = async (packed: Buffer) => {
+      store.redis.lsAuthorize = async (packed: Buffer, generation: string, fresh: string) => {
         mostInFlight = Math.max(mostInFlight, ++inFlight)
-        const call = original(packed)
+        const call = original(packed, generation, fresh)
         // The call's argument starts with its key count; each request here has one key, its nonce.
         sizes.push(packed.readUInt32LE(0))
         try {
@@ -180,8 +186,10 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: one authorize call in flight', ()
           inFlight--
         }
       }
+      const read = await store.snapshot([])
       const input = (): AuthorizeInput => ({
         nowMs: Date.now(),
+        generation: read.kind === 'ok' ? read.generation : 0,
         epochs: [],
         ceiling: null,
         buckets: [],
