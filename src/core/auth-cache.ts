@@ -5,6 +5,7 @@ import type { Deps } from '../deps'
 import { canonicalIp } from '../http/client-ip'
 import { type Admission, keys, type Snapshot } from '../store/store'
 import { privateKeyFromPkcs8 } from './crypto'
+import { SingleFlight } from './single-flight'
 
 /** What the client endpoints need of an app, decoded once per load. */
 export interface CachedApp {
@@ -146,6 +147,7 @@ export class AuthCache {
   readonly #apps: Entries<CachedApp>
   readonly #licenses: Entries<CachedLicense>
   readonly #q: ReturnType<typeof prepare>
+  readonly #appLoads = new SingleFlight<void>()
   /** The store generation every entry was read under; 0 before the first read. */
   generation = 0
   /** PostgreSQL reads of app and license state since start. */
@@ -191,10 +193,12 @@ export class AuthCache {
     })
   }
 
-  /** Makes sure the app is cached, reading its epoch before the load. */
-  async ensureApp(appId: string): Promise<void> {
-    const read = await this.#snapshot(keys.appEpoch(appId))
-    if (read.kind === 'ok') await this.reloadApp(appId, read.epochs[0] ?? 0, read.generation)
+  /** Makes sure the app is cached, reading its epoch before the load; concurrent misses share one load. */
+  ensureApp(appId: string): Promise<void> {
+    return this.#appLoads.run(appId, async () => {
+      const read = await this.#snapshot(keys.appEpoch(appId))
+      if (read.kind === 'ok') await this.reloadApp(appId, read.epochs[0] ?? 0, read.generation)
+    })
   }
 
   /**

@@ -3,7 +3,7 @@ import { eq, sql } from 'drizzle-orm'
 import { accounts, creditFlushes } from '../db/schema'
 import type { Deps } from '../deps'
 import { errorFields, log } from '../log'
-import { keys } from '../store/store'
+import { SingleFlight } from './single-flight'
 
 /**
  * Credits on the hot path live in the store: charges take from a live balance there atomically (never
@@ -21,18 +21,13 @@ import { keys } from '../store/store'
 /** How often pending charges move to PostgreSQL: the most a store that loses its data can lose of them. */
 export const RECONCILE_MS = 500
 
-const loading = new WeakMap<Deps, Map<string, Promise<void>>>()
+const seeds = new WeakMap<Deps, SingleFlight<void>>()
 
 /** Seeds the live balance from PostgreSQL; the requests of one account that find it missing share one load. */
 export function loadLiveBalance(deps: Deps, accountId: string): Promise<void> {
-  let inFlight = loading.get(deps)
-  if (!inFlight) loading.set(deps, (inFlight = new Map()))
-  let load = inFlight.get(accountId)
-  if (!load) {
-    load = seedBalance(deps, accountId).finally(() => inFlight.delete(accountId))
-    inFlight.set(accountId, load)
-  }
-  return load
+  let flight = seeds.get(deps)
+  if (!flight) seeds.set(deps, (flight = new SingleFlight()))
+  return flight.run(accountId, () => seedBalance(deps, accountId))
 }
 
 // Retried when addCredits or a flush changed the account between the store read and the seed.
