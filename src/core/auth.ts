@@ -4,7 +4,7 @@ import { licenses } from '../db/schema'
 import type { Deps } from '../deps'
 import { PublicError, type PublicErrorCode } from '../errors'
 import { errorFields, log } from '../log'
-import { type AuthorizeInput, type AuthorizeResult, keys } from '../store/store'
+import { type Admission, type AuthorizeInput, type AuthorizeResult, keys } from '../store/store'
 import { AuthCache, type CachedApp, type CachedLicense, StoreUnavailable } from './auth-cache'
 import { loadLiveBalance, startCreditReconciler } from './credits-ledger'
 import { recordEvents } from './events'
@@ -118,6 +118,14 @@ const bucket = (scope: string, appId: string, id: string, perMinute: number) => 
   refillPerSecond: perMinute / 60,
 })
 
+/** The per-IP pace of app lookups: any app id can be sent, so it is not scoped to one app. */
+const appLookup = (deps: Deps, ip: string, nowMs: number): Admission => ({
+  key: keys.bucket('app-lookup', ip),
+  capacity: deps.config.validateLimitPerIp,
+  refillPerSecond: deps.config.validateLimitPerIp / 60,
+  nowMs,
+})
+
 const rateLimited = (retryAfterMs: number) =>
   new PublicError('rate_limited', { 'retry-after': String(Math.max(1, Math.ceil(retryAfterMs / 1000))) })
 
@@ -142,6 +150,7 @@ async function authorize(
   deps: Deps,
   appId: string,
   licenseKey: string | null,
+  ip: string,
   needsNonce: boolean,
   plan: (app: CachedApp | null, license: CachedLicense | null, nowMs: number) => Plan,
 ): Promise<Authorized> {
@@ -154,7 +163,10 @@ async function authorize(
       let appEntry = cache.cachedApp(appId)
       // Awaited only on a miss: the common all-cached request skips a promise and a microtask turn.
       if (!appEntry) {
-        await cache.ensureApp(appId)
+        // Any well-formed id reaches PostgreSQL once per process (absent ones are cached apart), so
+        // made-up ids are paced by the caller's IP first.
+        const read = await cache.ensureApp(appId, deps.config.publicRateLimits ? appLookup(deps, ip, nowMs) : undefined)
+        if (read.kind === 'limited') throw rateLimited(read.retryAfterMs)
         appEntry = cache.cachedApp(appId)
         if (!appEntry) continue
       }
@@ -255,7 +267,7 @@ export interface SignedResponse {
 /** POST /auth/validate: authenticate the app, claim the nonce, check the license, bind the seat, charge, sign. */
 export async function validate(deps: Deps, input: ValidateInput, ip: string): Promise<SignedResponse> {
   const { hwid, licenseKey } = input
-  const auth = await authorize(deps, input.appId, licenseKey, true, (app, license, nowMs) => {
+  const auth = await authorize(deps, input.appId, licenseKey, ip, true, (app, license, nowMs) => {
     const secretOk = app !== null && secretMatches(input.appSecret, app.secretHash)
     let outcome: Outcome
     if (!app || !secretOk) outcome = fail('invalid_app')
@@ -338,7 +350,7 @@ function sessionFor(deps: Deps, appId: string, token: string, hwid: string): Ses
 /** POST /auth/heartbeat: re-checks the license on every call, so revocations reach clients at once. */
 export async function heartbeat(deps: Deps, input: HeartbeatInput, ip: string): Promise<SignedResponse> {
   const session = sessionFor(deps, input.appId, input.sessionToken, input.hwid)
-  const auth = await authorize(deps, input.appId, session?.lic ?? null, false, (app, license, nowMs) => {
+  const auth = await authorize(deps, input.appId, session?.lic ?? null, ip, false, (app, license, nowMs) => {
     let outcome: Outcome
     if (!app) outcome = fail('invalid_app')
     else if (!session) outcome = fail('session_expired')
@@ -472,7 +484,7 @@ export async function selfban(deps: Deps, input: SelfbanInput, ip: string): Prom
   const session = post ? sessionFor(deps, input.appId, input.sessionToken!, input.hwid) : null
   const licenseKey = post ? (session?.lic ?? null) : input.licenseKey!
   const revoke = input.revokeLicense ?? post
-  const auth = await authorize(deps, input.appId, licenseKey, !post, (app, license, nowMs) => {
+  const auth = await authorize(deps, input.appId, licenseKey, ip, !post, (app, license, nowMs) => {
     const secretOk = post || (app !== null && secretMatches(input.appSecret!, app.secretHash))
     let outcome: Outcome
     if (!app || !secretOk) outcome = fail('invalid_app')

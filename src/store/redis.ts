@@ -502,13 +502,13 @@ export class RedisStore implements Store {
     if (queued.length === 0 || this.#authorizeInFlight) return
     this.#authorizeQueue = []
     const sentAt = this.#generation
-    const batch: PendingAuthorize[] = []
-    for (const p of queued) {
-      // The generation moved while it waited for the call in flight.
-      if (p.input.generation === sentAt) batch.push(p)
-      else p.resolve(this.#newGeneration())
+    let batch = queued
+    // The generation moved while some of them waited for the call in flight (rare: no copy otherwise).
+    if (!queued.every((p) => p.input.generation === sentAt)) {
+      batch = queued.filter((p) => p.input.generation === sentAt)
+      for (const p of queued) if (p.input.generation !== sentAt) p.resolve(this.#newGeneration())
+      if (batch.length === 0) return
     }
-    if (batch.length === 0) return
     this.#authorizeInFlight = true
     const call = new AuthorizeArgs()
     for (const p of batch) call.add(p.input)
