@@ -4,7 +4,7 @@
  * licenses out of the cache.
  */
 import { expect, test } from 'bun:test'
-import { randomBytes, randomUUID } from 'node:crypto'
+import { randomBytes } from 'node:crypto'
 import { clientAuthLoads } from '../src/core/auth'
 import { AuthCache } from '../src/core/auth-cache'
 import { generateLicenseKey } from '../src/core/crypto'
@@ -46,18 +46,6 @@ test('a flood of absent keys with the right secret from one IP is limited before
   // Another IP still gets through: the limit is the caller's, not the app's.
   const real = await insertLicense(t.deps, s.appId)
   expect((await validate({ appId: s.appId, appSecret: s.appSecret, licenseKey: real }, '203.0.113.8')).status).toBe(200)
-})
-
-test('made-up app ids from one IP reach PostgreSQL only as often as its limit allows', async () => {
-  const ip = '203.0.113.9'
-  const before = clientAuthLoads(t.deps)
-  const statuses: number[] = []
-  for (let i = 0; i < 40; i++) {
-    statuses.push((await validate({ appId: randomUUID(), appSecret: 'x', licenseKey: generateLicenseKey() }, ip)).status)
-  }
-  expect(statuses.filter((x) => x === 401)).toHaveLength(PER_IP)
-  expect(statuses.filter((x) => x === 429)).toHaveLength(40 - PER_IP)
-  expect(clientAuthLoads(t.deps).apps - before.apps).toBe(PER_IP)
 })
 
 test('absent keys never evict a cached license', async () => {

@@ -147,7 +147,7 @@ export class AuthCache {
   readonly #apps: Entries<CachedApp>
   readonly #licenses: Entries<CachedLicense>
   readonly #q: ReturnType<typeof prepare>
-  readonly #appLoads = new SingleFlight<Snapshot>()
+  readonly #appLoads = new SingleFlight<void>()
   /** The store generation every entry was read under; 0 before the first read. */
   generation = 0
   /** PostgreSQL reads of app and license state since start. */
@@ -193,24 +193,12 @@ export class AuthCache {
     })
   }
 
-  /**
-   * Makes sure the app is cached, reading its epoch before the load (with `admission`, as for
-   * ensureLicense). Concurrent misses share one load, taken with the first caller's admission.
-   */
-  async ensureApp(appId: string, admission?: Admission): Promise<Snapshot> {
-    let read: Snapshot = { kind: 'limited', retryAfterMs: 0 }
-    for (let joined = 0; joined < 5; joined++) {
-      let led = false
-      read = await this.#appLoads.run(appId, async () => {
-        led = true
-        const own = await this.#snapshot(keys.appEpoch(appId), admission)
-        if (own.kind === 'ok') await this.reloadApp(appId, own.epochs[0] ?? 0, own.generation)
-        return own
-      })
-      // A shared load refused by another caller's limit says nothing of this caller's: try again.
-      if (led || read.kind === 'ok' || this.#apps.get(appId)) break
-    }
-    return read
+  /** Makes sure the app is cached, reading its epoch before the load; concurrent misses share one load. */
+  ensureApp(appId: string): Promise<void> {
+    return this.#appLoads.run(appId, async () => {
+      const read = await this.#snapshot(keys.appEpoch(appId))
+      if (read.kind === 'ok') await this.reloadApp(appId, read.epochs[0] ?? 0, read.generation)
+    })
   }
 
   /**

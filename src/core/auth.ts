@@ -4,7 +4,7 @@ import { licenses } from '../db/schema'
 import type { Deps } from '../deps'
 import { PublicError, type PublicErrorCode } from '../errors'
 import { errorFields, log } from '../log'
-import { type Admission, type AuthorizeInput, type AuthorizeResult, keys } from '../store/store'
+import { type AuthorizeInput, type AuthorizeResult, keys } from '../store/store'
 import { AuthCache, type CachedApp, type CachedLicense, StoreUnavailable } from './auth-cache'
 import { loadLiveBalance, startCreditReconciler } from './credits-ledger'
 import { recordEvents } from './events'
@@ -79,6 +79,9 @@ interface Authorized {
   charged: number
 }
 
+/** Whether a plan made without the license failed only for want of it: the caller may look it up. */
+const licenseDecides = (p: Plan) => !p.outcome.ok && p.outcome.code === 'invalid_key'
+
 function secretMatches(presented: string, hash: Buffer): boolean {
   const got = createHash('sha256').update(presented, 'utf8').digest()
   return got.length === hash.length && timingSafeEqual(got, hash)
@@ -118,14 +121,6 @@ const bucket = (scope: string, appId: string, id: string, perMinute: number) => 
   refillPerSecond: perMinute / 60,
 })
 
-/** The per-IP pace of app lookups: any app id can be sent, so it is not scoped to one app. */
-const appLookup = (deps: Deps, ip: string, nowMs: number): Admission => ({
-  key: keys.bucket('app-lookup', ip),
-  capacity: deps.config.validateLimitPerIp,
-  refillPerSecond: deps.config.validateLimitPerIp / 60,
-  nowMs,
-})
-
 const rateLimited = (retryAfterMs: number) =>
   new PublicError('rate_limited', { 'retry-after': String(Math.max(1, Math.ceil(retryAfterMs / 1000))) })
 
@@ -150,7 +145,6 @@ async function authorize(
   deps: Deps,
   appId: string,
   licenseKey: string | null,
-  ip: string,
   needsNonce: boolean,
   plan: (app: CachedApp | null, license: CachedLicense | null, nowMs: number) => Plan,
 ): Promise<Authorized> {
@@ -163,24 +157,21 @@ async function authorize(
       let appEntry = cache.cachedApp(appId)
       // Awaited only on a miss: the common all-cached request skips a promise and a microtask turn.
       if (!appEntry) {
-        // Any well-formed id reaches PostgreSQL once per process (absent ones are cached apart), so
-        // made-up ids are paced by the caller's IP first.
-        const read = await cache.ensureApp(appId, deps.config.publicRateLimits ? appLookup(deps, ip, nowMs) : undefined)
-        if (read.kind === 'limited') throw rateLimited(read.retryAfterMs)
+        await cache.ensureApp(appId)
         appEntry = cache.cachedApp(appId)
         if (!appEntry) continue
       }
       const app = appEntry.value
       let licenseEntry = licenseKey === null ? undefined : cache.cachedLicense(licenseKey)
       let p = plan(app, licenseEntry?.value ?? null, nowMs)
-      if (licenseKey !== null && !licenseEntry && !p.outcome.ok && p.outcome.code === 'invalid_key') {
+      if (licenseKey !== null && !licenseEntry && licenseDecides(p)) {
         // The app secret (or session), the app's state and its lists passed: only now may the key reach
         // PostgreSQL, and only with a token of the caller's IP limit, so unauthenticated traffic and a
         // flood of made-up keys stop before the database.
-        const ip: Bucket | null = deps.config.publicRateLimits && !admitted ? p.ipBucket : null
-        const read = await cache.ensureLicense(licenseKey, ip ? { ...ip, nowMs } : undefined)
+        const token: Bucket | null = deps.config.publicRateLimits && !admitted ? p.ipBucket : null
+        const read = await cache.ensureLicense(licenseKey, token ? { ...token, nowMs } : undefined)
         if (read.kind === 'limited') throw rateLimited(read.retryAfterMs)
-        admitted ??= ip
+        admitted ??= token
         licenseEntry = cache.cachedLicense(licenseKey)
         if (!licenseEntry) continue
         p = plan(app, licenseEntry.value, nowMs)
@@ -205,8 +196,11 @@ async function authorize(
           continue
         case 'stale':
           if (result.epochs[0] !== appEntry.epoch) await cache.reloadApp(appId, result.epochs[0] ?? 0, generation)
-          // Looked up again only through the admission above, as if never cached.
-          if (licenseKey !== null && result.epochs[1] !== licenseEntry?.epoch) cache.forgetLicense(licenseKey)
+          if (licenseKey !== null && result.epochs[1] !== licenseEntry?.epoch) {
+            // Read again at once only for a caller that may look the license up at all.
+            if (licenseDecides(plan(app, null, nowMs))) await cache.reloadLicense(licenseKey, result.epochs[1] ?? 0, generation)
+            else cache.forgetLicense(licenseKey)
+          }
           continue
         case 'no_balance':
           await loadLiveBalance(deps, app.accountId).catch((err: unknown) => {
@@ -267,7 +261,7 @@ export interface SignedResponse {
 /** POST /auth/validate: authenticate the app, claim the nonce, check the license, bind the seat, charge, sign. */
 export async function validate(deps: Deps, input: ValidateInput, ip: string): Promise<SignedResponse> {
   const { hwid, licenseKey } = input
-  const auth = await authorize(deps, input.appId, licenseKey, ip, true, (app, license, nowMs) => {
+  const auth = await authorize(deps, input.appId, licenseKey, true, (app, license, nowMs) => {
     const secretOk = app !== null && secretMatches(input.appSecret, app.secretHash)
     let outcome: Outcome
     if (!app || !secretOk) outcome = fail('invalid_app')
@@ -350,7 +344,7 @@ function sessionFor(deps: Deps, appId: string, token: string, hwid: string): Ses
 /** POST /auth/heartbeat: re-checks the license on every call, so revocations reach clients at once. */
 export async function heartbeat(deps: Deps, input: HeartbeatInput, ip: string): Promise<SignedResponse> {
   const session = sessionFor(deps, input.appId, input.sessionToken, input.hwid)
-  const auth = await authorize(deps, input.appId, session?.lic ?? null, ip, false, (app, license, nowMs) => {
+  const auth = await authorize(deps, input.appId, session?.lic ?? null, false, (app, license, nowMs) => {
     let outcome: Outcome
     if (!app) outcome = fail('invalid_app')
     else if (!session) outcome = fail('session_expired')
@@ -484,7 +478,7 @@ export async function selfban(deps: Deps, input: SelfbanInput, ip: string): Prom
   const session = post ? sessionFor(deps, input.appId, input.sessionToken!, input.hwid) : null
   const licenseKey = post ? (session?.lic ?? null) : input.licenseKey!
   const revoke = input.revokeLicense ?? post
-  const auth = await authorize(deps, input.appId, licenseKey, ip, !post, (app, license, nowMs) => {
+  const auth = await authorize(deps, input.appId, licenseKey, !post, (app, license, nowMs) => {
     const secretOk = post || (app !== null && secretMatches(input.appSecret!, app.secretHash))
     let outcome: Outcome
     if (!app || !secretOk) outcome = fail('invalid_app')
