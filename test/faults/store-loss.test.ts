@@ -106,3 +106,29 @@ test('two instances: a change made through one after a flush is seen by the othe
   await change(b, licenseKey, { action: 'activate' })
   expect((await heartbeat(a, token, h)).status).toBe(200)
 })
+
+test('Redis back with older data that kept its generation id (a replica that missed writes): the reconnect starts over', async () => {
+  const older = await ownRedis()
+  const store = new RedisStore(older.url)
+  const t = await makeTestApp({ store })
+  try {
+    const licenseKey = await createLicense(t, { unlimitedHwidSlots: true })
+    const h = hwid()
+    expect((await validate(t, licenseKey, h)).status).toBe(200)
+    // The copy the server comes back with: ls:gen is in it, the two changes below are not.
+    await store.redis.save()
+    await change(t, licenseKey, { action: 'revoke' })
+    await change(t, licenseKey, { action: 'activate' })
+    expect((await validate(t, licenseKey, h)).status).toBe(200)
+    await older.stop()
+    await older.start()
+    await until(() => store.ping(), (up) => up)
+    // Two changes bring the license epoch back to the value the cache holds.
+    await change(t, licenseKey, { action: 'revoke' })
+    await change(t, licenseKey, { action: 'extend', expiresAt: '2040-01-01T00:00:00Z' })
+    expect((await validate(t, licenseKey, h)).body).toEqual({ status: 'failed', error: 'revoked' })
+  } finally {
+    await store.close()
+    await older.stop()
+  }
+})
