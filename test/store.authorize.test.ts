@@ -162,8 +162,68 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     expect(await store.beginFlush(acct, 'f')).toEqual({ id: 'f', amount: 2 })
   })
 
+  test('a request read under another generation changes nothing and learns the current one', async () => {
+    const nonce = { key: `ls:test:n:${id()}`, ttlSeconds: 60 }
+    expect(await store.authorize(base({ generation: generation + 1000, nonce }))).toEqual({ kind: 'new_generation', generation })
+    expect(await store.authorize(base({ nonce }))).toEqual({ kind: 'ok', charged: 0 })
+  })
+
+  test('snapshot: the admission token comes first, and an empty bucket reads nothing', async () => {
+    const ep = `ls:test:ep:${id()}`
+    await store.bump([ep])
+    const admission = { key: `ls:test:b:${id()}`, capacity: 1, refillPerSecond: 0.001, nowMs: now }
+    expect(await store.snapshot([ep], admission)).toEqual({ kind: 'ok', generation, epochs: [1] })
+    expect(await store.snapshot([ep], admission)).toEqual({ kind: 'limited', retryAfterMs: expect.any(Number) })
+    // The same bucket as the script's: a request naming it is limited too.
+    expect((await store.authorize(base({ buckets: [admission] }))).kind).toBe('limited')
+    expect(await store.snapshot([ep])).toEqual({ kind: 'ok', generation, epochs: [1] })
+  })
+
+  test('creditState reports the account epoch and the unfinished flush a seed must account for', async () => {
+    const acct = id()
+    expect(await store.creditState(acct)).toEqual({ epoch: 0, flushId: null })
+    await store.loadBalance(acct, { epoch: 0, flushId: null }, 10, false)
+    await store.authorize(base({ charge: { accountId: acct, cost: 3, counter: null } }))
+    await store.creditsAdded(acct, 1)
+    expect(await store.beginFlush(acct, 'f1')).toEqual({ id: 'f1', amount: 3 })
+    expect(await store.creditState(acct)).toEqual({ epoch: 1, flushId: 'f1' })
+    await store.endFlush(acct, 'f1')
+    expect(await store.creditState(acct)).toEqual({ epoch: 1, flushId: null })
+  })
+
   test('key names stay distinct per account', () => {
     expect(new Set([keys.balance('a'), keys.pendingCharges('a'), keys.flushing('a'), keys.accountEpoch('a')]).size).toBe(4)
+  })
+})
+
+describe.skipIf(!TEST_REDIS_URL)('redis store: generation', () => {
+  test('a lost ls:gen makes the next call answer a new generation, and reads then carry it', async () => {
+    const store = new RedisStore(TEST_REDIS_URL as string)
+    try {
+      const first = await store.snapshot([])
+      if (first.kind !== 'ok') throw new Error('no admission was asked for')
+      const input: AuthorizeInput = {
+        nowMs: Date.now(),
+        generation: first.generation,
+        epochs: [],
+        ceiling: null,
+        buckets: [],
+        nonce: null,
+        deny: false,
+        charge: null,
+      }
+      expect(await store.authorize(input)).toEqual({ kind: 'ok', charged: 0 })
+      // What a restart without persistence or a FLUSHALL leaves: no ls:gen (and no epochs).
+      await store.redis.del(keys.generation)
+      const answer = await store.authorize(input)
+      expect(answer).toEqual({ kind: 'new_generation', generation: expect.any(Number) })
+      const next = answer.kind === 'new_generation' ? answer.generation : 0
+      expect(next).toBeGreaterThan(first.generation)
+      expect(await store.snapshot([])).toEqual({ kind: 'ok', generation: next, epochs: [] })
+      expect(await store.authorize({ ...input, generation: next })).toEqual({ kind: 'ok', charged: 0 })
+    } finally {
+      await store.close()
+    }
   })
 })
 
