@@ -12,6 +12,19 @@ if (TEST_REDIS_URL) {
   stores.push(['redis', () => new RedisStore(url)])
 }
 
+/** A request that asks nothing of the store but what `over` adds. */
+const request = (generation: number, nowMs: number, over: Partial<AuthorizeInput> = {}): AuthorizeInput => ({
+  nowMs,
+  generation,
+  epochs: [],
+  ceiling: null,
+  buckets: [],
+  nonce: null,
+  deny: false,
+  charge: null,
+  ...over,
+})
+
 describe.each(stores)('%s store: authorize', (_name, make) => {
   const store = make()
   afterAll(() => store.close())
@@ -21,17 +34,7 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     const read = await store.snapshot([])
     if (read.kind === 'ok') generation = read.generation
   })
-  const base = (over: Partial<AuthorizeInput> = {}): AuthorizeInput => ({
-    nowMs: now,
-    generation,
-    epochs: [],
-    ceiling: null,
-    buckets: [],
-    nonce: null,
-    deny: false,
-    charge: null,
-    ...over,
-  })
+  const base = (over: Partial<AuthorizeInput> = {}): AuthorizeInput => request(generation, now, over)
   const id = () => randomUUID()
 
   test('stale epochs change nothing and report the current values', async () => {
@@ -202,16 +205,7 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: generation', () => {
     try {
       const first = await store.snapshot([])
       if (first.kind !== 'ok') throw new Error('no admission was asked for')
-      const input: AuthorizeInput = {
-        nowMs: Date.now(),
-        generation: first.generation,
-        epochs: [],
-        ceiling: null,
-        buckets: [],
-        nonce: null,
-        deny: false,
-        charge: null,
-      }
+      const input = request(first.generation, Date.now())
       expect(await store.authorize(input)).toEqual({ kind: 'ok', charged: 0 })
       // What a restart without persistence or a FLUSHALL leaves: no ls:gen (and no epochs).
       await store.redis.del(keys.generation)
