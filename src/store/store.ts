@@ -28,10 +28,10 @@ export interface Store {
    */
   authorize(input: AuthorizeInput): Promise<AuthorizeResult>
   /**
-   * Seeds the live credit balance from the reconciled one: reconciled, minus the pending charges, minus
-   * the unfinished flush unless `flushCommitted` (PostgreSQL already has it, read with `reconciled`). 'stale' (nothing
-   * written; the caller reads again) when the account's epoch (a concurrent addCredits) or its
-   * unfinished flush changed since `seen` was read.
+   * Seeds the live credit balance, when missing, from the reconciled one: minus the pending charges and
+   * minus the unfinished flush unless `flushCommitted` (PostgreSQL, read with `reconciled`, has it).
+   * 'stale' (nothing written; the caller reads again) when the account's epoch (a concurrent
+   * addCredits) or its unfinished flush changed since `seen` was read.
    */
   loadBalance(accountId: string, seen: CreditState, reconciled: number, flushCommitted: boolean): Promise<'ok' | 'stale'>
   /** The account's epoch and unfinished flush, read before a balance load (see loadBalance). */
