@@ -1,4 +1,4 @@
-import { afterAll, describe, expect, test } from 'bun:test'
+import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { randomUUID } from 'node:crypto'
 import { MemoryStore } from '../src/store/memory'
 import { RedisStore } from '../src/store/redis'
@@ -12,20 +12,29 @@ if (TEST_REDIS_URL) {
   stores.push(['redis', () => new RedisStore(url)])
 }
 
+/** A request that asks nothing of the store but what `over` adds. */
+const request = (generation: number, nowMs: number, over: Partial<AuthorizeInput> = {}): AuthorizeInput => ({
+  nowMs,
+  generation,
+  epochs: [],
+  ceiling: null,
+  buckets: [],
+  nonce: null,
+  deny: false,
+  charge: null,
+  ...over,
+})
+
 describe.each(stores)('%s store: authorize', (_name, make) => {
   const store = make()
   afterAll(() => store.close())
   const now = Date.parse('2031-01-01T00:00:00Z')
-  const base = (over: Partial<AuthorizeInput> = {}): AuthorizeInput => ({
-    nowMs: now,
-    epochs: [],
-    ceiling: null,
-    buckets: [],
-    nonce: null,
-    deny: false,
-    charge: null,
-    ...over,
+  let generation = 0
+  beforeAll(async () => {
+    const read = await store.snapshot([])
+    if (read.kind === 'ok') generation = read.generation
   })
+  const base = (over: Partial<AuthorizeInput> = {}): AuthorizeInput => request(generation, now, over)
   const id = () => randomUUID()
 
   test('stale epochs change nothing and report the current values', async () => {
@@ -67,8 +76,8 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     const acct = id()
     const charge = { accountId: acct, cost: 1, counter: null }
     expect(await store.authorize(base({ charge }))).toEqual({ kind: 'no_balance' })
-    expect(await store.loadBalance(acct, 1, 2)).toBe('stale')
-    expect(await store.loadBalance(acct, 0, 2)).toBe('ok')
+    expect(await store.loadBalance(acct, { epoch: 1, flushId: null }, 2, false)).toBe('stale')
+    expect(await store.loadBalance(acct, { epoch: 0, flushId: null }, 2, false)).toBe('ok')
     expect(await store.authorize(base({ charge }))).toEqual({ kind: 'ok', charged: 1 })
     expect(await store.authorize(base({ charge }))).toEqual({ kind: 'ok', charged: 1 })
     expect(await store.authorize(base({ charge }))).toEqual({ kind: 'no_credits' })
@@ -76,7 +85,7 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     expect(await store.dirtyAccounts()).toContain(acct)
     await store.creditsAdded(acct, 5)
     expect(await store.balance(acct)).toBe(5)
-    expect(await store.loadBalance(acct, 0, 100)).toBe('stale')
+    expect(await store.loadBalance(acct, { epoch: 0, flushId: null }, 100, false)).toBe('stale')
     await store.refund(acct, 1)
     expect(await store.balance(acct)).toBe(6)
     const flush = await store.beginFlush(acct, 'f1')
@@ -90,7 +99,7 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
 
   test('heartbeat counter: every n-th call is charged, a refused charge is rolled back', async () => {
     const acct = id()
-    await store.loadBalance(acct, 0, 1)
+    await store.loadBalance(acct, { epoch: 0, flushId: null }, 1, false)
     const charge = { accountId: acct, cost: 1, counter: { key: `ls:test:hb:${id()}`, every: 3 } }
     const kinds: string[] = []
     for (let i = 0; i < 7; i++) {
@@ -104,7 +113,7 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
 
   test('a denied request is never charged', async () => {
     const acct = id()
-    await store.loadBalance(acct, 0, 1)
+    await store.loadBalance(acct, { epoch: 0, flushId: null }, 1, false)
     expect(await store.authorize(base({ deny: true, charge: { accountId: acct, cost: 1, counter: null } }))).toEqual({ kind: 'denied' })
     expect(await store.balance(acct)).toBe(1)
   })
@@ -133,7 +142,7 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
 
   test('requests issued together share one balance, counter and bucket as if one after another', async () => {
     const acct = id()
-    await store.loadBalance(acct, 0, 2)
+    await store.loadBalance(acct, { epoch: 0, flushId: null }, 2, false)
     const charge = { accountId: acct, cost: 1, counter: null }
     const counted = { accountId: acct, cost: 1, counter: { key: `ls:test:hb:${id()}`, every: 2 } }
     const bucket = { key: `ls:test:b:${id()}`, capacity: 4, refillPerSecond: 0.001 }
@@ -156,8 +165,59 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     expect(await store.beginFlush(acct, 'f')).toEqual({ id: 'f', amount: 2 })
   })
 
+  test('a request read under another generation changes nothing and learns the current one', async () => {
+    const nonce = { key: `ls:test:n:${id()}`, ttlSeconds: 60 }
+    expect(await store.authorize(base({ generation: generation + 1000, nonce }))).toEqual({ kind: 'new_generation', generation })
+    expect(await store.authorize(base({ nonce }))).toEqual({ kind: 'ok', charged: 0 })
+  })
+
+  test('snapshot: the admission token comes first, and an empty bucket reads nothing', async () => {
+    const ep = `ls:test:ep:${id()}`
+    await store.bump([ep])
+    const admission = { key: `ls:test:b:${id()}`, capacity: 1, refillPerSecond: 0.001, nowMs: now }
+    expect(await store.snapshot([ep], admission)).toEqual({ kind: 'ok', generation, epochs: [1] })
+    expect(await store.snapshot([ep], admission)).toEqual({ kind: 'limited', retryAfterMs: expect.any(Number) })
+    // The same bucket as the script's: a request naming it is limited too.
+    expect((await store.authorize(base({ buckets: [admission] }))).kind).toBe('limited')
+    expect(await store.snapshot([ep])).toEqual({ kind: 'ok', generation, epochs: [1] })
+  })
+
+  test('creditState reports the account epoch and the unfinished flush a seed must account for', async () => {
+    const acct = id()
+    expect(await store.creditState(acct)).toEqual({ epoch: 0, flushId: null })
+    await store.loadBalance(acct, { epoch: 0, flushId: null }, 10, false)
+    await store.authorize(base({ charge: { accountId: acct, cost: 3, counter: null } }))
+    await store.creditsAdded(acct, 1)
+    expect(await store.beginFlush(acct, 'f1')).toEqual({ id: 'f1', amount: 3 })
+    expect(await store.creditState(acct)).toEqual({ epoch: 1, flushId: 'f1' })
+    await store.endFlush(acct, 'f1')
+    expect(await store.creditState(acct)).toEqual({ epoch: 1, flushId: null })
+  })
+
   test('key names stay distinct per account', () => {
     expect(new Set([keys.balance('a'), keys.pendingCharges('a'), keys.flushing('a'), keys.accountEpoch('a')]).size).toBe(4)
+  })
+})
+
+describe.skipIf(!TEST_REDIS_URL)('redis store: generation', () => {
+  test('a lost ls:gen makes the next call answer a new generation, and reads then carry it', async () => {
+    const store = new RedisStore(TEST_REDIS_URL as string)
+    try {
+      const first = await store.snapshot([])
+      if (first.kind !== 'ok') throw new Error('no admission was asked for')
+      const input = request(first.generation, Date.now())
+      expect(await store.authorize(input)).toEqual({ kind: 'ok', charged: 0 })
+      // What a restart without persistence or a FLUSHALL leaves: no ls:gen (and no epochs).
+      await store.redis.del(keys.generation)
+      const answer = await store.authorize(input)
+      expect(answer).toEqual({ kind: 'new_generation', generation: expect.any(Number) })
+      const next = answer.kind === 'new_generation' ? answer.generation : 0
+      expect(next).toBeGreaterThan(first.generation)
+      expect(await store.snapshot([])).toEqual({ kind: 'ok', generation: next, epochs: [] })
+      expect(await store.authorize({ ...input, generation: next })).toEqual({ kind: 'ok', charged: 0 })
+    } finally {
+      await store.close()
+    }
   })
 })
 
@@ -169,9 +229,9 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: one authorize call in flight', ()
       const sizes: number[] = []
       let inFlight = 0
       let mostInFlight = 0
-      store.redis.lsAuthorize = async (packed: Buffer) => {
+      store.redis.lsAuthorize = async (packed: Buffer, generation: string, fresh: string) => {
         mostInFlight = Math.max(mostInFlight, ++inFlight)
-        const call = original(packed)
+        const call = original(packed, generation, fresh)
         // The call's argument starts with its key count; each request here has one key, its nonce.
         sizes.push(packed.readUInt32LE(0))
         try {
@@ -180,8 +240,10 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: one authorize call in flight', ()
           inFlight--
         }
       }
+      const read = await store.snapshot([])
       const input = (): AuthorizeInput => ({
         nowMs: Date.now(),
+        generation: read.kind === 'ok' ? read.generation : 0,
         epochs: [],
         ceiling: null,
         buckets: [],

@@ -3,8 +3,9 @@ import { and, desc, eq, sql } from 'drizzle-orm'
 import { apps, licenses, signingKeys, webhooks, type VariableMap } from '../db/schema'
 import type { Deps } from '../deps'
 import { canonicalIp } from '../http/client-ip'
-import { keys } from '../store/store'
+import { type Admission, keys, type Snapshot } from '../store/store'
 import { privateKeyFromPkcs8 } from './crypto'
+import { SingleFlight } from './single-flight'
 
 /** What the client endpoints need of an app, decoded once per load. */
 export interface CachedApp {
@@ -36,7 +37,10 @@ export interface CachedLicense {
   variables: VariableMap
 }
 
-/** A cache entry is valid while the store's epoch for it still equals `epoch` (read before the load). */
+/**
+ * A cache entry is valid while the store's epoch for it still equals `epoch` (read before the load)
+ * and the store is still in the generation the whole cache was read under (AuthCache.generation).
+ */
 interface Entry<T> {
   epoch: number
   value: T | null
@@ -49,8 +53,14 @@ export class StoreUnavailable extends Error {
   }
 }
 
-const MAX_APPS = 10_000
-const MAX_LICENSES = 200_000
+/** How many entries the cache holds; absent ids have a bound of their own. */
+export interface CacheLimits {
+  apps: number
+  licenses: number
+  absent: number
+}
+
+const LIMITS: CacheLimits = { apps: 10_000, licenses: 200_000, absent: 20_000 }
 
 /** A Map that forgets its oldest entry when full: enough to bound memory, no LRU bookkeeping per hit. */
 class BoundedMap<V> extends Map<string, V> {
@@ -63,6 +73,40 @@ class BoundedMap<V> extends Map<string, V> {
       if (oldest !== undefined) this.delete(oldest)
     }
     return super.set(key, value)
+  }
+}
+
+/**
+ * Entries of one kind, with ids that name nothing kept apart from the rest: anyone can send made-up
+ * ids, and they must never push real entries out.
+ */
+class Entries<T> {
+  readonly #present: BoundedMap<Entry<T>>
+  readonly #absent: BoundedMap<Entry<T>>
+
+  constructor(limit: number, absentLimit: number) {
+    this.#present = new BoundedMap(limit)
+    this.#absent = new BoundedMap(absentLimit)
+  }
+
+  get(id: string): Entry<T> | undefined {
+    return this.#present.get(id) ?? this.#absent.get(id)
+  }
+
+  set(id: string, entry: Entry<T>): void {
+    const [into, other] = entry.value === null ? [this.#absent, this.#present] : [this.#present, this.#absent]
+    other.delete(id)
+    into.set(id, entry)
+  }
+
+  delete(id: string): void {
+    this.#present.delete(id)
+    this.#absent.delete(id)
+  }
+
+  clear(): void {
+    this.#present.clear()
+    this.#absent.clear()
   }
 }
 
@@ -96,16 +140,26 @@ const canonicalSet = (list: readonly string[]) => new Set(list.map((ip) => canon
  * In-process copies of apps and licenses for the client endpoints, so an already-bound validate and
  * every heartbeat read no PostgreSQL. Every request sends the epochs it relied on to the store script,
  * which answers 'stale' when a Developer API change bumped one; the caller then reloads and retries.
+ * After a store data loss epochs restart, so the whole cache is tied to the store generation it was
+ * read under and starts over on a new one.
  */
 export class AuthCache {
-  readonly #apps = new BoundedMap<Entry<CachedApp>>(MAX_APPS)
-  readonly #licenses = new BoundedMap<Entry<CachedLicense>>(MAX_LICENSES)
+  readonly #apps: Entries<CachedApp>
+  readonly #licenses: Entries<CachedLicense>
   readonly #q: ReturnType<typeof prepare>
+  readonly #appLoads = new SingleFlight<void>()
+  /** The store generation every entry was read under; 0 before the first read. */
+  generation = 0
   /** PostgreSQL reads of app and license state since start. */
   readonly loads = { apps: 0, licenses: 0 }
 
-  constructor(private readonly deps: Deps) {
+  constructor(
+    private readonly deps: Deps,
+    limits: CacheLimits = LIMITS,
+  ) {
     this.#q = prepare(deps)
+    this.#apps = new Entries(limits.apps, limits.absent)
+    this.#licenses = new Entries(limits.licenses, limits.absent)
   }
 
   cachedApp(appId: string): Entry<CachedApp> | undefined {
@@ -116,35 +170,56 @@ export class AuthCache {
     return this.#licenses.get(licenseKey)
   }
 
-  /** Makes sure both entries are present, reading their epochs in one round trip before the loads. */
-  async ensure(appId: string, licenseKey: string | null): Promise<void> {
-    if (this.#apps.has(appId) && (licenseKey === null || this.#licenses.has(licenseKey))) return
-    const needApp = !this.#apps.has(appId)
-    const needLicense = licenseKey !== null && !this.#licenses.has(licenseKey)
-    if (!needApp && !needLicense) return
-    const epochKeys: string[] = []
-    if (needApp) epochKeys.push(keys.appEpoch(appId))
-    if (needLicense) epochKeys.push(keys.licenseEpoch(licenseKey))
-    const epochs = await this.deps.store.epochs(epochKeys).catch((err: unknown) => {
+  /** Drops every entry: the store answered with a newer generation than the one they were read under. */
+  startOver(generation: number): void {
+    if (generation < this.generation) return
+    this.#apps.clear()
+    this.#licenses.clear()
+    this.generation = generation
+  }
+
+  /**
+   * Whether an entry read under `generation` may be cached: a newer generation empties the cache first;
+   * an older one is refused (the store may have lost data since, so its epoch proves nothing).
+   */
+  #accepts(generation: number): boolean {
+    if (generation > this.generation) this.startOver(generation)
+    return generation === this.generation
+  }
+
+  async #snapshot(epochKey: string, admission?: Admission): Promise<Snapshot> {
+    return this.deps.store.snapshot([epochKey], admission).catch((err: unknown) => {
       throw new StoreUnavailable(err)
     })
-    await Promise.all([
-      needApp ? this.reloadApp(appId, epochs[0] ?? 0) : undefined,
-      needLicense ? this.reloadLicense(licenseKey, epochs[needApp ? 1 : 0] ?? 0) : undefined,
-    ])
   }
 
-  /** Loads from PostgreSQL and caches under `epoch`, which the caller read before this call. */
-  async reloadApp(appId: string, epoch: number): Promise<CachedApp | null> {
+  /** Makes sure the app is cached, reading its epoch before the load; concurrent misses share one load. */
+  ensureApp(appId: string): Promise<void> {
+    return this.#appLoads.run(appId, async () => {
+      const read = await this.#snapshot(keys.appEpoch(appId))
+      if (read.kind === 'ok') await this.reloadApp(appId, read.epochs[0] ?? 0, read.generation)
+    })
+  }
+
+  /**
+   * Makes sure the license is cached, reading its epoch before the load. With `admission`, the bucket's
+   * token is taken in the same store call and nothing is loaded when it is empty ('limited').
+   */
+  async ensureLicense(licenseKey: string, admission?: Admission): Promise<Snapshot> {
+    const read = await this.#snapshot(keys.licenseEpoch(licenseKey), admission)
+    if (read.kind === 'ok') await this.reloadLicense(licenseKey, read.epochs[0] ?? 0, read.generation)
+    return read
+  }
+
+  /** Loads from PostgreSQL and caches under `epoch` and `generation`, which the caller read before this call. */
+  async reloadApp(appId: string, epoch: number, generation: number): Promise<void> {
     const value = await this.loadApp(appId)
-    this.#apps.set(appId, { epoch, value })
-    return value
+    if (this.#accepts(generation)) this.#apps.set(appId, { epoch, value })
   }
 
-  async reloadLicense(licenseKey: string, epoch: number): Promise<CachedLicense | null> {
+  async reloadLicense(licenseKey: string, epoch: number, generation: number): Promise<void> {
     const value = await this.loadLicense(licenseKey)
-    this.#licenses.set(licenseKey, { epoch, value })
-    return value
+    if (this.#accepts(generation)) this.#licenses.set(licenseKey, { epoch, value })
   }
 
   forgetLicense(licenseKey: string): void {

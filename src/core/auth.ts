@@ -63,8 +63,14 @@ export function flushValidatedEvents(deps: Deps): Promise<void> {
 type Outcome = { ok: true; bind: boolean } | { ok: false; code: PublicErrorCode }
 const fail = (code: PublicErrorCode): Outcome => ({ ok: false, code })
 
-/** What one request asks of the store, minus the epochs (added from the cache entries used). */
-type Plan = Omit<AuthorizeInput, 'nowMs' | 'epochs' | 'deny'> & { outcome: Outcome }
+type Bucket = AuthorizeInput['buckets'][number]
+
+/**
+ * What one request asks of the store, minus the epochs (added from the cache entries used). A plan
+ * made without the license that fails with `invalid_key` means the license decides: only then is it
+ * looked up, after `ipBucket` (also one of `buckets`) gave a token.
+ */
+type Plan = Omit<AuthorizeInput, 'nowMs' | 'generation' | 'epochs' | 'deny'> & { outcome: Outcome; ipBucket: Bucket | null }
 
 interface Authorized {
   app: CachedApp
@@ -72,6 +78,9 @@ interface Authorized {
   outcome: Outcome & { ok: true }
   charged: number
 }
+
+/** Whether a plan made without the license failed only for want of it: the caller may look it up. */
+const licenseDecides = (p: Plan) => !p.outcome.ok && p.outcome.code === 'invalid_key'
 
 function secretMatches(presented: string, hash: Buffer): boolean {
   const got = createHash('sha256').update(presented, 'utf8').digest()
@@ -112,6 +121,9 @@ const bucket = (scope: string, appId: string, id: string, perMinute: number) => 
   refillPerSecond: perMinute / 60,
 })
 
+const rateLimited = (retryAfterMs: number) =>
+  new PublicError('rate_limited', { 'retry-after': String(Math.max(1, Math.ceil(retryAfterMs / 1000))) })
+
 const OUTAGE_WARN_EVERY_MS = 10_000
 const lastOutageWarn = new Map<string, number>()
 
@@ -138,36 +150,56 @@ async function authorize(
 ): Promise<Authorized> {
   const { cache } = runtime(deps)
   const nowMs = deps.clock()
+  // Set once the IP token was taken to admit the license lookup; the script then leaves that bucket out.
+  let admitted: Bucket | null = null
   try {
     for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
       let appEntry = cache.cachedApp(appId)
-      let licenseEntry = licenseKey === null ? undefined : cache.cachedLicense(licenseKey)
       // Awaited only on a miss: the common all-cached request skips a promise and a microtask turn.
-      if (!appEntry || (licenseKey !== null && !licenseEntry)) {
-        await cache.ensure(appId, licenseKey)
+      if (!appEntry) {
+        await cache.ensureApp(appId)
         appEntry = cache.cachedApp(appId)
-        licenseEntry = licenseKey === null ? undefined : cache.cachedLicense(licenseKey)
-        if (!appEntry || (licenseKey !== null && !licenseEntry)) continue
+        if (!appEntry) continue
       }
       const app = appEntry.value
+      let licenseEntry = licenseKey === null ? undefined : cache.cachedLicense(licenseKey)
+      let p = plan(app, licenseEntry?.value ?? null, nowMs)
+      if (licenseKey !== null && !licenseEntry && licenseDecides(p)) {
+        // The app secret (or session), the app's state and its lists passed: only now may the key reach
+        // PostgreSQL, and only with a token of the caller's IP limit, so unauthenticated traffic and a
+        // flood of made-up keys stop before the database.
+        const token: Bucket | null = deps.config.publicRateLimits && !admitted ? p.ipBucket : null
+        const read = await cache.ensureLicense(licenseKey, token ? { ...token, nowMs } : undefined)
+        if (read.kind === 'limited') throw rateLimited(read.retryAfterMs)
+        admitted ??= token
+        licenseEntry = cache.cachedLicense(licenseKey)
+        if (!licenseEntry) continue
+        p = plan(app, licenseEntry.value, nowMs)
+      }
       const license = licenseEntry?.value ?? null
-      const p = plan(app, license, nowMs)
       if (!app) throw new PublicError('invalid_app')
       const epochs = [{ key: keys.appEpoch(appId), expected: appEntry.epoch }]
       if (licenseKey !== null && licenseEntry) epochs.push({ key: keys.licenseEpoch(licenseKey), expected: licenseEntry.epoch })
-      const { outcome, ...rest } = p
+      const { outcome, ipBucket: _, ...rest } = p
       if (!deps.config.publicRateLimits) rest.buckets = []
+      else if (admitted) rest.buckets = rest.buckets.filter((b) => b.key !== admitted!.key)
+      const generation = cache.generation
       let result: AuthorizeResult
       try {
-        result = await deps.store.authorize({ ...rest, nowMs, epochs, deny: !outcome.ok })
+        result = await deps.store.authorize({ ...rest, nowMs, generation, epochs, deny: !outcome.ok })
       } catch (err) {
         throw new StoreUnavailable(err)
       }
       switch (result.kind) {
+        case 'new_generation':
+          cache.startOver(result.generation)
+          continue
         case 'stale':
-          if (result.epochs[0] !== appEntry.epoch) await cache.reloadApp(appId, result.epochs[0] ?? 0)
+          if (result.epochs[0] !== appEntry.epoch) await cache.reloadApp(appId, result.epochs[0] ?? 0, generation)
           if (licenseKey !== null && result.epochs[1] !== licenseEntry?.epoch) {
-            await cache.reloadLicense(licenseKey, result.epochs[1] ?? 0)
+            // Read again at once only for a caller that may look the license up at all.
+            if (licenseDecides(plan(app, null, nowMs))) await cache.reloadLicense(licenseKey, result.epochs[1] ?? 0, generation)
+            else cache.forgetLicense(licenseKey)
           }
           continue
         case 'no_balance':
@@ -178,7 +210,7 @@ async function authorize(
         case 'quota':
           throw new PublicError('demo_quota_exceeded')
         case 'limited':
-          throw new PublicError('rate_limited', { 'retry-after': String(Math.max(1, Math.ceil(result.retryAfterMs / 1000))) })
+          throw rateLimited(result.retryAfterMs)
         case 'replay':
           throw new PublicError('replay_detected')
         case 'no_credits':
@@ -243,15 +275,15 @@ export async function validate(deps: Deps, input: ValidateInput, ip: string): Pr
       else outcome = { ok: true, bind: true }
     }
     const sandbox = app?.sandbox ?? false
+    const ipBucket = app ? bucket('v:ip', app.id, ip, sandbox ? SANDBOX.validateIp : deps.config.validateLimitPerIp) : null
     return {
       outcome,
       ceiling: app ? ceiling(deps, app, nowMs) : null,
-      buckets: app
-        ? [
-            bucket('v:ip', app.id, ip, sandbox ? SANDBOX.validateIp : deps.config.validateLimitPerIp),
-            bucket('v:lic', app.id, licenseKey, sandbox ? SANDBOX.validateLicense : deps.config.validateLimitPerLicense),
-          ]
-        : [],
+      ipBucket,
+      buckets:
+        app && ipBucket
+          ? [ipBucket, bucket('v:lic', app.id, licenseKey, sandbox ? SANDBOX.validateLicense : deps.config.validateLimitPerLicense)]
+          : [],
       // A nonce is consumed by any validate that passes app authentication (the contract).
       nonce: secretOk ? { key: keys.nonce(input.appId, input.nonce), ttlSeconds: NONCE_TTL_SECONDS } : null,
       charge: outcome.ok && !sandbox && app ? { accountId: app.accountId, cost: 1, counter: null } : null,
@@ -286,7 +318,7 @@ async function bindHwid(deps: Deps, app: CachedApp, licenseKey: string, hwid: st
   const bound = await binder.bind(app.id, licenseKey, hwid)
   // Reloaded under a freshly read epoch, so the next request of this HWID is served from the cache.
   cache.forgetLicense(licenseKey)
-  await cache.ensure(app.id, licenseKey)
+  await cache.ensureLicense(licenseKey)
   const current = cache.cachedLicense(licenseKey)?.value ?? (await cache.loadLicense(licenseKey))
   if (bound && current) return current
   const state = current ? licenseState(current, app, deps.clock()) : 'invalid_key'
@@ -325,10 +357,12 @@ export async function heartbeat(deps: Deps, input: HeartbeatInput, ip: string): 
       else if (!license!.unlimitedHwidSlots && !license!.hwids.includes(input.hwid)) outcome = fail('session_expired')
       else outcome = { ok: true, bind: false }
     }
+    const ipBucket = app?.sandbox ? bucket('h:ip', app.id, ip, SANDBOX.heartbeatIp) : null
     return {
       outcome,
       ceiling: app ? ceiling(deps, app, nowMs) : null,
-      buckets: app?.sandbox ? [bucket('h:ip', app.id, ip, SANDBOX.heartbeatIp)] : [],
+      ipBucket,
+      buckets: ipBucket ? [ipBucket] : [],
       nonce: null,
       charge:
         outcome.ok && app && !app.sandbox && session
@@ -456,12 +490,13 @@ export async function selfban(deps: Deps, input: SelfbanInput, ip: string): Prom
     const sandbox = app?.sandbox ?? false
     const perIp = sandbox ? SANDBOX.selfbanIp : deps.config.selfbanLimitPerIp
     const perLicense = sandbox ? SANDBOX.selfbanLicense : deps.config.selfbanLimitPerLicense
+    const ipBucket = app ? bucket('s:ip', app.id, ip, perIp) : null
     return {
       outcome,
       ceiling: app ? ceiling(deps, app, nowMs) : null,
-      buckets: app
-        ? [bucket('s:ip', app.id, ip, perIp), ...(licenseKey ? [bucket('s:lic', app.id, licenseKey, perLicense)] : [])]
-        : [],
+      ipBucket,
+      buckets:
+        app && ipBucket ? [ipBucket, ...(licenseKey ? [bucket('s:lic', app.id, licenseKey, perLicense)] : [])] : [],
       nonce: !post && secretOk ? { key: keys.nonce(input.appId, input.nonce!), ttlSeconds: NONCE_TTL_SECONDS } : null,
       charge: null,
     }

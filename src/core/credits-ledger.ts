@@ -3,25 +3,51 @@ import { eq, sql } from 'drizzle-orm'
 import { accounts, creditFlushes } from '../db/schema'
 import type { Deps } from '../deps'
 import { errorFields, log } from '../log'
-import { keys } from '../store/store'
+import { SingleFlight } from './single-flight'
 
 /**
  * Credits on the hot path live in the store: charges take from a live balance there atomically (never
  * below zero, shared by every instance) and count as pending; a reconciler moves pending charges into
  * accounts.credits off the request path. Each flush carries an id recorded in credit_flushes in the same
  * transaction as the subtraction, so a flush retried after a crash is applied once.
+ *
+ * What a store data loss can cost: the charges still pending (taken since the last flush began, at most
+ * one RECONCILE_MS and one flush ago), and nothing more. A flush takes its charges from the store only
+ * while it holds the account's row lock and a balance is seeded only under that lock, so a balance
+ * reloaded after the loss never misses a flush that was under way (its amount is in the transaction,
+ * not only in the store).
  */
 
-/** Seeds the live balance from PostgreSQL; retried when addCredits commits in between. */
-export async function loadLiveBalance(deps: Deps, accountId: string): Promise<void> {
+/** How often pending charges move to PostgreSQL: the most a store that loses its data can lose of them. */
+export const RECONCILE_MS = 500
+
+const seeds = new WeakMap<Deps, SingleFlight<void>>()
+
+/** Seeds the live balance from PostgreSQL; the requests of one account that find it missing share one load. */
+export function loadLiveBalance(deps: Deps, accountId: string): Promise<void> {
+  let flight = seeds.get(deps)
+  if (!flight) seeds.set(deps, (flight = new SingleFlight()))
+  return flight.run(accountId, () => seedBalance(deps, accountId))
+}
+
+// Retried when addCredits or a flush changed the account between the store read and the seed.
+async function seedBalance(deps: Deps, accountId: string): Promise<void> {
   for (let attempt = 0; attempt < 5; attempt++) {
-    const [epoch = 0] = await deps.store.epochs([keys.accountEpoch(accountId)])
-    const [row] = await deps.database.db
-      .select({ credits: accounts.credits })
-      .from(accounts)
-      .where(eq(accounts.id, accountId))
-      .limit(1)
-    if ((await deps.store.loadBalance(accountId, epoch, row?.credits ?? 0)) === 'ok') return
+    const seen = await deps.store.creditState(accountId)
+    const done = await deps.database.db.transaction(async (tx) => {
+      // A share lock waits for a flush under way (it holds the row for update), and none can start
+      // until the balance is seeded: the reconciled balance read here and the store agree on it.
+      const [row] = await tx
+        .select({ credits: accounts.credits })
+        .from(accounts)
+        .where(eq(accounts.id, accountId))
+        .for('share')
+      const committed = seen.flushId
+        ? (await tx.select({ id: creditFlushes.id }).from(creditFlushes).where(eq(creditFlushes.id, seen.flushId))).length > 0
+        : false
+      return deps.store.loadBalance(accountId, seen, row?.credits ?? 0, committed)
+    })
+    if (done === 'ok') return
   }
   throw new Error('account credits kept changing while loading the live balance')
 }
@@ -53,29 +79,30 @@ export async function flushCredits(deps: Deps): Promise<void> {
 }
 
 async function flushAccount(deps: Deps, accountId: string): Promise<void> {
-  const flush = await deps.store.beginFlush(accountId, randomUUID())
-  if (flush) {
-    await deps.database.db.transaction(async (tx) => {
-      // The row lock also orders this flush against addCredits on the same account.
-      const [account] = await tx.select({ id: accounts.id }).from(accounts).where(eq(accounts.id, accountId)).for('update')
-      if (!account) return
-      const inserted = await tx
-        .insert(creditFlushes)
-        .values({ id: flush.id, accountId, amount: flush.amount })
-        .onConflictDoNothing()
-        .returning({ id: creditFlushes.id })
-      if (inserted.length === 0) return
+  const flushId = await deps.database.db.transaction(async (tx) => {
+    // The row lock orders this flush against addCredits and against a balance seed (seedBalance): the
+    // charges leave the store only once no seed can read the balance without them.
+    const [account] = await tx.select({ id: accounts.id }).from(accounts).where(eq(accounts.id, accountId)).for('update')
+    const flush = await deps.store.beginFlush(accountId, randomUUID())
+    if (!flush || !account) return flush?.id ?? ''
+    const inserted = await tx
+      .insert(creditFlushes)
+      .values({ id: flush.id, accountId, amount: flush.amount })
+      .onConflictDoNothing()
+      .returning({ id: creditFlushes.id })
+    if (inserted.length > 0) {
       await tx
         .update(accounts)
         .set({ credits: sql`GREATEST(0, ${accounts.credits} - ${flush.amount})` })
         .where(eq(accounts.id, accountId))
-    })
-  }
-  await deps.store.endFlush(accountId, flush?.id ?? '')
+    }
+    return flush.id
+  })
+  await deps.store.endFlush(accountId, flushId)
 }
 
 /** Runs flushCredits every `intervalMs` until stopped; stop() runs a last pass. */
-export function startCreditReconciler(deps: Deps, intervalMs = 1000): { stop(): Promise<void> } {
+export function startCreditReconciler(deps: Deps, intervalMs = RECONCILE_MS): { stop(): Promise<void> } {
   let running: Promise<void> = Promise.resolve()
   const pass = () => {
     running = running.then(() =>

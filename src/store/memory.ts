@@ -1,4 +1,13 @@
-import { type AuthorizeInput, type AuthorizeResult, keys, type Store, type TakeResult } from './store'
+import {
+  type Admission,
+  type AuthorizeInput,
+  type AuthorizeResult,
+  type CreditState,
+  keys,
+  type Snapshot,
+  type Store,
+  type TakeResult,
+} from './store'
 
 interface Entry {
   value: unknown
@@ -14,6 +23,8 @@ export class MemoryStore implements Store {
   readonly kind = 'memory' as const
   readonly #data = new Map<string, Entry>()
   #sweepAt = 0
+  /** Snapshot.generation: the data is lost only by close(), which starts a new one. */
+  #generation = 1
 
   constructor(private readonly clock: () => number = Date.now) {}
 
@@ -70,8 +81,37 @@ export class MemoryStore implements Store {
     for (const k of keys) this.set(k, ((this.get(k) as number | undefined) ?? 0) + 1)
   }
 
+  async snapshot(epochKeys: readonly string[], admission?: Admission): Promise<Snapshot> {
+    if (admission) {
+      const retryAfterMs = this.#takeBuckets([admission], admission.nowMs)
+      if (retryAfterMs > 0) return { kind: 'limited', retryAfterMs }
+    }
+    return { kind: 'ok', generation: this.#generation, epochs: epochKeys.map((k) => this.#num(k)) }
+  }
+
+  /**
+   * GCRA, as in the scripts: a bucket is its theoretical arrival time. Takes one token from each bucket,
+   * all or none; returns 0, or the wait in ms until all of them have one.
+   */
+  #takeBuckets(buckets: readonly Omit<Admission, 'nowMs'>[], now: number): number {
+    if (buckets.length === 0) return 0
+    const tats = buckets.map((b) => Math.max((this.get(b.key, now) as number | undefined) ?? now, now) + 1000 / b.refillPerSecond)
+    let short = 0
+    buckets.forEach((b, i) => {
+      const over = (tats[i] ?? now) - now - b.capacity * (1000 / b.refillPerSecond)
+      if (over > 1e-6) short = Math.max(short, Math.ceil(over))
+    })
+    if (short > 0) return short
+    buckets.forEach((b, i) => {
+      const tat = tats[i] ?? now
+      this.set(b.key, tat, Math.ceil(tat - now) + 1000, now)
+    })
+    return 0
+  }
+
   // Mirrors AUTHORIZE in redis.ts step by step; runs without awaiting, so it is atomic like the script.
   async authorize(a: AuthorizeInput): Promise<AuthorizeResult> {
+    if (a.generation !== this.#generation) return { kind: 'new_generation', generation: this.#generation }
     const now = a.nowMs
     const current = a.epochs.map((e) => this.#num(e.key, now))
     if (a.epochs.some((e, i) => current[i] !== e.expected)) return { kind: 'stale', epochs: current }
@@ -82,20 +122,8 @@ export class MemoryStore implements Store {
       this.set(a.ceiling.key, count, entry, now)
       if (count > a.ceiling.limit) return { kind: 'quota' }
     }
-    if (a.buckets.length > 0) {
-      // GCRA, as in the script: a bucket is its theoretical arrival time.
-      const tats = a.buckets.map((b) => Math.max((this.get(b.key, now) as number | undefined) ?? now, now) + 1000 / b.refillPerSecond)
-      let short = 0
-      a.buckets.forEach((b, i) => {
-        const over = (tats[i] ?? now) - now - b.capacity * (1000 / b.refillPerSecond)
-        if (over > 1e-6) short = Math.max(short, Math.ceil(over))
-      })
-      if (short > 0) return { kind: 'limited', retryAfterMs: short }
-      a.buckets.forEach((b, i) => {
-        const tat = tats[i] ?? now
-        this.set(b.key, tat, Math.ceil(tat - now) + 1000, now)
-      })
-    }
+    const short = this.#takeBuckets(a.buckets, now)
+    if (short > 0) return { kind: 'limited', retryAfterMs: short }
     if (a.nonce) {
       if (this.get(a.nonce.key, now) !== undefined) return { kind: 'replay' }
       this.set(a.nonce.key, 1, a.nonce.ttlSeconds * 1000, now)
@@ -145,13 +173,20 @@ export class MemoryStore implements Store {
     this.#dirty(now).add(accountId)
   }
 
-  async loadBalance(accountId: string, expectedEpoch: number, reconciled: number): Promise<'ok' | 'stale'> {
-    if (this.#num(keys.accountEpoch(accountId)) !== expectedEpoch) return 'stale'
+  async loadBalance(accountId: string, seen: CreditState, reconciled: number, flushCommitted: boolean): Promise<'ok' | 'stale'> {
+    if (this.#num(keys.accountEpoch(accountId)) !== seen.epoch) return 'stale'
     if (this.get(keys.balance(accountId)) !== undefined) return 'ok'
     const flushing = this.get(keys.flushing(accountId)) as { id: string; amount: number } | undefined
-    const live = reconciled - this.#num(keys.pendingCharges(accountId)) - (flushing?.amount ?? 0)
+    if ((flushing?.id ?? null) !== seen.flushId) return 'stale'
+    const inflight = flushCommitted ? 0 : (flushing?.amount ?? 0)
+    const live = reconciled - this.#num(keys.pendingCharges(accountId)) - inflight
     this.set(keys.balance(accountId), Math.max(0, live))
     return 'ok'
+  }
+
+  async creditState(accountId: string): Promise<CreditState> {
+    const flushing = this.get(keys.flushing(accountId)) as { id: string } | undefined
+    return { epoch: this.#num(keys.accountEpoch(accountId)), flushId: flushing?.id ?? null }
   }
 
   async balance(accountId: string): Promise<number | null> {
@@ -197,6 +232,7 @@ export class MemoryStore implements Store {
 
   async close(): Promise<void> {
     this.#data.clear()
+    this.#generation++
   }
 }
 

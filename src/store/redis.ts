@@ -1,6 +1,16 @@
+import { randomUUID } from 'node:crypto'
 import Redis from 'ioredis'
 import { log } from '../log'
-import { type AuthorizeInput, type AuthorizeResult, keys, type Store, type TakeResult } from './store'
+import {
+  type Admission,
+  type AuthorizeInput,
+  type AuthorizeResult,
+  type CreditState,
+  keys,
+  type Snapshot,
+  type Store,
+  type TakeResult,
+} from './store'
 
 // The token-bucket rule of memory.ts, as one atomic script. Tokens are kept as text to keep fractions.
 const TAKE = `
@@ -37,8 +47,11 @@ return #KEYS
 // The script works on the batch, not on each request: every key is read once by one MGET, each
 // request sees the changes of those before it in a Lua table, and each bucket or balance is written
 // once at the end, so the ones many requests share (the caller's IP, the account) cost one write per
-// call; nonces, counters and ceilings are written as each request goes. The call's one argument
-// (AuthorizeArgs.packed) holds each distinct key once, then every number of the batch as a
+// call; nonces, counters and ceilings are written as each request goes. First of all the script checks
+// the store generation (ARGV[2], the ls:gen value this process read its epochs under; ARGV[3] is
+// written when the key is missing): on any other value it answers -1 and the current value and runs
+// nothing, since epochs that restarted after a data loss would make old cache entries look fresh.
+// The call's main argument (ARGV[1], AuthorizeArgs.packed) holds each distinct key once, then every number of the batch as a
 // little-endian double (struct.unpack reads it exactly, ~1 µs a request against ~3.5 for cjson, and
 // one argument spares ioredis its per-argument work). A request's numbers are
 // their count, then now, epoch count, bucket count, deny, the ceiling's key, limit and ttl, the
@@ -46,6 +59,12 @@ return #KEYS
 // counter's key and period (a key is its position among the keys, 0 when absent), then each epoch's
 // key and expected value and each bucket's key, capacity and refill per second.
 const AUTHORIZE = `
+local gen = redis.call('GET', '${keys.generation}')
+if not gen then
+  gen = ARGV[3]
+  redis.call('SET', '${keys.generation}', gen)
+end
+if gen ~= ARGV[2] then return { -1, gen } end
 local packed = ARGV[1]
 local key_count, pos = struct.unpack('<I4', packed, 1)
 local names = {}
@@ -261,16 +280,42 @@ interface PendingAuthorize {
   reject(err: unknown): void
 }
 
-// KEYS: balance, pending, flushing, account epoch. ARGV: expected epoch, reconciled balance.
+// KEYS: balance, pending, flushing, account epoch. ARGV: expected epoch, expected flush id ('' for
+// none), '1' when PostgreSQL already has that flush, reconciled balance.
 const LOAD_BALANCE = `
 if tonumber(redis.call('GET', KEYS[4]) or '0') ~= tonumber(ARGV[1]) then return 0 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return 1 end
+local id, inflight = '', 0
 local f = redis.call('GET', KEYS[3])
-local inflight = 0
-if f then inflight = tonumber(string.match(f, ':(-?%d+)$')) end
-local live = tonumber(ARGV[2]) - tonumber(redis.call('GET', KEYS[2]) or '0') - inflight
+if f then id, inflight = string.match(f, '^(.*):(-?%d+)$') end
+if id ~= ARGV[2] then return 0 end
+if ARGV[3] == '1' then inflight = 0 end
+local live = tonumber(ARGV[4]) - tonumber(redis.call('GET', KEYS[2]) or '0') - tonumber(inflight)
 redis.call('SET', KEYS[1], math.max(0, live))
 return 1
+`
+
+// KEYS: the generation key, the epoch keys, then the admission bucket when ARGV[2] is given. ARGV: a
+// fresh generation id (written when the key is missing), then the bucket's now, capacity and refill per
+// second. Answers the generation, the wait in ms (0: admitted) and, when admitted, each epoch.
+const SNAPSHOT = `
+local gen = redis.call('GET', KEYS[1])
+if not gen then
+  gen = ARGV[1]
+  redis.call('SET', KEYS[1], gen)
+end
+local last = #KEYS
+if ARGV[2] then
+  local now, t = tonumber(ARGV[2]), 1000 / tonumber(ARGV[4])
+  local tat = math.max(tonumber(redis.call('GET', KEYS[last])) or now, now) + t
+  local over = tat - now - tonumber(ARGV[3]) * t
+  if over > 1e-6 then return { gen, math.ceil(over) } end
+  redis.call('SET', KEYS[last], tat, 'PX', math.ceil(tat - now) + 1000)
+  last = last - 1
+end
+local out = { gen, 0 }
+for i = 2, last do out[#out + 1] = tonumber(redis.call('GET', KEYS[i]) or '0') end
+return out
 `
 
 // KEYS: balance, account epoch. ARGV: n.
@@ -310,8 +355,18 @@ return 1
 `
 
 type Commands = Redis & {
-  lsAuthorize(packed: Buffer): Promise<number[]>
-  lsLoadBalance(bal: string, pend: string, fl: string, ep: string, expected: number, reconciled: number): Promise<number>
+  lsAuthorize(packed: Buffer, generation: string, fresh: string): Promise<number[] | [-1, string]>
+  lsSnapshot(n: number, ...keysAndArgs: (string | number)[]): Promise<[string, number, ...number[]]>
+  lsLoadBalance(
+    bal: string,
+    pend: string,
+    fl: string,
+    ep: string,
+    expectedEpoch: number,
+    expectedFlush: string,
+    committed: '0' | '1',
+    reconciled: number,
+  ): Promise<number>
   lsCreditsAdded(bal: string, ep: string, n: number): Promise<number>
   lsRefund(bal: string, pend: string, dirty: string, account: string, n: number): Promise<number>
   lsBeginFlush(pend: string, fl: string, id: string): Promise<string | null>
@@ -331,6 +386,10 @@ export class RedisStore implements Store {
   #authorizeQueue: PendingAuthorize[] = []
   /** One authorize call at a time: the requests that arrive meanwhile ride together on the next. */
   #authorizeInFlight = false
+  /** Snapshot.generation: this process's name for the store contents its callers' epochs were read from. */
+  #generation = 1
+  /** The ls:gen value read under #generation; null until one is read on the current connection. */
+  #storeGeneration: string | null = null
 
   constructor(url: string, options: RedisStoreOptions = {}) {
     const redis = new Redis(url, {
@@ -344,10 +403,17 @@ export class RedisStore implements Store {
       retryStrategy: (times) => Math.min(times * 200, 2000),
     })
     redis.on('error', (err: Error) => log.debug('redis connection error', { message: err.message }))
+    // A new connection may reach a server that restarted with older data or a replica that lost writes
+    // while keeping ls:gen: whatever was read before it is suspect.
+    redis.on('close', () => {
+      this.#generation++
+      this.#storeGeneration = null
+    })
     // defineCommand sends EVALSHA and falls back to EVAL once after a Redis restart (NOSCRIPT).
     redis.defineCommand('lsAuthorize', { numberOfKeys: 0, lua: AUTHORIZE })
     redis.defineCommand('lsTake', { numberOfKeys: 1, lua: TAKE })
     redis.defineCommand('lsBump', { lua: BUMP })
+    redis.defineCommand('lsSnapshot', { lua: SNAPSHOT })
     redis.defineCommand('lsLoadBalance', { numberOfKeys: 4, lua: LOAD_BALANCE })
     redis.defineCommand('lsCreditsAdded', { numberOfKeys: 2, lua: CREDITS_ADDED })
     redis.defineCommand('lsRefund', { numberOfKeys: 3, lua: REFUND })
@@ -376,6 +442,31 @@ export class RedisStore implements Store {
     if (keys.length > 0) await this.redis.lsBump(keys.length, ...keys)
   }
 
+  async snapshot(epochKeys: readonly string[], admission?: Admission): Promise<Snapshot> {
+    this.#failFastWhenLost()
+    const sentAt = this.#generation
+    const args: (string | number)[] = [keys.generation, ...epochKeys]
+    if (admission) args.push(admission.key)
+    args.push(randomUUID())
+    if (admission) args.push(admission.nowMs, admission.capacity, admission.refillPerSecond)
+    const [seen, waitMs, ...epochs] = await this.redis.lsSnapshot(epochKeys.length + (admission ? 2 : 1), ...args)
+    if (waitMs > 0) return { kind: 'limited', retryAfterMs: waitMs }
+    return { kind: 'ok', generation: this.#observe(seen, sentAt), epochs }
+  }
+
+  /**
+   * The generation a read of ls:gen belongs to. A reply to a call sent before the connection dropped
+   * keeps its old generation, which callers no longer accept; a changed value starts a new one.
+   */
+  #observe(seen: string, sentAt: number): number {
+    if (sentAt !== this.#generation) return sentAt
+    if (this.#storeGeneration !== seen) {
+      if (this.#storeGeneration !== null) this.#generation++
+      this.#storeGeneration = seen
+    }
+    return this.#generation
+  }
+
   /**
    * While a lost connection is being re-established, the hot path fails at once instead of waiting
    * for a reconnect attempt (the caller fails open or closed). Before the first connect, commands queue.
@@ -392,6 +483,7 @@ export class RedisStore implements Store {
     } catch (err) {
       return Promise.reject(err)
     }
+    if (input.generation !== this.#generation) return Promise.resolve(this.#newGeneration())
     return new Promise((resolve, reject) => {
       // The first request after a quiet spell goes at once (a microtask: Bun runs setImmediate late
       // enough to leave the CPU idle); later ones wait for the call in flight to come back.
@@ -401,21 +493,49 @@ export class RedisStore implements Store {
     })
   }
 
+  #newGeneration(): AuthorizeResult {
+    return { kind: 'new_generation', generation: this.#generation }
+  }
+
   readonly #sendAuthorize = (): void => {
-    const batch = this.#authorizeQueue
-    if (batch.length === 0 || this.#authorizeInFlight) return
+    const queued = this.#authorizeQueue
+    if (queued.length === 0 || this.#authorizeInFlight) return
     this.#authorizeQueue = []
+    const sentAt = this.#generation
+    let batch = queued
+    // The generation moved while some of them waited for the call in flight (rare: no copy otherwise).
+    if (!queued.every((p) => p.input.generation === sentAt)) {
+      batch = queued.filter((p) => p.input.generation === sentAt)
+      for (const p of queued) if (p.input.generation !== sentAt) p.resolve(this.#newGeneration())
+      if (batch.length === 0) return
+    }
     this.#authorizeInFlight = true
     const call = new AuthorizeArgs()
     for (const p of batch) call.add(p.input)
-    const settle = (replies: number[] | null, err: unknown) => {
+    const settle = (reply: number[] | [-1, string] | null, err: unknown) => {
       this.#authorizeInFlight = false
+      let replies = reply as number[] | null
+      if (reply?.[0] === -1) {
+        // Nothing ran: the store's generation is not the one these requests' epochs were read under.
+        if (sentAt === this.#generation) {
+          this.#generation++
+          this.#storeGeneration = String(reply[1])
+        }
+        replies = null
+      } else if (replies && sentAt !== this.#generation) {
+        // ioredis re-sent the call on a new connection, where ls:gen may have survived a loss of
+        // later writes (a failover): its verdicts cannot be trusted, and its charges are given back.
+        err = new Error('redis connection was replaced during the call')
+        this.#refundAll(batch, replies)
+        replies = null
+      }
       // What queued meanwhile goes out before this batch's requests go on, so Redis works alongside them.
       this.#sendAuthorize()
       let at = 0
       for (const p of batch) {
         if (!replies) {
-          p.reject(err)
+          if (err) p.reject(err)
+          else p.resolve(this.#newGeneration())
           continue
         }
         try {
@@ -427,22 +547,43 @@ export class RedisStore implements Store {
         }
       }
     }
-    this.redis.lsAuthorize(call.packed()).then(
+    this.redis.lsAuthorize(call.packed(), this.#storeGeneration ?? '', randomUUID()).then(
       (replies) => settle(replies, null),
       (err: unknown) => settle(null, err),
     )
   }
 
-  async loadBalance(accountId: string, expectedEpoch: number, reconciled: number): Promise<'ok' | 'stale'> {
+  #refundAll(batch: PendingAuthorize[], replies: number[]): void {
+    let at = 0
+    for (const p of batch) {
+      const [result, next] = authorizeResult(replies, at)
+      at = next
+      const accountId = p.input.charge?.accountId
+      if (result.kind === 'ok' && result.charged > 0 && accountId) {
+        this.refund(accountId, result.charged).catch((e: unknown) =>
+          log.warn('refund after a replaced redis connection failed', { message: (e as Error).message }),
+        )
+      }
+    }
+  }
+
+  async loadBalance(accountId: string, seen: CreditState, reconciled: number, flushCommitted: boolean): Promise<'ok' | 'stale'> {
     const done = await this.redis.lsLoadBalance(
       keys.balance(accountId),
       keys.pendingCharges(accountId),
       keys.flushing(accountId),
       keys.accountEpoch(accountId),
-      expectedEpoch,
+      seen.epoch,
+      seen.flushId ?? '',
+      flushCommitted ? '1' : '0',
       reconciled,
     )
     return done === 1 ? 'ok' : 'stale'
+  }
+
+  async creditState(accountId: string): Promise<CreditState> {
+    const [epoch, flushing] = await this.redis.mget(keys.accountEpoch(accountId), keys.flushing(accountId))
+    return { epoch: Number(epoch ?? 0), flushId: flushing ? flushIdOf(flushing) : null }
   }
 
   async balance(accountId: string): Promise<number | null> {
@@ -471,8 +612,7 @@ export class RedisStore implements Store {
   async beginFlush(accountId: string, newId: string): Promise<{ id: string; amount: number } | null> {
     const record = await this.redis.lsBeginFlush(keys.pendingCharges(accountId), keys.flushing(accountId), newId)
     if (!record) return null
-    const cut = record.lastIndexOf(':')
-    return { id: record.slice(0, cut), amount: Number(record.slice(cut + 1)) }
+    return { id: flushIdOf(record), amount: Number(record.slice(record.lastIndexOf(':') + 1)) }
   }
 
   async endFlush(accountId: string, id: string): Promise<void> {
@@ -497,6 +637,9 @@ export class RedisStore implements Store {
     this.redis.disconnect()
   }
 }
+
+/** The id of a flush record "<flush id>:<amount>". */
+const flushIdOf = (record: string) => record.slice(0, record.lastIndexOf(':'))
 
 export async function openStore(redisUrl: string | null): Promise<Store> {
   if (!redisUrl) {

@@ -14,6 +14,12 @@ export interface Store {
   claimOnce(key: string, ttlSeconds: number): Promise<boolean>
   /** Current epoch of each key (0 when never bumped). */
   epochs(keys: readonly string[]): Promise<number[]>
+  /**
+   * What a cache load reads first, in one atomic step: the store's generation and each key's epoch.
+   * With `admission`, first takes one token from that bucket (the authorize script's rule) and reads
+   * nothing when it is empty, so a caller can limit work (a PostgreSQL lookup) before doing it.
+   */
+  snapshot(keys: readonly string[], admission?: Admission): Promise<Snapshot>
   /** Increments each key's epoch, so every instance's cache entry read under the old value is stale. */
   bump(keys: readonly string[]): Promise<void>
   /**
@@ -22,10 +28,14 @@ export interface Store {
    */
   authorize(input: AuthorizeInput): Promise<AuthorizeResult>
   /**
-   * Seeds the live credit balance from the reconciled one, unless the account's epoch moved since the
-   * caller read it (a concurrent addCredits): 'stale' then, and the caller reads PostgreSQL again.
+   * Seeds the live credit balance, when missing, from the reconciled one: minus the pending charges and
+   * minus the unfinished flush unless `flushCommitted` (PostgreSQL, read with `reconciled`, has it).
+   * 'stale' (nothing written; the caller reads again) when the account's epoch (a concurrent
+   * addCredits) or its unfinished flush changed since `seen` was read.
    */
-  loadBalance(accountId: string, expectedEpoch: number, reconciled: number): Promise<'ok' | 'stale'>
+  loadBalance(accountId: string, seen: CreditState, reconciled: number, flushCommitted: boolean): Promise<'ok' | 'stale'>
+  /** The account's epoch and unfinished flush, read before a balance load (see loadBalance). */
+  creditState(accountId: string): Promise<CreditState>
   /** The live balance, or null while it is not loaded. */
   balance(accountId: string): Promise<number | null>
   /** Credits added in PostgreSQL: bumps the account epoch and adds `n` to the live balance if loaded (never below 0). */
@@ -54,6 +64,8 @@ export interface Store {
  */
 export interface AuthorizeInput {
   nowMs: number
+  /** The generation the caller's epochs were read under (Snapshot); any other answers 'new_generation'. */
+  generation: number
   epochs: { key: string; expected: number }[]
   ceiling: { key: string; limit: number; ttlSeconds: number } | null
   buckets: { key: string; capacity: number; refillPerSecond: number }[]
@@ -70,12 +82,35 @@ export interface AuthorizeInput {
 export type AuthorizeResult =
   | { kind: 'ok'; charged: number }
   | { kind: 'stale'; epochs: number[] }
+  /** The store may have lost data since the caller's generation: every cached entry must go. Nothing changed. */
+  | { kind: 'new_generation'; generation: number }
   | { kind: 'no_balance' }
   | { kind: 'quota' }
   | { kind: 'limited'; retryAfterMs: number }
   | { kind: 'replay' }
   | { kind: 'denied' }
   | { kind: 'no_credits' }
+
+/** A token bucket as AuthorizeInput.buckets has them, with the time of the take. */
+export interface Admission {
+  key: string
+  capacity: number
+  refillPerSecond: number
+  nowMs: number
+}
+
+/**
+ * `generation` names the store's contents as this process sees them: it changes whenever the store may
+ * have lost data (restarted empty, flushed, failed over to a replica that lost writes, or only a new
+ * connection that may lead to one of those). Epochs read under one generation mean nothing under another.
+ */
+export type Snapshot = { kind: 'ok'; generation: number; epochs: number[] } | { kind: 'limited'; retryAfterMs: number }
+
+/** A balance load's view of the account: its epoch and its unfinished flush, if any. */
+export interface CreditState {
+  epoch: number
+  flushId: string | null
+}
 
 export interface TakeResult {
   ok: boolean
@@ -101,4 +136,6 @@ export const keys = {
   /** The flush in progress: "<flush id>:<amount>". */
   flushing: (accountId: string) => `ls:crf:${accountId}`,
   dirtyAccounts: 'ls:crdirty',
+  /** A random id written when missing: a store that lost its data comes back without it (Snapshot). */
+  generation: 'ls:gen',
 }
