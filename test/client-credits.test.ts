@@ -1,7 +1,7 @@
 import { describe, expect, test } from 'bun:test'
 import { eq } from 'drizzle-orm'
 import { addCredits } from '../src/core/accounts'
-import { flushCredits } from '../src/core/credits-ledger'
+import { flushCredits, loadLiveBalance } from '../src/core/credits-ledger'
 import { accounts, creditFlushes, licenses } from '../src/db/schema'
 import { makeTestApp } from './helpers'
 import { decode, hwid, insertLicense, nonce } from './client-helpers'
@@ -53,6 +53,28 @@ describe('credits on the client endpoints', async () => {
     await addCredits(t.deps, s.accountId, 2)
     expect((await validate(s, key)).status).toBe(200)
     expect(await live(s)).toBe(1)
+  })
+
+  test('credits added while a balance is being seeded count once', async () => {
+    const s = await t.seed({ credits: 0 })
+    const { store } = t.deps
+    // A seed that starts after the credits reached PostgreSQL and before the store heard of them.
+    let seed: Promise<void> | undefined
+    const creditsAdded: typeof store.creditsAdded = async (accountId, n) => {
+      seed = loadLiveBalance(t.deps, accountId)
+      await Bun.sleep(50)
+      return store.creditsAdded(accountId, n)
+    }
+    const racing = new Proxy(store, {
+      get(target, prop) {
+        if (prop === 'creditsAdded') return creditsAdded
+        const value = Reflect.get(target, prop)
+        return typeof value === 'function' ? value.bind(target) : value
+      },
+    })
+    await addCredits({ ...t.deps, store: racing }, s.accountId, 5)
+    await seed
+    expect(await store.balance(s.accountId)).toBe(5)
   })
 
   test('concurrent validates never overspend', async () => {

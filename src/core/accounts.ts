@@ -54,14 +54,20 @@ async function requireAccount(db: DbOrTx, accountId: string) {
 
 /** Adds (or with a negative n removes, never below zero) credits; the store learns of it at once. */
 export async function addCredits(deps: Deps, accountId: string, n: number) {
-  const [row] = await deps.database.db
-    .update(accounts)
-    .set({ credits: sql`GREATEST(0, ${accounts.credits} + ${n})` })
-    .where(eq(accounts.id, accountId))
-    .returning({ accountId: accounts.id, credits: accounts.credits })
-  if (!row) throw new ApiError('not_found', 404, `No account ${accountId}`)
-  // The live balance the client endpoints spend from gets the same delta, atomically with the epoch bump.
-  await deps.store.creditsAdded(accountId, n)
+  const row = await deps.database.db.transaction(async (tx) => {
+    const [updated] = await tx
+      .update(accounts)
+      .set({ credits: sql`GREATEST(0, ${accounts.credits} + ${n})` })
+      .where(eq(accounts.id, accountId))
+      .returning({ accountId: accounts.id, credits: accounts.credits })
+    if (!updated) throw new ApiError('not_found', 404, `No account ${accountId}`)
+    // The store hears of it while the UPDATE still holds the row: a balance seed (which reads the row
+    // FOR SHARE) either finished before, and gets the delta here, or waits and finds the epoch moved.
+    // After the commit, a seed could read the new credits and then get the delta a second time. If
+    // the store is unreachable nothing is committed, so a retry cannot add twice either.
+    await deps.store.creditsAdded(accountId, n)
+    return updated
+  })
   return { accountId: row.accountId, credits: await currentBalance(deps, accountId) }
 }
 
