@@ -61,6 +61,20 @@ describe('public endpoint limits', async () => {
     expect((await send('/auth/validate', body, '192.0.2.2')).status).toBe(200)
   })
 
+  test("requests without the app secret do not spend a license's limit: its owner is never locked out by strangers", async () => {
+    const s = await t.seed({ sandbox: true })
+    const key = await insertLicense(t.deps, s.appId, { unlimitedHwidSlots: true })
+    const stranger = { appId: s.appId, appSecret: 'not-the-secret' }
+    for (let i = 0; i < 61; i++) {
+      expect((await send('/auth/validate', validateBody(stranger, key), `203.0.114.${i}`)).body.error).toBe('invalid_app')
+      const selfban = { appId: s.appId, appSecret: 'not-the-secret', licenseKey: key, hwid: hwid(), nonce: nonce() }
+      expect((await send('/auth/selfban', selfban, `203.0.114.${i}`)).body.error).toBe('invalid_app')
+    }
+    expect((await send('/auth/validate', validateBody(s, key), '203.0.114.250')).status).toBe(200)
+    const owner = { appId: s.appId, appSecret: s.appSecret, licenseKey: key, hwid: hwid(), nonce: nonce() }
+    expect((await send('/auth/selfban', owner, '203.0.114.251')).status).toBe(200)
+  })
+
   test('heartbeat: per-IP 20/min on the sandbox, no IP limit on billed apps', async () => {
     for (const sandbox of [true, false]) {
       const s = await t.seed({ sandbox, credits: 100 })

@@ -280,10 +280,13 @@ export async function validate(deps: Deps, input: ValidateInput, ip: string): Pr
       outcome,
       ceiling: app ? ceiling(deps, app, nowMs) : null,
       ipBucket,
-      buckets:
-        app && ipBucket
-          ? [ipBucket, bucket('v:lic', app.id, licenseKey, sandbox ? SANDBOX.validateLicense : deps.config.validateLimitPerLicense)]
-          : [],
+      // Only a caller holding the app secret counts against a license's limit: anyone who merely names
+      // a key (and random keys would each leave a bucket in the store) spends their IP's tokens alone.
+      buckets: !ipBucket
+        ? []
+        : secretOk
+          ? [ipBucket, bucket('v:lic', app!.id, licenseKey, sandbox ? SANDBOX.validateLicense : deps.config.validateLimitPerLicense)]
+          : [ipBucket],
       // A nonce is consumed by any validate that passes app authentication (the contract).
       nonce: secretOk ? { key: keys.nonce(input.appId, input.nonce), ttlSeconds: NONCE_TTL_SECONDS } : null,
       charge: outcome.ok && !sandbox && app ? { accountId: app.accountId, cost: 1, counter: null } : null,
@@ -495,8 +498,7 @@ export async function selfban(deps: Deps, input: SelfbanInput, ip: string): Prom
       outcome,
       ceiling: app ? ceiling(deps, app, nowMs) : null,
       ipBucket,
-      buckets:
-        app && ipBucket ? [ipBucket, ...(licenseKey ? [bucket('s:lic', app.id, licenseKey, perLicense)] : [])] : [],
+      buckets: !ipBucket ? [] : secretOk && licenseKey ? [ipBucket, bucket('s:lic', app!.id, licenseKey, perLicense)] : [ipBucket],
       nonce: !post && secretOk ? { key: keys.nonce(input.appId, input.nonce!), ttlSeconds: NONCE_TTL_SECONDS } : null,
       charge: null,
     }
