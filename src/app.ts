@@ -1,8 +1,10 @@
+import { ValueErrorType } from '@sinclair/typebox/errors'
 import { Elysia } from 'elysia'
 import type { Deps } from './deps'
 import { ApiError, PublicError } from './errors'
 import { HttpMetrics, httpMetrics } from './http/metrics'
 import { errorFields, log } from './log'
+import { STORABLE_TEXT } from './models'
 import { appRoutes } from './routes/apps'
 import { clientRoutes } from './routes/client'
 import { docsRoutes } from './routes/docs'
@@ -28,7 +30,10 @@ function errorResponse(path: string, status: number, code: string, message: stri
   return Response.json(body, { status, headers })
 }
 
-/** Reads a JSON body within the route's limit; every API body is JSON whatever its Content-Type says. */
+/**
+ * Reads a JSON body within the route's limit; every API body is JSON whatever its Content-Type says.
+ * An empty body is null, like a JSON `null`: a route that takes a body refuses both with 400.
+ */
 async function parseJsonBody(request: Request, path: string): Promise<unknown> {
   const limit = isPublic(path) ? AUTH_BODY_LIMIT : API_BODY_LIMIT
   const declared = Number(request.headers.get('content-length') ?? '0')
@@ -43,7 +48,7 @@ async function parseJsonBody(request: Request, path: string): Promise<unknown> {
   }
   const bytes = await request.arrayBuffer()
   if (bytes.byteLength > limit) throw new BodyTooLarge()
-  if (bytes.byteLength === 0) return undefined
+  if (bytes.byteLength === 0) return null
   try {
     return JSON.parse(utf8.decode(bytes))
   } catch {
@@ -60,6 +65,7 @@ interface SchemaLike {
   maxLength?: number
   enum?: unknown[]
   const?: unknown
+  pattern?: string
 }
 
 /** What a field must be, in words, from its schema (the numeric-string union Elysia adds is looked through). */
@@ -99,21 +105,30 @@ function expected(schema: SchemaLike | undefined): string | null {
 
 /** Turns Elysia's validation error into a short message naming the field, never the whole schema. */
 function validationMessage(error: unknown): string {
-  const e = error as { all?: { path?: string; message?: string; schema?: SchemaLike }[]; type?: string }
+  const e = error as { all?: { type?: number; path?: string; message?: string; schema?: SchemaLike }[]; type?: string }
   const first = e.all?.[0]
   const where = first?.path ? first.path.replace(/^\//, '').replaceAll('/', '.') : (e.type ?? 'request')
+  // JSON-quoted: a field name may be anything a client sent, NUL included.
+  if (first?.type === ValueErrorType.ObjectAdditionalProperties) return `Unknown field ${JSON.stringify(where)}`
+  if (first?.type === ValueErrorType.StringPattern && first.schema?.pattern === STORABLE_TEXT) {
+    return `${where} must not contain NUL characters or unpaired surrogates`
+  }
   const want = expected(first?.schema)
+  if (!first?.path && want) return `The ${where} must be ${want}`
   if (first?.path && want) return `${where} must be ${want}`
   return first?.message ? `${where || e.type}: ${first.message}` : `Invalid ${where}`
 }
 
 export function createApp(deps: Deps) {
   const metrics = new HttpMetrics(deps.config.serverProcesses > 1 ? serverProcessIndex() : null)
-  return new Elysia({ name: 'license-service' })
+  // normalize off: Elysia would silently drop unknown body fields; the schemas refuse them instead
+  // (StrictBody on /v1, /auth bodies admit them explicitly), and a response that carries a field its
+  // schema lacks is an error (500) rather than trimmed.
+  return new Elysia({ name: 'license-service', normalize: false })
     .use(httpMetrics(metrics))
     .onParse(async ({ request, path }) => {
       if (request.method === 'GET' || request.method === 'HEAD') return
-      return (await parseJsonBody(request, path)) ?? {}
+      return parseJsonBody(request, path)
     })
     .onError(({ code, error, path, set }) => {
       // Records the status on `set` too: the metrics hook reads it there, as a returned Response does not.
@@ -121,6 +136,10 @@ export function createApp(deps: Deps) {
         set.status = status
         return errorResponse(path, status, errorCode, message, headers)
       }
+      const internalError = () =>
+        isPublic(path)
+          ? reply(500, 'system_error', 'system_error')
+          : reply(500, 'internal_error', 'Something went wrong on our side')
       const headers = Object.fromEntries(
         Object.entries(set.headers).filter((e): e is [string, string] => typeof e[1] === 'string'),
       )
@@ -138,15 +157,16 @@ export function createApp(deps: Deps) {
         return reply(400, 'bad_request', 'Request body is not valid JSON')
       }
       if (code === 'VALIDATION') {
-        return reply(400, 'bad_request', validationMessage(error))
+        if ((error as { type?: string }).type !== 'response') return reply(400, 'bad_request', validationMessage(error))
+        // The error's message quotes the response, which may hold a secret: the path is all that is logged.
+        log.error('response does not match its schema', { path })
+        return internalError()
       }
       if (code === 'NOT_FOUND') {
         return reply(404, 'not_found', 'No such route')
       }
       log.error('unhandled error', { path, ...errorFields(error) })
-      return isPublic(path)
-        ? reply(500, 'system_error', 'system_error')
-        : reply(500, 'internal_error', 'Something went wrong on our side')
+      return internalError()
     })
     .use(opsRoutes(deps, metrics))
     .use(docsRoutes(deps))
