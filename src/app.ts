@@ -18,7 +18,7 @@ import { serverProcessIndex } from './server-processes'
 export const AUTH_BODY_LIMIT = 16 * 1024
 export const API_BODY_LIMIT = 1024 * 1024
 
-const isPublic = (path: string) => path.startsWith('/auth/')
+const isPublic = (path: string) => path.startsWith('/auth/') || path === '/auth'
 
 class BodyTooLarge extends Error {}
 // Stateless between calls (no streaming), so one decoder serves every request.
@@ -28,6 +28,19 @@ class MalformedJson extends Error {}
 function errorResponse(path: string, status: number, code: string, message: string, headers: Record<string, string> = {}): Response {
   const body = isPublic(path) ? { status: 'failed', error: code } : { error: code, message }
   return Response.json(body, { status, headers })
+}
+
+/** Reads the body's bytes, stopping as soon as they pass `limit`: a chunked body cannot make the server buffer more. */
+async function readBounded(request: Request, limit: number): Promise<Uint8Array> {
+  if (!request.body) return new Uint8Array(0)
+  const chunks: Uint8Array[] = []
+  let size = 0
+  for await (const chunk of request.body) {
+    size += chunk.byteLength
+    if (size > limit) throw new BodyTooLarge()
+    chunks.push(chunk)
+  }
+  return chunks.length === 1 ? (chunks[0] as Uint8Array) : Buffer.concat(chunks, size)
 }
 
 /**
@@ -46,8 +59,7 @@ async function parseJsonBody(request: Request, path: string): Promise<unknown> {
       throw new MalformedJson()
     }
   }
-  const bytes = await request.arrayBuffer()
-  if (bytes.byteLength > limit) throw new BodyTooLarge()
+  const bytes = await readBounded(request, limit)
   if (bytes.byteLength === 0) return null
   try {
     return JSON.parse(utf8.decode(bytes))
@@ -151,7 +163,9 @@ export function createApp(deps: Deps) {
       }
       // Elysia wraps what a parse hook throws in its ParseError, with ours as the cause.
       if (error instanceof BodyTooLarge || (error as Error).cause instanceof BodyTooLarge) {
-        return reply(413, 'bad_request', 'Request body is too large')
+        // The rest of the body is left unread, so the connection cannot carry another request: close it,
+        // which also frees a client still sending.
+        return reply(413, 'bad_request', 'Request body is too large', { connection: 'close' })
       }
       if (error instanceof MalformedJson || code === 'PARSE') {
         return reply(400, 'bad_request', 'Request body is not valid JSON')
