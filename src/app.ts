@@ -142,7 +142,7 @@ export function createApp(deps: Deps) {
       if (request.method === 'GET' || request.method === 'HEAD') return
       return parseJsonBody(request, path)
     })
-    .onError(({ code, error, path, set }) => {
+    .onError(({ code, error, path, route, set }) => {
       // Records the status on `set` too: the metrics hook reads it there, as a returned Response does not.
       const reply = (status: number, errorCode: string, message: string, headers: Record<string, string> = {}) => {
         set.status = status
@@ -172,14 +172,15 @@ export function createApp(deps: Deps) {
       }
       if (code === 'VALIDATION') {
         if ((error as { type?: string }).type !== 'response') return reply(400, 'bad_request', validationMessage(error))
-        // The error's message quotes the response, which may hold a secret: the path is all that is logged.
-        log.error('response does not match its schema', { path })
+        // The error's message quotes the response, which may hold a secret: the route is all that is logged.
+        log.error('response does not match its schema', { route })
         return internalError()
       }
       if (code === 'NOT_FOUND') {
         return reply(404, 'not_found', 'No such route')
       }
-      log.error('unhandled error', { path, ...errorFields(error) })
+      // The route pattern, not the path: a path can hold a license key.
+      log.error('unhandled error', { route, ...errorFields(error) })
       return internalError()
     })
     .use(opsRoutes(deps, metrics))
