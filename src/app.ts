@@ -24,6 +24,38 @@ class BodyTooLarge extends Error {}
 // Stateless between calls (no streaming), so one decoder serves every request.
 const utf8 = new TextDecoder()
 class MalformedJson extends Error {}
+class NestedTooDeep extends Error {}
+
+/**
+ * How deep a body may nest. This API's bodies nest two levels; JSON.parse takes far deeper ones, and a
+ * validation error quoting one (Elysia's JSON.stringify of the value) overflows the stack: a 500.
+ */
+export const MAX_BODY_DEPTH = 32
+
+/** True when `value` nests objects or arrays deeper than MAX_BODY_DEPTH. Iterative: no recursion to overflow. */
+function nestsTooDeep(value: unknown): boolean {
+  if (typeof value !== 'object' || value === null) return false
+  // The common body, an object of scalars, is settled without allocating.
+  let nested = false
+  for (const key in value) {
+    const child = (value as Record<string, unknown>)[key]
+    if (typeof child === 'object' && child !== null) {
+      nested = true
+      break
+    }
+  }
+  if (!nested) return false
+  const pending: [object, number][] = [[value, 1]]
+  for (let next = pending.pop(); next; next = pending.pop()) {
+    const [node, depth] = next
+    if (depth > MAX_BODY_DEPTH) return true
+    for (const key in node) {
+      const child = (node as Record<string, unknown>)[key]
+      if (typeof child === 'object' && child !== null) pending.push([child, depth + 1])
+    }
+  }
+  return false
+}
 
 function errorResponse(path: string, status: number, code: string, message: string, headers: Record<string, string> = {}): Response {
   const body = isPublic(path) ? { status: 'failed', error: code } : { error: code, message }
@@ -52,20 +84,24 @@ async function parseJsonBody(request: Request, path: string): Promise<unknown> {
   const declared = Number(request.headers.get('content-length') ?? '0')
   if (declared > limit) throw new BodyTooLarge()
   // A declared length bounds the body already; Bun's own JSON read is ~1 µs cheaper than the copy below.
+  let body: unknown
   if (declared > 0) {
     try {
-      return await request.json()
+      body = await request.json()
+    } catch {
+      throw new MalformedJson()
+    }
+  } else {
+    const bytes = await readBounded(request, limit)
+    if (bytes.byteLength === 0) return null
+    try {
+      body = JSON.parse(utf8.decode(bytes))
     } catch {
       throw new MalformedJson()
     }
   }
-  const bytes = await readBounded(request, limit)
-  if (bytes.byteLength === 0) return null
-  try {
-    return JSON.parse(utf8.decode(bytes))
-  } catch {
-    throw new MalformedJson()
-  }
+  if (nestsTooDeep(body)) throw new NestedTooDeep()
+  return body
 }
 
 interface SchemaLike {
@@ -166,6 +202,9 @@ export function createApp(deps: Deps) {
         // The rest of the body is left unread, so the connection cannot carry another request: close it,
         // which also frees a client still sending.
         return reply(413, 'bad_request', 'Request body is too large', { connection: 'close' })
+      }
+      if (error instanceof NestedTooDeep || (error as Error).cause instanceof NestedTooDeep) {
+        return reply(400, 'bad_request', `Request body nests deeper than ${MAX_BODY_DEPTH} levels`)
       }
       if (error instanceof MalformedJson || code === 'PARSE') {
         return reply(400, 'bad_request', 'Request body is not valid JSON')

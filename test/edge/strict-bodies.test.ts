@@ -77,3 +77,22 @@ test('/auth bodies stay tolerant of unknown fields while /v1 bodies refuse them'
   expect(create.status).toBe(400)
   expect(create.body.message).toBe('Unknown field "sdkVersion"')
 })
+
+test('a body nested deeper than 32 levels gets 400, never a 500, on every kind of route', async () => {
+  const t = await makeTestApp()
+  const s = await t.seed()
+  const deep = (depth: number) => `${'['.repeat(depth)}${']'.repeat(depth)}`
+  const sent = [
+    ['POST', '/v1/licenses', `{"appId":"${s.appId}","label":${deep(100_000)}}`],
+    ['POST', '/v1/licenses', deep(300_000)],
+    ['PUT', `/v1/apps/${s.appId}/variables`, `{"a":${deep(33)}}`],
+    ['POST', `/v1/apps/${s.appId}/signing-keys`, deep(100_000)],
+    ['POST', '/auth/validate', `{"appId":"${s.appId}","sdk":${deep(5_000)}}`],
+  ] as const
+  for (const [method, path, body] of sent) {
+    const before = await accountDigest(t.deps, s.accountId)
+    const res = await t.req(method, path, { apiKey: s.apiKey, body })
+    expect(res.status, `${method} ${path}: ${JSON.stringify(res.body)}`).toBe(400)
+    expect(await accountDigest(t.deps, s.accountId)).toBe(before)
+  }
+})
