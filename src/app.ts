@@ -30,7 +30,7 @@ class NestedTooDeep extends Error {}
  * How deep a body may nest. This API's bodies nest two levels; JSON.parse takes far deeper ones, and a
  * validation error quoting one (Elysia's JSON.stringify of the value) overflows the stack: a 500.
  */
-export const MAX_BODY_DEPTH = 32
+const MAX_BODY_DEPTH = 32
 
 /** True when `value` nests objects or arrays deeper than MAX_BODY_DEPTH. Iterative: no recursion to overflow. */
 function nestsTooDeep(value: unknown): boolean {

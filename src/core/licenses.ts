@@ -53,7 +53,7 @@ const MAX_KEY_ATTEMPTS = 8
  * The instants an expiry may name. PostgreSQL's timestamptz starts in 4713 BC, but a Date is sent to it
  * as toISOString text, which has no form PostgreSQL reads for year 0 or for years past 9999.
  */
-export const EXPIRY_RANGE = { min: Date.UTC(1970, 0, 1), max: Date.UTC(9999, 11, 31, 23, 59, 59, 999) } as const
+const EXPIRY_RANGE = { min: Date.UTC(1970, 0, 1), max: Date.UTC(9999, 11, 31, 23, 59, 59, 999) } as const
 
 function expiryFrom(text: string | null | undefined): Date | null {
   if (text === undefined || text === null) return null
