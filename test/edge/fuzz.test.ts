@@ -286,14 +286,20 @@ function pathValue(name: string): fc.Arbitrary<Gen | string> {
 function queryPlan(params: Parameter[]): fc.Arbitrary<[string, Gen | string][]> {
   const each = params.map((p) =>
     fc.oneof(
-      validFromSchema(p.schema ?? {}, p.name).map((g): [string, Gen | string][] => [[p.name, g]]),
-      hostileText.map((v): [string, Gen | string][] => [[p.name, v]]),
-      (p.name === 'cursor' ? craftedCursor : fc.constantFrom('0x10', '1e1', '-1', '1.5', '99999999999999999999')).map(
-        (v): [string, Gen | string][] => [[p.name, encodeURIComponent(v)]],
-      ),
-      fc.constant<[string, Gen | string][]>([]),
-      validFromSchema(p.schema ?? {}, p.name).map((g): [string, Gen | string][] => [[p.name, g]]),
-      fc.tuple(hostileText, hostileText).map(([a, b]): [string, Gen | string][] => [[p.name, a], [p.name, b]]),
+      { weight: 2, arbitrary: validFromSchema(p.schema ?? {}, p.name).map((g): [string, Gen | string][] => [[p.name, g]]) },
+      { weight: 1, arbitrary: hostileText.map((v): [string, Gen | string][] => [[p.name, v]]) },
+      {
+        weight: 1,
+        arbitrary: (p.name === 'cursor'
+          ? craftedCursor
+          : fc.constantFrom('0x10', '1e1', '-1', '1.5', '99999999999999999999')
+        ).map((v): [string, Gen | string][] => [[p.name, encodeURIComponent(v)]]),
+      },
+      { weight: 1, arbitrary: fc.constant<[string, Gen | string][]>([]) },
+      {
+        weight: 1,
+        arbitrary: fc.tuple(hostileText, hostileText).map(([a, b]): [string, Gen | string][] => [[p.name, a], [p.name, b]]),
+      },
     ),
   )
   const unknown = fc.oneof(
