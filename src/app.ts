@@ -1,8 +1,10 @@
+import { ValueErrorType } from '@sinclair/typebox/errors'
 import { Elysia } from 'elysia'
 import type { Deps } from './deps'
 import { ApiError, PublicError } from './errors'
 import { HttpMetrics, httpMetrics, UNMATCHED_ROUTE } from './http/metrics'
-import { logErrorOnce } from './log'
+import { log, logErrorOnce } from './log'
+import { STORABLE_TEXT } from './models'
 import { appRoutes } from './routes/apps'
 import { clientRoutes } from './routes/client'
 import { docsRoutes } from './routes/docs'
@@ -16,39 +18,90 @@ import { serverProcessIndex } from './server-processes'
 export const AUTH_BODY_LIMIT = 16 * 1024
 export const API_BODY_LIMIT = 1024 * 1024
 
-const isPublic = (path: string) => path.startsWith('/auth/')
+const isPublic = (path: string) => path.startsWith('/auth/') || path === '/auth'
 
 class BodyTooLarge extends Error {}
 // Stateless between calls (no streaming), so one decoder serves every request.
 const utf8 = new TextDecoder()
 class MalformedJson extends Error {}
+class NestedTooDeep extends Error {}
+
+/**
+ * How deep a body may nest. This API's bodies nest two levels; JSON.parse takes far deeper ones, and a
+ * validation error quoting one (Elysia's JSON.stringify of the value) overflows the stack: a 500.
+ */
+const MAX_BODY_DEPTH = 32
+
+/** True when `value` nests objects or arrays deeper than MAX_BODY_DEPTH. Iterative: no recursion to overflow. */
+function nestsTooDeep(value: unknown): boolean {
+  if (typeof value !== 'object' || value === null) return false
+  // The common body, an object of scalars, is settled without allocating.
+  let nested = false
+  for (const key in value) {
+    const child = (value as Record<string, unknown>)[key]
+    if (typeof child === 'object' && child !== null) {
+      nested = true
+      break
+    }
+  }
+  if (!nested) return false
+  const pending: [object, number][] = [[value, 1]]
+  for (let next = pending.pop(); next; next = pending.pop()) {
+    const [node, depth] = next
+    if (depth > MAX_BODY_DEPTH) return true
+    for (const key in node) {
+      const child = (node as Record<string, unknown>)[key]
+      if (typeof child === 'object' && child !== null) pending.push([child, depth + 1])
+    }
+  }
+  return false
+}
 
 function errorResponse(path: string, status: number, code: string, message: string, headers: Record<string, string> = {}): Response {
   const body = isPublic(path) ? { status: 'failed', error: code } : { error: code, message }
   return Response.json(body, { status, headers })
 }
 
-/** Reads a JSON body within the route's limit; every API body is JSON whatever its Content-Type says. */
+/** Reads the body's bytes, stopping as soon as they pass `limit`: a chunked body cannot make the server buffer more. */
+async function readBounded(request: Request, limit: number): Promise<Uint8Array> {
+  if (!request.body) return new Uint8Array(0)
+  const chunks: Uint8Array[] = []
+  let size = 0
+  for await (const chunk of request.body) {
+    size += chunk.byteLength
+    if (size > limit) throw new BodyTooLarge()
+    chunks.push(chunk)
+  }
+  return chunks.length === 1 ? (chunks[0] as Uint8Array) : Buffer.concat(chunks, size)
+}
+
+/**
+ * Reads a JSON body within the route's limit; every API body is JSON whatever its Content-Type says.
+ * An empty body is null, like a JSON `null`: a route that takes a body refuses both with 400.
+ */
 async function parseJsonBody(request: Request, path: string): Promise<unknown> {
   const limit = isPublic(path) ? AUTH_BODY_LIMIT : API_BODY_LIMIT
   const declared = Number(request.headers.get('content-length') ?? '0')
   if (declared > limit) throw new BodyTooLarge()
   // A declared length bounds the body already; Bun's own JSON read is ~1 µs cheaper than the copy below.
+  let body: unknown
   if (declared > 0) {
     try {
-      return await request.json()
+      body = await request.json()
+    } catch {
+      throw new MalformedJson()
+    }
+  } else {
+    const bytes = await readBounded(request, limit)
+    if (bytes.byteLength === 0) return null
+    try {
+      body = JSON.parse(utf8.decode(bytes))
     } catch {
       throw new MalformedJson()
     }
   }
-  const bytes = await request.arrayBuffer()
-  if (bytes.byteLength > limit) throw new BodyTooLarge()
-  if (bytes.byteLength === 0) return undefined
-  try {
-    return JSON.parse(utf8.decode(bytes))
-  } catch {
-    throw new MalformedJson()
-  }
+  if (nestsTooDeep(body)) throw new NestedTooDeep()
+  return body
 }
 
 interface SchemaLike {
@@ -60,6 +113,7 @@ interface SchemaLike {
   maxLength?: number
   enum?: unknown[]
   const?: unknown
+  pattern?: string
 }
 
 /** What a field must be, in words, from its schema (the numeric-string union Elysia adds is looked through). */
@@ -99,21 +153,30 @@ function expected(schema: SchemaLike | undefined): string | null {
 
 /** Turns Elysia's validation error into a short message naming the field, never the whole schema. */
 function validationMessage(error: unknown): string {
-  const e = error as { all?: { path?: string; message?: string; schema?: SchemaLike }[]; type?: string }
+  const e = error as { all?: { type?: number; path?: string; message?: string; schema?: SchemaLike }[]; type?: string }
   const first = e.all?.[0]
   const where = first?.path ? first.path.replace(/^\//, '').replaceAll('/', '.') : (e.type ?? 'request')
+  // JSON-quoted: a field name may be anything a client sent, NUL included.
+  if (first?.type === ValueErrorType.ObjectAdditionalProperties) return `Unknown field ${JSON.stringify(where)}`
+  if (first?.type === ValueErrorType.StringPattern && first.schema?.pattern === STORABLE_TEXT) {
+    return `${where} must not contain NUL characters or unpaired surrogates`
+  }
   const want = expected(first?.schema)
+  if (!first?.path && want) return `The ${where} must be ${want}`
   if (first?.path && want) return `${where} must be ${want}`
   return first?.message ? `${where || e.type}: ${first.message}` : `Invalid ${where}`
 }
 
 export function createApp(deps: Deps) {
   const metrics = new HttpMetrics(deps.config.serverProcesses > 1 ? serverProcessIndex() : null)
-  return new Elysia({ name: 'license-service' })
+  // normalize off: Elysia would silently drop unknown body fields; the schemas refuse them instead
+  // (StrictBody on /v1, /auth bodies admit them explicitly), and a response that carries a field its
+  // schema lacks is an error (500) rather than trimmed.
+  return new Elysia({ name: 'license-service', normalize: false })
     .use(httpMetrics(metrics))
     .onParse(async ({ request, path }) => {
       if (request.method === 'GET' || request.method === 'HEAD') return
-      return (await parseJsonBody(request, path)) ?? {}
+      return parseJsonBody(request, path)
     })
     .onError(({ code, error, path, route, set }) => {
       // Records the status on `set` too: the metrics hook reads it there, as a returned Response does not.
@@ -121,6 +184,10 @@ export function createApp(deps: Deps) {
         set.status = status
         return errorResponse(path, status, errorCode, message, headers)
       }
+      const internalError = () =>
+        isPublic(path)
+          ? reply(500, 'system_error', 'system_error')
+          : reply(500, 'internal_error', 'Something went wrong on our side')
       const headers = Object.fromEntries(
         Object.entries(set.headers).filter((e): e is [string, string] => typeof e[1] === 'string'),
       )
@@ -132,22 +199,28 @@ export function createApp(deps: Deps) {
       }
       // Elysia wraps what a parse hook throws in its ParseError, with ours as the cause.
       if (error instanceof BodyTooLarge || (error as Error).cause instanceof BodyTooLarge) {
-        return reply(413, 'bad_request', 'Request body is too large')
+        // The rest of the body is left unread, so the connection cannot carry another request: close it,
+        // which also frees a client still sending.
+        return reply(413, 'bad_request', 'Request body is too large', { connection: 'close' })
+      }
+      if (error instanceof NestedTooDeep || (error as Error).cause instanceof NestedTooDeep) {
+        return reply(400, 'bad_request', `Request body nests deeper than ${MAX_BODY_DEPTH} levels`)
       }
       if (error instanceof MalformedJson || code === 'PARSE') {
         return reply(400, 'bad_request', 'Request body is not valid JSON')
       }
       if (code === 'VALIDATION') {
-        return reply(400, 'bad_request', validationMessage(error))
+        if ((error as { type?: string }).type !== 'response') return reply(400, 'bad_request', validationMessage(error))
+        // The error's message quotes the response, which may hold a secret: the route is all that is logged.
+        log.error('response does not match its schema', { route })
+        return internalError()
       }
       if (code === 'NOT_FOUND') {
         return reply(404, 'not_found', 'No such route')
       }
       // The route pattern, not the path: a path carries license keys, HWIDs and webhook ids.
       logErrorOnce('unhandled error', error, { route: route || UNMATCHED_ROUTE })
-      return isPublic(path)
-        ? reply(500, 'system_error', 'system_error')
-        : reply(500, 'internal_error', 'Something went wrong on our side')
+      return internalError()
     })
     .use(opsRoutes(deps, metrics))
     .use(docsRoutes(deps))

@@ -55,8 +55,9 @@ async function main(): Promise<void> {
     port: config.port,
     tls,
     reusePort: config.serverProcesses > 1,
-    // A hard ceiling above the per-route limits, so no request can make the server buffer more.
-    maxRequestBodySize: 2 * 1024 * 1024,
+    // No ceiling of Bun's own: its refusal is an empty 413 or a dropped connection. app.ts reads every
+    // body with a bound (declared lengths refused unread, streamed ones cut at the limit) and answers JSON.
+    maxRequestBodySize: Number.MAX_SAFE_INTEGER,
   })
   const port = app.server?.port ?? config.port
   const index = serverProcessIndex()

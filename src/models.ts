@@ -1,4 +1,26 @@
+import { type StringOptions, Type } from '@sinclair/typebox'
 import { t } from 'elysia'
+
+/**
+ * Text that PostgreSQL can store: no NUL character (text and JSON columns refuse it) and no unpaired
+ * UTF-16 surrogate (it has no UTF-8 form). Every string a request brings in is checked against it, so
+ * such input is a 400 at the edge and never reaches a query or a shared batch.
+ */
+export const STORABLE_TEXT =
+  '^[^\\u0000\\uD800-\\uDFFF]*(?:[\\uD800-\\uDBFF][\\uDC00-\\uDFFF][^\\u0000\\uD800-\\uDFFF]*)*$'
+
+/** A request string: `t.String` limited to storable text (see STORABLE_TEXT). */
+export const Text = (options: StringOptions = {}) => t.String({ ...options, pattern: STORABLE_TEXT })
+
+/**
+ * A count in a request body: a JSON integer only. TypeBox's own Integer, because Elysia's `t.Integer`
+ * also takes numeric text ("0x10", " 3") through a transform.
+ */
+export const Count = (options: Parameters<typeof Type.Integer>[0] = {}) => Type.Integer(options)
+
+/** A /v1 request body: exactly the documented fields; any other gets 400 naming it. */
+export const StrictBody = <T extends Parameters<typeof t.Object>[0]>(properties: T, options: { description?: string } = {}) =>
+  t.Object(properties, { ...options, additionalProperties: false })
 
 /** Developer API error body. */
 export const ErrorBody = t.Object(

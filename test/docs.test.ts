@@ -116,3 +116,40 @@ test('every tag a route uses is described in the document', async () => {
     }
   }
 })
+
+describe('the document describes what requests may hold', () => {
+  /** Every schema node under `node`, with the JSON path that leads to it. */
+  function* schemas(node: any, at: string): Generator<[string, any]> {
+    if (!node || typeof node !== 'object') return
+    yield [at, node]
+    for (const [key, child] of Object.entries(node.properties ?? {})) yield* schemas(child, `${at}.${key}`)
+    for (const child of Object.values(node.patternProperties ?? {})) yield* schemas(child, `${at}{*}`)
+    for (const child of node.anyOf ?? []) yield* schemas(child, at)
+    if (node.items) yield* schemas(node.items, `${at}[]`)
+  }
+
+  test('strict /v1 bodies, tolerant /auth bodies, JSON-integer counts, no NUL or lone surrogate in any string', async () => {
+    const { req } = await makeTestApp()
+    const { STORABLE_TEXT } = await import('../src/models')
+    const doc = (await req('GET', '/docs/json')).body
+    for (const [path, ops] of Object.entries<Record<string, any>>(doc.paths)) {
+      for (const [method, op] of Object.entries(ops)) {
+        const where = `${method.toUpperCase()} ${path}`
+        const body = op.requestBody?.content?.['application/json']?.schema
+        const inputs = [...(op.parameters ?? []).map((p: any) => [`${where} ${p.name}`, p.schema]), [`${where} body`, body]]
+        for (const [name, schema] of inputs) {
+          for (const [at, node] of schemas(schema, name)) {
+            if (node.type !== 'string' || node.const !== undefined) continue
+            // Elysia's numeric-text alternative of t.Integer: right for a query string, never in a JSON body.
+            const numericText = node.format === 'integer' || node.format === 'numeric'
+            if (numericText) expect(name.endsWith('body'), `${at} takes a number as text`).toBe(false)
+            else expect(node.pattern, `${at} admits NUL or lone surrogates`).toBe(STORABLE_TEXT)
+          }
+        }
+        if (!body) continue
+        if (path.startsWith('/v1/') && body.properties) expect(body.additionalProperties, `${where} admits unknown fields`).toBe(false)
+        if (path.startsWith('/auth/')) expect(body.additionalProperties, `${where} refuses unknown fields`).toBe(true)
+      }
+    }
+  })
+})

@@ -6,7 +6,7 @@ import { ApiError, badRequest, forbidden, notFound } from '../errors'
 import { keys } from '../store/store'
 import { requireOwnedApp } from './accounts'
 import { hasPositiveBalance } from './credits'
-import { generateLicenseKey, LICENSE_KEY_PATTERN } from './crypto'
+import { generateLicenseKey, hmacBase64Url, LICENSE_KEY_PATTERN, safeEqual } from './crypto'
 import { type DomainEvent, type EventData, type EventName, recordEvents } from './events'
 import { parseIsoTimestamp } from './time'
 import { invalidate } from './invalidate'
@@ -49,10 +49,20 @@ export function licenseWithHwids(row: LicenseRow): LicenseWithHwids {
 const KEY_SHAPE = new RegExp(LICENSE_KEY_PATTERN)
 const MAX_KEY_ATTEMPTS = 8
 
+/**
+ * The instants an expiry may name. PostgreSQL's timestamptz starts in 4713 BC, but a Date is sent to it
+ * as toISOString text, which has no form PostgreSQL reads for year 0 or for years past 9999.
+ */
+const EXPIRY_RANGE = { min: Date.UTC(1970, 0, 1), max: Date.UTC(9999, 11, 31, 23, 59, 59, 999) } as const
+
 function expiryFrom(text: string | null | undefined): Date | null {
   if (text === undefined || text === null) return null
   const date = parseIsoTimestamp(text)
   if (!date) throw badRequest('expiresAt must be an ISO 8601 timestamp or null')
+  const ms = date.getTime()
+  if (ms < EXPIRY_RANGE.min || ms > EXPIRY_RANGE.max) {
+    throw badRequest('expiresAt must lie from 1970-01-01T00:00:00Z to 9999-12-31T23:59:59.999Z')
+  }
   return date
 }
 
@@ -172,20 +182,25 @@ interface Cursor {
   key: string
 }
 
-const CURSOR_TEXT = /^[A-Za-z0-9_-]{1,200}$/
+const CURSOR_TEXT = /^([A-Za-z0-9_-]{1,200})\.([A-Za-z0-9_-]{22})$/
 
-export function encodeCursor(row: LicenseRow): string {
-  return Buffer.from(`${row.createdAt.toISOString()}|${row.key}`, 'utf8').toString('base64url')
+// The MAC input is prefixed so a cursor's tag can never stand for a session token's (same key), and
+// names the app so a cursor of one listing is refused by another.
+const cursorTag = (deps: Deps, appId: string, position: string) =>
+  hmacBase64Url(deps.sessionKey, `license-cursor\n${appId}\n${position}`).slice(0, 22)
+
+/** The last row's position, tagged with a MAC: only a cursor this API returned is ever decoded. */
+export function encodeCursor(deps: Deps, row: LicenseRow): string {
+  const position = Buffer.from(`${row.createdAt.toISOString()}|${row.key}`, 'utf8').toString('base64url')
+  return `${position}.${cursorTag(deps, row.appId, position)}`
 }
 
-function decodeCursor(text: string): Cursor {
+function decodeCursor(deps: Deps, appId: string, text: string): Cursor {
   const invalid = () => badRequest('cursor is not one this API returned')
-  if (!CURSOR_TEXT.test(text)) throw invalid()
-  const [createdAt, key, ...rest] = Buffer.from(text, 'base64url').toString('utf8').split('|')
-  if (createdAt === undefined || key === undefined || rest.length > 0 || !KEY_SHAPE.test(key))
-    throw invalid()
-  const ms = Date.parse(createdAt)
-  if (!Number.isFinite(ms) || new Date(ms).toISOString() !== createdAt) throw invalid()
+  const [, position, tag] = CURSOR_TEXT.exec(text) ?? []
+  if (!position || !tag || !safeEqual(tag, cursorTag(deps, appId, position))) throw invalid()
+  const [createdAt, key] = Buffer.from(position, 'base64url').toString('utf8').split('|')
+  if (createdAt === undefined || key === undefined) throw invalid()
   return { createdAt, key }
 }
 
@@ -197,8 +212,8 @@ export interface ListLicensesInput {
 
 /** Newest first (created_at DESC, key DESC); the cursor is the last row's position, keyset style. */
 export async function listLicenses(deps: Deps, accountId: string, input: ListLicensesInput) {
-  const after = input.cursor === undefined ? null : decodeCursor(input.cursor)
   const app = await requireOwnedApp(deps, accountId, input.appId)
+  const after = input.cursor === undefined ? null : decodeCursor(deps, app.id, input.cursor)
   const limit = input.limit ?? 50
   const rows = await deps.database.db
     .select()
@@ -217,7 +232,7 @@ export async function listLicenses(deps: Deps, accountId: string, input: ListLic
   const last = page[page.length - 1]
   return {
     licenses: page.map(licenseWithHwids),
-    cursor: rows.length > limit && last ? encodeCursor(last) : null,
+    cursor: rows.length > limit && last ? encodeCursor(deps, last) : null,
   }
 }
 

@@ -6,7 +6,8 @@ import type { Deps } from '../deps'
 import { ApiError } from '../errors'
 import { takeApiToken } from './rate-limit'
 
-const BEARER = /^Bearer\s+(svc_live_[A-Za-z0-9_-]{16,128})\s*$/
+// Case-insensitive for the scheme's sake (RFC 9110 section 11.1); a key in other case hashes to no key.
+const BEARER = /^bearer\s+(svc_live_[A-Za-z0-9_-]{16,128})\s*$/i
 
 /** SHA-256 of a well-formed bearer key, or null when the header is missing or malformed. */
 export function presentedKeyHash(authorization: string | undefined): string | null {

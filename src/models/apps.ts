@@ -1,6 +1,7 @@
 import { t } from 'elysia'
+import { StrictBody, Text } from '../models'
 
-export const AppIdParams = t.Object({ appId: t.String({ description: 'Application ID (UUID)' }) })
+export const AppIdParams = t.Object({ appId: Text({ description: 'Application ID (UUID)' }) })
 
 export const AccountResponse = t.Object({
   accountId: t.String({ format: 'uuid' }),
@@ -8,8 +9,8 @@ export const AccountResponse = t.Object({
   credits: t.Integer({ description: 'Credit balance' }),
 })
 
-export const CreateAppBody = t.Object({
-  name: t.String({ minLength: 1, maxLength: 128 }),
+export const CreateAppBody = StrictBody({
+  name: Text({ minLength: 1, maxLength: 128 }),
   sandbox: t.Optional(t.Boolean({ default: false, description: 'Sandbox apps are never billed' })),
 })
 
@@ -47,8 +48,8 @@ export const RotatedKeyResponse = t.Object({ keyId: t.String(), publicKey: t.Str
 
 /** A flat variable map: 1 to 64 character names, scalar values, at most 50 names and 4,096 bytes of JSON. */
 export const VariableMapBody = t.Record(
-  t.String({ minLength: 1, maxLength: 64 }),
-  t.Union([t.String(), t.Number(), t.Boolean()]),
+  Text({ minLength: 1, maxLength: 64 }),
+  t.Union([Text(), t.Number(), t.Boolean()]),
   {
     description: 'Flat map of variables; string, number or boolean values',
     examples: [{ tier: 'pro', seats: 5, beta: true }],

@@ -1,17 +1,20 @@
 import { Type } from '@sinclair/typebox'
 import { t } from 'elysia'
-import { PublicErrorBody } from '../models'
+import { PublicErrorBody, Text } from '../models'
 
-const appId = t.String({ minLength: 1, maxLength: 64, description: 'The application id (UUID)' })
-const hwid = t.String({ minLength: 1, maxLength: 128, description: 'Hardware id of the device, 1 to 128 characters' })
-const appSecret = t.String({ minLength: 1, maxLength: 256, description: 'The app secret' })
-const licenseKey = t.String({ minLength: 1, maxLength: 64, description: 'XXXX-XXXX-XXXX-XXXX' })
-const nonce = t.String({
+const appId = Text({ minLength: 1, maxLength: 64, description: 'The application id (UUID)' })
+const hwid = Text({ minLength: 1, maxLength: 128, description: 'Hardware id of the device, 1 to 128 characters' })
+const appSecret = Text({ minLength: 1, maxLength: 256, description: 'The app secret' })
+const licenseKey = Text({ minLength: 1, maxLength: 64, description: 'XXXX-XXXX-XXXX-XXXX' })
+const nonce = Text({
   minLength: 8,
   maxLength: 128,
   description: 'Fresh random value, 8 to 128 characters; accepted once per app for 7 days (the longest session)',
 })
-const sessionToken = t.String({ minLength: 1, maxLength: 2048, description: 'From a previous validate or heartbeat' })
+const sessionToken = Text({ minLength: 1, maxLength: 2048, description: 'From a previous validate or heartbeat' })
+
+// Client SDKs add fields over time: /auth bodies take unknown fields, and check only the known ones.
+const tolerant = { additionalProperties: true }
 
 export const ValidateBody = t.Object({
   appId,
@@ -24,14 +27,14 @@ export const ValidateBody = t.Object({
   ttlSeconds: t.Optional(
     Type.Integer({ description: 'Requested session lifetime; clamped to [3600, 604800]. Default SESSION_TTL_SECONDS.' }),
   ),
-})
+}, tolerant)
 
 export const HeartbeatBody = t.Object({
   appId,
   sessionToken,
   hwid,
-  nonce: t.Optional(t.String({ minLength: 1, maxLength: 128, description: 'Echoed in the signed payload; not enforced' })),
-})
+  nonce: t.Optional(Text({ minLength: 1, maxLength: 128, description: 'Echoed in the signed payload; not enforced' })),
+}, tolerant)
 
 export const SelfbanBody = t.Object({
   appId,
@@ -43,7 +46,7 @@ export const SelfbanBody = t.Object({
   revokeLicense: t.Optional(t.Boolean({ description: 'Default false pre-session (true fails), true post-session' })),
   blacklistHwid: t.Optional(t.Boolean({ description: 'Default true' })),
   blacklistIp: t.Optional(t.Boolean({ description: 'Default true' })),
-})
+}, tolerant)
 
 export const SignedResponse = t.Object({
   status: t.Literal('success'),

@@ -1,9 +1,13 @@
 import { t } from 'elysia'
+import { Count, StrictBody, Text } from '../models'
+
+/** The instants an expiry may name: what PostgreSQL's timestamptz and a JS Date both hold, in plain ISO 8601. */
+const EXPIRY_RANGE_TEXT = 'from 1970-01-01T00:00:00Z to 9999-12-31T23:59:59.999Z (UTC), else 400'
 
 const isoDate = (description: string) => t.String({ format: 'date-time', description })
 
 export const LicenseKeyParams = t.Object({
-  licenseKey: t.String({
+  licenseKey: Text({
     description: 'License key, XXXX-XXXX-XXXX-XXXX',
     examples: ['K7QM-3XWT-9HFP-2RDN'],
   }),
@@ -39,14 +43,14 @@ export const LicenseDetail = t.Composite([
   }),
 ])
 
-export const CreateLicensesBody = t.Object({
-  appId: t.String({ description: 'Application to issue for' }),
-  quantity: t.Optional(t.Integer({ minimum: 1, maximum: 100, default: 1 })),
+export const CreateLicensesBody = StrictBody({
+  appId: Text({ description: 'Application to issue for' }),
+  quantity: t.Optional(Count({ minimum: 1, maximum: 100, default: 1 })),
   expiresAt: t.Optional(
-    t.Nullable(t.String({ description: 'ISO 8601; null (or omitted) for lifetime' })),
+    t.Nullable(Text({ description: `ISO 8601; null (or omitted) for lifetime; ${EXPIRY_RANGE_TEXT}` })),
   ),
   maxHwidSlots: t.Optional(
-    t.Integer({
+    Count({
       minimum: 1,
       maximum: 16,
       default: 1,
@@ -54,15 +58,17 @@ export const CreateLicensesBody = t.Object({
     }),
   ),
   unlimitedHwidSlots: t.Optional(t.Boolean({ default: false })),
-  label: t.Optional(t.Nullable(t.String({ maxLength: 128 }))),
+  label: t.Optional(t.Nullable(Text({ maxLength: 128 }))),
 })
 
 export const CreateLicensesResponse = t.Object({ licenses: t.Array(License) })
 
 export const ListLicensesQuery = t.Object({
-  appId: t.String({ description: 'Application whose licenses to list' }),
+  appId: Text({ description: 'Application whose licenses to list' }),
   limit: t.Optional(t.Integer({ minimum: 1, maximum: 200, default: 50 })),
-  cursor: t.Optional(t.String({ description: 'The cursor of the previous page' })),
+  cursor: t.Optional(
+    Text({ description: 'The cursor of the previous page, as returned; any other value gets 400' }),
+  ),
 })
 
 export const ListLicensesResponse = t.Object({
@@ -72,7 +78,7 @@ export const ListLicensesResponse = t.Object({
   ),
 })
 
-export const UpdateLicenseBody = t.Object({
+export const UpdateLicenseBody = StrictBody({
   action: t.Union([
     t.Literal('revoke'),
     t.Literal('activate'),
@@ -81,8 +87,8 @@ export const UpdateLicenseBody = t.Object({
   ]),
   expiresAt: t.Optional(
     t.Nullable(
-      t.String({
-        description: 'ISO 8601 new expiry, required by extend (null: lifetime); refused otherwise',
+      Text({
+        description: `ISO 8601 new expiry, required by extend (null: lifetime); refused otherwise; ${EXPIRY_RANGE_TEXT}`,
       }),
     ),
   ),

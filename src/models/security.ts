@@ -1,6 +1,7 @@
 import { t } from 'elysia'
+import { StrictBody, Text } from '../models'
 
-const list = (description: string) => t.Array(t.String(), { maxItems: 1000, description })
+const list = (description: string) => t.Array(Text(), { maxItems: 1000, description })
 
 /** Per-app lists checked on every authentication: blacklists always win; a non-empty whitelist admits only its entries. */
 export const SecurityConfig = t.Object({
@@ -11,13 +12,14 @@ export const SecurityConfig = t.Object({
 })
 
 export const PutSecurityBody = t.Partial(SecurityConfig, {
+  additionalProperties: false,
   description:
     'A supplied list replaces that list (entries deduplicated, order kept); omitted lists are unchanged; [] clears',
 })
 
-export const SecurityEntryBody = t.Object({
+export const SecurityEntryBody = StrictBody({
   type: t.Union([t.Literal('hwid'), t.Literal('ip')]),
-  value: t.String({
+  value: Text({
     description:
       'HWID of 1 to 128 characters, or a single IPv4/IPv6 address of 7 to 45 characters (stored canonical)',
   }),

@@ -1,5 +1,6 @@
 import { t } from 'elysia'
 import { EVENT_NAMES } from '../core/events'
+import { StrictBody, Text } from '../models'
 import { MAX_WEBHOOK_URL_LENGTH } from '../webhooks/target'
 
 const isoDate = (description: string) => t.String({ format: 'date-time', description })
@@ -9,7 +10,7 @@ const EventName = t.Union(
   { description: 'A subscribable event (test.ping is sent by the test operation only)' },
 )
 
-const Url = t.String({
+const Url = Text({
   maxLength: MAX_WEBHOOK_URL_LENGTH,
   description:
     'HTTPS endpoint receiving deliveries. Refused when its host resolves to a loopback, private, link-local ' +
@@ -23,11 +24,11 @@ const Events = t.Array(EventName, {
   description: 'Subscribed event names; duplicates are stored once',
 })
 
-export const AppParams = t.Object({ appId: t.String({ description: 'Owning application' }) })
+export const AppParams = t.Object({ appId: Text({ description: 'Owning application' }) })
 
 export const WebhookParams = t.Object({
-  appId: t.String({ description: 'Owning application' }),
-  webhookId: t.String({ description: 'wh_…', examples: ['wh_3kTq9vXa2LmP'] }),
+  appId: Text({ description: 'Owning application' }),
+  webhookId: Text({ description: 'wh_…', examples: ['wh_3kTq9vXa2LmP'] }),
 })
 
 /** A webhook as list returns it: never the secret. */
@@ -59,13 +60,13 @@ export const CreatedWebhook = t.Composite([
   }),
 ])
 
-export const CreateWebhookBody = t.Object({
+export const CreateWebhookBody = StrictBody({
   url: Url,
   events: Events,
   enabled: t.Optional(t.Boolean({ default: true })),
 })
 
-export const UpdateWebhookBody = t.Object({
+export const UpdateWebhookBody = StrictBody({
   url: t.Optional(Url),
   events: t.Optional(Events),
   enabled: t.Optional(t.Boolean()),

@@ -41,12 +41,16 @@ const DESCRIPTION = `Self-hosted license-key service speaking the AuthForge wire
 (keys come from the operator CLI, \`bun run cli account create\`). Errors are \`{ "error": code, "message": text }\`:
 400 \`bad_request\`, 401 \`invalid_api_key\`, 402 \`no_credits\`, 403 \`forbidden\`, 404 \`not_found\`,
 413 \`bad_request\` (body over 1 MiB), 429 \`rate_limited\`, 500 \`internal_error\`.
+Bodies are strict: exactly the documented fields (an unknown one is a 400 naming it), counts as JSON integers, no
+\`null\`, array or empty body where an object is expected. No string may hold a NUL character or an unpaired UTF-16
+surrogate (the \`pattern\` of every string field). Nothing changes on a 4xx.
 Rate limit: per API key, a burst of 100 requests refilling at 50 per second. Every authenticated response
 carries \`RateLimit-Limit\`, \`RateLimit-Remaining\` and \`RateLimit-Reset\`; a 429 also carries \`Retry-After\`
 (seconds). Retry with exponential backoff.
 
 **Client endpoints** (\`/auth/*\`): called by the client SDKs with \`appId\` + \`appSecret\` (pre-session) or a
-\`sessionToken\` (post-session). Failures are \`{ "status": "failed", "error": code }\`. Success responses of
+\`sessionToken\` (post-session). Failures are \`{ "status": "failed", "error": code }\`; unknown body fields are
+ignored, a mistyped known field is 400 \`bad_request\`. Success responses of
 validate and heartbeat are signed: verify the Ed25519 \`signature\` over the base64 \`payload\` string as received
 with the app's public key, then decode the payload.`
 

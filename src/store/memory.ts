@@ -55,7 +55,12 @@ export class MemoryStore implements Store {
   }
 
   async take(key: string, capacity: number, refillPerSecond: number, nowMs: number, cost = 1): Promise<TakeResult> {
-    return takeBucket(this, key, capacity, refillPerSecond, nowMs, cost)
+    const result = takeBucket(this, key, capacity, refillPerSecond, nowMs, cost)
+    // Answers after a turn of the event loop, as a Redis round trip does. Answered at once, a request
+    // would run on into its PGlite queries, which hold the thread, before the next request of a burst
+    // took its token: the burst would be spread over that time and the bucket refill under it.
+    await new Promise((resolve) => setImmediate(resolve))
+    return result
   }
 
   /** Bucket state access for takeBucket; the same state the Redis hash holds. */

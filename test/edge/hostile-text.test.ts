@@ -1,0 +1,106 @@
+import { describe, expect, test } from 'bun:test'
+import { makeTestApp } from '../helpers'
+import { hwid, insertLicense, nonce } from '../client-helpers'
+import { accountDigest } from './account-digest'
+
+/**
+ * A NUL character and an unpaired surrogate, neither storable in a PostgreSQL text or JSON column: as
+ * JSON text, and percent-encoded for a path (ED A0 80 is the surrogate's would-be UTF-8, invalid).
+ */
+const HOSTILE = [
+  ['NUL', 'a\u0000b', 'a%00b'],
+  ['a lone surrogate', 'a\ud800b', 'a%ED%A0%80b'],
+] as const
+
+describe.each(HOSTILE)('%s in a Developer API string', async (_name, bad, _inPath) => {
+  const t = await makeTestApp()
+  const s = await t.seed()
+  const [licenseKey] = (await t.req('POST', '/v1/licenses', { apiKey: s.apiKey, body: { appId: s.appId } })).body
+    .licenses.map((l: { licenseKey: string }) => l.licenseKey)
+  const webhook = await t.req('POST', `/v1/apps/${s.appId}/webhooks`, {
+    apiKey: s.apiKey,
+    body: { url: 'https://127.0.0.1:9/hook', events: ['license.created'] },
+  })
+  expect(webhook.status, JSON.stringify(webhook.body)).toBe(201)
+  const webhookPath = `/v1/apps/${s.appId}/webhooks/${webhook.body.webhookId}`
+
+  test.each([
+    ['POST', '/v1/apps', { name: bad }, 'name'],
+    ['POST', '/v1/licenses', { appId: s.appId, label: bad }, 'label'],
+    ['PUT', `/v1/apps/${s.appId}/variables`, { tier: bad }, 'tier'],
+    ['PUT', `/v1/apps/${s.appId}/variables`, { [bad]: 1 }, bad],
+    ['PUT', `/v1/licenses/${licenseKey}/variables`, { tier: bad }, 'tier'],
+    ['PUT', `/v1/apps/${s.appId}/security`, { hwidBlacklist: ['ok', bad] }, 'hwidBlacklist.1'],
+    ['PUT', `/v1/apps/${s.appId}/security`, { ipWhitelist: [bad] }, 'ipWhitelist.0'],
+    ['POST', `/v1/apps/${s.appId}/security/blacklist`, { type: 'hwid', value: bad }, 'value'],
+    ['DELETE', `/v1/apps/${s.appId}/security/whitelist`, { type: 'hwid', value: bad }, 'value'],
+    ['POST', `/v1/apps/${s.appId}/webhooks`, { url: `https://example.com/${bad}`, events: ['license.created'] }, 'url'],
+    ['PUT', webhookPath, { url: `https://example.com/${bad}` }, 'url'],
+  ])('%s %s %j: 400 naming the field, nothing changed', async (method, path, body, field) => {
+    const before = await accountDigest(t.deps, s.accountId)
+    const res = await t.req(method, path, { apiKey: s.apiKey, body })
+    expect(res.status, JSON.stringify(res.body)).toBe(400)
+    expect(res.body.error).toBe('bad_request')
+    expect(res.body.message).toContain(JSON.stringify(field).slice(1, -1))
+    expect(await accountDigest(t.deps, s.accountId)).toBe(before)
+  })
+})
+
+test('NUL or a lone surrogate in a path or query parameter: 4xx on every route that takes one, never 500', async () => {
+  const t = await makeTestApp()
+  const s = await t.seed()
+  const routes = [
+    ['PUT', `/v1/apps/${s.appId}/webhooks/{}`, { enabled: false }],
+    ['DELETE', `/v1/apps/${s.appId}/webhooks/{}`, undefined],
+    ['POST', `/v1/apps/${s.appId}/webhooks/{}/test`, undefined],
+    ['GET', '/v1/apps/{}/webhooks', undefined],
+    ['PUT', '/v1/apps/{}/variables', { a: 1 }],
+    ['GET', '/v1/licenses/{}', undefined],
+    ['PUT', '/v1/licenses/{}', { action: 'revoke' }],
+    ['DELETE', '/v1/licenses/{}', undefined],
+    ['PUT', '/v1/licenses/{}/variables', { a: 1 }],
+    ['GET', `/v1/licenses?appId=${s.appId}&cursor={}`, undefined],
+    ['GET', '/v1/licenses?appId={}', undefined],
+  ] as const
+  for (const [, , inPath] of HOSTILE) {
+    for (const [method, template, body] of routes) {
+      const path = template.replace('{}', inPath)
+      const res = await t.req(method, path, { apiKey: s.apiKey, body })
+      expect(res.status, `${method} ${path}: ${JSON.stringify(res.body)}`).toBeGreaterThanOrEqual(400)
+      expect(res.status, `${method} ${path}: ${JSON.stringify(res.body)}`).toBeLessThan(500)
+    }
+  }
+})
+
+describe.each(HOSTILE)('%s in a client endpoint field', async (_name, bad, _inPath) => {
+  const t = await makeTestApp()
+  const s = await t.seed()
+  const key = await insertLicense(t.deps, s.appId)
+  const validate = { appId: s.appId, appSecret: s.appSecret, licenseKey: key, hwid: hwid(), nonce: nonce() }
+  const heartbeat = { appId: s.appId, sessionToken: 'token', hwid: hwid(), nonce: nonce() }
+  const selfban = { appId: s.appId, appSecret: s.appSecret, licenseKey: key, hwid: hwid(), nonce: nonce(), sessionToken: 'token' }
+
+  test.each([
+    ...Object.keys(validate).map((field) => ['/auth/validate', validate, field] as const),
+    ...Object.keys(heartbeat).map((field) => ['/auth/heartbeat', heartbeat, field] as const),
+    ...Object.keys(selfban).map((field) => ['/auth/selfban', selfban, field] as const),
+  ])('%s %s field %s: 400 bad_request, nothing changed', async (path, body, field) => {
+    const before = await accountDigest(t.deps, s.accountId)
+    // Padded so the length rules (nonce: 8 or more) pass and only the character is wrong.
+    const res = await t.req('POST', path, { body: { ...body, [field]: `${bad}${'x'.repeat(10)}` } })
+    expect(res.status, JSON.stringify(res.body)).toBe(400)
+    expect(res.body).toEqual({ status: 'failed', error: 'bad_request' })
+    expect(await accountDigest(t.deps, s.accountId)).toBe(before)
+  })
+
+  test('one hostile HWID among concurrent first activations fails alone', async () => {
+    const others = await Promise.all(Array.from({ length: 30 }, () => insertLicense(t.deps, s.appId)))
+    const requests = others.map((licenseKey) =>
+      t.req('POST', '/auth/validate', { body: { ...validate, licenseKey, hwid: hwid(), nonce: nonce() } }),
+    )
+    const hostile = t.req('POST', '/auth/validate', { body: { ...validate, hwid: bad, nonce: nonce() } })
+    const [answers, refused] = await Promise.all([Promise.all(requests), hostile])
+    expect(refused.status).toBe(400)
+    expect(answers.map((r) => r.status)).toEqual(others.map(() => 200))
+  })
+})

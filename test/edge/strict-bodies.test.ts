@@ -1,0 +1,98 @@
+import { describe, expect, test } from 'bun:test'
+import { makeTestApp } from '../helpers'
+import { hwid, insertLicense, nonce } from '../client-helpers'
+import { accountDigest } from './account-digest'
+
+describe('strict /v1 bodies', async () => {
+  const t = await makeTestApp()
+  const s = await t.seed()
+  const created = await t.req('POST', '/v1/licenses', { apiKey: s.apiKey, body: { appId: s.appId } })
+  const licenseKey: string = created.body.licenses[0].licenseKey
+  await t.req('PUT', `/v1/apps/${s.appId}/variables`, { apiKey: s.apiKey, body: { tier: 'pro' } })
+  await t.req('PUT', `/v1/licenses/${licenseKey}/variables`, { apiKey: s.apiKey, body: { seats: 3 } })
+
+  const refused = async (method: string, path: string, body: unknown, mentions: string | null) => {
+    const before = await accountDigest(t.deps, s.accountId)
+    const res = await t.req(method, path, { apiKey: s.apiKey, body })
+    expect(res.status, JSON.stringify(res.body)).toBe(400)
+    expect(res.body.error).toBe('bad_request')
+    if (mentions) expect(res.body.message).toContain(mentions)
+    expect(await accountDigest(t.deps, s.accountId)).toBe(before)
+  }
+
+  test.each([
+    ['POST', '/v1/apps', { name: 'a', sandboxed: true }, 'sandboxed'],
+    ['POST', '/v1/licenses', { appId: s.appId, qty: 2 }, 'qty'],
+    ['PUT', `/v1/licenses/${licenseKey}`, { action: 'revoke', reason: 'x' }, 'reason'],
+    ['PUT', `/v1/apps/${s.appId}/security`, { hwidBlacklist: [], ipBlocklist: [] }, 'ipBlocklist'],
+    ['POST', `/v1/apps/${s.appId}/security/blacklist`, { type: 'hwid', value: 'h', note: 1 }, 'note'],
+    ['POST', `/v1/apps/${s.appId}/webhooks`, { url: 'https://example.com/h', events: ['license.created'], secret: 's' }, 'secret'],
+  ])('%s %s with an unknown field: 400 naming it', async (method, path, body, field) => {
+    await refused(method, path, body, field)
+  })
+
+  test('a count must be a JSON integer: numbers as text, fractions and null get 400 and create nothing', async () => {
+    const cases = [
+      ...['0x10', '1e1', ' 3', '3', '3.0', ''].map((quantity) => [{ quantity }, 'quantity'] as const),
+      [{ quantity: 1.5 }, 'quantity'],
+      [{ quantity: null }, 'quantity'],
+      [{ maxHwidSlots: 2.5 }, 'maxHwidSlots'],
+      [{ maxHwidSlots: '2' }, 'maxHwidSlots'],
+      [{ unlimitedHwidSlots: 'true' }, 'unlimitedHwidSlots'],
+      [{ appId: null }, 'appId'],
+    ] as const
+    for (const [fields, field] of cases) await refused('POST', '/v1/licenses', { appId: s.appId, ...fields }, field)
+  })
+
+  test('null, an array, a scalar or no body where a route takes an object: 400, nothing changed', async () => {
+    const routes = [
+      ['POST', '/v1/apps'],
+      ['POST', '/v1/licenses'],
+      ['PUT', `/v1/licenses/${licenseKey}`],
+      ['PUT', `/v1/apps/${s.appId}/security`],
+      ['POST', `/v1/apps/${s.appId}/security/whitelist`],
+      ['PUT', `/v1/apps/${s.appId}/variables`],
+      ['PUT', `/v1/licenses/${licenseKey}/variables`],
+      ['POST', `/v1/apps/${s.appId}/webhooks`],
+    ] as const
+    for (const [method, path] of routes) {
+      for (const body of ['null', '[]', '', '"text"', '7']) await refused(method, path, body, null)
+    }
+    expect((await t.req('GET', `/v1/apps/${s.appId}/variables`, { apiKey: s.apiKey })).body).toEqual({ tier: 'pro' })
+    expect((await t.req('GET', `/v1/licenses/${licenseKey}/variables`, { apiKey: s.apiKey })).body).toEqual({ seats: 3 })
+  })
+})
+
+test('/auth bodies stay tolerant of unknown fields while /v1 bodies refuse them', async () => {
+  const t = await makeTestApp()
+  const s = await t.seed()
+  const key = await insertLicense(t.deps, s.appId)
+  const extra = { sdkVersion: '9.9', telemetry: { deep: [1] } }
+  const validate = { appId: s.appId, appSecret: s.appSecret, licenseKey: key, hwid: hwid(), nonce: nonce(), ...extra }
+  const res = await t.req('POST', '/auth/validate', { body: validate })
+  expect(res.status, JSON.stringify(res.body)).toBe(200)
+  const heartbeat = { appId: s.appId, sessionToken: JSON.parse(Buffer.from(res.body.payload, 'base64').toString()).sessionToken, hwid: validate.hwid, ...extra }
+  expect((await t.req('POST', '/auth/heartbeat', { body: heartbeat })).status).toBe(200)
+  const create = await t.req('POST', '/v1/licenses', { apiKey: s.apiKey, body: { appId: s.appId, ...extra } })
+  expect(create.status).toBe(400)
+  expect(create.body.message).toBe('Unknown field "sdkVersion"')
+})
+
+test('a body nested deeper than 32 levels gets 400, never a 500, on every kind of route', async () => {
+  const t = await makeTestApp()
+  const s = await t.seed()
+  const deep = (depth: number) => `${'['.repeat(depth)}${']'.repeat(depth)}`
+  const sent = [
+    ['POST', '/v1/licenses', `{"appId":"${s.appId}","label":${deep(100_000)}}`],
+    ['POST', '/v1/licenses', deep(300_000)],
+    ['PUT', `/v1/apps/${s.appId}/variables`, `{"a":${deep(33)}}`],
+    ['POST', `/v1/apps/${s.appId}/signing-keys`, deep(100_000)],
+    ['POST', '/auth/validate', `{"appId":"${s.appId}","sdk":${deep(5_000)}}`],
+  ] as const
+  for (const [method, path, body] of sent) {
+    const before = await accountDigest(t.deps, s.accountId)
+    const res = await t.req(method, path, { apiKey: s.apiKey, body })
+    expect(res.status, `${method} ${path}: ${JSON.stringify(res.body)}`).toBe(400)
+    expect(await accountDigest(t.deps, s.accountId)).toBe(before)
+  }
+})
