@@ -39,7 +39,7 @@ async function billedLicense(app: TestApp, credits: number) {
   return { accountId: s.accountId, validate, reconciled }
 }
 
-test('Redis killed and restarted empty under load: charged validates exceed the credits by at most the charges of one reconciler interval before the loss', async () => {
+test('Redis killed and restarted empty under load: charged validates exceed the credits by at most the charges of the last second before the loss', async () => {
   // Paced to about a thousand a second for a few seconds, so the reconciler runs several passes
   // before the loss and the loss lands at an arbitrary point between two of them.
   const credits = 4000
@@ -65,10 +65,11 @@ test('Redis killed and restarted empty under load: charged validates exceed the 
   restartedAt = Date.now()
   await Promise.all(workers)
   await reconciler.stop()
-  // A 200 completed before the restart was charged by the Redis that was lost. The bound: the charges
-  // since the last flush began, one interval and the pass's own time (250 ms of slack) before the loss.
-  const window = RECONCILE_MS + 250
-  expect(window).toBeLessThanOrEqual(1000)
+  // A 200 completed before the restart was charged by the Redis that was lost. The bound the issue
+  // sets: the charges of the last second before the loss. The reconciler's interval leaves room in it
+  // for a flush pass slowed by a loaded machine.
+  const window = 1000
+  expect(RECONCILE_MS).toBeLessThanOrEqual(window / 2)
   const lastCharges = successes.filter((at) => at > killedAt - window && at < restartedAt).length
   expect(successes.length).toBeGreaterThanOrEqual(credits)
   expect(successes.length - credits, `${lastCharges} charged in the last ${window} ms`).toBeLessThanOrEqual(lastCharges)
