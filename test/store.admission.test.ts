@@ -63,3 +63,26 @@ test('absent keys never evict a cached license', async () => {
   await cache.ensureLicense(absent)
   expect(cache.cachedLicense(absent)).toEqual({ epoch: expect.any(Number), value: null })
 })
+
+test('made-up app ids from one IP cost PostgreSQL a bounded number of reads; real apps spend nothing of it', async () => {
+  const s = await t.seed()
+  const ip = '203.0.113.9'
+  const before = clientAuthLoads(t.deps)
+  for (let i = 0; i < 100; i++) {
+    const reply = await validate({ appId: crypto.randomUUID(), appSecret: 'x', licenseKey: generateLicenseKey() }, ip)
+    expect(reply.body.error).toBe('invalid_app')
+  }
+  expect(clientAuthLoads(t.deps).apps - before.apps).toBe(60)
+  // Another IP's first look at a real app is not held up by it.
+  const real = await insertLicense(t.deps, s.appId)
+  expect((await validate({ appId: s.appId, appSecret: s.appSecret, licenseKey: real }, '203.0.113.10')).status).toBe(200)
+})
+
+test('apps that exist give their lookup token back, however many a caller looks up', async () => {
+  const ip = '203.0.113.11'
+  for (let i = 0; i < 70; i++) {
+    const s = await t.seed()
+    const real = await insertLicense(t.deps, s.appId)
+    expect((await validate({ appId: s.appId, appSecret: s.appSecret, licenseKey: real }, ip)).status).toBe(200)
+  }
+})

@@ -110,6 +110,40 @@ class Entries<T> {
   }
 }
 
+/**
+ * A made-up app id costs PostgreSQL reads before anything can refuse it: there is no app yet whose
+ * limits apply. So each IP may look up apps that turn out absent `perMinute` times a minute (a token
+ * bucket; a lookup that finds its app gives the token back, so real clients never spend it); past
+ * that its uncached app ids are answered invalid_app without a read. Kept per process on purpose: no
+ * store round trip on a cold path, and n processes bound the database's load to n times this.
+ */
+export class AbsentAppBudget {
+  readonly #buckets: BoundedMap<{ tokens: number; at: number }>
+
+  constructor(
+    private readonly perMinute: number,
+    ips: number,
+  ) {
+    this.#buckets = new BoundedMap(ips)
+  }
+
+  take(ip: string, nowMs: number): boolean {
+    const bucket = this.#buckets.get(ip)
+    const refill = bucket ? (Math.max(0, nowMs - bucket.at) * this.perMinute) / 60_000 : this.perMinute
+    const tokens = Math.min(this.perMinute, (bucket?.tokens ?? 0) + refill)
+    const ok = tokens >= 1
+    this.#buckets.set(ip, { tokens: ok ? tokens - 1 : tokens, at: nowMs })
+    return ok
+  }
+
+  giveBack(ip: string): void {
+    const bucket = this.#buckets.get(ip)
+    if (bucket) bucket.tokens = Math.min(this.perMinute, bucket.tokens + 1)
+  }
+}
+
+const ABSENT_APPS_PER_MINUTE = 60
+
 function prepare(deps: Deps) {
   const db = deps.database.db
   const id = sql.placeholder('id')
@@ -152,6 +186,7 @@ export class AuthCache {
   generation = 0
   /** PostgreSQL reads of app and license state since start. */
   readonly loads = { apps: 0, licenses: 0 }
+  readonly absentApps = new AbsentAppBudget(ABSENT_APPS_PER_MINUTE, LIMITS.absent)
 
   constructor(
     private readonly deps: Deps,

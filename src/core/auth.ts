@@ -143,6 +143,7 @@ function warnOutage(message: string, cause: unknown): void {
  */
 async function authorize(
   deps: Deps,
+  ip: string,
   appId: string,
   licenseKey: string | null,
   needsNonce: boolean,
@@ -157,8 +158,10 @@ async function authorize(
       let appEntry = cache.cachedApp(appId)
       // Awaited only on a miss: the common all-cached request skips a promise and a microtask turn.
       if (!appEntry) {
+        if (!cache.absentApps.take(ip, nowMs)) throw new PublicError('invalid_app')
         await cache.ensureApp(appId)
         appEntry = cache.cachedApp(appId)
+        if (appEntry?.value) cache.absentApps.giveBack(ip)
         if (!appEntry) continue
       }
       const app = appEntry.value
@@ -231,12 +234,14 @@ async function authorize(
       throw new PublicError('system_error')
     }
     warnOutage('store unreachable: serving requests without limits or charges', err.cause)
+    if (!cache.absentApps.take(ip, nowMs)) throw new PublicError('invalid_app')
     const [app, license] = await Promise.all([
       cache.loadApp(appId),
       licenseKey === null ? null : cache.loadLicense(licenseKey),
     ])
     const { outcome } = plan(app, license, nowMs)
     if (!app) throw new PublicError('invalid_app')
+    cache.absentApps.giveBack(ip)
     if (!outcome.ok) throw new PublicError(outcome.code)
     return { app, license, outcome, charged: 0 }
   }
@@ -261,7 +266,7 @@ export interface SignedResponse {
 /** POST /auth/validate: authenticate the app, claim the nonce, check the license, bind the seat, charge, sign. */
 export async function validate(deps: Deps, input: ValidateInput, ip: string): Promise<SignedResponse> {
   const { hwid, licenseKey } = input
-  const auth = await authorize(deps, input.appId, licenseKey, true, (app, license, nowMs) => {
+  const auth = await authorize(deps, ip, input.appId, licenseKey, true, (app, license, nowMs) => {
     const secretOk = app !== null && secretMatches(input.appSecret, app.secretHash)
     let outcome: Outcome
     if (!app || !secretOk) outcome = fail('invalid_app')
@@ -347,7 +352,7 @@ function sessionFor(deps: Deps, appId: string, token: string, hwid: string): Ses
 /** POST /auth/heartbeat: re-checks the license on every call, so revocations reach clients at once. */
 export async function heartbeat(deps: Deps, input: HeartbeatInput, ip: string): Promise<SignedResponse> {
   const session = sessionFor(deps, input.appId, input.sessionToken, input.hwid)
-  const auth = await authorize(deps, input.appId, session?.lic ?? null, false, (app, license, nowMs) => {
+  const auth = await authorize(deps, ip, input.appId, session?.lic ?? null, false, (app, license, nowMs) => {
     let outcome: Outcome
     if (!app) outcome = fail('invalid_app')
     else if (!session) outcome = fail('session_expired')
@@ -481,7 +486,7 @@ export async function selfban(deps: Deps, input: SelfbanInput, ip: string): Prom
   const session = post ? sessionFor(deps, input.appId, input.sessionToken!, input.hwid) : null
   const licenseKey = post ? (session?.lic ?? null) : input.licenseKey!
   const revoke = input.revokeLicense ?? post
-  const auth = await authorize(deps, input.appId, licenseKey, !post, (app, license, nowMs) => {
+  const auth = await authorize(deps, ip, input.appId, licenseKey, !post, (app, license, nowMs) => {
     const secretOk = post || (app !== null && secretMatches(input.appSecret!, app.secretHash))
     let outcome: Outcome
     if (!app || !secretOk) outcome = fail('invalid_app')
