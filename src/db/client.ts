@@ -30,20 +30,24 @@ export interface OpenDbOptions {
   dataDir: string | null
 }
 
+/**
+ * postgres.js settings of every pool that serves requests or deliveries. Its default back-off grows
+ * with every failed connect, shared by the pool, to 10-20 s: after an outage each query then waits
+ * that long before its connection even tries (the per-app mailbox, the webhook dispatcher behind it
+ * stall). A refused connect is cheap, so retry within a second at most.
+ */
+export const POOL_OPTIONS = {
+  onnotice: () => {},
+  backoff: (retries: number) => Math.min(0.05 * 2 ** retries, 1),
+}
+
 /** Opens the database and applies pending migrations before anything uses it. */
 export async function openDb(options: OpenDbOptions): Promise<Database> {
   if (options.databaseUrl) {
     const { default: postgres } = await import('postgres')
     const { drizzle } = await import('drizzle-orm/postgres-js')
     const { migrate } = await import('drizzle-orm/postgres-js/migrator')
-    const client = postgres(options.databaseUrl, {
-      max: 16,
-      onnotice: () => {},
-      // The default back-off grows with every failed connect, shared by the pool, to 10-20 s: after an
-      // outage each query then waits that long before its connection even tries, and the per-app
-      // mailbox behind it stalls. A refused connect is cheap, so retry within a second at most.
-      backoff: (retries: number) => Math.min(0.05 * 2 ** retries, 1),
-    })
+    const client = postgres(options.databaseUrl, { ...POOL_OPTIONS, max: 16 })
     const db = drizzle({ client, schema })
     // Two processes starting at once must not both run a migration: a session lock on one connection.
     const lockConn = postgres(options.databaseUrl, { max: 1, onnotice: () => {} })

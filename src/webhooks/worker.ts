@@ -1,7 +1,7 @@
 /// <reference lib="webworker" />
 import { readdirSync, readFileSync } from 'node:fs'
 import { setPriority } from 'node:os'
-import type { Db } from '../db/client'
+import { type Db, POOL_OPTIONS } from '../db/client'
 import { errorFields, log, setLogLevel } from '../log'
 import type { RunningDispatcher } from './dispatcher'
 import {
@@ -157,7 +157,7 @@ async function startDispatching(msg: DispatchStart) {
   const { drizzle } = await import('drizzle-orm/postgres-js')
   const { WebhookDispatcher } = await import('./dispatcher')
   // Claims, records and the poll's fan-out run one at a time; two connections let a purge overlap.
-  const client = postgres(msg.databaseUrl, { max: 2, onnotice: () => {} })
+  const client = postgres(msg.databaseUrl, { ...POOL_OPTIONS, max: 2 })
   const running = new WebhookDispatcher(
     {
       db: drizzle({ client }) as unknown as Db,
