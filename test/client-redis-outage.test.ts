@@ -44,3 +44,25 @@ test('Redis unreachable: validate fails closed, heartbeat fails open, /readyz is
   expect((await beat()).status).toBe(200)
   expect((await t.req('GET', '/readyz')).status).toBe(200)
 })
+
+test('Developer API changes during a Redis outage answer at once and are seen when it returns', async () => {
+  await until(() => store.ping(), (up) => up)
+  const s = await t.seed()
+  const licenseKey = await insertLicense(t.deps, s.appId, { unlimitedHwidSlots: true })
+  const validate = () =>
+    t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: hwid(), nonce: nonce() } })
+  expect((await validate()).status).toBe(200)
+
+  await redis.stop()
+  const started = Date.now()
+  const revoked = await t.req('PUT', `/v1/licenses/${licenseKey}`, { apiKey: s.apiKey, body: { action: 'revoke' } })
+  expect(revoked.status).toBe(200)
+  expect((await t.req('GET', `/v1/licenses/${licenseKey}`, { apiKey: s.apiKey })).body.status).toBe('revoked')
+  expect((await t.req('GET', '/v1/account', { apiKey: s.apiKey })).status).toBe(200)
+  // Each would wait for a reconnect attempt (a second or more); none of them does.
+  expect(Date.now() - started).toBeLessThan(1000)
+
+  await redis.start()
+  const back = await until(validate, (r) => r.status !== 500)
+  expect(back.body).toEqual({ status: 'failed', error: 'revoked' })
+})

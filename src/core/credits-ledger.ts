@@ -54,7 +54,9 @@ async function seedBalance(deps: Deps, accountId: string): Promise<void> {
 
 /** The balance a caller may spend now: the live one when loaded, else the reconciled one. */
 export async function currentBalance(deps: Deps, accountId: string): Promise<number> {
-  const live = await deps.store.balance(accountId)
+  // While the store is unreachable the reconciled balance is the best answer there is (charges not
+  // yet flushed are missing from it); a read must not fail for that.
+  const live = await deps.store.balance(accountId).catch(() => null)
   if (live !== null) return live
   const [row] = await deps.database.db
     .select({ credits: accounts.credits })

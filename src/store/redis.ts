@@ -423,11 +423,13 @@ export class RedisStore implements Store {
   }
 
   async take(key: string, capacity: number, refillPerSecond: number, nowMs: number, cost = 1): Promise<TakeResult> {
+    this.#failFastWhenLost()
     const [ok, remaining, retryAfterMs] = await this.redis.lsTake(key, capacity, refillPerSecond, nowMs, cost)
     return { ok: ok === 1, remaining, retryAfterMs }
   }
 
   async claimOnce(key: string, ttlSeconds: number): Promise<boolean> {
+    this.#failFastWhenLost()
     return (await this.redis.set(key, '1', 'EX', ttlSeconds, 'NX')) === 'OK'
   }
 
@@ -439,6 +441,7 @@ export class RedisStore implements Store {
   }
 
   async bump(keys: readonly string[]): Promise<void> {
+    this.#failFastWhenLost()
     if (keys.length > 0) await this.redis.lsBump(keys.length, ...keys)
   }
 
@@ -468,8 +471,10 @@ export class RedisStore implements Store {
   }
 
   /**
-   * While a lost connection is being re-established, the hot path fails at once instead of waiting
-   * for a reconnect attempt (the caller fails open or closed). Before the first connect, commands queue.
+   * While a lost connection is being re-established, every operation fails at once instead of waiting
+   * for a reconnect attempt (seconds each): the hot path fails open or closed, a Developer API request
+   * goes unlimited, a cache bump is retried in the background, a credit flush waits for the next pass.
+   * Before the first connect, commands queue.
    */
   #failFastWhenLost(): void {
     if (this.redis.status === 'reconnecting' || this.redis.status === 'close') {
@@ -568,6 +573,7 @@ export class RedisStore implements Store {
   }
 
   async loadBalance(accountId: string, seen: CreditState, reconciled: number, flushCommitted: boolean): Promise<'ok' | 'stale'> {
+    this.#failFastWhenLost()
     const done = await this.redis.lsLoadBalance(
       keys.balance(accountId),
       keys.pendingCharges(accountId),
@@ -582,20 +588,24 @@ export class RedisStore implements Store {
   }
 
   async creditState(accountId: string): Promise<CreditState> {
+    this.#failFastWhenLost()
     const [epoch, flushing] = await this.redis.mget(keys.accountEpoch(accountId), keys.flushing(accountId))
     return { epoch: Number(epoch ?? 0), flushId: flushing ? flushIdOf(flushing) : null }
   }
 
   async balance(accountId: string): Promise<number | null> {
+    this.#failFastWhenLost()
     const v = await this.redis.get(keys.balance(accountId))
     return v === null ? null : Number(v)
   }
 
   async creditsAdded(accountId: string, n: number): Promise<void> {
+    this.#failFastWhenLost()
     await this.redis.lsCreditsAdded(keys.balance(accountId), keys.accountEpoch(accountId), n)
   }
 
   async refund(accountId: string, n: number): Promise<void> {
+    this.#failFastWhenLost()
     await this.redis.lsRefund(
       keys.balance(accountId),
       keys.pendingCharges(accountId),
@@ -606,16 +616,19 @@ export class RedisStore implements Store {
   }
 
   async dirtyAccounts(): Promise<string[]> {
+    this.#failFastWhenLost()
     return this.redis.smembers(keys.dirtyAccounts)
   }
 
   async beginFlush(accountId: string, newId: string): Promise<{ id: string; amount: number } | null> {
+    this.#failFastWhenLost()
     const record = await this.redis.lsBeginFlush(keys.pendingCharges(accountId), keys.flushing(accountId), newId)
     if (!record) return null
     return { id: flushIdOf(record), amount: Number(record.slice(record.lastIndexOf(':') + 1)) }
   }
 
   async endFlush(accountId: string, id: string): Promise<void> {
+    this.#failFastWhenLost()
     await this.redis.lsEndFlush(
       keys.flushing(accountId),
       keys.pendingCharges(accountId),
