@@ -24,7 +24,8 @@ class BodyTooLarge extends Error {}
 // Stateless between calls (no streaming), so one decoder serves every request.
 const utf8 = new TextDecoder()
 class MalformedJson extends Error {}
-class NestedTooDeep extends Error {}
+/** A parsed body that must not reach validation; the message says why. */
+class RefusedBody extends Error {}
 
 /**
  * How deep a body may nest. This API's bodies nest two levels; JSON.parse takes far deeper ones, and a
@@ -32,29 +33,39 @@ class NestedTooDeep extends Error {}
  */
 const MAX_BODY_DEPTH = 32
 
-/** True when `value` nests objects or arrays deeper than MAX_BODY_DEPTH. Iterative: no recursion to overflow. */
-function nestsTooDeep(value: unknown): boolean {
-  if (typeof value !== 'object' || value === null) return false
+/**
+ * A key JSON.parse keeps as an own property, but which any copy of the object (as filling in defaults
+ * does) turns into its prototype: the fields under it would pass as inherited, past the unknown-field
+ * check of a strict body.
+ */
+const PROTO_KEY = '__proto__'
+const PROTO_REFUSAL = `Request body may not have a "${PROTO_KEY}" key`
+
+/**
+ * Why `value` cannot be validated (nested deeper than MAX_BODY_DEPTH, or a `__proto__` key at any
+ * depth), or null. Iterative: no recursion to overflow.
+ */
+function refusal(value: unknown): string | null {
+  if (typeof value !== 'object' || value === null) return null
   // The common body, an object of scalars, is settled without allocating.
   let nested = false
   for (const key in value) {
+    if (key === PROTO_KEY) return PROTO_REFUSAL
     const child = (value as Record<string, unknown>)[key]
-    if (typeof child === 'object' && child !== null) {
-      nested = true
-      break
-    }
+    if (typeof child === 'object' && child !== null) nested = true
   }
-  if (!nested) return false
+  if (!nested) return null
   const pending: [object, number][] = [[value, 1]]
   for (let next = pending.pop(); next; next = pending.pop()) {
     const [node, depth] = next
-    if (depth > MAX_BODY_DEPTH) return true
+    if (depth > MAX_BODY_DEPTH) return `Request body nests deeper than ${MAX_BODY_DEPTH} levels`
     for (const key in node) {
+      if (key === PROTO_KEY) return PROTO_REFUSAL
       const child = (node as Record<string, unknown>)[key]
       if (typeof child === 'object' && child !== null) pending.push([child, depth + 1])
     }
   }
-  return false
+  return null
 }
 
 function errorResponse(path: string, status: number, code: string, message: string, headers: Record<string, string> = {}): Response {
@@ -100,7 +111,8 @@ async function parseJsonBody(request: Request, path: string): Promise<unknown> {
       throw new MalformedJson()
     }
   }
-  if (nestsTooDeep(body)) throw new NestedTooDeep()
+  const refused = refusal(body)
+  if (refused) throw new RefusedBody(refused)
   return body
 }
 
@@ -203,9 +215,8 @@ export function createApp(deps: Deps) {
         // which also frees a client still sending.
         return reply(413, 'bad_request', 'Request body is too large', { connection: 'close' })
       }
-      if (error instanceof NestedTooDeep || (error as Error).cause instanceof NestedTooDeep) {
-        return reply(400, 'bad_request', `Request body nests deeper than ${MAX_BODY_DEPTH} levels`)
-      }
+      const refused = error instanceof RefusedBody ? error : (error as Error).cause
+      if (refused instanceof RefusedBody) return reply(400, 'bad_request', refused.message)
       if (error instanceof MalformedJson || code === 'PARSE') {
         return reply(400, 'bad_request', 'Request body is not valid JSON')
       }

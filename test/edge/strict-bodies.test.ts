@@ -31,6 +31,19 @@ describe('strict /v1 bodies', async () => {
     await refused(method, path, body, field)
   })
 
+  test('a "__proto__" key cannot smuggle fields past the unknown-field check', async () => {
+    // Sent as text: a JS object literal would make __proto__ the prototype before it is stringified.
+    const cases = [
+      ['POST', '/v1/licenses', `{"__proto__":{"appId":"${s.appId}","label":"smuggled"}}`],
+      ['POST', '/v1/licenses', `{"appId":"${s.appId}","__proto__":{"quantity":5,"maxHwidSlots":3}}`],
+      ['POST', '/v1/licenses', `{"appId":"${s.appId}","__proto__":null}`],
+      ['POST', '/v1/apps', '{"__proto__":{"name":"x","sandbox":true}}'],
+      ['POST', `/v1/apps/${s.appId}/webhooks`, '{"url":"https://example.com/h","events":["license.created"],"__proto__":{"enabled":"x"}}'],
+      ['PUT', `/v1/apps/${s.appId}/variables`, '{"a":1,"__proto__":{"b":2}}'],
+    ] as const
+    for (const [method, path, body] of cases) await refused(method, path, body, '__proto__')
+  })
+
   test('a count must be a JSON integer: numbers as text, fractions and null get 400 and create nothing', async () => {
     const cases = [
       ...['0x10', '1e1', ' 3', '3', '3.0', ''].map((quantity) => [{ quantity }, 'quantity'] as const),
