@@ -66,3 +66,29 @@ test('Developer API changes during a Redis outage answer at once and are seen wh
   const back = await until(validate, (r) => r.status !== 500)
   expect(back.body).toEqual({ status: 'failed', error: 'revoked' })
 })
+
+test('Redis killed under load: a real app is never answered invalid_app, however many requests its IP sends meanwhile', async () => {
+  await until(() => store.ping(), (up) => up)
+  const s = await t.seed()
+  const licenseKey = await insertLicense(t.deps, s.appId, { unlimitedHwidSlots: true })
+  const h = hwid()
+  const validate = () =>
+    t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: h, nonce: nonce() } })
+  const token = decode((await validate()).body.payload).sessionToken
+  // Requests in flight when the connection drops see a new store generation, which empties the cache:
+  // every later request misses the app while the store is down.
+  let loading = true
+  const load = Array.from({ length: 8 }, async () => {
+    while (loading) await validate()
+  })
+  await Bun.sleep(200)
+  await redis.stop()
+  loading = false
+  await Promise.all(load)
+  const seen = new Set<string>()
+  for (let i = 0; i < 80; i++) seen.add(`${(await validate()).body.error}`)
+  expect([...seen]).toEqual(['system_error'])
+  const beat = await t.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken: token, hwid: h } })
+  expect(beat.status, JSON.stringify(beat.body)).toBe(200)
+  await redis.start()
+})

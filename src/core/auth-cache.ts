@@ -112,10 +112,11 @@ class Entries<T> {
 
 /**
  * A made-up app id costs PostgreSQL reads before anything can refuse it: there is no app yet whose
- * limits apply. So each IP may look up apps that turn out absent `perMinute` times a minute (a token
- * bucket; a lookup that finds its app gives the token back, so real clients never spend it); past
- * that its uncached app ids are answered invalid_app without a read. Kept per process on purpose: no
- * store round trip on a cold path, and n processes bound the database's load to n times this.
+ * limits apply. So each IP may find absent apps `perMinute` times a minute (a token bucket charged
+ * only by a lookup that found no app: real clients, and lookups cut short by a store or database
+ * outage, never spend it); past that its uncached app ids are answered invalid_app without a read.
+ * Kept per process on purpose: no store round trip on a cold path, and n processes bound the
+ * database's load to n times this. Concurrent lookups of one IP may overdraw it by their number.
  */
 export class AbsentAppBudget {
   readonly #buckets: BoundedMap<{ tokens: number; at: number }>
@@ -127,18 +128,19 @@ export class AbsentAppBudget {
     this.#buckets = new BoundedMap(ips)
   }
 
-  take(ip: string, nowMs: number): boolean {
+  #tokens(ip: string, nowMs: number): number {
     const bucket = this.#buckets.get(ip)
-    const refill = bucket ? (Math.max(0, nowMs - bucket.at) * this.perMinute) / 60_000 : this.perMinute
-    const tokens = Math.min(this.perMinute, (bucket?.tokens ?? 0) + refill)
-    const ok = tokens >= 1
-    this.#buckets.set(ip, { tokens: ok ? tokens - 1 : tokens, at: nowMs })
-    return ok
+    if (!bucket) return this.perMinute
+    return Math.min(this.perMinute, bucket.tokens + (Math.max(0, nowMs - bucket.at) * this.perMinute) / 60_000)
   }
 
-  giveBack(ip: string): void {
-    const bucket = this.#buckets.get(ip)
-    if (bucket) bucket.tokens = Math.min(this.perMinute, bucket.tokens + 1)
+  allows(ip: string, nowMs: number): boolean {
+    return this.#tokens(ip, nowMs) >= 1
+  }
+
+  /** A lookup by `ip` found no app. */
+  charge(ip: string, nowMs: number): void {
+    this.#buckets.set(ip, { tokens: Math.max(0, this.#tokens(ip, nowMs) - 1), at: nowMs })
   }
 }
 

@@ -158,11 +158,11 @@ async function authorize(
       let appEntry = cache.cachedApp(appId)
       // Awaited only on a miss: the common all-cached request skips a promise and a microtask turn.
       if (!appEntry) {
-        if (!cache.absentApps.take(ip, nowMs)) throw new PublicError('invalid_app')
+        if (!cache.absentApps.allows(ip, nowMs)) throw new PublicError('invalid_app')
         await cache.ensureApp(appId)
         appEntry = cache.cachedApp(appId)
-        if (appEntry?.value) cache.absentApps.giveBack(ip)
         if (!appEntry) continue
+        if (appEntry.value === null) cache.absentApps.charge(ip, nowMs)
       }
       const app = appEntry.value
       let licenseEntry = licenseKey === null ? undefined : cache.cachedLicense(licenseKey)
@@ -234,14 +234,16 @@ async function authorize(
       throw new PublicError('system_error')
     }
     warnOutage('store unreachable: serving requests without limits or charges', err.cause)
-    if (!cache.absentApps.take(ip, nowMs)) throw new PublicError('invalid_app')
+    if (!cache.absentApps.allows(ip, nowMs)) throw new PublicError('invalid_app')
     const [app, license] = await Promise.all([
       cache.loadApp(appId),
       licenseKey === null ? null : cache.loadLicense(licenseKey),
     ])
     const { outcome } = plan(app, license, nowMs)
-    if (!app) throw new PublicError('invalid_app')
-    cache.absentApps.giveBack(ip)
+    if (!app) {
+      cache.absentApps.charge(ip, nowMs)
+      throw new PublicError('invalid_app')
+    }
     if (!outcome.ok) throw new PublicError(outcome.code)
     return { app, license, outcome, charged: 0 }
   }
