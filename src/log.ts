@@ -39,6 +39,22 @@ export const log = {
   error: (msg: string, fields?: Record<string, unknown>) => write('error', msg, fields),
 }
 
+/** How often one message logged through `logEvery` may appear. */
+export const REPEAT_EVERY_MS = 10_000
+const lastLogged = new Map<string, number>()
+
+/**
+ * For failures that repeat on every request or retry while something is down: one line per message
+ * every REPEAT_EVERY_MS says the same, where a line each time would bury the rest of the log.
+ */
+export function logEvery(level: LogLevel, msg: string, fields?: () => Record<string, unknown>): void {
+  if (LEVELS[level] < threshold) return
+  const now = Date.now()
+  if (now - (lastLogged.get(msg) ?? Number.NEGATIVE_INFINITY) < REPEAT_EVERY_MS) return
+  lastLogged.set(msg, now)
+  write(level, msg, fields?.())
+}
+
 const reported = new WeakSet<object>()
 
 /**

@@ -3,7 +3,7 @@ import { and, eq } from 'drizzle-orm'
 import { licenses } from '../db/schema'
 import type { Deps } from '../deps'
 import { PublicError, type PublicErrorCode } from '../errors'
-import { errorFields, log } from '../log'
+import { errorFields, log, logEvery } from '../log'
 import { type AuthorizeInput, type AuthorizeResult, keys } from '../store/store'
 import { AuthCache, type CachedApp, type CachedLicense, StoreUnavailable } from './auth-cache'
 import { loadLiveBalance, startCreditReconciler } from './credits-ledger'
@@ -124,17 +124,6 @@ const bucket = (scope: string, appId: string, id: string, perMinute: number) => 
 const rateLimited = (retryAfterMs: number) =>
   new PublicError('rate_limited', { 'retry-after': String(Math.max(1, Math.ceil(retryAfterMs / 1000))) })
 
-const OUTAGE_WARN_EVERY_MS = 10_000
-const lastOutageWarn = new Map<string, number>()
-
-// During an outage every request would warn; one line per kind every 10 s says the same.
-function warnOutage(message: string, cause: unknown): void {
-  const now = Date.now()
-  if (now - (lastOutageWarn.get(message) ?? 0) < OUTAGE_WARN_EVERY_MS) return
-  lastOutageWarn.set(message, now)
-  log.warn(message, errorFields(cause))
-}
-
 /**
  * Runs one request through cache, evaluation and the store script, reloading and retrying when the
  * script reports a stale cache entry or an unloaded balance. Without a nonce the request fails open
@@ -230,10 +219,10 @@ async function authorize(
   } catch (err) {
     if (!(err instanceof StoreUnavailable)) throw err
     if (needsNonce) {
-      warnOutage('store unreachable: refusing requests that need a nonce claim', err.cause)
+      logEvery('warn', 'store unreachable: refusing requests that need a nonce claim', () => errorFields(err.cause))
       throw new PublicError('system_error')
     }
-    warnOutage('store unreachable: serving requests without limits or charges', err.cause)
+    logEvery('warn', 'store unreachable: serving requests without limits or charges', () => errorFields(err.cause))
     if (!cache.absentApps.allows(ip, nowMs)) throw new PublicError('invalid_app')
     const [app, license] = await Promise.all([
       cache.loadApp(appId),

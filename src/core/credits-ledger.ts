@@ -2,7 +2,7 @@ import { randomUUID } from 'node:crypto'
 import { eq, sql } from 'drizzle-orm'
 import { accounts, creditFlushes } from '../db/schema'
 import type { Deps } from '../deps'
-import { errorFields, log } from '../log'
+import { errorFields, logEvery } from '../log'
 import { SingleFlight } from './single-flight'
 
 /**
@@ -75,7 +75,7 @@ export async function flushCredits(deps: Deps): Promise<void> {
     try {
       await flushAccount(deps, accountId)
     } catch (err) {
-      log.warn('credit flush failed for an account; will retry', { accountId, ...errorFields(err) })
+      logEvery('warn', 'credit flush failed for an account; will retry', () => ({ accountId, ...errorFields(err) }))
     }
   }
 }
@@ -108,7 +108,7 @@ export function startCreditReconciler(deps: Deps, intervalMs = RECONCILE_MS): { 
   let running: Promise<void> = Promise.resolve()
   const pass = () => {
     running = running.then(() =>
-      flushCredits(deps).catch((err) => log.warn('credit reconciliation failed; will retry', errorFields(err))),
+      flushCredits(deps).catch((err) => logEvery('warn', 'credit reconciliation failed; will retry', () => errorFields(err))),
     )
     return running
   }

@@ -1,14 +1,11 @@
 import type { Deps } from '../deps'
 import { ApiError } from '../errors'
-import { errorFields, log } from '../log'
+import { errorFields, logEvery } from '../log'
 import { keys } from '../store/store'
 
 /** Developer API limits from the spec: a burst of 100, sustained 50 requests per second, per API key. */
 export const API_BURST = 100
 export const API_REFILL_PER_SECOND = 50
-
-// One warning per outage is enough: a flood of identical lines would bury everything else in the log.
-let warnedAt = 0
 
 /**
  * Takes one token from the presented key's bucket and returns the RateLimit-* headers to send; throws
@@ -26,14 +23,7 @@ export async function takeApiToken(deps: Deps, keyHash: string): Promise<Record<
     )
   } catch (err) {
     // A limiter outage must not take the API down with it: let the request through and say so.
-    const now = Date.now()
-    if (now - warnedAt > 60_000) {
-      warnedAt = now
-      log.warn(
-        'rate-limit store unreachable: Developer API requests are not limited',
-        errorFields(err),
-      )
-    }
+    logEvery('warn', 'rate-limit store unreachable: Developer API requests are not limited', () => errorFields(err))
     return {}
   }
   const headers = {

@@ -1,7 +1,7 @@
 import { type SQL, sql } from 'drizzle-orm'
 import type { Db } from '../db/client'
 import type { Deps } from '../deps'
-import { errorFields, log } from '../log'
+import { errorFields, log, logEvery } from '../log'
 import { signedDelivery } from './payload'
 import { executePrepared } from './prepared'
 import type { DeliveryJob, DeliveryResult } from './protocol'
@@ -316,7 +316,7 @@ export class WebhookDispatcher implements RunningDispatcher {
     } catch (err) {
       // The poll asks again (a claim cleared before its failed statement included).
       this.#backlog = false
-      log.error('webhook dispatch failed; retrying on the next poll', errorFields(err))
+      logEvery('error', 'webhook dispatch failed; retrying on the next poll', () => errorFields(err))
     }
   }
 
@@ -460,7 +460,7 @@ export class WebhookDispatcher implements RunningDispatcher {
           if (!this.#stopped && this.#results.length < RECORD_BATCH) break
         } catch (err) {
           failures++
-          log.error('recording webhook attempts failed', errorFields(err))
+          logEvery('error', 'recording webhook attempts failed', () => errorFields(err))
           // Unrecorded results are re-sent after the lease: keep trying while running, give up when stopping.
           if (this.#stopped && failures >= 3) return
           this.#results.unshift(...batch)

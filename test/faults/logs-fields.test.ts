@@ -8,7 +8,7 @@ import { DrizzleQueryError } from 'drizzle-orm'
 import postgres from 'postgres'
 import { generateLicenseKey } from '../../src/core/crypto'
 import { licenses } from '../../src/db/schema'
-import { errorFields, log, logErrorOnce, MAX_LOG_LINE } from '../../src/log'
+import { errorFields, log, logErrorOnce, logEvery, MAX_LOG_LINE, setLogLevel } from '../../src/log'
 import { insertLicense } from '../client-helpers'
 import { makeTestApp } from '../helpers'
 
@@ -115,5 +115,32 @@ describe('errorFields', () => {
       logErrorOnce('unhandled error', other, { route: '/auth/validate' })
     })
     expect(written.map((line) => JSON.parse(line).message)).toEqual(['could not serialize access', 'another failure'])
+  })
+
+  test('a failure repeated by every retry during an outage logs one line per message', () => {
+    let described = 0
+    const fields = () => {
+      described++
+      return { code: 'ECONNREFUSED' }
+    }
+    setLogLevel('warn')
+    let written: string[]
+    try {
+      written = captured(() => {
+        for (let i = 0; i < 500; i++) {
+          logEvery('warn', 'credit reconciliation failed; will retry', fields)
+          logEvery('error', 'webhook dispatch failed; retrying on the next poll', fields)
+          logEvery('debug', 'below the level', fields)
+        }
+      })
+    } finally {
+      setLogLevel('error')
+    }
+    expect(written.map((line) => JSON.parse(line).msg)).toEqual([
+      'credit reconciliation failed; will retry',
+      'webhook dispatch failed; retrying on the next poll',
+    ])
+    // A suppressed line costs no description of its error.
+    expect(described).toBe(2)
   })
 })
