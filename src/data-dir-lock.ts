@@ -31,16 +31,18 @@ const LOCK_FILE = 'lock'
 // Held only for the instant of replacing a dead holder's lock, so two processes never both do it.
 const TAKEOVER_FILE = 'lock.takeover'
 
-/** Start time in clock ticks since boot (field 22 of /proc/<pid>/stat); null without /proc. */
-function startTime(pid: number): string | null {
+/** The fields of /proc/<pid>/stat after the command name (which may itself hold spaces and parentheses); null without /proc. */
+function procStat(pid: number): string[] | null {
   try {
     const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
-    // Fields after the command name, which may itself hold spaces and parentheses.
-    return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19] ?? null
+    return stat.slice(stat.lastIndexOf(')') + 2).split(' ')
   } catch {
     return null
   }
 }
+
+/** Start time in clock ticks since boot (field 22 of /proc/<pid>/stat); null without /proc. */
+const startTime = (pid: number): string | null => procStat(pid)?.[19] ?? null
 
 function alive(holder: LockHolder): boolean {
   try {
@@ -49,8 +51,11 @@ function alive(holder: LockHolder): boolean {
     // EPERM: the process exists under another user.
     if ((err as NodeJS.ErrnoException).code !== 'EPERM') return false
   }
+  const stat = procStat(holder.pid)
+  // A holder killed but not yet reaped by its parent still answers kill(pid, 0).
+  if (stat?.[0] === 'Z' || stat?.[0] === 'X') return false
   // A restarted container runs its server as pid 1 again: only the start time tells the two apart.
-  const started = startTime(holder.pid)
+  const started = stat?.[19] ?? null
   return holder.started === null || started === null || started === holder.started
 }
 

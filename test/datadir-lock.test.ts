@@ -9,6 +9,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { isLock, tryLockDataDir } from '../src/data-dir-lock'
 import { MODE, TEST_MASTER_KEY } from './helpers'
+import { until } from './faults/servers'
 import { runToExit, startServer } from './server-process'
 
 setDefaultTimeout(60_000)
@@ -136,3 +137,24 @@ if (MODE === 'embedded') {
     })
   })
 }
+
+test('a lock whose holder was killed but not yet reaped (a zombie) is taken over', async () => {
+  // The inner shell prints its pid and exits; its parent has exec'd into sleep, which never reaps it.
+  const parent = Bun.spawn(['sh', '-c', 'sh -c "echo \\$\\$" & exec sleep 5'], { stdout: 'pipe' })
+  const pid = Number((await new Response(parent.stdout).text()).trim())
+  try {
+    const stat = await until(
+      async () => Bun.file(`/proc/${pid}/stat`).text(),
+      (text) => text.slice(text.lastIndexOf(')') + 2).startsWith('Z'),
+    )
+    const started = stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19]
+    const dataDir = mkdtempSync(join(tmpdir(), 'ls-lock-'))
+    dirs.push(dataDir)
+    await Bun.write(join(dataDir, 'lock'), JSON.stringify({ pid, started, owner: 'server' }))
+    const lock = tryLockDataDir(dataDir, 'server')
+    expect(isLock(lock), JSON.stringify(lock)).toBe(true)
+    if (isLock(lock)) lock.release()
+  } finally {
+    parent.kill('SIGKILL')
+  }
+})
