@@ -39,6 +39,8 @@ export interface OpenDbOptions {
 export const POOL_OPTIONS = {
   onnotice: () => {},
   backoff: (retries: number) => Math.min(0.05 * 2 ** retries, 1),
+  // A connect that gets no answer (a server going down or coming up) otherwise holds its query 30 s.
+  connect_timeout: 5,
 }
 
 /** Opens the database and applies pending migrations before anything uses it. */
