@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto'
 import Redis from 'ioredis'
-import { log } from '../log'
+import { errorFields, log } from '../log'
 import {
   type Admission,
   type AuthorizeInput,
@@ -402,7 +402,7 @@ export class RedisStore implements Store {
       maxRetriesPerRequest: 1,
       retryStrategy: (times) => Math.min(times * 200, 2000),
     })
-    redis.on('error', (err: Error) => log.debug('redis connection error', { message: err.message }))
+    redis.on('error', (err: Error) => log.debug('redis connection error', errorFields(err)))
     // A new connection may reach a server that restarted with older data or a replica that lost writes
     // while keeping ls:gen: whatever was read before it is suspect.
     redis.on('close', () => {
@@ -566,7 +566,7 @@ export class RedisStore implements Store {
       const accountId = p.input.charge?.accountId
       if (result.kind === 'ok' && result.charged > 0 && accountId) {
         this.refund(accountId, result.charged).catch((e: unknown) =>
-          log.warn('refund after a replaced redis connection failed', { message: (e as Error).message }),
+          log.warn('refund after a replaced redis connection failed', errorFields(e)),
         )
       }
     }
