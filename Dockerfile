@@ -14,7 +14,7 @@ ENV NODE_ENV=production \
     DATA_DIR=/data
 COPY --from=deps /app/node_modules ./node_modules
 # package.json is read at run time (the API version in the OpenAPI document); drizzle/ holds the
-# migrations src/index.ts applies at start.
+# migrations src/main.ts applies at start.
 COPY package.json tsconfig.json ./
 COPY drizzle ./drizzle
 COPY src ./src
@@ -26,4 +26,4 @@ EXPOSE 3000
 # HTTPS when TLS_CERT_FILE is set; the certificate names the public host, not 127.0.0.1, so it is not checked.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s \
   CMD bun -e "const e = process.env; fetch((e.TLS_CERT_FILE ? 'https' : 'http') + '://127.0.0.1:' + (e.PORT || 3000) + '/healthz', { tls: { rejectUnauthorized: false } }).then((r) => process.exit(r.ok ? 0 : 1), () => process.exit(1))"
-CMD ["bun", "src/index.ts"]
+CMD ["bun", "src/main.ts"]

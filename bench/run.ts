@@ -13,17 +13,17 @@
  * so "after ÷ before" is read in one run on one machine state).
  * `npm run bench:webhooks` (bench/validate-webhook.ts) is the variant with a subscribed license.validated webhook.
  */
-import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs'
+import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import postgres from 'postgres'
-import { buildDeps } from '../src/boot'
+import { buildContext } from '../src/boot'
 import { loadConfig } from '../src/config'
-import { createAccount, createApplication } from '../src/core/accounts'
-import { generateLicenseKey } from '../src/core/crypto'
-import { issueSession, MAX_SESSION_TTL } from '../src/core/session'
+import { createAccount, createApplication } from '../src/accounts/service'
+import { generateLicenseKey } from '../src/lib/crypto'
+import { issueSession, MAX_SESSION_TTL } from '../src/client-auth/session'
 import { licenses } from '../src/db/schema'
-import { setLogLevel } from '../src/log'
+import { setLogLevel } from '../src/lib/log'
 import { procCpu } from './proc'
 
 const ADMIN_URL = process.env.BENCH_PG_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
@@ -51,6 +51,10 @@ function machineTicks(): { idle: number; total: number } {
   const f = (readFileSync('/proc/stat', 'utf8').split('\n')[0] ?? '').trim().split(/\s+/).slice(1).map(Number)
   return { idle: (f[3] ?? 0) + (f[4] ?? 0), total: f.reduce((a, b) => a + b, 0) }
 }
+
+/** The server entry of a checkout; checkouts from before the move to feature rooms start at src/index.ts. */
+const serverEntry = (checkout: string) =>
+  [join(checkout, 'src', 'main.ts'), join(checkout, 'src', 'index.ts')].find((entry) => existsSync(entry)) as string
 
 async function spawnServer(entry: string, env: Record<string, string>, flags: string[] = []): Promise<Server> {
   const proc = Bun.spawn([process.execPath, ...flags, entry], {
@@ -172,36 +176,36 @@ async function main() {
       VALIDATE_LIMIT_PER_LICENSE: '1000000000',
     }
     console.log(`seeding ${LICENSES} licenses with bound HWIDs…`)
-    const deps = await buildDeps(loadConfig(env))
-    const account = await createAccount(deps, 'bench', 1_000_000_000)
-    const app = await createApplication(deps, account.accountId, 'bench', false)
+    const ctx = await buildContext(loadConfig(env))
+    const account = await createAccount(ctx, 'bench', 1_000_000_000)
+    const app = await createApplication(ctx, account.accountId, 'bench', false)
     const rows = Array.from({ length: LICENSES }, (_, i) => ({
       key: generateLicenseKey(),
       appId: app.appId,
       hwids: [`bench-hwid-${i.toString(16).padStart(8, '0')}`],
     }))
-    for (let i = 0; i < rows.length; i += 500) await deps.database.db.insert(licenses).values(rows.slice(i, i + 500))
+    for (let i = 0; i < rows.length; i += 500) await ctx.database.db.insert(licenses).values(rows.slice(i, i + 500))
     const lines = rows.map((r) => {
-      const { token } = issueSession(deps.sessionKey, { app: app.appId, lic: r.key, hwid: r.hwids[0]!, ttl: MAX_SESSION_TTL }, Date.now())
+      const { token } = issueSession(ctx.sessionKey, { app: app.appId, lic: r.key, hwid: r.hwids[0]!, ttl: MAX_SESSION_TTL }, Date.now())
       return `${r.key} ${r.hwids[0]} ${token}`
     })
     writeFileSync(join(work, 'data.txt'), `${app.appId} ${app.appSecret}\n${lines.join('\n')}\n`)
-    await deps.webhookPool.close()
-    await deps.store.close()
-    await deps.database.close()
+    await ctx.webhookPool.close()
+    await ctx.store.close()
+    await ctx.database.close()
 
     const baseline = await spawnServer(join(import.meta.dir, 'baseline.ts'), {})
     servers.push(baseline)
     const profile = process.env.BENCH_PROFILE_DIR
     const limited = await spawnServer(
-      join(root, 'src', 'index.ts'),
+      serverEntry(root),
       env,
       profile ? ['--cpu-prof-md', `--cpu-prof-dir=${profile}`] : [],
     )
     servers.push(limited)
-    const unlimited = await spawnServer(join(root, 'src', 'index.ts'), { ...env, PUBLIC_RATE_LIMITS: 'false' })
+    const unlimited = await spawnServer(serverEntry(root), { ...env, PUBLIC_RATE_LIMITS: 'false' })
     servers.push(unlimited)
-    const before = COMPARE ? await spawnServer(join(COMPARE, 'src', 'index.ts'), env) : null
+    const before = COMPARE ? await spawnServer(serverEntry(COMPARE), env) : null
     if (before) servers.push(before)
 
     // Warm-up: JIT, connection pools, and every license into the server caches.

@@ -5,7 +5,7 @@
  *   bun bench/validate-webhook.ts [--duration 10] [--connections 64] [--rounds 3]
  *
  * Needs wrk, PostgreSQL and Redis (BENCH_PG_ADMIN_URL, BENCH_REDIS_URL). It creates and drops its
- * own database, starts the real server (src/index.ts) on a free port, and runs an HTTPS receiver
+ * own database, starts the real server (src/main.ts) on a free port, and runs an HTTPS receiver
  * with a self-signed certificate the server trusts through NODE_EXTRA_CA_CERTS. Runs alternate
  * (without, with, without, with) because this machine is noisy: compare the medians of one run.
  *
@@ -52,7 +52,7 @@ async function startServer(env: Record<string, string>) {
   // BENCH_PROFILE_DIR: the server writes a CPU profile (markdown) there when it stops.
   const profile = process.env.BENCH_PROFILE_DIR
   const flags = profile ? ['--cpu-prof-md', `--cpu-prof-dir=${profile}`] : []
-  const proc = Bun.spawn([process.execPath, ...flags, 'src/index.ts'], { cwd: root, env, stdout: 'ignore', stderr: 'pipe' })
+  const proc = Bun.spawn([process.execPath, ...flags, 'src/main.ts'], { cwd: root, env, stdout: 'ignore', stderr: 'pipe' })
   let log = ''
   let base: string | null = null
   void (async () => {
@@ -67,7 +67,7 @@ async function startServer(env: Record<string, string>) {
 }
 
 function cli(env: Record<string, string>, ...argv: string[]) {
-  const out = spawnSync(process.execPath, ['src/cli.ts', ...argv], { cwd: root, env, encoding: 'utf8' })
+  const out = spawnSync(process.execPath, ['src/operator/cli.ts', ...argv], { cwd: root, env, encoding: 'utf8' })
   if (out.status !== 0) throw new Error(`cli ${argv.join(' ')} failed: ${out.stderr}`)
   return JSON.parse(out.stdout.trim().split('\n').at(-1) ?? '{}')
 }

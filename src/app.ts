@@ -1,17 +1,17 @@
 import { ValueErrorType } from '@sinclair/typebox/errors'
 import { Elysia } from 'elysia'
-import type { Deps } from './deps'
-import { ApiError, PublicError } from './errors'
-import { HttpMetrics, httpMetrics, UNMATCHED_ROUTE } from './http/metrics'
-import { log, logErrorOnce } from './log'
-import { STORABLE_TEXT } from './models'
-import { appRoutes } from './routes/apps'
-import { clientRoutes } from './routes/client'
-import { docsRoutes } from './routes/docs'
-import { licenseRoutes } from './routes/licenses'
-import { opsRoutes } from './routes/ops'
-import { securityRoutes } from './routes/security'
-import { webhookRoutes } from './routes/webhooks'
+import type { Context } from './context'
+import { ApiError, PublicError } from './lib/errors'
+import { httpMetrics, UNMATCHED_ROUTE } from './http/metrics'
+import { log, logErrorOnce } from './lib/log'
+import { STORABLE_TEXT } from './lib/model'
+import { appRoutes } from './apps/routes'
+import { clientRoutes } from './client-auth/routes'
+import { docsRoutes } from './http/docs'
+import { licenseRoutes } from './licenses/routes'
+import { opsRoutes } from './http/ops'
+import { securityRoutes } from './security/routes'
+import { webhookRoutes } from './webhooks/routes'
 import { serverProcessIndex } from './server-processes'
 
 /** Body limits from the contract: 16 KiB on the client endpoints, 1 MiB on the Developer API. */
@@ -179,8 +179,8 @@ function validationMessage(error: unknown): string {
   return first?.message ? `${where || e.type}: ${first.message}` : `Invalid ${where}`
 }
 
-export function createApp(deps: Deps) {
-  const metrics = new HttpMetrics(deps.config.serverProcesses > 1 ? serverProcessIndex() : null)
+export function createApp(ctx: Context) {
+  const { metrics } = ctx
   // normalize off: Elysia would silently drop unknown body fields; the schemas refuse them instead
   // (StrictBody on /v1, /auth bodies admit them explicitly), and a response that carries a field its
   // schema lacks is an error (500) rather than trimmed.
@@ -233,13 +233,13 @@ export function createApp(deps: Deps) {
       logErrorOnce('unhandled error', error, { route: route || UNMATCHED_ROUTE })
       return internalError()
     })
-    .use(opsRoutes(deps, metrics))
-    .use(docsRoutes(deps))
-    .use(licenseRoutes(deps))
-    .use(appRoutes(deps))
-    .use(securityRoutes(deps))
-    .use(webhookRoutes(deps))
-    .use(clientRoutes(deps))
+    .use(opsRoutes(ctx, metrics))
+    .use(docsRoutes(ctx))
+    .use(licenseRoutes(ctx))
+    .use(appRoutes(ctx))
+    .use(securityRoutes(ctx))
+    .use(webhookRoutes(ctx))
+    .use(clientRoutes(ctx))
 }
 
 export type App = ReturnType<typeof createApp>

@@ -1,15 +1,18 @@
 import type { Config } from './config'
-import { deriveKey, Sealer } from './core/crypto'
-import { EventBus } from './core/events'
-import { Mailbox } from './core/mailbox'
-import { resolveMasterKey } from './core/master-key'
+import { deriveKey, Sealer } from './lib/crypto'
+import { EventBus } from './delivery/outbox'
+import { Mailbox } from './actors/mailbox'
+import { resolveMasterKey } from './signing/master-key'
 import { openDb } from './db/client'
-import type { Deps } from './deps'
+import { HttpMetrics } from './http/metrics'
+import { serverProcessIndex } from './server-processes'
+import { Signer } from './signing/signer'
+import type { Context } from './context'
 import { openStore } from './store/redis'
-import { DeliveryPool } from './webhooks/pool'
+import { DeliveryPool } from './delivery/pool'
 
 /** Opens storage (applying migrations) and builds the dependencies the server and the CLI share. */
-export async function buildDeps(config: Readonly<Config>): Promise<Deps> {
+export async function buildContext(config: Readonly<Config>): Promise<Context> {
   const masterKey = resolveMasterKey(config.masterKey, config.dataDir)
   const database = await openDb({ databaseUrl: config.databaseUrl, dataDir: config.dataDir })
   const store = await openStore(config.redisUrl)
@@ -28,6 +31,8 @@ export async function buildDeps(config: Readonly<Config>): Promise<Deps> {
       extraCaFile: null,
       lowPriority: true,
     }),
+    signer: new Signer(),
+    metrics: new HttpMetrics(config.serverProcesses > 1 ? serverProcessIndex() : null),
     clock: Date.now,
   }
 }

@@ -1,5 +1,5 @@
 import type { Subprocess } from 'bun'
-import { log } from './log'
+import { log } from './lib/log'
 
 /** Set by the first server process on each one it starts: that process's index, 1 to n-1. */
 const INDEX_VARIABLE = 'LS_SERVER_PROCESS_INDEX'

@@ -3,7 +3,7 @@ import { mkdtempSync, writeFileSync } from 'node:fs'
 import { availableParallelism, tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { ConfigError, loadConfig, parseCidr } from '../src/config'
-import { runToExit } from './server-process'
+import { runToExit } from './support/server-process'
 
 const dir = mkdtempSync(join(tmpdir(), 'ls-config-'))
 const certFile = join(dir, 'cert.pem')
@@ -134,7 +134,7 @@ describe('a bad value is a ConfigError naming the setting', () => {
 })
 
 test('the server exits non-zero with one stderr line naming a bad setting', async () => {
-  const { code, stdout, stderr } = await runToExit(['src/index.ts'], { DATA_DIR: dir, PORT: 'eighty' })
+  const { code, stdout, stderr } = await runToExit(['src/main.ts'], { DATA_DIR: dir, PORT: 'eighty' })
   expect(code).not.toBe(0)
   expect(stdout).toBe('')
   const lines = stderr.trimEnd().split('\n')

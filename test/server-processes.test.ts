@@ -1,7 +1,7 @@
 import { afterAll, describe, expect, test } from 'bun:test'
-import { decode, hwid, insertLicense, nonce, verifySigned } from './client-helpers'
-import { makeTestApp, MODE, TEST_DATABASE_URL, TEST_REDIS_URL } from './helpers'
-import { type ServerProcess, startServer } from './server-process'
+import { decode, hwid, insertLicense, nonce, verifySigned } from './support/client'
+import { makeTestApp, MODE, TEST_DATABASE_URL, TEST_REDIS_URL } from './support/helpers'
+import { type ServerProcess, startServer } from './support/server-process'
 
 /** Pids of the processes `pid` started itself (the other server processes; workers are threads). */
 const childrenOf = (pid: number) =>
@@ -60,7 +60,7 @@ if (MODE === 'postgres') {
 
     test('validates through either process are signed, and a HWID bound by one passes on the other', async () => {
       const s = await t.seed()
-      const licenseKey = await insertLicense(t.deps, s.appId, { maxHwidSlots: 2 })
+      const licenseKey = await insertLicense(t.ctx, s.appId, { maxHwidSlots: 2 })
       const machine = hwid()
       for (let i = 0; i < 10; i++) {
         const res = await fresh('/auth/validate', {

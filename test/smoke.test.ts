@@ -1,5 +1,5 @@
 import { expect, test } from 'bun:test'
-import { makeTestApp } from './helpers'
+import { makeTestApp } from './support/helpers'
 
 test('healthz answers and unknown routes get a JSON 404', async () => {
   const { req } = await makeTestApp()

@@ -1,9 +1,9 @@
 import { and, eq, isNull } from 'drizzle-orm'
 import { Elysia } from 'elysia'
-import { sha256Hex } from '../core/crypto'
+import { sha256Hex } from '../lib/crypto'
 import { apiKeys } from '../db/schema'
-import type { Deps } from '../deps'
-import { ApiError } from '../errors'
+import type { Context } from '../context'
+import { ApiError } from '../lib/errors'
 import { takeApiToken } from './rate-limit'
 
 // Case-insensitive for the scheme's sake (RFC 9110 section 11.1); a key in other case hashes to no key.
@@ -16,9 +16,9 @@ export function presentedKeyHash(authorization: string | undefined): string | nu
 }
 
 /** The account a Developer API key belongs to, or null for an unknown or revoked key. */
-export async function accountForKeyHash(deps: Deps, keyHash: string): Promise<string | null> {
+export async function accountForKeyHash(ctx: Context, keyHash: string): Promise<string | null> {
   // The key is looked up by its SHA-256: equality on a digest leaks nothing useful about the key.
-  const [row] = await deps.database.db
+  const [row] = await ctx.database.db
     .select({ accountId: apiKeys.accountId })
     .from(apiKeys)
     .where(and(eq(apiKeys.keyHash, keyHash), isNull(apiKeys.revokedAt)))
@@ -44,13 +44,13 @@ interface AuthContext {
  * transform must run after authentication can list it first.
  */
 export const authenticate =
-  (deps: Deps) =>
+  (ctx: Context) =>
   async ({ headers, request, set }: AuthContext): Promise<void> => {
     if (authenticated.has(request)) return
     const keyHash = presentedKeyHash(headers.authorization)
     if (!keyHash) throw invalidKey()
-    Object.assign(set.headers, await takeApiToken(deps, keyHash))
-    const accountId = await accountForKeyHash(deps, keyHash)
+    Object.assign(set.headers, await takeApiToken(ctx, keyHash))
+    const accountId = await accountForKeyHash(ctx, keyHash)
     if (!accountId) throw invalidKey()
     authenticated.set(request, accountId)
   }
@@ -59,12 +59,12 @@ export const authenticate =
  * `{ apiKey: true }` on a route resolves `accountId` from the bearer key, or answers 401. It runs at
  * `transform`, before body validation, so a request without a valid key learns that first (401, not 400).
  */
-export const apiKeyAuth = (deps: Deps) =>
+export const apiKeyAuth = (ctx: Context) =>
   new Elysia({ name: 'api-key-auth' }).macro({
     apiKey: {
       // Every route using the macro is documented as needing the bearer key (docs.ts names the scheme).
       detail: { security: [{ bearerAuth: [] }] },
-      transform: authenticate(deps),
+      transform: authenticate(ctx),
       resolve({ request }) {
         const accountId = authenticated.get(request)
         if (!accountId) throw invalidKey()

@@ -44,14 +44,13 @@ export class LabeledCounter {
   }
 }
 
-/** reason: refused (PostgreSQL refused its data), overflow (past the bound while it was unreachable), shutdown. */
-export const validatedEventsDropped = new LabeledCounter(
-  'license_validated_events_dropped_total',
-  'license.validated events never written to the outbox, by reason.',
-  'reason',
-)
-
 export class HttpMetrics {
+  /** reason: refused (PostgreSQL refused its data), overflow (past the bound while it was unreachable), shutdown. */
+  readonly validatedEventsDropped = new LabeledCounter(
+    'license_validated_events_dropped_total',
+    'license.validated events never written to the outbox, by reason.',
+    'reason',
+  )
   readonly #series = new Map<string, Series>()
   /**
    * `process="i"` when several server processes share the port: a scrape reaches one of them, and
@@ -113,7 +112,7 @@ export class HttpMetrics {
       out.push(`http_request_duration_seconds_sum{${base}} ${s.sum}`)
       out.push(`http_request_duration_seconds_count{${base}} ${s.count}`)
     }
-    out.push(...validatedEventsDropped.render(this.#processLabel))
+    out.push(...this.validatedEventsDropped.render(this.#processLabel))
     return `${out.join('\n')}\n`
   }
 

@@ -1,6 +1,6 @@
-import type { Deps } from '../deps'
-import { ApiError } from '../errors'
-import { errorFields, logEvery } from '../log'
+import type { Context } from '../context'
+import { ApiError } from '../lib/errors'
+import { errorFields, logEvery } from '../lib/log'
 import { keys } from '../store/store'
 
 /** Developer API limits from the spec: a burst of 100, sustained 50 requests per second, per API key. */
@@ -12,14 +12,14 @@ export const API_REFILL_PER_SECOND = 50
  * 429 rate_limited when the bucket is empty. `keyHash` is the SHA-256 of the key as presented, so the
  * limit holds before (and whatever) the database says about the key.
  */
-export async function takeApiToken(deps: Deps, keyHash: string): Promise<Record<string, string>> {
+export async function takeApiToken(ctx: Context, keyHash: string): Promise<Record<string, string>> {
   let result
   try {
-    result = await deps.store.take(
+    result = await ctx.store.take(
       keys.bucket('api', keyHash),
       API_BURST,
       API_REFILL_PER_SECOND,
-      deps.clock(),
+      ctx.clock(),
     )
   } catch (err) {
     // A limiter outage must not take the API down with it: let the request through and say so.

@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto'
 import Redis from 'ioredis'
-import { errorFields, log } from '../log'
+import { errorFields, log } from '../lib/log'
 import {
   type Admission,
   type AuthorizeInput,

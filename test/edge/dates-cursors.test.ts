@@ -1,6 +1,6 @@
 import { describe, expect, test } from 'bun:test'
-import { makeTestApp } from '../helpers'
-import { accountDigest } from './account-digest'
+import { makeTestApp } from '../support/helpers'
+import { accountDigest } from '../support/account-digest'
 
 describe('expiry dates outside what PostgreSQL stores', async () => {
   const t = await makeTestApp()
@@ -9,7 +9,7 @@ describe('expiry dates outside what PostgreSQL stores', async () => {
 
   test('an expiry outside 1970-01-01T00:00:00Z..9999-12-31T23:59:59.999Z gets 400 on create and extend, nothing changed', async () => {
     for (const expiresAt of ['0000-01-01T00:00:00Z', '9999-12-31T23:59:59-23:59', '1969-12-31T23:59:59.999Z']) {
-      const before = await accountDigest(t.deps, s.accountId)
+      const before = await accountDigest(t.ctx, s.accountId)
       const create = await t.req('POST', '/v1/licenses', { apiKey: s.apiKey, body: { appId: s.appId, expiresAt } })
       expect(create.status, `${expiresAt}: ${JSON.stringify(create.body)}`).toBe(400)
       expect(create.body.message).toContain('expiresAt')
@@ -18,7 +18,7 @@ describe('expiry dates outside what PostgreSQL stores', async () => {
         body: { action: 'extend', expiresAt },
       })
       expect(extend.status, `${expiresAt}: ${JSON.stringify(extend.body)}`).toBe(400)
-      expect(await accountDigest(t.deps, s.accountId)).toBe(before)
+      expect(await accountDigest(t.ctx, s.accountId)).toBe(before)
     }
     // The edges themselves are inside.
     for (const [expiresAt, stored] of [

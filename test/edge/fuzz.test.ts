@@ -11,10 +11,10 @@
  */
 import { describe, expect, setDefaultTimeout, test } from 'bun:test'
 import fc from 'fast-check'
-import { flushValidatedEvents } from '../../src/core/auth'
-import { makeTestApp } from '../helpers'
-import { hwid, insertLicense, nonce } from '../client-helpers'
-import { accountDigest } from './account-digest'
+import { flushValidatedEvents } from '../../src/client-auth/service'
+import { makeTestApp } from '../support/helpers'
+import { hwid, insertLicense, nonce } from '../support/client'
+import { accountDigest } from '../support/account-digest'
 
 const FUZZ_RUNS_DEFAULT = 30
 const RUNS = Number(process.env.FUZZ_RUNS ?? FUZZ_RUNS_DEFAULT)
@@ -349,7 +349,7 @@ describe('fuzzing every operation of the OpenAPI document', async () => {
       body: op.requestBody?.content?.['application/json']?.schema ?? null,
     })),
   )
-  const otherLicense = await insertLicense(t.deps, other.appId)
+  const otherLicense = await insertLicense(t.ctx, other.appId)
 
   const world: World = {
     apiKey: s.apiKey,
@@ -368,7 +368,7 @@ describe('fuzzing every operation of the OpenAPI document', async () => {
   /** Brings the world up to date with the database, and keeps a license, a webhook and a session alive. */
   async function refreshWorld() {
     const listed = await t.req('GET', `/v1/licenses?appId=${s.appId}&limit=2`, { apiKey: s.apiKey })
-    if (listed.body.licenses?.length === 0) await insertLicense(t.deps, s.appId, { unlimitedHwidSlots: true })
+    if (listed.body.licenses?.length === 0) await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
     const again = await t.req('GET', `/v1/licenses?appId=${s.appId}&limit=200`, { apiKey: s.apiKey })
     world.licenseKeys = again.body.licenses.map((l: { licenseKey: string }) => l.licenseKey)
     world.cursor = (await t.req('GET', `/v1/licenses?appId=${s.appId}&limit=1`, { apiKey: s.apiKey })).body.cursor
@@ -389,8 +389,8 @@ describe('fuzzing every operation of the OpenAPI document', async () => {
   }
 
   const snapshot = async () => {
-    await flushValidatedEvents(t.deps)
-    return `${await accountDigest(t.deps, s.accountId)} ${await accountDigest(t.deps, other.accountId)}`
+    await flushValidatedEvents(t.ctx)
+    return `${await accountDigest(t.ctx, s.accountId)} ${await accountDigest(t.ctx, other.accountId)}`
   }
 
   function render(op: Operation, plan: RequestPlan) {

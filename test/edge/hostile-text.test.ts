@@ -1,7 +1,7 @@
 import { describe, expect, test } from 'bun:test'
-import { makeTestApp } from '../helpers'
-import { hwid, insertLicense, nonce } from '../client-helpers'
-import { accountDigest } from './account-digest'
+import { makeTestApp } from '../support/helpers'
+import { hwid, insertLicense, nonce } from '../support/client'
+import { accountDigest } from '../support/account-digest'
 
 /**
  * A NUL character and an unpaired surrogate, neither storable in a PostgreSQL text or JSON column: as
@@ -37,12 +37,12 @@ describe.each(HOSTILE)('%s in a Developer API string', async (_name, bad, _inPat
     ['POST', `/v1/apps/${s.appId}/webhooks`, { url: `https://example.com/${bad}`, events: ['license.created'] }, 'url'],
     ['PUT', webhookPath, { url: `https://example.com/${bad}` }, 'url'],
   ])('%s %s %j: 400 naming the field, nothing changed', async (method, path, body, field) => {
-    const before = await accountDigest(t.deps, s.accountId)
+    const before = await accountDigest(t.ctx, s.accountId)
     const res = await t.req(method, path, { apiKey: s.apiKey, body })
     expect(res.status, JSON.stringify(res.body)).toBe(400)
     expect(res.body.error).toBe('bad_request')
     expect(res.body.message).toContain(JSON.stringify(field).slice(1, -1))
-    expect(await accountDigest(t.deps, s.accountId)).toBe(before)
+    expect(await accountDigest(t.ctx, s.accountId)).toBe(before)
   })
 })
 
@@ -75,7 +75,7 @@ test('NUL or a lone surrogate in a path or query parameter: 4xx on every route t
 describe.each(HOSTILE)('%s in a client endpoint field', async (_name, bad, _inPath) => {
   const t = await makeTestApp()
   const s = await t.seed()
-  const key = await insertLicense(t.deps, s.appId)
+  const key = await insertLicense(t.ctx, s.appId)
   const validate = { appId: s.appId, appSecret: s.appSecret, licenseKey: key, hwid: hwid(), nonce: nonce() }
   const heartbeat = { appId: s.appId, sessionToken: 'token', hwid: hwid(), nonce: nonce() }
   const selfban = { appId: s.appId, appSecret: s.appSecret, licenseKey: key, hwid: hwid(), nonce: nonce(), sessionToken: 'token' }
@@ -85,16 +85,16 @@ describe.each(HOSTILE)('%s in a client endpoint field', async (_name, bad, _inPa
     ...Object.keys(heartbeat).map((field) => ['/auth/heartbeat', heartbeat, field] as const),
     ...Object.keys(selfban).map((field) => ['/auth/selfban', selfban, field] as const),
   ])('%s %s field %s: 400 bad_request, nothing changed', async (path, body, field) => {
-    const before = await accountDigest(t.deps, s.accountId)
+    const before = await accountDigest(t.ctx, s.accountId)
     // Padded so the length rules (nonce: 8 or more) pass and only the character is wrong.
     const res = await t.req('POST', path, { body: { ...body, [field]: `${bad}${'x'.repeat(10)}` } })
     expect(res.status, JSON.stringify(res.body)).toBe(400)
     expect(res.body).toEqual({ status: 'failed', error: 'bad_request' })
-    expect(await accountDigest(t.deps, s.accountId)).toBe(before)
+    expect(await accountDigest(t.ctx, s.accountId)).toBe(before)
   })
 
   test('one hostile HWID among concurrent first activations fails alone', async () => {
-    const others = await Promise.all(Array.from({ length: 30 }, () => insertLicense(t.deps, s.appId)))
+    const others = await Promise.all(Array.from({ length: 30 }, () => insertLicense(t.ctx, s.appId)))
     const requests = others.map((licenseKey) =>
       t.req('POST', '/auth/validate', { body: { ...validate, licenseKey, hwid: hwid(), nonce: nonce() } }),
     )

@@ -1,6 +1,6 @@
 import { expect, spyOn, test } from 'bun:test'
 import { Elysia, t as types } from 'elysia'
-import { makeTestApp } from '../helpers'
+import { makeTestApp } from '../support/helpers'
 
 // With Elysia's normalize off (so request bodies are refused, not trimmed), a response is checked, not
 // trimmed, against its schema: one carrying a field its schema lacks must fail closed, not leak it.

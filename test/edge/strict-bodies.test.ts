@@ -1,7 +1,7 @@
 import { describe, expect, test } from 'bun:test'
-import { makeTestApp } from '../helpers'
-import { hwid, insertLicense, nonce } from '../client-helpers'
-import { accountDigest } from './account-digest'
+import { makeTestApp } from '../support/helpers'
+import { hwid, insertLicense, nonce } from '../support/client'
+import { accountDigest } from '../support/account-digest'
 
 describe('strict /v1 bodies', async () => {
   const t = await makeTestApp()
@@ -12,12 +12,12 @@ describe('strict /v1 bodies', async () => {
   await t.req('PUT', `/v1/licenses/${licenseKey}/variables`, { apiKey: s.apiKey, body: { seats: 3 } })
 
   const refused = async (method: string, path: string, body: unknown, mentions: string | null) => {
-    const before = await accountDigest(t.deps, s.accountId)
+    const before = await accountDigest(t.ctx, s.accountId)
     const res = await t.req(method, path, { apiKey: s.apiKey, body })
     expect(res.status, JSON.stringify(res.body)).toBe(400)
     expect(res.body.error).toBe('bad_request')
     if (mentions) expect(res.body.message).toContain(mentions)
-    expect(await accountDigest(t.deps, s.accountId)).toBe(before)
+    expect(await accountDigest(t.ctx, s.accountId)).toBe(before)
   }
 
   test.each([
@@ -79,7 +79,7 @@ describe('strict /v1 bodies', async () => {
 test('/auth bodies stay tolerant of unknown fields while /v1 bodies refuse them', async () => {
   const t = await makeTestApp()
   const s = await t.seed()
-  const key = await insertLicense(t.deps, s.appId)
+  const key = await insertLicense(t.ctx, s.appId)
   const extra = { sdkVersion: '9.9', telemetry: { deep: [1] } }
   const validate = { appId: s.appId, appSecret: s.appSecret, licenseKey: key, hwid: hwid(), nonce: nonce(), ...extra }
   const res = await t.req('POST', '/auth/validate', { body: validate })
@@ -103,9 +103,9 @@ test('a body nested deeper than 32 levels gets 400, never a 500, on every kind o
     ['POST', '/auth/validate', `{"appId":"${s.appId}","sdk":${deep(5_000)}}`],
   ] as const
   for (const [method, path, body] of sent) {
-    const before = await accountDigest(t.deps, s.accountId)
+    const before = await accountDigest(t.ctx, s.accountId)
     const res = await t.req(method, path, { apiKey: s.apiKey, body })
     expect(res.status, `${method} ${path}: ${JSON.stringify(res.body)}`).toBe(400)
-    expect(await accountDigest(t.deps, s.accountId)).toBe(before)
+    expect(await accountDigest(t.ctx, s.accountId)).toBe(before)
   }
 })

@@ -1,7 +1,7 @@
 import { describe, expect, test } from 'bun:test'
 import { API_BURST } from '../../src/http/rate-limit'
-import { makeTestApp } from '../helpers'
-import { startServer } from '../server-process'
+import { makeTestApp } from '../support/helpers'
+import { startServer } from '../support/server-process'
 
 const chunked = (text: string) =>
   new ReadableStream({

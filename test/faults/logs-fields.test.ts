@@ -6,11 +6,11 @@ import { describe, expect, test } from 'bun:test'
 import { createHash } from 'node:crypto'
 import { DrizzleQueryError } from 'drizzle-orm'
 import postgres from 'postgres'
-import { generateLicenseKey } from '../../src/core/crypto'
+import { generateLicenseKey } from '../../src/lib/crypto'
 import { licenses } from '../../src/db/schema'
-import { errorFields, log, logErrorOnce, logEvery, MAX_LOG_LINE, setLogLevel } from '../../src/log'
-import { insertLicense } from '../client-helpers'
-import { makeTestApp } from '../helpers'
+import { errorFields, log, logErrorOnce, logEvery, MAX_LOG_LINE, setLogLevel } from '../../src/lib/log'
+import { insertLicense } from '../support/client'
+import { makeTestApp } from '../support/helpers'
 
 const sha256 = (text: string) => createHash('sha256').update(text).digest('hex')
 
@@ -36,13 +36,13 @@ function logged(err: unknown): string {
 
 describe('errorFields', () => {
   test('a real unique violation through Drizzle: names the constraint, not the key', async () => {
-    const { deps, seed } = await makeTestApp()
+    const { ctx, seed } = await makeTestApp()
     const { appId } = await seed()
-    const key = await insertLicense(deps, appId)
+    const key = await insertLicense(ctx, appId)
     const hwid = `hw-${sha256(key).slice(0, 12)}`
     let caught: unknown
     try {
-      await deps.database.db.insert(licenses).values({ key, appId, hwids: [hwid], label: sha256(key) })
+      await ctx.database.db.insert(licenses).values({ key, appId, hwids: [hwid], label: sha256(key) })
     } catch (err) {
       caught = err
     }

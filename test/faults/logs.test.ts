@@ -9,11 +9,11 @@ import { createHash, randomBytes } from 'node:crypto'
 import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { MAX_LOG_LINE } from '../../src/log'
-import { decode, nonce } from '../client-helpers'
-import { MODE } from '../helpers'
-import { runToExit, type ServerProcess, startServer } from '../server-process'
-import { ownPostgres, ownRedis, until } from './servers'
+import { MAX_LOG_LINE } from '../../src/lib/log'
+import { decode, nonce } from '../support/client'
+import { MODE } from '../support/helpers'
+import { runToExit, type ServerProcess, startServer } from '../support/server-process'
+import { ownPostgres, ownRedis, until } from '../support/servers'
 
 setDefaultTimeout(120_000)
 
@@ -71,7 +71,7 @@ class Tenant {
   ) {}
 
   async provision(cliEnv: Record<string, string>) {
-    const created = await runToExit(['src/cli.ts', 'account', 'create', '--name', 'Logs', '--credits', '100000'], cliEnv)
+    const created = await runToExit(['src/operator/cli.ts', 'account', 'create', '--name', 'Logs', '--credits', '100000'], cliEnv)
     expect(created.code, created.stderr).toBe(0)
     const account = JSON.parse(created.stdout.trimEnd().split('\n').at(-1) ?? '')
     this.apiKey = this.secrets.add('API key', account.apiKey)

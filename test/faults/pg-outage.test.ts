@@ -2,11 +2,11 @@ import { afterAll, describe, expect, test } from 'bun:test'
 import { and, eq } from 'drizzle-orm'
 import { openDb } from '../../src/db/client'
 import { events, licenses } from '../../src/db/schema'
-import { startDispatcher } from '../../src/webhooks/dispatcher'
-import { makeTestApp, MODE } from '../helpers'
-import { hwid, insertLicense, nonce } from '../client-helpers'
-import { startReceiver, testCertificate } from '../webhooks-receiver'
-import { ownPostgres, until } from './servers'
+import { startDispatcher } from '../../src/delivery/dispatcher'
+import { makeTestApp, MODE } from '../support/helpers'
+import { hwid, insertLicense, nonce } from '../support/client'
+import { startReceiver, testCertificate } from '../support/webhooks-receiver'
+import { ownPostgres, until } from '../support/servers'
 
 // Embedded PGlite runs in this process and cannot be stopped; batch-validated-events.test.ts covers
 // the same retry path there with a write that fails the way an unreachable server does.
@@ -16,11 +16,11 @@ if (MODE === 'postgres') {
     const database = await openDb({ databaseUrl: pg.url, dataDir: null })
     const t = await makeTestApp({ database, env: { NODE_EXTRA_CA_CERTS: testCertificate().certFile } })
     const receiver = startReceiver()
-    const dispatcher = startDispatcher(t.deps, { pollMs: 50 })
+    const dispatcher = startDispatcher(t.ctx, { pollMs: 50 })
     afterAll(async () => {
       await dispatcher.stop()
       await receiver.stop()
-      await t.deps.webhookPool.close()
+      await t.ctx.webhookPool.close()
       await database.close()
       await pg.destroy()
     })
@@ -32,7 +32,7 @@ if (MODE === 'postgres') {
         body: { url: receiver.url('/validated'), events: ['license.validated'], enabled: true },
       })
       expect(hook.status, JSON.stringify(hook.body)).toBe(201)
-      const licenseKey = await insertLicense(t.deps, s.appId, { maxHwidSlots: 2 })
+      const licenseKey = await insertLicense(t.ctx, s.appId, { maxHwidSlots: 2 })
       const [bound, unbound] = [hwid(), hwid()]
       const validate = (h: string) =>
         t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: h, nonce: nonce() } })
@@ -53,13 +53,13 @@ if (MODE === 'postgres') {
 
       await pg.start()
       const validatedRows = () =>
-        t.deps.database.db
+        t.ctx.database.db
           .select({ id: events.id })
           .from(events)
           .where(and(eq(events.appId, s.appId), eq(events.event, 'license.validated')))
       expect(await until(async () => (await validatedRows()).length, (n) => n >= 32)).toBe(32)
       expect(await until(async () => receiver.at('/validated').length, (n) => n >= 32)).toBe(32)
-      const [row] = await t.deps.database.db.select({ hwids: licenses.hwids }).from(licenses).where(eq(licenses.key, licenseKey))
+      const [row] = await t.ctx.database.db.select({ hwids: licenses.hwids }).from(licenses).where(eq(licenses.key, licenseKey))
       expect(row?.hwids).toEqual([bound])
       const rebind = await validate(unbound)
       expect(rebind.status, JSON.stringify(rebind.body)).toBe(200)

@@ -5,13 +5,13 @@
 import { afterAll, expect, test } from 'bun:test'
 import { eq } from 'drizzle-orm'
 import Redis from 'ioredis'
-import { startClientAuth } from '../../src/core/auth'
-import { flushCredits, loadLiveBalance, RECONCILE_MS } from '../../src/core/credits-ledger'
+import { startClientAuth } from '../../src/client-auth/service'
+import { flushCredits, loadLiveBalance, RECONCILE_MS } from '../../src/credits/ledger'
 import { accounts } from '../../src/db/schema'
 import { RedisStore } from '../../src/store/redis'
-import { hwid, insertLicense, nonce } from '../client-helpers'
-import { makeTestApp, type TestApp } from '../helpers'
-import { ownRedis, until } from './servers'
+import { hwid, insertLicense, nonce } from '../support/client'
+import { makeTestApp, type TestApp } from '../support/helpers'
+import { ownRedis, until } from '../support/servers'
 
 const redis = await ownRedis()
 const store = new RedisStore(redis.url)
@@ -28,13 +28,13 @@ const t = await makeTestApp({ store, env: { PUBLIC_RATE_LIMITS: 'false' } })
 
 async function billedLicense(app: TestApp, credits: number) {
   const s = await app.seed({ credits })
-  const licenseKey = await insertLicense(app.deps, s.appId, { unlimitedHwidSlots: true })
+  const licenseKey = await insertLicense(app.ctx, s.appId, { unlimitedHwidSlots: true })
   const validate = () =>
     app.req('POST', '/auth/validate', {
       body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: hwid(), nonce: nonce() },
     })
   const reconciled = async () =>
-    (await app.deps.database.db.select({ credits: accounts.credits }).from(accounts).where(eq(accounts.id, s.accountId)))[0]
+    (await app.ctx.database.db.select({ credits: accounts.credits }).from(accounts).where(eq(accounts.id, s.accountId)))[0]
       ?.credits
   return { accountId: s.accountId, validate, reconciled }
 }
@@ -44,7 +44,7 @@ test('Redis killed and restarted empty under load: charged validates exceed the 
   // before the loss and the loss lands at an arbitrary point between two of them.
   const credits = 4000
   const { validate } = await billedLicense(t, credits)
-  const reconciler = startClientAuth(t.deps)
+  const reconciler = startClientAuth(t.ctx)
   const successes: number[] = []
   let killedAt = Infinity
   let restartedAt = Infinity
@@ -89,7 +89,7 @@ test('a flush whose store record is lost mid-flush is not spent again by a balan
       // The charges are out of the store and not yet in PostgreSQL when the store loses everything,
       // and a request needing the balance seeds it again right then.
       await admin.flushall()
-      seeding = loadLiveBalance(t.deps, accountId)
+      seeding = loadLiveBalance(t.ctx, accountId)
       // The seed must wait for this flush (it holds the account row); a seed that completes here has
       // read the balance without these charges.
       await Promise.race([seeding, Bun.sleep(300)])
@@ -97,7 +97,7 @@ test('a flush whose store record is lost mid-flush is not spent again by a balan
     return flush
   }
   try {
-    await flushCredits(t.deps)
+    await flushCredits(t.ctx)
   } finally {
     store.beginFlush = beginFlush
   }

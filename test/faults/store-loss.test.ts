@@ -5,9 +5,9 @@
 import { afterAll, expect, test } from 'bun:test'
 import Redis from 'ioredis'
 import { RedisStore } from '../../src/store/redis'
-import { decode, hwid, nonce } from '../client-helpers'
-import { makeTestApp, type TestApp } from '../helpers'
-import { ownRedis, until } from './servers'
+import { decode, hwid, nonce } from '../support/client'
+import { makeTestApp, type TestApp } from '../support/helpers'
+import { ownRedis, until } from '../support/servers'
 
 const redis = await ownRedis()
 const stores: RedisStore[] = []

@@ -1,0 +1,75 @@
+import { Type } from '@sinclair/typebox'
+import { t } from 'elysia'
+import { PublicErrorBody, Text } from '../lib/model'
+
+const appId = Text({ minLength: 1, maxLength: 64, description: 'The application id (UUID)' })
+const hwid = Text({ minLength: 1, maxLength: 128, description: 'Hardware id of the device, 1 to 128 characters' })
+const appSecret = Text({ minLength: 1, maxLength: 256, description: 'The app secret' })
+const licenseKey = Text({ minLength: 1, maxLength: 64, description: 'XXXX-XXXX-XXXX-XXXX' })
+const nonce = Text({
+  minLength: 8,
+  maxLength: 128,
+  description: 'Fresh random value, 8 to 128 characters; accepted once per app for 7 days (the longest session)',
+})
+const sessionToken = Text({ minLength: 1, maxLength: 2048, description: 'From a previous validate or heartbeat' })
+
+// Client SDKs add fields over time: /auth bodies take unknown fields, and check only the known ones.
+const tolerant = { additionalProperties: true }
+
+export const ValidateBody = t.Object({
+  appId,
+  appSecret,
+  licenseKey,
+  hwid,
+  nonce,
+  // TypeBox's own Integer: Elysia's t.Integer also takes numeric strings through a transform that
+  // costs every validate ~1 µs to decode, and a JSON client sends a number.
+  ttlSeconds: t.Optional(
+    Type.Integer({ description: 'Requested session lifetime; clamped to [3600, 604800]. Default SESSION_TTL_SECONDS.' }),
+  ),
+}, tolerant)
+
+export const HeartbeatBody = t.Object({
+  appId,
+  sessionToken,
+  hwid,
+  nonce: t.Optional(Text({ minLength: 1, maxLength: 128, description: 'Echoed in the signed payload; not enforced' })),
+}, tolerant)
+
+export const SelfbanBody = t.Object({
+  appId,
+  hwid,
+  appSecret: t.Optional(appSecret),
+  licenseKey: t.Optional(licenseKey),
+  nonce: t.Optional(nonce),
+  sessionToken: t.Optional(sessionToken),
+  revokeLicense: t.Optional(t.Boolean({ description: 'Default false pre-session (true fails), true post-session' })),
+  blacklistHwid: t.Optional(t.Boolean({ description: 'Default true' })),
+  blacklistIp: t.Optional(t.Boolean({ description: 'Default true' })),
+}, tolerant)
+
+export const SignedResponse = t.Object({
+  status: t.Literal('success'),
+  payload: t.String({ description: 'Base64 JSON: sessionToken, expiresIn (Unix seconds), nonce, license state, variables' }),
+  signature: t.String({ description: 'Base64 Ed25519 signature over the UTF-8 bytes of `payload` as sent (88 characters)' }),
+  keyId: t.String({ description: 'Signing key that produced the signature' }),
+})
+
+export const SelfbanResponse = t.Object({
+  status: t.Literal('success'),
+  mode: t.Union([t.Literal('pre_session'), t.Literal('post_session')]),
+  performed: t.Object({ revokeLicense: t.Boolean(), blacklistHwid: t.Boolean(), blacklistIp: t.Boolean() }),
+})
+
+const failure = (description: string) => ({ ...PublicErrorBody, description })
+
+/** The contract's public failure table, spread into each client route's `response`. */
+export const publicErrors = {
+  400: failure('bad_request: missing, mistyped or oversized fields; malformed JSON'),
+  401: failure('invalid_app, invalid_key, session_expired, replay_detected'),
+  403: failure('blocked, app_disabled, hwid_mismatch, revoke_requires_session'),
+  410: failure('expired, revoked'),
+  413: failure('bad_request: body over 16 KiB'),
+  429: failure('rate_limited (Retry-After header), demo_quota_exceeded, no_credits'),
+  500: failure('system_error'),
+} as const

@@ -1,0 +1,52 @@
+import { Elysia } from 'elysia'
+import { heartbeat, selfban, validate } from './service'
+import type { Context } from '../context'
+import { clientIp } from '../http/client-ip'
+import { HeartbeatBody, publicErrors, SelfbanBody, SelfbanResponse, SignedResponse, ValidateBody } from './model'
+
+const tags = ['Client authentication']
+
+export const clientRoutes = (ctx: Context) => {
+  const ipOf = (request: Request, server: { requestIP(r: Request): { address: string } | null } | null) =>
+    clientIp(server?.requestIP(request)?.address ?? null, request.headers.get('x-forwarded-for'), ctx.config.trustedProxies)
+  return new Elysia({ name: 'routes-client', prefix: '/auth' })
+    .post('/validate', ({ body, request, server }) => validate(ctx, body, ipOf(request, server)), {
+      body: ValidateBody,
+      response: { 200: SignedResponse, ...publicErrors },
+      detail: {
+        tags,
+        summary: 'Log in with a license key',
+        description:
+          'Authenticates the app (appId + appSecret), claims the nonce (once per app for 7 days), applies ' +
+          'the IP and HWID lists (IP blacklist, IP whitelist, HWID blacklist, HWID whitelist), checks the ' +
+          'license, binds the HWID to a free seat, charges 1 credit on billed apps and returns a payload ' +
+          'signed with the app key. Unlimited-seat keys bind nothing and never give hwid_mismatch.',
+      },
+    })
+    .post('/heartbeat', ({ body, request, server }) => heartbeat(ctx, body, ipOf(request, server)), {
+      body: HeartbeatBody,
+      response: { 200: SignedResponse, ...publicErrors },
+      detail: {
+        tags,
+        summary: 'Refresh a session',
+        description:
+          'Checks the session token and the license again (revoked, expired, deleted or reset fails at ' +
+          'once) and returns a fresh token with the same lifetime. Every 10th heartbeat of a license ' +
+          'costs 1 credit on billed apps. The optional nonce is echoed, not enforced.',
+      },
+    })
+    .post('/selfban', ({ body, request, server }) => selfban(ctx, body, ipOf(request, server)), {
+      body: SelfbanBody,
+      response: { 200: SelfbanResponse, ...publicErrors },
+      detail: {
+        tags,
+        summary: 'Report tampering',
+        description:
+          'Pre-session (appSecret, licenseKey, nonce) or post-session (sessionToken). Blacklists the HWID ' +
+          'and the caller IP by default; post-session also revokes the license by default, pre-session ' +
+          'refuses revokeLicense with revoke_requires_session. `performed` lists only changes this call ' +
+          'made (an entry already listed, a full list or an already revoked license report false). On a ' +
+          'sandbox app it succeeds and changes nothing.',
+      },
+    })
+}

@@ -1,0 +1,165 @@
+import type { Context } from '../context'
+import { log } from '../lib/log'
+import { type DomainEvent, recordEvents } from '../delivery/outbox'
+import { errorCode, writeIsolated } from '../db/isolated-write'
+
+/**
+ * How long a license.validated event waits in memory for others to join its INSERT. It fires on
+ * every login, and per statement PostgreSQL pays a commit (WAL flush) and the statement's fixed
+ * costs: at thousands of logins a second, one statement per 50 ms costs far less database CPU per
+ * event than one per 5 ms. The price: a crash loses the events of the last ≤ 50 ms (no database
+ * change caused them, so there is no transaction they could join).
+ */
+export const VALIDATED_BATCH_MS = 50
+
+/**
+ * Most events kept in memory while PostgreSQL is unreachable: about 10 s of 10,000 logins a second,
+ * some 30 MB. Past it the oldest are dropped (counted, and one error line per outage).
+ */
+export const MAX_KEPT_EVENTS = 100_000
+/** Most events per INSERT: a backlog after an outage goes in several statements of this size. */
+const WRITE_CHUNK = 5_000
+/** Back-off between attempts while the database is unreachable: doubling from the first to the last. */
+const RETRY_FIRST_MS = 100
+const RETRY_MAX_MS = 2_000
+
+export interface EventBatchOptions {
+  /** Writes one batch; recordEvents on the ctx' database unless a test replaces it. */
+  write?: (list: readonly DomainEvent[]) => Promise<void>
+  maxKept?: number
+}
+
+/**
+ * license.validated fires on every login: written in batches (one INSERT per VALIDATED_BATCH_MS,
+ * one write at a time) instead of one transaction per request. An event PostgreSQL refuses is split
+ * off and dropped alone (writeIsolated); while the database is unreachable the events wait here,
+ * up to maxKept, and are retried with back-off until it answers.
+ */
+export class EventBatch {
+  /** Oldest first: the events of the current wait, behind any an outage kept. */
+  #pending: DomainEvent[] = []
+  #timer: ReturnType<typeof setTimeout> | null = null
+  #retry: ReturnType<typeof setTimeout> | null = null
+  #writing: Promise<void> | null = null
+  #failures = 0
+  #overflowReported = false
+  readonly #write: (list: readonly DomainEvent[]) => Promise<void>
+  readonly #maxKept: number
+
+  constructor(
+    private readonly ctx: Context,
+    options: EventBatchOptions = {},
+  ) {
+    this.#write = options.write ?? ((list) => recordEvents(ctx.database.db, list))
+    this.#maxKept = options.maxKept ?? MAX_KEPT_EVENTS
+  }
+
+  add(event: DomainEvent): void {
+    this.#pending.push(event)
+    this.#timer ??= setTimeout(this.#due, VALIDATED_BATCH_MS)
+  }
+
+  /** Events not yet written (waiting for the batch or for the database). */
+  get kept(): number {
+    return this.#pending.length
+  }
+
+  /** Writes what is pending now, at once even while backing off (tests and shutdown). */
+  async flush(): Promise<void> {
+    this.#clearTimers()
+    // The write under way took only what was pending when it began.
+    await this.#writing
+    await this.#drain()
+  }
+
+  /** Flushes, then gives up on what the database did not take: one error line with the count. */
+  async stop(): Promise<void> {
+    await this.flush()
+    this.#clearTimers()
+    const lost = this.#pending.length
+    if (lost === 0) return
+    this.#pending = []
+    this.ctx.metrics.validatedEventsDropped.add('shutdown', lost)
+    log.error('database unreachable at shutdown: license.validated events lost', { events: lost })
+  }
+
+  #clearTimers(): void {
+    if (this.#timer) clearTimeout(this.#timer)
+    if (this.#retry) clearTimeout(this.#retry)
+    this.#timer = null
+    this.#retry = null
+  }
+
+  readonly #due = (): void => {
+    this.#timer = null
+    this.#trim()
+    // While backing off, the retry writes what piled up.
+    if (this.#retry === null) void this.#drain()
+  }
+
+  #drain(): Promise<void> {
+    this.#writing ??= this.#writeDue().finally(() => {
+      this.#writing = null
+      // Events added during the write found its batch wait already over: they start their own.
+      if (this.#pending.length > 0 && this.#retry === null) this.#timer ??= setTimeout(this.#due, VALIDATED_BATCH_MS)
+    })
+    return this.#writing
+  }
+
+  async #writeDue(): Promise<void> {
+    // Later events wait for their own batch: writing them now would mean more, smaller statements.
+    let due = this.#pending.length
+    while (due > 0 && this.#pending.length > 0) {
+      const chunk = this.#pending.splice(0, Math.min(due, WRITE_CHUNK))
+      due -= chunk.length
+      const { refused, unwritten, outage } = await writeIsolated(chunk, this.#write)
+      if (refused.length > 0) {
+        this.ctx.metrics.validatedEventsDropped.add('refused', refused.length)
+        log.warn('license.validated events refused by the database, dropped', {
+          events: refused.length,
+          code: errorCode(refused[0]?.error),
+        })
+      }
+      if (refused.length + unwritten.length < chunk.length) this.ctx.bus.notify()
+      if (unwritten.length > 0) {
+        this.#pending = unwritten.concat(this.#pending)
+        this.#trim()
+        this.#backOff(outage)
+        return
+      }
+      if (this.#failures > 0) {
+        log.info('database reachable again: writing kept license.validated events', { attempts: this.#failures })
+        this.#failures = 0
+        this.#overflowReported = false
+      }
+    }
+  }
+
+  #backOff(outage: unknown): void {
+    if (this.#failures === 0) {
+      log.warn('database unreachable: keeping license.validated events in memory and retrying', { code: errorCode(outage) })
+    }
+    const delay = Math.min(RETRY_MAX_MS, RETRY_FIRST_MS * 2 ** this.#failures)
+    this.#failures++
+    if (this.#retry) clearTimeout(this.#retry)
+    this.#retry = setTimeout(() => {
+      this.#retry = null
+      void this.#drain()
+    }, delay)
+    // Kept events never hold a process open: stop() reports them lost instead.
+    this.#retry.unref?.()
+  }
+
+  /** Drops the oldest events beyond the bound; runs once per batch wait, not per event. */
+  #trim(): void {
+    const excess = this.#pending.length - this.#maxKept
+    if (excess <= 0) return
+    this.#pending.splice(0, excess)
+    this.ctx.metrics.validatedEventsDropped.add('overflow', excess)
+    if (this.#overflowReported) return
+    this.#overflowReported = true
+    log.error('database unreachable: license.validated events beyond the in-memory bound dropped, oldest first', {
+      bound: this.#maxKept,
+    })
+  }
+}

@@ -1,0 +1,30 @@
+import type { Config } from './config'
+import type { Sealer } from './lib/crypto'
+import type { EventBus } from './delivery/outbox'
+import type { Mailbox } from './actors/mailbox'
+import type { Database } from './db/client'
+import type { HttpMetrics } from './http/metrics'
+import type { Signer } from './signing/signer'
+import type { Store } from './store/store'
+import type { DeliveryPool } from './delivery/pool'
+
+/** Infrastructure handed to every route module and use-case; built once by index.ts or a test. */
+export interface Context {
+  config: Readonly<Config>
+  database: Database
+  store: Store
+  /** Seals signing keys and webhook secrets at rest. */
+  sealer: Sealer
+  /** Derived from the master key: MACs stateless session tokens. */
+  sessionKey: Buffer
+  mailbox: Mailbox
+  bus: EventBus
+  /** Worker threads that send webhook deliveries (started lazily, closed at shutdown). */
+  webhookPool: DeliveryPool
+  /** Ed25519 signatures, on a worker thread unless the server runs a process per core. */
+  signer: Signer
+  /** Prometheus counters of this process, served at /metrics. */
+  metrics: HttpMetrics
+  /** Milliseconds since the epoch; tests inject their own. */
+  clock: () => number
+}

@@ -1,0 +1,237 @@
+import { readFileSync } from 'node:fs'
+import { rootCertificates } from 'node:tls'
+import type { Context } from '../context'
+import { errorFields, log } from '../lib/log'
+import type { DispatcherOptions, RunningDispatcher } from './dispatcher'
+import {
+  CANCEL_QUEUED,
+  type DeliveryJob,
+  type DeliveryResult,
+  type DispatchStart,
+  KICK,
+  type SecretReply,
+  type WorkerEvent,
+  type WorkerInit,
+  type WorkerReply,
+  type WorkerSend,
+} from './protocol'
+
+export interface DeliveryPoolOptions {
+  /**
+   * Worker threads; each sends many requests concurrently, so two cover a 2-core machine. On
+   * PostgreSQL the first also runs the dispatcher (see dispatch()) and test pings use the others.
+   */
+  size?: number
+  allowPrivate: boolean
+  /**
+   * PEM file of a CA to trust on top of what the process trusts: for a process that did not start
+   * with NODE_EXTRA_CA_CERTS set (in-process tests). Costs a TLS context per request.
+   */
+  extraCaFile: string | null
+  timeoutMs?: number
+  /** Requests each worker has open at once. */
+  concurrency?: number
+  /** Lowest CPU priority for the delivery threads, so API requests win a saturated CPU. */
+  lowPriority?: boolean
+}
+
+/** The dispatcher running in the first worker: what restarts it there, and who waits for its stop. */
+interface Dispatching {
+  start: DispatchStart
+  ctx: Pick<Context, 'sealer' | 'bus' | 'config'>
+  unsubscribe: () => void
+  stopped: (() => void)[]
+  stopping: boolean
+}
+
+interface Slot {
+  worker: Worker
+  pending: Map<number, (result: DeliveryResult) => void>
+  /** Jobs queued in this tick, posted as one message. */
+  outbox: WorkerSend[]
+}
+
+/**
+ * A small, fixed pool of delivery workers. Workers start on first use and live until close():
+ * Bun's docs still call terminating workers experimental, so they are never recycled per delivery.
+ */
+export class DeliveryPool {
+  readonly #size: number
+  readonly #init: WorkerInit
+  readonly #slots: (Slot | undefined)[]
+  #seq = 0
+  #closed = false
+  #dispatching: Dispatching | null = null
+
+  constructor(options: DeliveryPoolOptions) {
+    this.#size = Math.max(1, options.size ?? 2)
+    this.#slots = new Array(this.#size).fill(undefined)
+    // A `ca` list replaces the default roots, so the system roots go in with the extra CA.
+    const ca = options.extraCaFile ? [...rootCertificates, readFileSync(options.extraCaFile, 'utf8')] : null
+    this.#init = {
+      type: 'init',
+      allowPrivate: options.allowPrivate,
+      ca,
+      timeoutMs: options.timeoutMs ?? 10_000,
+      concurrency: options.concurrency ?? 16,
+      lowPriority: options.lowPriority ?? false,
+    }
+  }
+
+  /** Sends one prepared delivery on the least busy worker; never rejects. */
+  send(job: DeliveryJob): Promise<DeliveryResult> {
+    if (this.#closed) return Promise.resolve({ status: 0, reason: 'worker' })
+    const slot = this.#leastBusy()
+    const id = ++this.#seq
+    return new Promise((resolve) => {
+      slot.pending.set(id, resolve)
+      // A message per delivery costs more than the request itself: batch a tick's jobs into one string.
+      if (slot.outbox.push({ type: 'send', id, ...job }) === 1) {
+        queueMicrotask(() => {
+          const batch = slot.outbox
+          slot.outbox = []
+          slot.worker.postMessage(JSON.stringify(batch))
+        })
+      }
+    })
+  }
+
+  /**
+   * Runs the outbox dispatcher in the first worker, on a PostgreSQL connection of its own: commits
+   * announced on ctx.bus wake it, and it asks this thread to open webhook secrets (the master key
+   * stays here). One dispatcher per pool.
+   */
+  dispatch(databaseUrl: string, options: DispatcherOptions, ctx: Pick<Context, 'sealer' | 'bus' | 'config'>): RunningDispatcher {
+    if (this.#dispatching) throw new Error('this delivery pool already runs a dispatcher')
+    const start: DispatchStart = { type: 'dispatch', databaseUrl, options: { ...options }, logLevel: ctx.config.logLevel }
+    const unsubscribe = ctx.bus.subscribe(() => this.#slots[0]?.worker.postMessage(KICK))
+    this.#dispatching = { start, ctx, unsubscribe, stopped: [], stopping: false }
+    // A worker spawned now gets the start message with its settings; one already running, here.
+    const first = this.#slots[0]
+    if (first) first.worker.postMessage(start)
+    this.start()
+    const stop = () => this.#stopDispatch()
+    return { stop, [Symbol.asyncDispose]: stop }
+  }
+
+  async #stopDispatch(): Promise<void> {
+    const d = this.#dispatching
+    const slot = this.#slots[0]
+    if (!d) return
+    d.unsubscribe()
+    if (slot && !this.#closed) {
+      const done = new Promise<void>((resolve) => d.stopped.push(resolve))
+      if (!d.stopping) slot.worker.postMessage({ type: 'stop' })
+      d.stopping = true
+      await done
+    }
+    if (this.#dispatching === d) this.#dispatching = null
+  }
+
+  /** Starts every worker now (the server does at boot), so the first delivery does not wait for one. */
+  start(): void {
+    if (this.#closed) return
+    for (let i = 0; i < this.#size; i++) if (!this.#slots[i]) this.#spawn(i)
+  }
+
+  /**
+   * Answers every job still waiting in a worker's queue (never sent) with reason 'cancelled'; requests
+   * already open run to their end. For shutdown: the caller can hand those back instead of losing them.
+   */
+  cancelQueued(): void {
+    for (const slot of this.#slots) {
+      if (!slot) continue
+      // Jobs of this tick not posted yet are cancelled here; those already posted, by the worker.
+      for (const job of slot.outbox.splice(0)) {
+        slot.pending.get(job.id)?.({ status: 0, reason: 'cancelled' })
+        slot.pending.delete(job.id)
+      }
+      slot.worker.postMessage(CANCEL_QUEUED)
+    }
+  }
+
+  /** Deliveries handed to a worker and not answered yet. */
+  get inFlight(): number {
+    return this.#slots.reduce((n, s) => n + (s?.pending.size ?? 0), 0)
+  }
+
+  /** Stops the workers; deliveries still in flight count as attempted without a response. */
+  async close(): Promise<void> {
+    // A dispatcher still running records what it has out before its worker goes.
+    if (this.#dispatching && !this.#closed) await this.#stopDispatch()
+    this.#closed = true
+    for (let i = 0; i < this.#slots.length; i++) {
+      const slot = this.#slots[i]
+      if (!slot) continue
+      this.#slots[i] = undefined
+      this.#fail(slot)
+      slot.worker.terminate()
+    }
+  }
+
+  #leastBusy(): Slot {
+    let best: Slot | undefined
+    // The dispatching worker's own queue (up to maxInFlight deliveries) is invisible here: a test
+    // ping goes to another worker when there is one, so it never waits behind a backlog.
+    const first = this.#dispatching && this.#size > 1 ? 1 : 0
+    for (let i = first; i < this.#size; i++) {
+      const slot = this.#slots[i] ?? this.#spawn(i)
+      if (!best || slot.pending.size < best.pending.size) best = slot
+    }
+    return best as Slot
+  }
+
+  #spawn(index: number): Slot {
+    const worker = new Worker(new URL('./worker.ts', import.meta.url).href)
+    const slot: Slot = { worker, pending: new Map(), outbox: [] }
+    worker.onmessage = (event: MessageEvent<string | WorkerEvent>) => {
+      if (typeof event.data !== 'string') return this.#control(worker, event.data)
+      for (const { id, ...result } of JSON.parse(event.data) as WorkerReply[]) {
+        const resolve = slot.pending.get(id)
+        slot.pending.delete(id)
+        resolve?.(result)
+      }
+    }
+    worker.onerror = (event) => {
+      log.error('webhook delivery worker failed; replacing it', errorFields(event.error ?? event.message))
+      if (this.#slots[index] === slot) this.#slots[index] = undefined
+      this.#fail(slot)
+      worker.terminate()
+      // The dispatcher died with it: what it had claimed is sent again after the lease; a
+      // replacement worker takes over the rest.
+      if (index === 0 && this.#dispatching) {
+        for (const resolve of this.#dispatching.stopped.splice(0)) resolve()
+        if (!this.#dispatching.stopping && !this.#closed) this.#spawn(0)
+      }
+    }
+    worker.postMessage(this.#init)
+    if (index === 0 && this.#dispatching && !this.#dispatching.stopping) worker.postMessage(this.#dispatching.start)
+    // The pool must not keep a finished process (a test, the CLI) alive.
+    worker.unref()
+    this.#slots[index] = slot
+    return slot
+  }
+
+  /** A dispatching worker's requests: a webhook secret to open, or the end of its stop. */
+  #control(worker: Worker, msg: WorkerEvent): void {
+    const d = this.#dispatching
+    if (msg.type === 'stopped') {
+      for (const resolve of d?.stopped.splice(0) ?? []) resolve()
+      return
+    }
+    let secret: string | null = null
+    try {
+      if (d) secret = d.ctx.sealer.open(msg.sealed).toString('utf8')
+    } catch {
+      // Sealed under another master key, or damaged: the dispatcher logs it and records status 0.
+    }
+    const reply: SecretReply = { type: 'opened', sealed: msg.sealed, secret }
+    worker.postMessage(reply)
+  }
+
+  #fail(slot: Slot): void {
+    slot.outbox = []
+    for (const resolve of slot.pending.values()) resolve({ status: 0, reason: 'worker' })
+    slot.pending.clear()
+  }
+}

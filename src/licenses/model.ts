@@ -1,0 +1,97 @@
+import { t } from 'elysia'
+import { Count, StrictBody, Text } from '../lib/model'
+
+/** The instants an expiry may name: what PostgreSQL's timestamptz and a JS Date both hold, in plain ISO 8601. */
+const EXPIRY_RANGE_TEXT = 'from 1970-01-01T00:00:00Z to 9999-12-31T23:59:59.999Z (UTC), else 400'
+
+const isoDate = (description: string) => t.String({ format: 'date-time', description })
+
+export const LicenseKeyParams = t.Object({
+  licenseKey: Text({
+    description: 'License key, XXXX-XXXX-XXXX-XXXX',
+    examples: ['K7QM-3XWT-9HFP-2RDN'],
+  }),
+})
+
+/** A license as returned by create: everything but the bound HWIDs. */
+export const License = t.Object({
+  licenseKey: t.String({ examples: ['K7QM-3XWT-9HFP-2RDN'] }),
+  appId: t.String({ format: 'uuid' }),
+  status: t.Union([t.Literal('active'), t.Literal('revoked')]),
+  expiresAt: t.Nullable(isoDate('Expiry; null means lifetime')),
+  maxHwidSlots: t.Integer({ minimum: 1, maximum: 16 }),
+  unlimitedHwidSlots: t.Boolean({
+    description: 'Shared unlimited-seat key: seat enforcement is skipped',
+  }),
+  label: t.Nullable(t.String({ maxLength: 128 })),
+  createdAt: isoDate('Creation time, with milliseconds'),
+})
+
+/** A license with its bound HWIDs, as list and update return it. */
+export const LicenseWithHwids = t.Composite([
+  License,
+  t.Object({
+    hwidList: t.Array(t.String(), { description: 'Bound hardware IDs, oldest binding first' }),
+  }),
+])
+
+/** The single-license view: adds `hwid`, the first (oldest) bound HWID or null. */
+export const LicenseDetail = t.Composite([
+  LicenseWithHwids,
+  t.Object({
+    hwid: t.Nullable(t.String({ description: 'The first bound HWID, or null when none is bound' })),
+  }),
+])
+
+export const CreateLicensesBody = StrictBody({
+  appId: Text({ description: 'Application to issue for' }),
+  quantity: t.Optional(Count({ minimum: 1, maximum: 100, default: 1 })),
+  expiresAt: t.Optional(
+    t.Nullable(Text({ description: `ISO 8601; null (or omitted) for lifetime; ${EXPIRY_RANGE_TEXT}` })),
+  ),
+  maxHwidSlots: t.Optional(
+    Count({
+      minimum: 1,
+      maximum: 16,
+      default: 1,
+      description: 'Stored as given; not enforced when unlimitedHwidSlots is true',
+    }),
+  ),
+  unlimitedHwidSlots: t.Optional(t.Boolean({ default: false })),
+  label: t.Optional(t.Nullable(Text({ maxLength: 128 }))),
+})
+
+export const CreateLicensesResponse = t.Object({ licenses: t.Array(License) })
+
+export const ListLicensesQuery = t.Object({
+  appId: Text({ description: 'Application whose licenses to list' }),
+  limit: t.Optional(t.Integer({ minimum: 1, maximum: 200, default: 50 })),
+  cursor: t.Optional(
+    Text({ description: 'The cursor of the previous page, as returned; any other value gets 400' }),
+  ),
+})
+
+export const ListLicensesResponse = t.Object({
+  licenses: t.Array(LicenseWithHwids),
+  cursor: t.Nullable(
+    t.String({ description: 'Pass back for the next page; null on the last page' }),
+  ),
+})
+
+export const UpdateLicenseBody = StrictBody({
+  action: t.Union([
+    t.Literal('revoke'),
+    t.Literal('activate'),
+    t.Literal('extend'),
+    t.Literal('reset-hwid'),
+  ]),
+  expiresAt: t.Optional(
+    t.Nullable(
+      Text({
+        description: `ISO 8601 new expiry, required by extend (null: lifetime); refused otherwise; ${EXPIRY_RANGE_TEXT}`,
+      }),
+    ),
+  ),
+})
+
+export const UpdateLicenseResponse = t.Object({ ok: t.Literal(true), license: LicenseWithHwids })

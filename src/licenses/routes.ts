@@ -1,0 +1,107 @@
+import { Elysia } from 'elysia'
+import {
+  createLicenses,
+  deleteLicense,
+  getLicense,
+  listLicenses,
+  updateLicense,
+} from './service'
+import type { Context } from '../context'
+import { apiKeyAuth } from '../http/auth'
+import { apiErrors, noCreditsError, notFoundError, OkBody } from '../lib/model'
+import {
+  CreateLicensesBody,
+  CreateLicensesResponse,
+  LicenseDetail,
+  LicenseKeyParams,
+  ListLicensesQuery,
+  ListLicensesResponse,
+  UpdateLicenseBody,
+  UpdateLicenseResponse,
+} from './model'
+
+const tags = ['Licenses']
+
+export const licenseRoutes = (ctx: Context) =>
+  new Elysia({ name: 'routes-licenses', prefix: '/v1/licenses' })
+    .use(apiKeyAuth(ctx))
+    .post(
+      '',
+      async ({ accountId, body, set }) => {
+        set.status = 201
+        return { licenses: await createLicenses(ctx, accountId, body) }
+      },
+      {
+        apiKey: true,
+        body: CreateLicensesBody,
+        response: { 201: CreateLicensesResponse, ...apiErrors, ...noCreditsError },
+        detail: {
+          tags,
+          summary: 'Create licenses',
+          description:
+            'Issues 1 to 100 active licenses for an app of the account. Needs a positive credit balance ' +
+            '(402 no_credits otherwise) but spends none. Emits license.created per key.',
+        },
+      },
+    )
+    .get('', ({ accountId, query }) => listLicenses(ctx, accountId, query), {
+      apiKey: true,
+      query: ListLicensesQuery,
+      response: { 200: ListLicensesResponse, ...apiErrors },
+      detail: {
+        tags,
+        summary: 'List licenses of an app',
+        description:
+          'Newest first (createdAt descending, then licenseKey descending). A non-null cursor means more ' +
+          'results: pass it back as `cursor`. A cursor this API did not return gets 400.',
+      },
+    })
+    .get(
+      '/:licenseKey',
+      ({ accountId, params }) => getLicense(ctx, accountId, params.licenseKey),
+      {
+        apiKey: true,
+        params: LicenseKeyParams,
+        response: { 200: LicenseDetail, ...apiErrors, ...notFoundError },
+        detail: {
+          tags,
+          summary: 'Get a license',
+          description:
+            'Returns the license with its bound HWIDs. `hwid` is the first (oldest) bound HWID, or null ' +
+            'when none is bound. 404 for an absent key, 403 for a license of another account.',
+        },
+      },
+    )
+    .put(
+      '/:licenseKey',
+      ({ accountId, params, body }) => updateLicense(ctx, accountId, params.licenseKey, body),
+      {
+        apiKey: true,
+        params: LicenseKeyParams,
+        body: UpdateLicenseBody,
+        response: { 200: UpdateLicenseResponse, ...apiErrors, ...notFoundError },
+        detail: {
+          tags,
+          summary: 'Revoke, activate, extend or reset the HWIDs of a license',
+          description:
+            'revoke: active to revoked (license.revoked); on a revoked license a no-op 200. ' +
+            'activate: revoked to active (license.activated); on an active license a no-op 200. ' +
+            'extend: sets expiresAt (required; null makes it lifetime) and keeps the status. ' +
+            'reset-hwid: clears every bound HWID (license.hwid_reset). expiresAt with another action gets 400.',
+        },
+      },
+    )
+    .delete(
+      '/:licenseKey',
+      ({ accountId, params }) => deleteLicense(ctx, accountId, params.licenseKey),
+      {
+        apiKey: true,
+        params: LicenseKeyParams,
+        response: { 200: OkBody, ...apiErrors, ...notFoundError },
+        detail: {
+          tags,
+          summary: 'Delete a license',
+          description: 'Permanent. Bound devices fail their next heartbeat. Emits license.deleted.',
+        },
+      },
+    )

@@ -1,0 +1,338 @@
+import { and, desc, eq, sql } from 'drizzle-orm'
+import type { Tx } from '../db/client'
+import { apps, licenses } from '../db/schema'
+import type { Context } from '../context'
+import { ApiError, badRequest, forbidden, notFound } from '../lib/errors'
+import { keys } from '../store/store'
+import { requireOwnedApp } from '../accounts/service'
+import { hasPositiveBalance } from '../credits/balance'
+import { generateLicenseKey, hmacBase64Url, LICENSE_KEY_PATTERN, safeEqual } from '../lib/crypto'
+import { type DomainEvent, type EventData, type EventName, recordEvents } from '../delivery/outbox'
+import { parseIsoTimestamp } from '../lib/time'
+import { invalidate } from '../actors/invalidate'
+
+type LicenseRow = typeof licenses.$inferSelect
+
+/** A license as the Developer API shows it (create shape: no hwidList). */
+export interface LicenseView {
+  licenseKey: string
+  appId: string
+  status: 'active' | 'revoked'
+  expiresAt: string | null
+  maxHwidSlots: number
+  unlimitedHwidSlots: boolean
+  label: string | null
+  createdAt: string
+}
+
+export interface LicenseWithHwids extends LicenseView {
+  hwidList: string[]
+}
+
+export function licenseView(row: LicenseRow): LicenseView {
+  return {
+    licenseKey: row.key,
+    appId: row.appId,
+    status: row.status,
+    expiresAt: row.expiresAt ? row.expiresAt.toISOString() : null,
+    maxHwidSlots: row.maxHwidSlots,
+    unlimitedHwidSlots: row.unlimitedHwidSlots,
+    label: row.label,
+    createdAt: row.createdAt.toISOString(),
+  }
+}
+
+export function licenseWithHwids(row: LicenseRow): LicenseWithHwids {
+  return { ...licenseView(row), hwidList: [...row.hwids] }
+}
+
+const KEY_SHAPE = new RegExp(LICENSE_KEY_PATTERN)
+const MAX_KEY_ATTEMPTS = 8
+
+/**
+ * The instants an expiry may name. PostgreSQL's timestamptz starts in 4713 BC, but a Date is sent to it
+ * as toISOString text, which has no form PostgreSQL reads for year 0 or for years past 9999.
+ */
+const EXPIRY_RANGE = { min: Date.UTC(1970, 0, 1), max: Date.UTC(9999, 11, 31, 23, 59, 59, 999) } as const
+
+function expiryFrom(text: string | null | undefined): Date | null {
+  if (text === undefined || text === null) return null
+  const date = parseIsoTimestamp(text)
+  if (!date) throw badRequest('expiresAt must be an ISO 8601 timestamp or null')
+  const ms = date.getTime()
+  if (ms < EXPIRY_RANGE.min || ms > EXPIRY_RANGE.max) {
+    throw badRequest('expiresAt must lie from 1970-01-01T00:00:00Z to 9999-12-31T23:59:59.999Z')
+  }
+  return date
+}
+
+/** Publishes a committed change: caches on every instance drop the keys, the dispatcher wakes. */
+async function published(ctx: Context, licenseKeys: readonly string[]): Promise<void> {
+  await invalidate(ctx, licenseKeys.map(keys.licenseEpoch))
+  ctx.bus.notify()
+}
+
+function event(ctx: Context, name: EventName, data: EventData): DomainEvent {
+  return { event: name, data, occurredAt: new Date(ctx.clock()) }
+}
+
+export interface CreateLicensesInput {
+  appId: string
+  quantity?: number
+  expiresAt?: string | null
+  maxHwidSlots?: number
+  unlimitedHwidSlots?: boolean
+  label?: string | null
+}
+
+/** `newKey` is the key source; tests pass one that repeats keys to exercise the clash path. */
+export async function createLicenses(
+  ctx: Context,
+  accountId: string,
+  input: CreateLicensesInput,
+  newKey: () => string = generateLicenseKey,
+) {
+  const expiresAt = expiryFrom(input.expiresAt)
+  const app = await requireOwnedApp(ctx, accountId, input.appId)
+  if (!(await hasPositiveBalance(ctx, accountId))) {
+    throw new ApiError(
+      'no_credits',
+      402,
+      'The account has no credits left; add credits to create licenses',
+    )
+  }
+  const quantity = input.quantity ?? 1
+  const values = {
+    appId: app.id,
+    expiresAt,
+    maxHwidSlots: input.maxHwidSlots ?? 1,
+    unlimitedHwidSlots: input.unlimitedHwidSlots ?? false,
+    label: input.label ?? null,
+  }
+  const rows = await ctx.mailbox.run(app.id, () =>
+    ctx.database.db.transaction(async (tx) => {
+      const createdAt = new Date(ctx.clock())
+      const created: LicenseRow[] = []
+      // 80 random bits make a clash rare, not impossible: the loser of ON CONFLICT gets a new key.
+      for (let attempt = 0; created.length < quantity; attempt++) {
+        if (attempt === MAX_KEY_ATTEMPTS) throw new Error('could not generate unique license keys')
+        const batch = Array.from({ length: quantity - created.length }, () => ({
+          ...values,
+          key: newKey(),
+          createdAt,
+        }))
+        created.push(
+          ...(await tx
+            .insert(licenses)
+            .values(batch)
+            .onConflictDoNothing({ target: licenses.key })
+            .returning()),
+        )
+      }
+      await recordEvents(
+        tx,
+        created.map((row) =>
+          event(ctx, 'license.created', {
+            licenseKey: row.key,
+            appId: row.appId,
+            expiresAt: row.expiresAt?.toISOString() ?? null,
+            maxHwidSlots: row.maxHwidSlots,
+            unlimitedHwidSlots: row.unlimitedHwidSlots,
+            label: row.label,
+          }),
+        ),
+      )
+      return created
+    }),
+  )
+  await published(
+    ctx,
+    rows.map((r) => r.key),
+  )
+  return rows.map(licenseView)
+}
+
+/** Finds a license of the account: 404 when absent (or not shaped like a key), 403 when another account's. */
+export async function requireOwnedLicense(
+  ctx: Context,
+  accountId: string,
+  licenseKey: string,
+): Promise<LicenseRow> {
+  if (!KEY_SHAPE.test(licenseKey)) throw notFound(`No license ${licenseKey}`)
+  const [found] = await ctx.database.db
+    .select({ license: licenses, accountId: apps.accountId })
+    .from(licenses)
+    .innerJoin(apps, eq(apps.id, licenses.appId))
+    .where(eq(licenses.key, licenseKey))
+    .limit(1)
+  if (!found) throw notFound(`No license ${licenseKey}`)
+  if (found.accountId !== accountId)
+    throw forbidden('This license belongs to an app outside your account')
+  return found.license
+}
+
+/** The single-license view; `hwid` is the first bound HWID (the oldest binding) or null. */
+export async function getLicense(ctx: Context, accountId: string, licenseKey: string) {
+  const row = await requireOwnedLicense(ctx, accountId, licenseKey)
+  return { ...licenseWithHwids(row), hwid: row.hwids[0] ?? null }
+}
+
+interface Cursor {
+  createdAt: string
+  key: string
+}
+
+const CURSOR_TEXT = /^([A-Za-z0-9_-]{1,200})\.([A-Za-z0-9_-]{22})$/
+
+// The MAC input is prefixed so a cursor's tag can never stand for a session token's (same key), and
+// names the app so a cursor of one listing is refused by another.
+const cursorTag = (ctx: Context, appId: string, position: string) =>
+  hmacBase64Url(ctx.sessionKey, `license-cursor\n${appId}\n${position}`).slice(0, 22)
+
+/** The last row's position, tagged with a MAC: only a cursor this API returned is ever decoded. */
+export function encodeCursor(ctx: Context, row: LicenseRow): string {
+  const position = Buffer.from(`${row.createdAt.toISOString()}|${row.key}`, 'utf8').toString('base64url')
+  return `${position}.${cursorTag(ctx, row.appId, position)}`
+}
+
+function decodeCursor(ctx: Context, appId: string, text: string): Cursor {
+  const invalid = () => badRequest('cursor is not one this API returned')
+  const [, position, tag] = CURSOR_TEXT.exec(text) ?? []
+  if (!position || !tag || !safeEqual(tag, cursorTag(ctx, appId, position))) throw invalid()
+  const [createdAt, key] = Buffer.from(position, 'base64url').toString('utf8').split('|')
+  if (createdAt === undefined || key === undefined) throw invalid()
+  return { createdAt, key }
+}
+
+export interface ListLicensesInput {
+  appId: string
+  limit?: number
+  cursor?: string
+}
+
+/** Newest first (created_at DESC, key DESC); the cursor is the last row's position, keyset style. */
+export async function listLicenses(ctx: Context, accountId: string, input: ListLicensesInput) {
+  const app = await requireOwnedApp(ctx, accountId, input.appId)
+  const after = input.cursor === undefined ? null : decodeCursor(ctx, app.id, input.cursor)
+  const limit = input.limit ?? 50
+  const rows = await ctx.database.db
+    .select()
+    .from(licenses)
+    .where(
+      and(
+        eq(licenses.appId, app.id),
+        after
+          ? sql`(${licenses.createdAt}, ${licenses.key}) < (${after.createdAt}::timestamptz, ${after.key})`
+          : undefined,
+      ),
+    )
+    .orderBy(desc(licenses.createdAt), desc(licenses.key))
+    .limit(limit + 1)
+  const page = rows.slice(0, limit)
+  const last = page[page.length - 1]
+  return {
+    licenses: page.map(licenseWithHwids),
+    cursor: rows.length > limit && last ? encodeCursor(ctx, last) : null,
+  }
+}
+
+export type LicenseAction = 'revoke' | 'activate' | 'extend' | 'reset-hwid'
+
+export interface UpdateLicenseInput {
+  action: LicenseAction
+  /** Required by extend (null makes the license lifetime); refused with any other action. */
+  expiresAt?: string | null
+}
+
+/** Works out the change an action makes to a locked row: the new column values and the event, if any. */
+function planUpdate(
+  row: LicenseRow,
+  input: UpdateLicenseInput,
+): { set: Partial<LicenseRow>; event: EventName | null; extra: Record<string, unknown> } {
+  switch (input.action) {
+    case 'revoke':
+      return row.status === 'revoked'
+        ? { set: {}, event: null, extra: {} }
+        : { set: { status: 'revoked' }, event: 'license.revoked', extra: { status: 'revoked' } }
+    case 'activate':
+      return row.status === 'active'
+        ? { set: {}, event: null, extra: {} }
+        : { set: { status: 'active' }, event: 'license.activated', extra: { status: 'active' } }
+    case 'extend':
+      return { set: { expiresAt: expiryFrom(input.expiresAt) }, event: null, extra: {} }
+    case 'reset-hwid':
+      return {
+        set: { hwids: [] },
+        event: 'license.hwid_reset',
+        extra: { previousHwidList: row.hwids },
+      }
+  }
+}
+
+function checkUpdateInput(input: UpdateLicenseInput): void {
+  if (input.action === 'extend') {
+    if (input.expiresAt === undefined)
+      throw badRequest('expiresAt is required when action is extend')
+    expiryFrom(input.expiresAt)
+  } else if (input.expiresAt !== undefined) {
+    throw badRequest('expiresAt is only accepted when action is extend')
+  }
+}
+
+async function lockLicense(tx: Tx, licenseKey: string): Promise<LicenseRow> {
+  const [row] = await tx.select().from(licenses).where(eq(licenses.key, licenseKey)).for('update')
+  // Deleted between the ownership check and the lock.
+  if (!row) throw notFound(`No license ${licenseKey}`)
+  return row
+}
+
+export async function updateLicense(
+  ctx: Context,
+  accountId: string,
+  licenseKey: string,
+  input: UpdateLicenseInput,
+) {
+  checkUpdateInput(input)
+  const owned = await requireOwnedLicense(ctx, accountId, licenseKey)
+  const { row, changed } = await ctx.mailbox.run(owned.appId, () =>
+    ctx.database.db.transaction(async (tx) => {
+      const current = await lockLicense(tx, licenseKey)
+      const plan = planUpdate(current, input)
+      if (Object.keys(plan.set).length === 0) return { row: current, changed: false }
+      const [updated] = await tx
+        .update(licenses)
+        .set(plan.set)
+        .where(eq(licenses.key, licenseKey))
+        .returning()
+      if (!updated) throw new Error('locked license vanished during update')
+      if (plan.event) {
+        await recordEvents(tx, [
+          event(ctx, plan.event, { licenseKey, appId: updated.appId, ...plan.extra }),
+        ])
+      }
+      return { row: updated, changed: true }
+    }),
+  )
+  if (changed) await published(ctx, [licenseKey])
+  return { ok: true as const, license: licenseWithHwids(row) }
+}
+
+export async function deleteLicense(ctx: Context, accountId: string, licenseKey: string) {
+  const owned = await requireOwnedLicense(ctx, accountId, licenseKey)
+  await ctx.mailbox.run(owned.appId, () =>
+    ctx.database.db.transaction(async (tx) => {
+      const [deleted] = await tx.delete(licenses).where(eq(licenses.key, licenseKey)).returning()
+      if (!deleted) throw notFound(`No license ${licenseKey}`)
+      await recordEvents(tx, [
+        event(ctx, 'license.deleted', {
+          licenseKey,
+          appId: deleted.appId,
+          status: deleted.status,
+          hwidList: deleted.hwids,
+        }),
+      ])
+    }),
+  )
+  await published(ctx, [licenseKey])
+  return { ok: true as const }
+}

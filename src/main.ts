@@ -1,0 +1,113 @@
+import { readFileSync } from 'node:fs'
+import { createApp } from './app'
+import { buildContext } from './boot'
+import { ConfigError, loadConfig } from './config'
+import { describeHolder, isLock, LOCK_WAIT_MS, lockDataDir } from './db/data-dir-lock'
+import { startClientAuth } from './client-auth/service'
+import { startOperatorSocket, usesOperatorSocket } from './operator/socket'
+import { errorFields, log, setLogLevel } from './lib/log'
+import {
+  type OtherServerProcesses,
+  reportToFirstServerProcess,
+  serverProcessIndex,
+  startOtherServerProcesses,
+} from './server-processes'
+import { startDispatcher } from './delivery/dispatcher'
+
+async function main(): Promise<void> {
+  let config
+  try {
+    config = loadConfig()
+  } catch (err) {
+    if (err instanceof ConfigError) {
+      process.stderr.write(`configuration error: ${err.message}\n`)
+      process.exit(2)
+    }
+    throw err
+  }
+  setLogLevel(config.logLevel)
+  if (usesOperatorSocket(config)) {
+    // A CLI in direct mode lets go within seconds; another server never does.
+    const lock = await lockDataDir(config.dataDir, 'server', LOCK_WAIT_MS, async (holder) => holder.owner === 'cli')
+    if (!isLock(lock)) {
+      process.stderr.write(`error: ${describeHolder(config.dataDir, lock)}; one server per DATA_DIR\n`)
+      process.exit(1)
+    }
+  }
+  const contextReady = buildContext(config)
+  // Listening before the database is open: a CLI started meanwhile waits for this server instead of
+  // opening the embedded database a second time.
+  const operatorSocket = usesOperatorSocket(config) ? startOperatorSocket(config.dataDir, contextReady) : null
+  const ctx = await contextReady
+  const app = createApp(ctx)
+  // Delivers events committed before a restart as well as new ones; one claim per delivery across instances.
+  const dispatcher = startDispatcher(ctx)
+  // Moves credit charges from the store into PostgreSQL and writes batched license.validated events.
+  const clientAuth = startClientAuth(ctx)
+  ctx.signer.start({ worker: config.serverProcesses === 1 })
+  const tls =
+    config.tlsCertFile && config.tlsKeyFile
+      ? { cert: readFileSync(config.tlsCertFile, 'utf8'), key: readFileSync(config.tlsKeyFile, 'utf8') }
+      : undefined
+  app.listen({
+    hostname: config.host,
+    port: config.port,
+    tls,
+    reusePort: config.serverProcesses > 1,
+    // No ceiling of Bun's own: its refusal is an empty 413 or a dropped connection. app.ts reads every
+    // body with a bound (declared lengths refused unread, streamed ones cut at the limit) and answers JSON.
+    maxRequestBodySize: Number.MAX_SAFE_INTEGER,
+  })
+  const port = app.server?.port ?? config.port
+  const index = serverProcessIndex()
+
+  let others: OtherServerProcesses | null = null
+  let stopping = false
+  const shutdown = async (reason: string) => {
+    if (stopping) return
+    stopping = true
+    log.info('shutting down', { reason, process: index })
+    try {
+      await others?.stop()
+      operatorSocket?.stop()
+      await app.stop()
+      await clientAuth.stop()
+      await dispatcher.stop()
+      await ctx.webhookPool.close()
+      await ctx.store.close()
+      await ctx.database.close()
+    } catch (err) {
+      log.error('error during shutdown', errorFields(err))
+    }
+    process.exit(0)
+  }
+  process.on('SIGINT', () => void shutdown('SIGINT'))
+  process.on('SIGTERM', () => void shutdown('SIGTERM'))
+
+  if (index > 0) {
+    reportToFirstServerProcess(() => void shutdown('the first server process is gone'))
+    return
+  }
+  // The others start once this one has a port (PORT=0 picks one) and has run the migrations.
+  if (config.serverProcesses > 1) others = await startOtherServerProcesses(config.serverProcesses, port)
+  log.info('listening', {
+    url: `${tls ? 'https' : 'http'}://${config.host}:${port}`,
+    database: ctx.database.kind,
+    store: ctx.store.kind,
+    processes: config.serverProcesses,
+  })
+}
+
+// Bun's own report of an uncaught error prints every property of the error object, and drivers
+// attach the statement, its parameters and the row: report it through errorFields, then exit as Bun would.
+for (const event of ['uncaughtException', 'unhandledRejection'] as const) {
+  process.on(event, (err: unknown) => {
+    log.error(event, errorFields(err))
+    process.exit(1)
+  })
+}
+
+main().catch((err) => {
+  log.error('failed to start', errorFields(err))
+  process.exit(1)
+})

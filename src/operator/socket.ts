@@ -1,0 +1,87 @@
+import { chmodSync, mkdirSync, rmSync, statSync } from 'node:fs'
+import { join } from 'node:path'
+import type { Config } from '../config'
+import { OperatorError, parseCommand, runCommand } from './commands'
+import type { Context } from '../context'
+import { errorFields, log } from '../lib/log'
+
+/**
+ * Whether a running server takes operator commands: when it holds state no other process can reach
+ * (the embedded database admits one process; without Redis its caches learn of changes only from
+ * inside). With PostgreSQL and Redis both shared, the CLI may work on them directly.
+ */
+export const usesOperatorSocket = (config: Pick<Config, 'databaseUrl' | 'redisUrl'>) =>
+  !config.databaseUrl || !config.redisUrl
+
+/** Where a running server takes operator commands; the CLI derives the same path from DATA_DIR. */
+export const operatorSocketPath = (dataDir: string) => join(dataDir, 'operator.sock')
+
+/** The socket's one request: POST /run with `{ argv }`; 200 `{ result }`, 400 or 500 `{ error }`. */
+export interface OperatorReply {
+  result?: Record<string, unknown>
+  error?: string
+}
+
+async function handle(contextReady: Promise<Context>, request: Request): Promise<Response> {
+  const url = new URL(request.url)
+  if (request.method !== 'POST' || url.pathname !== '/run')
+    return Response.json({ error: 'not found' }, { status: 404 })
+  let argv: unknown
+  try {
+    argv = ((await request.json()) as { argv?: unknown }).argv
+  } catch {
+    return Response.json({ error: 'body must be JSON { argv: string[] }' }, { status: 400 })
+  }
+  if (!Array.isArray(argv) || !argv.every((a) => typeof a === 'string')) {
+    return Response.json({ error: 'body must be JSON { argv: string[] }' }, { status: 400 })
+  }
+  try {
+    const command = parseCommand(argv)
+    // The command's name only: its flags carry names and keys that have no place in a log.
+    log.info('operator command', { command: command.kind })
+    const result = await runCommand(await contextReady, command)
+    return Response.json({ result } satisfies OperatorReply)
+  } catch (err) {
+    if (err instanceof OperatorError)
+      return Response.json({ error: err.message } satisfies OperatorReply, { status: 400 })
+    log.error('operator command failed', errorFields(err))
+    return Response.json(
+      { error: 'the server failed to run the command; see its log' } satisfies OperatorReply,
+      {
+        status: 500,
+      },
+    )
+  }
+}
+
+/**
+ * Serves operator commands on DATA_DIR/operator.sock (mode 0600: only the server's own user may
+ * provision) with the server's own ctx. An embedded database admits one process, and in-process
+ * caches learn of changes only from inside: so the CLI goes through here while the server runs.
+ * Commands that arrive while `contextReady` is pending (migrations at start) wait for it. The caller
+ * holds the DATA_DIR lock (src/data-dir-lock.ts).
+ */
+export function startOperatorSocket(dataDir: string, contextReady: Promise<Context>): { stop(): void } {
+  const path = operatorSocketPath(dataDir)
+  mkdirSync(dataDir, { recursive: true })
+  // The caller holds the DATA_DIR lock, so a file here is a dead server's, and cannot be listened on.
+  rmSync(path, { force: true })
+  // The umask makes the socket 0600 from its first instant; the chmod states it for the record.
+  const previous = process.umask(0o177)
+  let server: ReturnType<typeof Bun.serve>
+  try {
+    server = Bun.serve({ unix: path, fetch: (request) => handle(contextReady, request) })
+  } finally {
+    process.umask(previous)
+  }
+  chmodSync(path, 0o600)
+  const created = statSync(path).ino
+  log.info('operator socket listening', { path })
+  return {
+    stop() {
+      server.stop(true)
+      // Only the socket this server created: whatever replaced it belongs to someone else.
+      if (statSync(path, { throwIfNoEntry: false })?.ino === created) rmSync(path, { force: true })
+    },
+  }
+}

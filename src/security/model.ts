@@ -1,0 +1,26 @@
+import { t } from 'elysia'
+import { StrictBody, Text } from '../lib/model'
+
+const list = (description: string) => t.Array(Text(), { maxItems: 1000, description })
+
+/** Per-app lists checked on every authentication: blacklists always win; a non-empty whitelist admits only its entries. */
+export const SecurityConfig = t.Object({
+  hwidBlacklist: list('HWIDs blocked'),
+  hwidWhitelist: list('When non-empty, only these HWIDs are allowed'),
+  ipBlacklist: list('IP addresses blocked (canonical form)'),
+  ipWhitelist: list('When non-empty, only these IP addresses are allowed (canonical form)'),
+})
+
+export const PutSecurityBody = t.Partial(SecurityConfig, {
+  additionalProperties: false,
+  description:
+    'A supplied list replaces that list (entries deduplicated, order kept); omitted lists are unchanged; [] clears',
+})
+
+export const SecurityEntryBody = StrictBody({
+  type: t.Union([t.Literal('hwid'), t.Literal('ip')]),
+  value: Text({
+    description:
+      'HWID of 1 to 128 characters, or a single IPv4/IPv6 address of 7 to 45 characters (stored canonical)',
+  }),
+})

@@ -1,0 +1,179 @@
+import { isIP } from 'node:net'
+import { and, eq, sql } from 'drizzle-orm'
+import type { PgUpdateSetSource } from 'drizzle-orm/pg-core'
+import type { DbOrTx } from '../db/client'
+import { apps } from '../db/schema'
+import type { Context } from '../context'
+import { badRequest } from '../lib/errors'
+import { canonicalIp } from '../http/client-ip'
+import { keys } from '../store/store'
+import { requireOwnedApp } from '../accounts/service'
+import { invalidate } from '../actors/invalidate'
+
+export const MAX_LIST_ENTRIES = 1000
+export const HWID_LENGTH = { min: 1, max: 128 } as const
+export const IP_LENGTH = { min: 7, max: 45 } as const
+
+export type EntryType = 'hwid' | 'ip'
+export type ListKind = 'blacklist' | 'whitelist'
+export type ListName = 'hwidBlacklist' | 'hwidWhitelist' | 'ipBlacklist' | 'ipWhitelist'
+
+export interface SecurityConfig {
+  hwidBlacklist: string[]
+  hwidWhitelist: string[]
+  ipBlacklist: string[]
+  ipWhitelist: string[]
+}
+
+const LISTS = {
+  hwidBlacklist: { type: 'hwid', column: apps.hwidBlacklist },
+  hwidWhitelist: { type: 'hwid', column: apps.hwidWhitelist },
+  ipBlacklist: { type: 'ip', column: apps.ipBlacklist },
+  ipWhitelist: { type: 'ip', column: apps.ipWhitelist },
+} as const satisfies Record<ListName, { type: EntryType; column: unknown }>
+
+const LIST_NAMES = Object.keys(LISTS) as ListName[]
+
+const listName = (type: EntryType, kind: ListKind): ListName =>
+  `${type}${kind === 'blacklist' ? 'Blacklist' : 'Whitelist'}`
+
+/**
+ * The stored form of an entry, or 400. IPs are single addresses kept canonical (IPv4-mapped IPv6 is
+ * the IPv4 address) because the authentication path compares canonical text.
+ */
+export function normalizeEntry(type: EntryType, value: string): string {
+  if (type === 'hwid') {
+    if (value.length < HWID_LENGTH.min || value.length > HWID_LENGTH.max) {
+      throw badRequest(`An HWID entry is ${HWID_LENGTH.min} to ${HWID_LENGTH.max} characters`)
+    }
+    return value
+  }
+  if (value.length < IP_LENGTH.min || value.length > IP_LENGTH.max) {
+    throw badRequest(`An IP entry is ${IP_LENGTH.min} to ${IP_LENGTH.max} characters`)
+  }
+  // Zone IDs (fe80::1%eth0) name an interface of one host: meaningless for a remote caller.
+  const canonical = isIP(value) !== 0 && !value.includes('%') ? canonicalIp(value) : null
+  if (canonical === null) throw badRequest(`"${value}" is not an IPv4 or IPv6 address`)
+  return canonical
+}
+
+function normalizeList(name: ListName, values: readonly string[]): string[] {
+  if (values.length > MAX_LIST_ENTRIES)
+    throw badRequest(`${name} holds at most ${MAX_LIST_ENTRIES} entries`)
+  return [...new Set(values.map((v) => normalizeEntry(LISTS[name].type, v)))]
+}
+
+const selection = {
+  hwidBlacklist: apps.hwidBlacklist,
+  hwidWhitelist: apps.hwidWhitelist,
+  ipBlacklist: apps.ipBlacklist,
+  ipWhitelist: apps.ipWhitelist,
+}
+
+export async function getSecurity(
+  ctx: Context,
+  accountId: string,
+  appId: string,
+): Promise<SecurityConfig> {
+  const app = await requireOwnedApp(ctx, accountId, appId)
+  return {
+    hwidBlacklist: app.hwidBlacklist,
+    hwidWhitelist: app.hwidWhitelist,
+    ipBlacklist: app.ipBlacklist,
+    ipWhitelist: app.ipWhitelist,
+  }
+}
+
+/** Replaces the supplied lists (deduplicated, order kept) in one UPDATE; omitted lists stay. */
+export async function putSecurity(
+  ctx: Context,
+  accountId: string,
+  appId: string,
+  input: Partial<SecurityConfig>,
+): Promise<SecurityConfig> {
+  const set: PgUpdateSetSource<typeof apps> = {}
+  for (const name of LIST_NAMES) {
+    const values = input[name]
+    if (values !== undefined) set[name] = normalizeList(name, values)
+  }
+  const app = await requireOwnedApp(ctx, accountId, appId)
+  if (Object.keys(set).length === 0) return getSecurity(ctx, accountId, app.id)
+  const [row] = await ctx.database.db
+    .update(apps)
+    .set(set)
+    .where(and(eq(apps.id, app.id), eq(apps.accountId, accountId)))
+    .returning(selection)
+  if (!row) throw new Error('owned app vanished during update')
+  await invalidate(ctx, [keys.appEpoch(app.id)])
+  return row
+}
+
+/**
+ * Appends `value` (already normalized) to one list in a single conditional UPDATE, so concurrent adds
+ * can neither duplicate an entry nor push a list past its limit. False when it was present or full.
+ */
+export async function appendEntry(db: DbOrTx, appId: string, name: ListName, value: string): Promise<boolean> {
+  const column = LISTS[name].column
+  const rows = await db
+    .update(apps)
+    .set({ [name]: sql`array_append(${column}, ${value}::text)` })
+    .where(
+      and(
+        eq(apps.id, appId),
+        sql`NOT (${value}::text = ANY(${column}))`,
+        sql`cardinality(${column}) < ${MAX_LIST_ENTRIES}`,
+      ),
+    )
+    .returning({ id: apps.id })
+  return rows.length > 0
+}
+
+export interface EntryInput {
+  type: EntryType
+  value: string
+}
+
+/** Adds one entry (see appendEntry); an entry already present is a no-op success, a full list 400. */
+export async function addEntry(
+  ctx: Context,
+  accountId: string,
+  appId: string,
+  kind: ListKind,
+  input: EntryInput,
+) {
+  const name = listName(input.type, kind)
+  const value = normalizeEntry(input.type, input.value)
+  const app = await requireOwnedApp(ctx, accountId, appId)
+  const added = await appendEntry(ctx.database.db, app.id, name, value)
+  if (added) {
+    await invalidate(ctx, [keys.appEpoch(app.id)])
+    return { ok: true as const }
+  }
+  const [current] = await ctx.database.db
+    .select({ list: LISTS[name].column })
+    .from(apps)
+    .where(eq(apps.id, app.id))
+  if (current?.list.includes(value)) return { ok: true as const }
+  throw badRequest(`${name} already holds ${MAX_LIST_ENTRIES} entries`)
+}
+
+/** Removes one entry in a single UPDATE; removing an absent entry is a no-op success. */
+export async function removeEntry(
+  ctx: Context,
+  accountId: string,
+  appId: string,
+  kind: ListKind,
+  input: EntryInput,
+) {
+  const name = listName(input.type, kind)
+  const value = normalizeEntry(input.type, input.value)
+  const app = await requireOwnedApp(ctx, accountId, appId)
+  const column = LISTS[name].column
+  const removed = await ctx.database.db
+    .update(apps)
+    .set({ [name]: sql`array_remove(${column}, ${value}::text)` })
+    .where(and(eq(apps.id, app.id), sql`${value}::text = ANY(${column})`))
+    .returning({ id: apps.id })
+  if (removed.length > 0) await invalidate(ctx, [keys.appEpoch(app.id)])
+  return { ok: true as const }
+}

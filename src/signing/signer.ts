@@ -1,0 +1,104 @@
+import type { KeyObject } from 'node:crypto'
+import { errorFields, log } from '../lib/log'
+import { signText } from '../lib/crypto'
+
+/** Messages to the signing worker; it answers each SignBatch with one signature (or null) per text. */
+export type SignerMessage =
+  | { type: 'key'; keyId: string; pkcs8: Uint8Array }
+  | { type: 'forget' }
+  | { type: 'sign'; keyIds: string[]; texts: string[] }
+
+interface Job {
+  keyId: string
+  key: KeyObject
+  text: string
+  resolve(signature: string): void
+}
+
+/** Keys the worker may hold at once; past this it forgets them all and is sent those in use again. */
+const MAX_WORKER_KEYS = 4096
+
+/**
+ * Ed25519 signing on a worker thread. A sign costs ~20 µs, the largest single cost of a client
+ * request, and the HTTP work of every request runs on the one main thread: handing a turn's
+ * signatures over in one message costs that thread ~1 µs each instead, and the second core signs.
+ * If the worker fails, its pending texts are signed here and a new worker starts with the next batch.
+ * A server running one process per core signs on the calling thread instead (start): every core
+ * already runs a process's requests, so the hand-off would only add the messages and wake-ups.
+ */
+export class Signer {
+  #worker: Worker | null = null
+  /** Key ids the current worker holds. */
+  #known = new Set<string>()
+  #queue: Job[] = []
+  /** Batches posted and not answered yet, in the order the worker answers them. */
+  #posted: Job[][] = []
+  #onCallerThread = false
+
+  sign(keyId: string, key: KeyObject, text: string): Promise<string> {
+    if (this.#onCallerThread) return Promise.resolve(signText(text, key))
+    return new Promise((resolve) => {
+      // A microtask, not setImmediate: Bun runs immediates late enough to leave the CPU idle under load.
+      if (this.#queue.push({ keyId, key, text, resolve }) === 1) queueMicrotask(this.#flush)
+    })
+  }
+
+  /**
+   * The server's choice at boot: a worker started now, so the first request does not wait for it, or
+   * (`worker: false`) every signature made on the calling thread from now on.
+   */
+  start({ worker }: { worker: boolean }): void {
+    this.#onCallerThread = !worker
+    if (worker) this.#worker ??= this.#spawn()
+  }
+
+  readonly #flush = (): void => {
+    const batch = this.#queue
+    this.#queue = []
+    const worker = (this.#worker ??= this.#spawn())
+    if (this.#known.size + batch.length > MAX_WORKER_KEYS) {
+      worker.postMessage({ type: 'forget' } satisfies SignerMessage)
+      this.#known.clear()
+    }
+    const keyIds: string[] = []
+    const texts: string[] = []
+    for (const job of batch) {
+      if (!this.#known.has(job.keyId)) {
+        this.#known.add(job.keyId)
+        worker.postMessage({
+          type: 'key',
+          keyId: job.keyId,
+          pkcs8: job.key.export({ format: 'der', type: 'pkcs8' }),
+        } satisfies SignerMessage)
+      }
+      keyIds.push(job.keyId)
+      texts.push(job.text)
+    }
+    this.#posted.push(batch)
+    worker.postMessage({ type: 'sign', keyIds, texts } satisfies SignerMessage)
+  }
+
+  #spawn(): Worker {
+    const worker = new Worker(new URL('./sign-worker.ts', import.meta.url).href)
+    worker.onmessage = (event: MessageEvent<(string | null)[]>) => {
+      const batch = this.#posted.shift() ?? []
+      const signatures = event.data
+      for (let i = 0; i < batch.length; i++) {
+        const job = batch[i] as Job
+        job.resolve(signatures[i] ?? signText(job.text, job.key))
+      }
+    }
+    worker.onerror = (event) => {
+      log.error('signing worker failed; signing on the main thread until a new one starts', errorFields(event.error ?? event.message))
+      if (this.#worker === worker) {
+        this.#worker = null
+        this.#known.clear()
+      }
+      for (const batch of this.#posted.splice(0)) for (const job of batch) job.resolve(signText(job.text, job.key))
+      worker.terminate()
+    }
+    // A finished process (a test, the CLI) must not be kept alive by an idle signer.
+    worker.unref()
+    return worker
+  }
+}

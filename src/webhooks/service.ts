@@ -1,0 +1,152 @@
+import { and, asc, count, eq } from 'drizzle-orm'
+import { apps, webhooks } from '../db/schema'
+import type { Context } from '../context'
+import { badRequest, notFound } from '../lib/errors'
+import { keys } from '../store/store'
+import { signedDelivery } from '../delivery/payload'
+import { recordAttempts } from '../delivery/record'
+import { checkTarget, TargetError } from '../delivery/target'
+import { requireOwnedApp } from '../accounts/service'
+import { generateWebhookId, generateWebhookSecret } from '../lib/crypto'
+import type { EventName } from '../delivery/outbox'
+import { invalidate } from '../actors/invalidate'
+
+/** Webhook management and the test ping. The outbox delivery loop lives in webhooks/dispatcher. */
+
+export const MAX_WEBHOOKS_PER_APP = 5
+
+type Row = typeof webhooks.$inferSelect
+
+/** The public shape of a webhook: never the secret. */
+function present(row: Row) {
+  return {
+    webhookId: row.id,
+    appId: row.appId,
+    url: row.url,
+    events: row.events,
+    enabled: row.enabled,
+    lastDeliveryAt: row.lastDeliveryAt?.toISOString() ?? null,
+    lastDeliveryStatus: row.lastDeliveryStatus,
+    createdAt: row.createdAt.toISOString(),
+  }
+}
+
+async function checkedUrl(ctx: Context, url: string): Promise<string> {
+  try {
+    return (await checkTarget(url, ctx.config.webhookAllowPrivateTargets)).href
+  } catch (err) {
+    if (err instanceof TargetError) throw badRequest(err.message)
+    throw err
+  }
+}
+
+/** The validate path caches "does this app have a license.validated subscriber": make it re-read. */
+function invalidateApp(ctx: Context, appId: string): Promise<void> {
+  return invalidate(ctx, [keys.appEpoch(appId)])
+}
+
+export interface NewWebhook {
+  url: string
+  events: EventName[]
+  enabled?: boolean
+}
+
+export async function createWebhook(ctx: Context, accountId: string, appId: string, input: NewWebhook) {
+  await requireOwnedApp(ctx, accountId, appId)
+  const url = await checkedUrl(ctx, input.url)
+  const secret = generateWebhookSecret()
+  const row = await ctx.database.db.transaction(async (tx) => {
+    // The app row lock serialises concurrent creates, so the limit holds across instances.
+    await tx.select({ id: apps.id }).from(apps).where(eq(apps.id, appId)).for('update')
+    const [existing] = await tx.select({ n: count() }).from(webhooks).where(eq(webhooks.appId, appId))
+    if ((existing?.n ?? 0) >= MAX_WEBHOOKS_PER_APP) {
+      throw badRequest(`An app can have at most ${MAX_WEBHOOKS_PER_APP} webhooks`)
+    }
+    const [inserted] = await tx
+      .insert(webhooks)
+      .values({
+        id: generateWebhookId(),
+        appId,
+        url,
+        events: [...new Set(input.events)],
+        enabled: input.enabled ?? true,
+        secretEnc: ctx.sealer.seal(secret),
+      })
+      .returning()
+    if (!inserted) throw new Error('webhook insert returned nothing')
+    return inserted
+  })
+  await invalidateApp(ctx, appId)
+  return { ...present(row), secret }
+}
+
+export async function listWebhooks(ctx: Context, accountId: string, appId: string) {
+  await requireOwnedApp(ctx, accountId, appId)
+  const rows = await ctx.database.db
+    .select()
+    .from(webhooks)
+    .where(eq(webhooks.appId, appId))
+    .orderBy(asc(webhooks.createdAt), asc(webhooks.id))
+  return rows.map(present)
+}
+
+export interface WebhookPatch {
+  url?: string
+  events?: EventName[]
+  enabled?: boolean
+}
+
+const missing = () => notFound('Webhook not found in this app')
+
+export async function updateWebhook(
+  ctx: Context,
+  accountId: string,
+  appId: string,
+  webhookId: string,
+  patch: WebhookPatch,
+): Promise<void> {
+  await requireOwnedApp(ctx, accountId, appId)
+  const set: Partial<Pick<Row, 'url' | 'events' | 'enabled'>> = {}
+  if (patch.url !== undefined) set.url = await checkedUrl(ctx, patch.url)
+  if (patch.events !== undefined) set.events = [...new Set(patch.events)]
+  if (patch.enabled !== undefined) set.enabled = patch.enabled
+  const where = and(eq(webhooks.id, webhookId), eq(webhooks.appId, appId))
+  const changed =
+    Object.keys(set).length > 0
+      ? await ctx.database.db.update(webhooks).set(set).where(where).returning({ id: webhooks.id })
+      : await ctx.database.db.select({ id: webhooks.id }).from(webhooks).where(where)
+  if (changed.length === 0) throw missing()
+  await invalidateApp(ctx, appId)
+}
+
+export async function deleteWebhook(ctx: Context, accountId: string, appId: string, webhookId: string): Promise<void> {
+  await requireOwnedApp(ctx, accountId, appId)
+  const gone = await ctx.database.db
+    .delete(webhooks)
+    .where(and(eq(webhooks.id, webhookId), eq(webhooks.appId, appId)))
+    .returning({ id: webhooks.id })
+  if (gone.length === 0) throw missing()
+  await invalidateApp(ctx, appId)
+}
+
+/** Sample data of test.ping: the shape every event's data has, marked as a test. */
+const PING_LICENSE_KEY = 'TEST-TEST-TEST-TEST'
+
+/**
+ * Sends a signed test.ping now, on the delivery workers (the address guard applies again there), and
+ * records it as the webhook's latest attempt. A disabled webhook can be pinged: it is an explicit request.
+ */
+export async function sendTestPing(ctx: Context, accountId: string, appId: string, webhookId: string) {
+  await requireOwnedApp(ctx, accountId, appId)
+  const [row] = await ctx.database.db
+    .select()
+    .from(webhooks)
+    .where(and(eq(webhooks.id, webhookId), eq(webhooks.appId, appId)))
+  if (!row) throw missing()
+  const secret = ctx.sealer.open(row.secretEnc).toString('utf8')
+  const data = { licenseKey: PING_LICENSE_KEY, appId, webhookId, test: true }
+  const job = signedDelivery(row.url, secret, 'test.ping', new Date(ctx.clock()), JSON.stringify(data))
+  const result = await ctx.webhookPool.send(job)
+  await recordAttempts(ctx.database.db, [{ webhookId, at: new Date(ctx.clock()), status: result.status }])
+  return { ok: true as const, status: result.status }
+}

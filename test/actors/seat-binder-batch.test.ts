@@ -1,0 +1,73 @@
+import { describe, expect, test } from 'bun:test'
+import { and, eq, sql } from 'drizzle-orm'
+import { SeatBinder } from '../../src/actors/seat-binder'
+import { events, licenses } from '../../src/db/schema'
+import { PublicError } from '../../src/lib/errors'
+import type { Context } from '../../src/context'
+import { makeTestApp } from '../support/helpers'
+import { hwid, insertLicense } from '../support/client'
+import { connectionRefused } from '../support/pg-errors'
+
+const t = await makeTestApp()
+
+// The edge rejects these before they reach the binder; here they stand for any member whose data
+// PostgreSQL refuses (NUL in text, a lone surrogate in the hwid_bound event's JSON).
+describe.each([
+  ['a NUL byte', 'a\u0000b'],
+  ['a lone surrogate', 'x\ud800'],
+])('a member whose HWID holds %s', (_, poison) => {
+  test('fails alone: the other 60 first activations of its app bind', async () => {
+    const s = await t.seed()
+    const keys = await Promise.all(Array.from({ length: 60 }, () => insertLicense(t.ctx, s.appId)))
+    const poisonedKey = await insertLicense(t.ctx, s.appId)
+    const binder = new SeatBinder(t.ctx)
+
+    // One synchronous burst: every bind joins the app's same batch.
+    const outcomes = await Promise.allSettled([
+      ...keys.slice(0, 30).map((key) => binder.bind(s.appId, key, hwid())),
+      binder.bind(s.appId, poisonedKey, poison),
+      ...keys.slice(30).map((key) => binder.bind(s.appId, key, hwid())),
+    ])
+
+    const poisoned = outcomes.splice(30, 1)[0]
+    expect(outcomes.filter((o) => o.status === 'fulfilled' && o.value === true)).toHaveLength(60)
+    expect(poisoned?.status).toBe('rejected')
+    const reason = poisoned?.status === 'rejected' ? poisoned.reason : null
+    expect(reason).toBeInstanceOf(PublicError)
+    expect((reason as PublicError).code).toBe('bad_request')
+
+    const rows = await t.ctx.database.db
+      .select({ key: licenses.key, seats: sql<number>`cardinality(${licenses.hwids})::int` })
+      .from(licenses)
+      .where(eq(licenses.appId, s.appId))
+    const seats = new Map(rows.map((r) => [r.key, r.seats]))
+    expect(keys.map((key) => seats.get(key))).toEqual(keys.map(() => 1))
+    expect(seats.get(poisonedKey)).toBe(0)
+    const bound = await t.ctx.database.db
+      .select({ id: events.id })
+      .from(events)
+      .where(and(eq(events.appId, s.appId), eq(events.event, 'license.hwid_bound')))
+    expect(bound).toHaveLength(60)
+  })
+})
+
+test('while the database is unreachable every bind of the batch fails with system_error and nothing is bound', async () => {
+  const s = await t.seed()
+  const keys = await Promise.all(Array.from({ length: 5 }, () => insertLicense(t.ctx, s.appId)))
+  const { db } = t.ctx.database
+  const unreachable = new Proxy(db, {
+    get: (target, name) => (name === 'transaction' ? () => Promise.reject(connectionRefused()) : Reflect.get(target, name)),
+  })
+  const down: Context = { ...t.ctx, database: { ...t.ctx.database, db: unreachable } }
+
+  const outcomes = await Promise.allSettled(keys.map((key) => new SeatBinder(down).bind(s.appId, key, hwid())))
+  for (const outcome of outcomes) {
+    expect(outcome.status).toBe('rejected')
+    const reason = outcome.status === 'rejected' ? outcome.reason : null
+    expect(reason).toBeInstanceOf(PublicError)
+    expect((reason as PublicError).code).toBe('system_error')
+  }
+  const rows = await db.select({ hwids: licenses.hwids }).from(licenses).where(eq(licenses.appId, s.appId))
+  expect(rows.map((r) => r.hwids)).toEqual(keys.map(() => []))
+  expect(await new SeatBinder(t.ctx).bind(s.appId, keys[0]!, hwid())).toBe(true)
+})

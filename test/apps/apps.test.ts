@@ -1,0 +1,200 @@
+import { beforeAll, describe, expect, test } from 'bun:test'
+import { eq } from 'drizzle-orm'
+import { createApiKey, revokeApiKey } from '../../src/accounts/service'
+import { apps } from '../../src/db/schema'
+import { keys } from '../../src/store/store'
+import { makeTestApp, type TestApp } from '../support/helpers'
+
+const errorBody = (error: string) => ({ error, message: expect.any(String) })
+const ISO_MS = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$/
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/
+
+let t: TestApp
+beforeAll(async () => {
+  t = await makeTestApp()
+})
+
+type Seeded = Awaited<ReturnType<TestApp['seed']>>
+
+describe('GET /v1/account', () => {
+  test("returns the key's account with its balance", async () => {
+    const s = await t.seed({ credits: 42, name: 'Acme' })
+    const res = await t.req('GET', '/v1/account', { apiKey: s.apiKey })
+    expect(res.status).toBe(200)
+    expect(res.body).toEqual({ accountId: s.accountId, name: 'Acme', credits: 42 })
+  })
+
+  test('a second key of the account sees the same account', async () => {
+    const s = await t.seed()
+    const second = await createApiKey(t.ctx, s.accountId)
+    const res = await t.req('GET', '/v1/account', { apiKey: second })
+    expect(res.body.accountId).toBe(s.accountId)
+  })
+})
+
+describe('POST /v1/apps', () => {
+  test('creates an app and shows its secret once', async () => {
+    const s = await t.seed()
+    const res = await t.req('POST', '/v1/apps', {
+      apiKey: s.apiKey,
+      body: { name: 'Desktop client' },
+    })
+    expect(res.status).toBe(201)
+    expect(res.body).toEqual({
+      appId: expect.stringMatching(UUID),
+      name: 'Desktop client',
+      sandbox: false,
+      appSecret: expect.any(String),
+      publicKey: expect.any(String),
+      keyId: expect.any(String),
+      createdAt: expect.stringMatching(ISO_MS),
+    })
+    // At least 128 bits of secret; a raw 32-byte Ed25519 key.
+    expect(Buffer.from(res.body.appSecret, 'base64url').length).toBeGreaterThanOrEqual(16)
+    expect(Buffer.from(res.body.publicKey, 'base64')).toHaveLength(32)
+
+    const list = await t.req('GET', '/v1/apps', { apiKey: s.apiKey })
+    const listed = list.body.apps.find((a: any) => a.appId === res.body.appId)
+    expect(listed).toEqual({
+      appId: res.body.appId,
+      name: 'Desktop client',
+      sandbox: false,
+      createdAt: res.body.createdAt,
+    })
+    expect(JSON.stringify(list.body)).not.toContain(res.body.appSecret)
+
+    const licenses = await t.req('POST', '/v1/licenses', {
+      apiKey: s.apiKey,
+      body: { appId: res.body.appId },
+    })
+    expect(licenses.status).toBe(201)
+  })
+
+  test('sandbox apps and 128-character names are accepted', async () => {
+    const s = await t.seed()
+    const res = await t.req('POST', '/v1/apps', {
+      apiKey: s.apiKey,
+      body: { name: 'n'.repeat(128), sandbox: true },
+    })
+    expect(res.status).toBe(201)
+    expect(res.body).toMatchObject({ name: 'n'.repeat(128), sandbox: true })
+  })
+
+  describe.each([
+    ['missing name', {}],
+    ['empty name', { name: '' }],
+    ['name of 129 characters', { name: 'n'.repeat(129) }],
+    ['name not a string', { name: 7 }],
+    ['sandbox not a boolean', { name: 'x', sandbox: 'yes' }],
+  ])('400 bad_request: %s', (_name, body) => {
+    test('creates no app', async () => {
+      const s = await t.seed()
+      const res = await t.req('POST', '/v1/apps', { apiKey: s.apiKey, body })
+      expect(res.status, JSON.stringify(res.body)).toBe(400)
+      expect(res.body).toEqual(errorBody('bad_request'))
+      expect((await t.req('GET', '/v1/apps', { apiKey: s.apiKey })).body.apps).toHaveLength(1)
+    })
+  })
+})
+
+describe('GET /v1/apps', () => {
+  test("lists only the account's apps, newest first, without secrets", async () => {
+    const s = await t.seed()
+    await t.seed()
+    // Apps made in the same millisecond would tie: date the first one back.
+    await t.ctx.database.db
+      .update(apps)
+      .set({ createdAt: new Date('2020-01-01T00:00:00Z') })
+      .where(eq(apps.id, s.appId))
+    const second = await t.req('POST', '/v1/apps', { apiKey: s.apiKey, body: { name: 'Second' } })
+    const res = await t.req('GET', '/v1/apps', { apiKey: s.apiKey })
+    expect(res.status).toBe(200)
+    expect(res.body.apps.map((a: any) => a.appId)).toEqual([second.body.appId, s.appId])
+    for (const app of res.body.apps)
+      expect(Object.keys(app).sort()).toEqual(['appId', 'createdAt', 'name', 'sandbox'])
+  })
+})
+
+describe('/v1/apps/:appId/signing-keys', () => {
+  test('lists the first key, rotates to a new active key and keeps the old one listed inactive', async () => {
+    const s = await t.seed()
+    const first = await t.req('GET', `/v1/apps/${s.appId}/signing-keys`, { apiKey: s.apiKey })
+    expect(first.status).toBe(200)
+    expect(first.body).toEqual({
+      keys: [
+        {
+          keyId: s.keyId,
+          publicKey: s.publicKey,
+          active: true,
+          createdAt: expect.stringMatching(ISO_MS),
+        },
+      ],
+    })
+
+    const [epochBefore] = await t.ctx.store.epochs([keys.appEpoch(s.appId)])
+    const rotated = await t.req('POST', `/v1/apps/${s.appId}/signing-keys`, { apiKey: s.apiKey })
+    expect(rotated.status).toBe(201)
+    expect(rotated.body).toEqual({ keyId: expect.any(String), publicKey: expect.any(String) })
+    expect(rotated.body.keyId).not.toBe(s.keyId)
+    expect(Buffer.from(rotated.body.publicKey, 'base64')).toHaveLength(32)
+    const [epochAfter] = await t.ctx.store.epochs([keys.appEpoch(s.appId)])
+    expect(epochAfter ?? 0).toBeGreaterThan(epochBefore ?? 0)
+
+    const after = await t.req('GET', `/v1/apps/${s.appId}/signing-keys`, { apiKey: s.apiKey })
+    expect(after.body.keys.map((k: any) => [k.keyId, k.active])).toEqual([
+      [rotated.body.keyId, true],
+      [s.keyId, false],
+    ])
+  })
+
+  test.each([
+    ["another account's app", (other: Seeded) => other.appId],
+    ['an absent app', () => '00000000-0000-4000-8000-000000000000'],
+    ['an appId that is not a UUID', () => 'x'],
+  ])('403 forbidden for %s', async (_name, appIdOf) => {
+    const s = await t.seed()
+    const other = await t.seed()
+    const appId = appIdOf(other)
+    for (const method of ['GET', 'POST'] as const) {
+      const res = await t.req(method, `/v1/apps/${appId}/signing-keys`, { apiKey: s.apiKey })
+      expect(res.status, method).toBe(403)
+      expect(res.body).toEqual(errorBody('forbidden'))
+    }
+    const theirs = await t.req('GET', `/v1/apps/${other.appId}/signing-keys`, {
+      apiKey: other.apiKey,
+    })
+    expect(theirs.body.keys).toHaveLength(1)
+  })
+})
+
+test.each([
+  ['no key', async () => undefined],
+  ['a malformed key', async () => 'Basic abc'],
+  ['an unknown key', async () => 'svc_live_CCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCC'],
+  [
+    'a revoked key',
+    async (s: Seeded) => {
+      const apiKey = await createApiKey(t.ctx, s.accountId)
+      await revokeApiKey(t.ctx, apiKey)
+      return apiKey
+    },
+  ],
+])('401 invalid_api_key with %s on every account and app route', async (_name, keyOf) => {
+  const s = await t.seed()
+  const apiKey = await keyOf(s)
+  for (const [method, path, body] of [
+    ['GET', '/v1/account', undefined],
+    ['POST', '/v1/apps', { name: 'x' }],
+    ['GET', '/v1/apps', undefined],
+    ['GET', `/v1/apps/${s.appId}/signing-keys`, undefined],
+    ['POST', `/v1/apps/${s.appId}/signing-keys`, undefined],
+  ] as const) {
+    const res = await t.req(method, path, { apiKey, body })
+    expect(res.status, `${method} ${path}`).toBe(401)
+    expect(res.body).toEqual(errorBody('invalid_api_key'))
+  }
+  const listed = await t.req('GET', '/v1/apps', { apiKey: s.apiKey })
+  expect(listed.body.apps).toHaveLength(1)
+  const signing = await t.req('GET', `/v1/apps/${s.appId}/signing-keys`, { apiKey: s.apiKey })
+  expect(signing.body.keys).toHaveLength(1)
+})

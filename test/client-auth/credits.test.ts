@@ -1,0 +1,153 @@
+import { describe, expect, test } from 'bun:test'
+import { eq } from 'drizzle-orm'
+import { addCredits } from '../../src/accounts/service'
+import { flushCredits, loadLiveBalance } from '../../src/credits/ledger'
+import { accounts, creditFlushes, licenses } from '../../src/db/schema'
+import { makeTestApp } from '../support/helpers'
+import { decode, hwid, insertLicense, nonce } from '../support/client'
+
+describe('credits on the client endpoints', async () => {
+  const t = await makeTestApp()
+  const reconciled = async (accountId: string) => {
+    const [row] = await t.ctx.database.db.select().from(accounts).where(eq(accounts.id, accountId))
+    return row?.credits
+  }
+  const live = async (s: { apiKey: string }) => (await t.req('GET', '/v1/account', { apiKey: s.apiKey })).body.credits
+  const validate = (s: { appId: string; appSecret: string }, licenseKey: string, h = hwid()) =>
+    t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: h, nonce: nonce() } })
+
+  test('a successful validate costs 1, failures cost nothing, the reconciler moves it to PostgreSQL once', async () => {
+    const s = await t.seed({ credits: 10 })
+    const key = await insertLicense(t.ctx, s.appId)
+    const h = hwid()
+    expect((await validate(s, key, h)).status).toBe(200)
+    expect((await validate(s, key, hwid())).body.error).toBe('hwid_mismatch')
+    expect((await validate(s, 'ZZZZ-ZZZZ-ZZZZ-ZZZZ')).body.error).toBe('invalid_key')
+    expect((await validate({ ...s, appSecret: 'wrong' }, key, h)).body.error).toBe('invalid_app')
+    expect((await validate(s, key, h)).status).toBe(200)
+    expect(await live(s)).toBe(8)
+    expect(await reconciled(s.accountId)).toBe(10)
+    await flushCredits(t.ctx)
+    expect(await reconciled(s.accountId)).toBe(8)
+    await flushCredits(t.ctx)
+    expect(await reconciled(s.accountId)).toBe(8)
+    expect(await live(s)).toBe(8)
+  })
+
+  test('with no credits left validate fails with no_credits and binds nothing', async () => {
+    const s = await t.seed({ credits: 1 })
+    const key = await insertLicense(t.ctx, s.appId, { maxHwidSlots: 5 })
+    expect((await validate(s, key)).status).toBe(200)
+    const res = await validate(s, key)
+    expect(res.status).toBe(429)
+    expect(res.body).toEqual({ status: 'failed', error: 'no_credits' })
+    const [row] = await t.ctx.database.db.select().from(licenses).where(eq(licenses.key, key))
+    expect(row?.hwids).toHaveLength(1)
+    expect(await live(s)).toBe(0)
+  })
+
+  test('credits added by the operator are spendable on the next request', async () => {
+    const s = await t.seed({ credits: 0 })
+    const key = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
+    expect((await validate(s, key)).body.error).toBe('no_credits')
+    await addCredits(t.ctx, s.accountId, 2)
+    expect((await validate(s, key)).status).toBe(200)
+    expect(await live(s)).toBe(1)
+  })
+
+  test('credits added while a balance is being seeded count once', async () => {
+    const s = await t.seed({ credits: 0 })
+    const { store } = t.ctx
+    // A seed that starts after the credits reached PostgreSQL and before the store heard of them.
+    let seed: Promise<void> | undefined
+    const creditsAdded: typeof store.creditsAdded = async (accountId, n) => {
+      seed = loadLiveBalance(t.ctx, accountId)
+      await Bun.sleep(50)
+      return store.creditsAdded(accountId, n)
+    }
+    const racing = new Proxy(store, {
+      get(target, prop) {
+        if (prop === 'creditsAdded') return creditsAdded
+        const value = Reflect.get(target, prop)
+        return typeof value === 'function' ? value.bind(target) : value
+      },
+    })
+    await addCredits({ ...t.ctx, store: racing }, s.accountId, 5)
+    await seed
+    expect(await store.balance(s.accountId)).toBe(5)
+  })
+
+  test('concurrent validates never overspend', async () => {
+    const s = await t.seed({ credits: 5 })
+    const key = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
+    const results = await Promise.all(Array.from({ length: 20 }, () => validate(s, key)))
+    expect(results.filter((r) => r.status === 200)).toHaveLength(5)
+    expect(results.filter((r) => r.body.error === 'no_credits')).toHaveLength(15)
+    await flushCredits(t.ctx)
+    expect(await reconciled(s.accountId)).toBe(0)
+  })
+
+  test('every 10th heartbeat of a license costs 1 credit; a refused one is not counted', async () => {
+    const s = await t.seed({ credits: 2 })
+    const key = await insertLicense(t.ctx, s.appId)
+    const h = hwid()
+    let token = decode((await validate(s, key, h)).body.payload).sessionToken
+    const beat = () => t.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken: token, hwid: h } })
+    for (let i = 1; i <= 9; i++) {
+      const res = await beat()
+      expect(res.status).toBe(200)
+      token = decode(res.body.payload).sessionToken
+    }
+    expect(await live(s)).toBe(1)
+    expect((await beat()).status).toBe(200)
+    expect(await live(s)).toBe(0)
+    for (let i = 1; i <= 9; i++) expect((await beat()).status).toBe(200)
+    expect((await beat()).body.error).toBe('no_credits')
+    await addCredits(t.ctx, s.accountId, 1)
+    expect((await beat()).status).toBe(200)
+    expect(await live(s)).toBe(0)
+  })
+
+  test('the sandbox app is never billed', async () => {
+    const s = await t.seed({ credits: 0, sandbox: true })
+    const key = await insertLicense(t.ctx, s.appId)
+    const h = hwid()
+    const res = await validate(s, key, h)
+    expect(res.status).toBe(200)
+    const token = decode(res.body.payload).sessionToken
+    for (let i = 0; i < 10; i++) {
+      expect((await t.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken: token, hwid: h } })).status).toBe(200)
+    }
+  })
+
+  test('a flush interrupted after its PostgreSQL commit is not applied twice', async () => {
+    const s = await t.seed({ credits: 10 })
+    const key = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
+    for (let i = 0; i < 3; i++) expect((await validate(s, key)).status).toBe(200)
+    const flush = await t.ctx.store.beginFlush(s.accountId, crypto.randomUUID())
+    expect(flush?.amount).toBe(3)
+    // The crashed instance committed its transaction but never told the store.
+    await t.ctx.database.db.transaction(async (tx) => {
+      await tx.insert(creditFlushes).values({ id: flush!.id, accountId: s.accountId, amount: flush!.amount })
+      await tx.update(accounts).set({ credits: 7 }).where(eq(accounts.id, s.accountId))
+    })
+    expect((await validate(s, key)).status).toBe(200)
+    await flushCredits(t.ctx)
+    await flushCredits(t.ctx)
+    expect(await reconciled(s.accountId)).toBe(6)
+    expect(await live(s)).toBe(6)
+  })
+
+  test('charges of a deleted account are dropped without holding up the others', async () => {
+    const gone = await t.seed({ credits: 10 })
+    const kept = await t.seed({ credits: 10 })
+    for (const s of [gone, kept]) {
+      const key = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
+      expect((await validate(s, key)).status).toBe(200)
+    }
+    await t.ctx.database.db.delete(accounts).where(eq(accounts.id, gone.accountId))
+    await flushCredits(t.ctx)
+    expect(await reconciled(kept.accountId)).toBe(9)
+    expect(await t.ctx.store.dirtyAccounts()).not.toContain(gone.accountId)
+  })
+})

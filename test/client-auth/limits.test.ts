@@ -1,0 +1,135 @@
+import { describe, expect, test } from 'bun:test'
+import { makeTestApp } from '../support/helpers'
+import { decode, hwid, insertLicense, nonce } from '../support/client'
+
+/** A clock the test moves by hand. */
+function manualClock(start: number) {
+  let now = start
+  return { now: () => now, advance: (ms: number) => void (now += ms), set: (ms: number) => void (now = ms) }
+}
+
+// In-process requests have no socket peer; trusting the unknown peer lets each test pick its client IP.
+const env = { TRUSTED_PROXIES: '0.0.0.0' }
+
+describe('public endpoint limits', async () => {
+  const clock = manualClock(Date.parse('2031-05-04T12:00:00.000Z'))
+  const t = await makeTestApp({ clock: clock.now, env: { ...env, VALIDATE_LIMIT_PER_IP: '5', SELFBAN_LIMIT_PER_LICENSE: '3' } })
+  const send = (path: string, body: unknown, ip = '198.51.100.7') =>
+    t.req('POST', path, { body, headers: { 'x-forwarded-for': ip } })
+  const validateBody = (s: { appId: string; appSecret: string }, licenseKey: string, h = hwid()) => ({
+    appId: s.appId,
+    appSecret: s.appSecret,
+    licenseKey,
+    hwid: h,
+    nonce: nonce(),
+  })
+
+  test('sandbox validate: the 21st request of an IP within a minute is limited, one token refills in 3 s', async () => {
+    const s = await t.seed({ sandbox: true })
+    const key = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
+    for (let i = 0; i < 20; i++) expect((await send('/auth/validate', validateBody(s, key))).status).toBe(200)
+    const limited = await send('/auth/validate', validateBody(s, key))
+    expect(limited.status).toBe(429)
+    expect(limited.body).toEqual({ status: 'failed', error: 'rate_limited' })
+    expect(limited.headers.get('retry-after')).toBe('3')
+    expect((await send('/auth/validate', validateBody(s, key), '198.51.100.8')).status).toBe(200)
+    clock.advance(2900)
+    expect((await send('/auth/validate', validateBody(s, key))).status).toBe(429)
+    clock.advance(100)
+    expect((await send('/auth/validate', validateBody(s, key))).status).toBe(200)
+    expect((await send('/auth/validate', validateBody(s, key))).status).toBe(429)
+  })
+
+  test('sandbox validate: the 61st request for a license within a minute is limited', async () => {
+    const s = await t.seed({ sandbox: true })
+    const key = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
+    for (let i = 0; i < 60; i++) {
+      expect((await send('/auth/validate', validateBody(s, key), `203.0.113.${i}`)).status).toBe(200)
+    }
+    expect((await send('/auth/validate', validateBody(s, key), '203.0.113.200')).body.error).toBe('rate_limited')
+    const other = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
+    expect((await send('/auth/validate', validateBody(s, other), '203.0.113.201')).status).toBe(200)
+  })
+
+  test('billed apps use the configured validate limit; a limited request leaves no trace (nonce, credit)', async () => {
+    const s = await t.seed({ credits: 100 })
+    const key = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
+    for (let i = 0; i < 5; i++) expect((await send('/auth/validate', validateBody(s, key), '192.0.2.1')).status).toBe(200)
+    const body = validateBody(s, key)
+    expect((await send('/auth/validate', body, '192.0.2.1')).status).toBe(429)
+    expect((await t.req('GET', '/v1/account', { apiKey: s.apiKey })).body.credits).toBe(95)
+    expect((await send('/auth/validate', body, '192.0.2.2')).status).toBe(200)
+  })
+
+  test("requests without the app secret do not spend a license's limit: its owner is never locked out by strangers", async () => {
+    const s = await t.seed({ sandbox: true })
+    const key = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
+    const stranger = { appId: s.appId, appSecret: 'not-the-secret' }
+    for (let i = 0; i < 61; i++) {
+      expect((await send('/auth/validate', validateBody(stranger, key), `203.0.114.${i}`)).body.error).toBe('invalid_app')
+      const selfban = { appId: s.appId, appSecret: 'not-the-secret', licenseKey: key, hwid: hwid(), nonce: nonce() }
+      expect((await send('/auth/selfban', selfban, `203.0.114.${i}`)).body.error).toBe('invalid_app')
+    }
+    expect((await send('/auth/validate', validateBody(s, key), '203.0.114.250')).status).toBe(200)
+    const owner = { appId: s.appId, appSecret: s.appSecret, licenseKey: key, hwid: hwid(), nonce: nonce() }
+    expect((await send('/auth/selfban', owner, '203.0.114.251')).status).toBe(200)
+  })
+
+  test('heartbeat: per-IP 20/min on the sandbox, no IP limit on billed apps', async () => {
+    for (const sandbox of [true, false]) {
+      const s = await t.seed({ sandbox, credits: 100 })
+      const key = await insertLicense(t.ctx, s.appId)
+      const h = hwid()
+      const token = decode((await send('/auth/validate', validateBody(s, key, h), '192.0.2.50')).body.payload).sessionToken
+      const statuses: number[] = []
+      for (let i = 0; i < 21; i++) {
+        statuses.push((await send('/auth/heartbeat', { appId: s.appId, sessionToken: token, hwid: h }, '192.0.2.60')).status)
+      }
+      expect(statuses.slice(0, 20).every((st) => st === 200)).toBe(true)
+      expect(statuses[20]).toBe(sandbox ? 429 : 200)
+    }
+  })
+
+  test('selfban: per-IP 20/min and per-license 30/min on the sandbox, configured values on billed apps', async () => {
+    const s = await t.seed({ sandbox: true })
+    const key = await insertLicense(t.ctx, s.appId)
+    const pre = (ip: string, licenseKey = key) =>
+      send('/auth/selfban', { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: hwid(), nonce: nonce() }, ip)
+    for (let i = 0; i < 20; i++) expect((await pre('192.0.2.70')).status).toBe(200)
+    expect((await pre('192.0.2.70')).status).toBe(429)
+    for (let i = 0; i < 10; i++) expect((await pre(`192.0.2.${100 + i}`)).status).toBe(200)
+    expect((await pre('192.0.2.99')).body.error).toBe('rate_limited')
+
+    const billed = await t.seed()
+    const billedKey = await insertLicense(t.ctx, billed.appId)
+    const body = () => ({ appId: billed.appId, appSecret: billed.appSecret, licenseKey: billedKey, hwid: hwid(), nonce: nonce(), blacklistIp: false })
+    for (let i = 0; i < 3; i++) expect((await send('/auth/selfban', body(), `192.0.2.${150 + i}`)).status).toBe(200)
+    expect((await send('/auth/selfban', body(), '192.0.2.160')).status).toBe(429)
+  })
+})
+
+describe('sandbox daily ceiling', async () => {
+  const clock = manualClock(Date.parse('2031-05-04T23:59:58.000Z'))
+  const t = await makeTestApp({ clock: clock.now, env: { ...env, SANDBOX_DAILY_CEILING: '5' } })
+
+  test('counts every request naming the app, accepted or not, and resets at 00:00 UTC', async () => {
+    const s = await t.seed({ sandbox: true })
+    const key = await insertLicense(t.ctx, s.appId)
+    const h = hwid()
+    const ok = await t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey: key, hwid: h, nonce: nonce() } })
+    expect(ok.status).toBe(200)
+    const token = decode(ok.body.payload).sessionToken
+    expect((await t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: 'wrong', licenseKey: key, hwid: h, nonce: nonce() } })).status).toBe(401)
+    expect((await t.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken: token, hwid: h } })).status).toBe(200)
+    expect((await t.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken: 'bad.token', hwid: h } })).status).toBe(401)
+    const sb = { appId: s.appId, appSecret: s.appSecret, licenseKey: key, hwid: hwid(), nonce: nonce() }
+    expect((await t.req('POST', '/auth/selfban', { body: sb })).status).toBe(200)
+    const over = await t.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken: token, hwid: h } })
+    expect(over.status).toBe(429)
+    expect(over.body).toEqual({ status: 'failed', error: 'demo_quota_exceeded' })
+    clock.set(Date.parse('2031-05-04T23:59:59.999Z'))
+    expect((await t.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken: token, hwid: h } })).body.error).toBe('demo_quota_exceeded')
+    clock.set(Date.parse('2031-05-05T00:00:00.000Z'))
+    expect((await t.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken: token, hwid: h } })).status).toBe(200)
+  })
+})

@@ -1,0 +1,174 @@
+import { describe, expect, test } from 'bun:test'
+import { eq } from 'drizzle-orm'
+import { apps, licenses } from '../../src/db/schema'
+import { keys } from '../../src/store/store'
+import { makeTestApp } from '../support/helpers'
+import { decode, hwid, insertLicense, nonce, tokenExp, updateLicense, verifySigned } from '../support/client'
+
+describe('POST /auth/heartbeat and /auth/selfban', async () => {
+  const t = await makeTestApp()
+  const s = await t.seed()
+
+  async function login(opts: Partial<typeof licenses.$inferInsert> = {}, ttlSeconds?: number) {
+    const licenseKey = await insertLicense(t.ctx, s.appId, opts)
+    const h = hwid()
+    const res = await t.req('POST', '/auth/validate', {
+      body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: h, nonce: nonce(), ttlSeconds },
+    })
+    expect(res.status, JSON.stringify(res.body)).toBe(200)
+    return { licenseKey, hwid: h, token: decode(res.body.payload).sessionToken as string }
+  }
+  const beat = (token: string, h: string, extra: Record<string, unknown> = {}) =>
+    t.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken: token, hwid: h, ...extra } })
+
+  test('returns a signed payload with a fresh token of the same lifetime and echoes the nonce', async () => {
+    const session = await login({}, 7200)
+    const n = nonce()
+    const res = await beat(session.token, session.hwid, { nonce: n })
+    expect(res.status, JSON.stringify(res.body)).toBe(200)
+    expect(verifySigned(res.body, s.publicKey)).toBe(true)
+    const p = decode(res.body.payload)
+    expect(p.nonce).toBe(n)
+    expect(p.sessionToken).not.toBe('')
+    expect(tokenExp(p.sessionToken) - Math.floor(Date.now() / 1000)).toBeWithin(7199, 7202)
+    const next = await beat(p.sessionToken, session.hwid)
+    expect(next.status).toBe(200)
+    expect(decode(next.body.payload).nonce).toBeUndefined()
+  })
+
+  test('a token bound to another HWID or app, tampered or expired, is session_expired', async () => {
+    const session = await login()
+    expect((await beat(session.token, hwid())).body.error).toBe('session_expired')
+    const other = await t.seed()
+    const foreign = await t.req('POST', '/auth/heartbeat', {
+      body: { appId: other.appId, sessionToken: session.token, hwid: session.hwid },
+    })
+    expect(foreign.body.error).toBe('session_expired')
+    const [body, mac] = session.token.split('.')
+    const claims = JSON.parse(Buffer.from(body!, 'base64url').toString())
+    claims.exp += 10_000
+    const forged = `${Buffer.from(JSON.stringify(claims)).toString('base64url')}.${mac}`
+    const res = await beat(forged, session.hwid)
+    expect(res.status).toBe(401)
+    expect(res.body.error).toBe('session_expired')
+
+    const later = await makeTestApp({ clock: () => Date.now() + 86_401_000 })
+    const expired = await later.req('POST', '/auth/heartbeat', {
+      body: { appId: s.appId, sessionToken: session.token, hwid: session.hwid },
+    })
+    expect(expired.body.error).toBe('session_expired')
+  })
+
+  test('revoke, expiry, delete and HWID reset fail at the very next heartbeat', async () => {
+    const a = await login()
+    await updateLicense(t.ctx, a.licenseKey, { status: 'revoked' })
+    expect((await beat(a.token, a.hwid)).body).toEqual({ status: 'failed', error: 'revoked' })
+
+    const b = await login()
+    await updateLicense(t.ctx, b.licenseKey, { expiresAt: new Date(Date.now() - 1) })
+    expect((await beat(b.token, b.hwid)).status).toBe(410)
+
+    const c = await login()
+    await updateLicense(t.ctx, c.licenseKey, { hwids: [] })
+    expect((await beat(c.token, c.hwid)).body.error).toBe('session_expired')
+
+    const d = await login()
+    await t.ctx.database.db.delete(licenses).where(eq(licenses.key, d.licenseKey))
+    await t.ctx.store.bump([keys.licenseEpoch(d.licenseKey)])
+    expect((await beat(d.token, d.hwid)).body.error).toBe('invalid_key')
+  })
+
+  test('a session survives a restart: another instance with the same master key accepts it', async () => {
+    const session = await login()
+    const restarted = await makeTestApp()
+    const res = await restarted.req('POST', '/auth/heartbeat', {
+      body: { appId: s.appId, sessionToken: session.token, hwid: session.hwid },
+    })
+    expect(res.status).toBe(200)
+  })
+
+  test('lists are applied in the spec order, on heartbeat as well', async () => {
+    const session = await login()
+    const setLists = async (set: Partial<typeof apps.$inferInsert>) => {
+      await t.ctx.database.db.update(apps).set(set).where(eq(apps.id, s.appId))
+      await t.ctx.store.bump([keys.appEpoch(s.appId)])
+    }
+    // In-process requests have no socket peer: the client IP is the unknown address 0.0.0.0.
+    await setLists({ hwidBlacklist: [session.hwid] })
+    expect((await beat(session.token, session.hwid)).body).toEqual({ status: 'failed', error: 'blocked' })
+    await setLists({ hwidBlacklist: [], hwidWhitelist: [session.hwid], ipWhitelist: ['10.0.0.1'] })
+    expect((await beat(session.token, session.hwid)).status).toBe(403)
+    await setLists({ ipWhitelist: ['0.0.0.0'] })
+    expect((await beat(session.token, session.hwid)).status).toBe(200)
+    await setLists({ ipBlacklist: ['0.0.0.0'] })
+    expect((await beat(session.token, session.hwid)).body.error).toBe('blocked')
+    await setLists({ ipBlacklist: [], ipWhitelist: [], hwidWhitelist: [] })
+    expect((await beat(session.token, session.hwid)).status).toBe(200)
+  })
+
+  test('pre-session selfban blacklists by default and refuses revokeLicense', async () => {
+    const app = await t.seed()
+    const licenseKey = await insertLicense(t.ctx, app.appId)
+    const h = hwid()
+    const pre = (extra: Record<string, unknown> = {}) =>
+      t.req('POST', '/auth/selfban', {
+        body: { appId: app.appId, appSecret: app.appSecret, licenseKey, hwid: h, nonce: nonce(), ...extra },
+      })
+    const refused = await pre({ revokeLicense: true })
+    expect(refused.status).toBe(403)
+    expect(refused.body.error).toBe('revoke_requires_session')
+    const res = await pre({ blacklistIp: false })
+    expect(res.status, JSON.stringify(res.body)).toBe(200)
+    expect(res.body).toEqual({
+      status: 'success',
+      mode: 'pre_session',
+      performed: { revokeLicense: false, blacklistHwid: true, blacklistIp: false },
+    })
+    const [row] = await t.ctx.database.db.select().from(apps).where(eq(apps.id, app.appId))
+    expect(row?.hwidBlacklist).toEqual([h])
+    expect(row?.ipBlacklist).toEqual([])
+    const [lic] = await t.ctx.database.db.select().from(licenses).where(eq(licenses.key, licenseKey))
+    expect(lic?.status).toBe('active')
+    expect((await pre()).body.performed).toEqual({ revokeLicense: false, blacklistHwid: false, blacklistIp: true })
+    expect((await pre({ appSecret: 'wrong-secret' })).body.error).toBe('invalid_app')
+    expect((await pre({ nonce: undefined })).body.error).toBe('bad_request')
+  })
+
+  test('post-session selfban revokes by default and the next heartbeat fails', async () => {
+    const session = await login()
+    const res = await t.req('POST', '/auth/selfban', {
+      body: { appId: s.appId, sessionToken: session.token, hwid: session.hwid, blacklistHwid: false, blacklistIp: false },
+    })
+    expect(res.status, JSON.stringify(res.body)).toBe(200)
+    expect(res.body).toEqual({
+      status: 'success',
+      mode: 'post_session',
+      performed: { revokeLicense: true, blacklistHwid: false, blacklistIp: false },
+    })
+    expect((await beat(session.token, session.hwid)).body.error).toBe('revoked')
+    const bad = await t.req('POST', '/auth/selfban', { body: { appId: s.appId, sessionToken: 'x.y', hwid: session.hwid } })
+    expect(bad.body.error).toBe('session_expired')
+  })
+
+  test('selfban on the sandbox app succeeds and changes nothing', async () => {
+    const sandbox = await t.seed({ sandbox: true })
+    const licenseKey = await insertLicense(t.ctx, sandbox.appId)
+    const h = hwid()
+    const v = await t.req('POST', '/auth/validate', {
+      body: { appId: sandbox.appId, appSecret: sandbox.appSecret, licenseKey, hwid: h, nonce: nonce() },
+    })
+    const token = decode(v.body.payload).sessionToken
+    for (const body of [
+      { appId: sandbox.appId, appSecret: sandbox.appSecret, licenseKey, hwid: h, nonce: nonce() },
+      { appId: sandbox.appId, sessionToken: token, hwid: h },
+    ]) {
+      const res = await t.req('POST', '/auth/selfban', { body })
+      expect(res.status).toBe(200)
+      expect(res.body.performed).toEqual({ revokeLicense: false, blacklistHwid: false, blacklistIp: false })
+    }
+    const [row] = await t.ctx.database.db.select().from(apps).where(eq(apps.id, sandbox.appId))
+    expect(row?.hwidBlacklist).toEqual([])
+    const [lic] = await t.ctx.database.db.select().from(licenses).where(eq(licenses.key, licenseKey))
+    expect(lic?.status).toBe('active')
+  })
+})

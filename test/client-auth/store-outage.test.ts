@@ -1,0 +1,94 @@
+import { afterAll, expect, test } from 'bun:test'
+import { RedisStore } from '../../src/store/redis'
+import { makeTestApp } from '../support/helpers'
+import { decode, hwid, insertLicense, nonce } from '../support/client'
+import { ownRedis, until } from '../support/servers'
+
+const redis = await ownRedis()
+const store = new RedisStore(redis.url)
+afterAll(async () => {
+  await store.close()
+  await redis.stop()
+})
+
+const t = await makeTestApp({ store })
+
+test('Redis unreachable: validate fails closed, heartbeat fails open, /readyz is 503, all recover when it returns', async () => {
+  await until(() => store.ping(), (up) => up)
+  const s = await t.seed()
+  const licenseKey = await insertLicense(t.ctx, s.appId)
+  const h = hwid()
+  const validate = () =>
+    t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: h, nonce: nonce() } })
+  const first = await validate()
+  expect(first.status, JSON.stringify(first.body)).toBe(200)
+  const token = decode(first.body.payload).sessionToken
+  const beat = () => t.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken: token, hwid: h } })
+
+  await redis.stop()
+  const down = await validate()
+  expect(down.status).toBe(500)
+  const notReady = await t.req('GET', '/readyz')
+  expect(notReady.status).toBe(503)
+  expect(notReady.body).toEqual({ status: 'unavailable', database: 'ok', store: 'failed' })
+  expect(down.body).toEqual({ status: 'failed', error: 'system_error' })
+  const open = await beat()
+  expect(open.status, JSON.stringify(open.body)).toBe(200)
+  expect(decode(open.body.payload).licenseKey).toBe(licenseKey)
+  // Failing open still reads the license fresh: a bad token is refused without the store.
+  expect((await t.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken: 'x.y', hwid: h } })).status).toBe(401)
+
+  await redis.start()
+  const back = await until(validate, (r) => r.status === 200)
+  expect(back.status).toBe(200)
+  expect((await beat()).status).toBe(200)
+  expect((await t.req('GET', '/readyz')).status).toBe(200)
+})
+
+test('Developer API changes during a Redis outage answer at once and are seen when it returns', async () => {
+  await until(() => store.ping(), (up) => up)
+  const s = await t.seed()
+  const licenseKey = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
+  const validate = () =>
+    t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: hwid(), nonce: nonce() } })
+  expect((await validate()).status).toBe(200)
+
+  await redis.stop()
+  const started = Date.now()
+  const revoked = await t.req('PUT', `/v1/licenses/${licenseKey}`, { apiKey: s.apiKey, body: { action: 'revoke' } })
+  expect(revoked.status).toBe(200)
+  expect((await t.req('GET', `/v1/licenses/${licenseKey}`, { apiKey: s.apiKey })).body.status).toBe('revoked')
+  expect((await t.req('GET', '/v1/account', { apiKey: s.apiKey })).status).toBe(200)
+  // Each would wait for a reconnect attempt (a second or more); none of them does.
+  expect(Date.now() - started).toBeLessThan(1000)
+
+  await redis.start()
+  const back = await until(validate, (r) => r.status !== 500)
+  expect(back.body).toEqual({ status: 'failed', error: 'revoked' })
+})
+
+test('Redis killed under load: a real app is never answered invalid_app, however many requests its IP sends meanwhile', async () => {
+  await until(() => store.ping(), (up) => up)
+  const s = await t.seed()
+  const licenseKey = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
+  const h = hwid()
+  const validate = () =>
+    t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: h, nonce: nonce() } })
+  const token = decode((await validate()).body.payload).sessionToken
+  // Requests in flight when the connection drops see a new store generation, which empties the cache:
+  // every later request misses the app while the store is down.
+  let loading = true
+  const load = Array.from({ length: 8 }, async () => {
+    while (loading) await validate()
+  })
+  await Bun.sleep(200)
+  await redis.stop()
+  loading = false
+  await Promise.all(load)
+  const seen = new Set<string>()
+  for (let i = 0; i < 80; i++) seen.add(`${(await validate()).body.error}`)
+  expect([...seen]).toEqual(['system_error'])
+  const beat = await t.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken: token, hwid: h } })
+  expect(beat.status, JSON.stringify(beat.body)).toBe(200)
+  await redis.start()
+})

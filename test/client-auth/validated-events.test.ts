@@ -1,0 +1,98 @@
+import { afterEach, expect, spyOn, test } from 'bun:test'
+import { and, eq, inArray } from 'drizzle-orm'
+import { type DomainEvent, recordEvents } from '../../src/delivery/outbox'
+import { EventBatch } from '../../src/client-auth/validated-events'
+import { events } from '../../src/db/schema'
+import { makeTestApp } from '../support/helpers'
+import { hwid } from '../support/client'
+import { connectionRefused } from '../support/pg-errors'
+import { until } from '../support/servers'
+
+const t = await makeTestApp()
+const db = t.ctx.database.db
+
+const validated = (appId: string, h = hwid()): DomainEvent => ({
+  event: 'license.validated',
+  data: { licenseKey: `K-${h.slice(0, 12)}`, appId, status: 'active', hwid: h },
+  occurredAt: new Date(),
+})
+
+async function hwidsRecorded(appIds: string[]): Promise<string[]> {
+  const rows = await db
+    .select({ data: events.data })
+    .from(events)
+    .where(and(inArray(events.appId, appIds), eq(events.event, 'license.validated')))
+  return rows.map((r) => String(r.data.hwid))
+}
+
+let stderr: ReturnType<typeof spyOn<typeof process.stderr, 'write'>> | undefined
+afterEach(() => stderr?.mockRestore())
+
+test('an event PostgreSQL refuses is dropped alone: the events of two other accounts in its batch are recorded', async () => {
+  const [a, b] = [await t.seed({ name: 'Account A' }), await t.seed({ name: 'Account B' })]
+  const batch = new EventBatch(t.ctx)
+  const good = [validated(a.appId), validated(b.appId), validated(a.appId), validated(b.appId)]
+  batch.add(good[0]!)
+  batch.add(good[1]!)
+  batch.add(validated(a.appId, 'a\u0000b'))
+  batch.add(validated(b.appId, 'x\ud800'))
+  batch.add(good[2]!)
+  batch.add(good[3]!)
+  await batch.flush()
+
+  expect((await hwidsRecorded([a.appId, b.appId])).sort()).toEqual(good.map((e) => String(e.data.hwid)).sort())
+  expect(batch.kept).toBe(0)
+})
+
+test('events that meet an unreachable database are kept and written, in order, once it answers', async () => {
+  const s = await t.seed()
+  let refusals = 3
+  const batch = new EventBatch(t.ctx, {
+    write: async (list) => {
+      if (refusals-- > 0) throw connectionRefused()
+      await recordEvents(db, list)
+    },
+  })
+  const sent = Array.from({ length: 20 }, () => validated(s.appId))
+  for (const e of sent.slice(0, 10)) batch.add(e)
+  await batch.flush()
+  expect(batch.kept).toBe(10)
+  for (const e of sent.slice(10)) batch.add(e)
+
+  const recorded = await until(() => hwidsRecorded([s.appId]), (got) => got.length >= sent.length)
+  expect(recorded).toEqual(sent.map((e) => String(e.data.hwid)))
+  expect(batch.kept).toBe(0)
+})
+
+test('beyond the bound the oldest kept events are dropped, with one error line and a metric', async () => {
+  const s = await t.seed()
+  let down = true
+  const batch = new EventBatch(t.ctx, {
+    maxKept: 50,
+    write: async (list) => {
+      if (down) throw connectionRefused()
+      await recordEvents(db, list)
+    },
+  })
+  const metric = async () => {
+    const text = (await t.req('GET', '/metrics')).body as string
+    return Number(/^license_validated_events_dropped_total\{reason="overflow"\} (\d+)$/m.exec(text)?.[1] ?? 0)
+  }
+  const droppedBefore = await metric()
+  stderr = spyOn(process.stderr, 'write')
+  const sent = Array.from({ length: 80 }, () => validated(s.appId))
+  for (const [i, e] of sent.entries()) {
+    batch.add(e)
+    if (i % 20 === 19) await batch.flush()
+  }
+  expect(batch.kept).toBe(50)
+  expect(await metric()).toBe(droppedBefore + 30)
+  const lines = stderr.mock.calls.map(([chunk]) => String(chunk)).filter((line) => line.includes('"level":"error"'))
+  expect(lines).toHaveLength(1)
+  expect(lines[0]).toContain('license.validated')
+  stderr.mockRestore()
+
+  down = false
+  const recorded = await until(() => hwidsRecorded([s.appId]), (got) => got.length >= 50)
+  expect(recorded).toEqual(sent.slice(30).map((e) => String(e.data.hwid)))
+})

@@ -1,0 +1,160 @@
+/**
+ * One process owns an embedded DATA_DIR: a second server exits with one line and leaves the first
+ * one's socket alone, a CLI goes through the running server or waits for the lock, and a lock left by
+ * a killed server does not block the next start.
+ */
+import { afterAll, describe, expect, setDefaultTimeout, test } from 'bun:test'
+import { existsSync, mkdtempSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { isLock, tryLockDataDir } from '../../src/db/data-dir-lock'
+import { MODE, TEST_MASTER_KEY } from '../support/helpers'
+import { until } from '../support/servers'
+import { runToExit, startServer } from '../support/server-process'
+
+setDefaultTimeout(60_000)
+
+const ROOT = join(import.meta.dir, '..', '..')
+const dirs: string[] = []
+afterAll(() => {
+  for (const dir of dirs) rmSync(dir, { recursive: true, force: true })
+})
+
+/** Embedded settings on a data dir of the test's own. */
+function embedded(): Record<string, string> {
+  const dataDir = mkdtempSync(join(tmpdir(), 'ls-lock-'))
+  dirs.push(dataDir)
+  return { DATA_DIR: dataDir, DATABASE_URL: '', REDIS_URL: '', MASTER_KEY: TEST_MASTER_KEY.toString('hex'), LOG_LEVEL: 'info' }
+}
+
+/** A second server: its exit code and stderr, or null when it was still running (and listening) after `ms`. */
+async function secondServer(env: Record<string, string>, ms = 20_000) {
+  const proc = Bun.spawn([process.execPath, 'src/main.ts'], {
+    cwd: ROOT,
+    env: { ...process.env, ...env, HOST: '127.0.0.1', PORT: '0' },
+    stdout: 'ignore',
+    stderr: 'pipe',
+  })
+  const stderr = new Response(proc.stderr).text()
+  const code = await Promise.race([proc.exited, Bun.sleep(ms).then(() => null)])
+  if (code === null) proc.kill('SIGKILL')
+  await proc.exited
+  return { code, stderr: await stderr }
+}
+
+async function cli(env: Record<string, string>, args: string[]) {
+  const run = await runToExit(['src/operator/cli.ts', ...args], env)
+  const last = run.stdout.trimEnd().split('\n').at(-1) ?? ''
+  return { ...run, json: run.code === 0 ? JSON.parse(last) : null }
+}
+
+function expectOneLine(stderr: string, mentions: RegExp) {
+  const lines = stderr.trimEnd().split('\n')
+  expect(lines, stderr).toHaveLength(1)
+  expect(lines[0]).toMatch(mentions)
+}
+
+// The lock guards the embedded database and the socket of a server without shared storage; the
+// PostgreSQL + Redis pass runs servers that have neither.
+if (MODE === 'embedded') {
+  describe('DATA_DIR lock', () => {
+    test('a second server exits with one line; the first keeps its socket and serves the CLI', async () => {
+      const env = embedded()
+      const first = await startServer(env)
+      try {
+        const second = await secondServer(env)
+        expect(second.code, second.stderr).not.toBeNull()
+        expect(second.code).not.toBe(0)
+        expectOneLine(second.stderr, new RegExp(`DATA_DIR .* in use by a running server \\(pid ${first.pid}\\)`))
+        expect(existsSync(join(env.DATA_DIR ?? '', 'operator.sock'))).toBe(true)
+
+        const created = await cli(env, ['account', 'create', '--name', 'Through the first'])
+        expect(created.code, created.stderr).toBe(0)
+        const account = await fetch(`${first.url}/v1/account`, {
+          headers: { authorization: `Bearer ${created.json.apiKey}` },
+        })
+        expect(account.status).toBe(200)
+        expect(await account.json()).toMatchObject({ accountId: created.json.accountId })
+        expect(first.log()).toContain('"operator command"')
+      } finally {
+        expect(await first.stop()).toBe(0)
+      }
+      expect(existsSync(join(env.DATA_DIR ?? '', 'lock'))).toBe(false)
+    })
+
+    test('a lock left by a server killed with SIGKILL does not block the next start', async () => {
+      const env = embedded()
+      const killed = await startServer(env)
+      process.kill(killed.pid, 'SIGKILL')
+      await killed.stop()
+      expect(existsSync(join(env.DATA_DIR ?? '', 'lock'))).toBe(true)
+
+      const next = await startServer(env)
+      try {
+        const created = await cli(env, ['account', 'create', '--name', 'After the crash'])
+        expect(created.code, created.stderr).toBe(0)
+        expect(next.log()).toContain('"operator command"')
+      } finally {
+        expect(await next.stop()).toBe(0)
+      }
+    })
+
+    test('a CLI finding the lock held by a process that does not answer fails with one line', async () => {
+      const env = embedded()
+      // This test process holds it, as a server whose socket is gone would.
+      const lock = tryLockDataDir(env.DATA_DIR ?? '', 'server')
+      if (!isLock(lock)) throw new Error('the fresh data dir was locked')
+      try {
+        const run = await cli(env, ['account', 'create', '--name', 'Blocked'])
+        expect(run.code).not.toBe(0)
+        expect(run.stdout).toBe('')
+        expectOneLine(run.stderr, new RegExp(`DATA_DIR .* in use by a running server \\(pid ${process.pid}\\)`))
+      } finally {
+        lock.release()
+      }
+      expect(existsSync(join(env.DATA_DIR ?? '', 'lock'))).toBe(false)
+    })
+
+    test('two CLIs in direct mode at once: one waits for the other, both succeed', async () => {
+      const env = embedded()
+      const runs = await Promise.all([
+        cli(env, ['account', 'create', '--name', 'One']),
+        cli(env, ['account', 'create', '--name', 'Two']),
+      ])
+      expect(runs.map((r) => [r.code, r.stderr])).toEqual([
+        [0, ''],
+        [0, ''],
+      ])
+      const server = await startServer(env)
+      try {
+        for (const { json } of runs) {
+          const res = await fetch(`${server.url}/v1/account`, { headers: { authorization: `Bearer ${json.apiKey}` } })
+          expect(res.status).toBe(200)
+        }
+      } finally {
+        await server.stop()
+      }
+    })
+  })
+}
+
+test('a lock whose holder was killed but not yet reaped (a zombie) is taken over', async () => {
+  // The inner shell prints its pid and exits; its parent has exec'd into sleep, which never reaps it.
+  const parent = Bun.spawn(['sh', '-c', 'sh -c "echo \\$\\$" & exec sleep 5'], { stdout: 'pipe' })
+  const pid = Number((await new Response(parent.stdout).text()).trim())
+  try {
+    const stat = await until(
+      async () => Bun.file(`/proc/${pid}/stat`).text(),
+      (text) => text.slice(text.lastIndexOf(')') + 2).startsWith('Z'),
+    )
+    const started = stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19]
+    const dataDir = mkdtempSync(join(tmpdir(), 'ls-lock-'))
+    dirs.push(dataDir)
+    await Bun.write(join(dataDir, 'lock'), JSON.stringify({ pid, started, owner: 'server' }))
+    const lock = tryLockDataDir(dataDir, 'server')
+    expect(isLock(lock), JSON.stringify(lock)).toBe(true)
+    if (isLock(lock)) lock.release()
+  } finally {
+    parent.kill('SIGKILL')
+  }
+})

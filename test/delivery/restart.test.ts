@@ -1,0 +1,118 @@
+import { expect, test } from 'bun:test'
+import { randomBytes } from 'node:crypto'
+import { mkdtempSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import type { Subprocess } from 'bun'
+import { buildContext } from '../../src/boot'
+import { loadConfig } from '../../src/config'
+import { createAccount, createApplication } from '../../src/accounts/service'
+import { type EventName, recordEvents } from '../../src/delivery/outbox'
+import { createWebhook } from '../../src/webhooks/service'
+import { TEST_DATABASE_URL, TEST_REDIS_URL } from '../support/helpers'
+import { signatureValid, startReceiver, testCertificate, until } from '../support/webhooks-receiver'
+
+const root = join(import.meta.dir, '..', '..')
+
+/** The real server, as an operator runs it, on a free port; resolves once it listens. */
+async function startServer(env: Record<string, string>) {
+  const proc = Bun.spawn([process.execPath, 'src/main.ts'], { cwd: root, env, stdout: 'ignore', stderr: 'pipe' })
+  let log = ''
+  let base: string | null = null
+  void (async () => {
+    const decoder = new TextDecoder()
+    for await (const chunk of proc.stderr) {
+      log += decoder.decode(chunk)
+      base ??= /"msg":"listening","url":"(https?:\/\/[^"]+)"/.exec(log)?.[1]?.replace('0.0.0.0', '127.0.0.1') ?? null
+    }
+  })()
+  await until(() => base !== null || proc.exitCode !== null, 'the server to listen', 30_000)
+  if (!base) throw new Error(`server exited early:\n${log}`)
+  return { proc, base: base as string, log: () => log }
+}
+
+async function stop(proc: Subprocess, signal: 'SIGKILL' | 'SIGTERM') {
+  proc.kill(signal)
+  return proc.exited
+}
+
+// Spawns the server twice and opens the database three times: a budget of its own.
+test('events committed while the server was dead are delivered once after a kill -9 and restart', async () => {
+  const { certFile } = testCertificate()
+  const env: Record<string, string> = {
+    ...(process.env as Record<string, string>),
+    HOST: '127.0.0.1',
+    PORT: '0',
+    DATA_DIR: mkdtempSync(join(tmpdir(), 'ls-whrestart-')),
+    DATABASE_URL: TEST_DATABASE_URL ?? '',
+    REDIS_URL: TEST_REDIS_URL ?? '',
+    MASTER_KEY: randomBytes(32).toString('hex'),
+    WEBHOOK_ALLOW_PRIVATE_TARGETS: 'true',
+    NODE_EXTRA_CA_CERTS: certFile,
+    LOG_LEVEL: 'info',
+  }
+  await using rx = startReceiver()
+  const config = loadConfig(env)
+
+  // Provision with the server's own settings (the embedded database admits one process at a time).
+  let ctx = await buildContext(config)
+  const account = await createAccount(ctx, 'Restart test', 100)
+  const app = await createApplication(ctx, account.accountId, 'Restart app', false)
+  const hook = await createWebhook(ctx, account.accountId, app.appId, {
+    url: rx.url('/restart'),
+    events: ['license.created', 'license.revoked'],
+  })
+  const commit = async (tag: string, n: number) => {
+    const list = Array.from({ length: n }, (_, i) => ({
+      event: (i % 2 ? 'license.revoked' : 'license.created') as EventName,
+      data: { licenseKey: `${tag}-${i}`, appId: app.appId },
+      occurredAt: new Date(),
+    }))
+    await ctx.database.db.transaction((tx) => recordEvents(tx, list))
+    return list.map((e) => e.data.licenseKey)
+  }
+  const expected = await commit('before-first-start', 4)
+  await ctx.webhookPool.close()
+  await ctx.store.close()
+  await ctx.database.close()
+
+  const createLicense = async (base: string) => {
+    const res = await fetch(`${base}/v1/licenses`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${account.apiKey}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ appId: app.appId }),
+    })
+    expect(res.status).toBe(201)
+    const { licenses } = (await res.json()) as { licenses: { licenseKey: string }[] }
+    return licenses[0]!.licenseKey
+  }
+  const keysAt = () => rx.at('/restart').map((r) => r.body.data.licenseKey as string)
+  const first = await startServer(env)
+  try {
+    await until(() => keysAt().length >= expected.length, 'the backlog from before the first start')
+    // A change made through the running server's API is delivered by it as well.
+    expected.push(await createLicense(first.base))
+    await until(() => keysAt().length >= expected.length, 'the license.created of the API call')
+  } finally {
+    await stop(first.proc, 'SIGKILL')
+  }
+
+  // Committed while no server runs: exactly the "died between commit and delivery" case.
+  ctx = await buildContext(config)
+  expected.push(...(await commit('while-dead', 6)))
+  await ctx.webhookPool.close()
+  await ctx.store.close()
+  await ctx.database.close()
+
+  const second = await startServer(env)
+  try {
+    await until(() => keysAt().length >= expected.length, 'the events committed while the server was dead')
+    // Deliveries go out in commit order: once a later change's arrives, anything repeated would have too.
+    expected.push(await createLicense(second.base))
+    await until(() => keysAt().includes(expected.at(-1)!), 'the sentinel after the restart')
+    expect(keysAt().sort()).toEqual([...expected].sort())
+    for (const r of rx.at('/restart')) expect(signatureValid(r, hook.secret)).toBe(true)
+  } finally {
+    expect(await stop(second.proc, 'SIGTERM')).toBe(0)
+  }
+}, 90_000)

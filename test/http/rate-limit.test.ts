@@ -1,0 +1,94 @@
+import { describe, expect, test } from 'bun:test'
+import { Elysia } from 'elysia'
+import { apiKeyAuth } from '../../src/http/auth'
+import { API_BURST } from '../../src/http/rate-limit'
+import type { Store } from '../../src/store/store'
+import { makeTestApp } from '../support/helpers'
+
+/** A test app plus one authenticated /v1 route, so the limiter is tested apart from any feature route. */
+async function limitedApp(options: { store?: Store } = {}) {
+  let now = Date.UTC(2030, 0, 1)
+  const t = await makeTestApp({ clock: () => now, ...options })
+  t.app.use(
+    new Elysia()
+      .use(apiKeyAuth(t.ctx))
+      .get('/v1/probe', ({ accountId }) => ({ accountId }), { apiKey: true }),
+  )
+  return { ...t, advance: (ms: number) => (now += ms) }
+}
+
+describe('Developer API rate limit', () => {
+  test('a burst of 100 passes, the 101st gets 429 rate_limited with Retry-After, and refill lets it through', async () => {
+    const { req, seed, advance } = await limitedApp()
+    const { apiKey, accountId } = await seed()
+    for (let i = 0; i < API_BURST; i++) {
+      const res = await req('GET', '/v1/probe', { apiKey })
+      expect(res.status, JSON.stringify(res.body)).toBe(200)
+      expect(res.headers.get('ratelimit-limit')).toBe('100')
+      expect(res.headers.get('ratelimit-remaining')).toBe(String(API_BURST - 1 - i))
+    }
+    const limited = await req('GET', '/v1/probe', { apiKey })
+    expect(limited.status).toBe(429)
+    expect(limited.body).toEqual({ error: 'rate_limited', message: expect.any(String) })
+    expect(limited.headers.get('retry-after')).toBe('1')
+    expect(limited.headers.get('ratelimit-remaining')).toBe('0')
+    expect(limited.headers.get('ratelimit-reset')).toBe('1')
+
+    // 50 tokens per second: one token is back after 20 ms, and only one.
+    advance(20)
+    const refilled = await req('GET', '/v1/probe', { apiKey })
+    expect(refilled.status).toBe(200)
+    expect(refilled.body).toEqual({ accountId })
+    expect((await req('GET', '/v1/probe', { apiKey })).status).toBe(429)
+
+    // After two seconds the bucket is full again (capacity 100 at 50/s).
+    advance(2000)
+    const full = await req('GET', '/v1/probe', { apiKey })
+    expect(full.status).toBe(200)
+    expect(full.headers.get('ratelimit-remaining')).toBe('99')
+  })
+
+  test('each key has its own bucket', async () => {
+    const { req, seed } = await limitedApp()
+    const a = await seed()
+    const b = await seed()
+    for (let i = 0; i < API_BURST; i++) await req('GET', '/v1/probe', { apiKey: a.apiKey })
+    expect((await req('GET', '/v1/probe', { apiKey: a.apiKey })).status).toBe(429)
+    expect((await req('GET', '/v1/probe', { apiKey: b.apiKey })).status).toBe(200)
+  })
+
+  test('unknown keys are limited too, before any database lookup, and get 401 while tokens last', async () => {
+    const { req } = await limitedApp()
+    const bogus = `svc_live_${crypto.randomUUID().replaceAll('-', '')}`
+    const first = await req('GET', '/v1/probe', { apiKey: bogus })
+    expect(first.status).toBe(401)
+    expect(first.body.error).toBe('invalid_api_key')
+    expect(first.headers.get('ratelimit-remaining')).toBe('99')
+    for (let i = 1; i < API_BURST; i++) await req('GET', '/v1/probe', { apiKey: bogus })
+    expect((await req('GET', '/v1/probe', { apiKey: bogus })).status).toBe(429)
+  })
+
+  test('a missing or malformed key is 401 without touching the limiter', async () => {
+    const { req } = await limitedApp()
+    const missing = await req('GET', '/v1/probe')
+    expect(missing.status).toBe(401)
+    expect(missing.headers.get('ratelimit-limit')).toBeNull()
+    const malformed = await req('GET', '/v1/probe', { headers: { authorization: 'Bearer nope' } })
+    expect(malformed.status).toBe(401)
+  })
+
+  test('an unreachable store fails open: the request is served, never a 500', async () => {
+    const { MemoryStore } = await import('../../src/store/memory')
+    class BrokenStore extends MemoryStore {
+      override async take(): Promise<never> {
+        throw new Error('connection refused')
+      }
+    }
+    const { req, seed } = await limitedApp({ store: new BrokenStore() })
+    const { apiKey, accountId } = await seed()
+    const res = await req('GET', '/v1/probe', { apiKey })
+    expect(res.status).toBe(200)
+    expect(res.body).toEqual({ accountId })
+    expect(res.headers.get('ratelimit-limit')).toBeNull()
+  })
+})

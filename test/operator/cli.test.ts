@@ -1,0 +1,250 @@
+import { afterAll, describe, expect, setDefaultTimeout, test } from 'bun:test'
+import { existsSync, mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { keys } from '../../src/store/store'
+import { MODE, TEST_DATABASE_URL, TEST_MASTER_KEY, TEST_REDIS_URL, sharedInfra } from '../support/helpers'
+import { runToExit, startServer } from '../support/server-process'
+
+// Each test spawns processes that open (and the first time migrate) an embedded database: seconds, not
+// milliseconds. bunfig's `timeout` is not read by bun test, so the file sets its own default.
+setDefaultTimeout(60_000)
+
+const ROOT = join(import.meta.dir, '..', '..')
+const dirs: string[] = []
+const tempDir = () => {
+  const dir = mkdtempSync(join(tmpdir(), 'ls-cli-'))
+  dirs.push(dir)
+  return dir
+}
+afterAll(() => {
+  for (const dir of dirs) rmSync(dir, { recursive: true, force: true })
+})
+
+/** The settings the CLI and a spawned server share: this run's backend, a data dir of their own. */
+function settings(dataDir: string): Record<string, string> {
+  return {
+    DATA_DIR: dataDir,
+    DATABASE_URL: TEST_DATABASE_URL ?? '',
+    REDIS_URL: TEST_REDIS_URL ?? '',
+    MASTER_KEY: TEST_MASTER_KEY.toString('hex'),
+    LOG_LEVEL: 'info',
+  }
+}
+
+interface CliRun {
+  code: number
+  stdout: string
+  stderr: string
+  /** The JSON object on the last line of stdout (exit 0 only). */
+  json: any
+}
+
+async function cli(dataDir: string, args: string[]): Promise<CliRun> {
+  const { code, stdout, stderr } = await runToExit(['src/operator/cli.ts', ...args], settings(dataDir))
+  const last = stdout.trimEnd().split('\n').at(-1) ?? ''
+  let json: unknown
+  try {
+    json = JSON.parse(last)
+  } catch {}
+  return { code, stdout, stderr, json }
+}
+
+function expectOk(run: CliRun) {
+  expect(run.code, run.stderr).toBe(0)
+  expect(run.json, run.stdout).toBeObject()
+  return run.json
+}
+
+function expectBadInput(run: CliRun, mentions: RegExp) {
+  expect(run.code, run.stdout).not.toBe(0)
+  expect(run.stdout).toBe('')
+  const lines = run.stderr.trimEnd().split('\n')
+  expect(lines, run.stderr).toHaveLength(1)
+  expect(lines[0]).toMatch(mentions)
+}
+
+/** The Redis store the in-process test apps share (PostgreSQL + Redis mode). */
+const sharedStore = async () => (await sharedInfra()).store
+
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/
+const SOME_UUID = '2b1f7c1e-1111-4111-8111-111111111111'
+
+describe('operator CLI: bad input', () => {
+  test.each([
+    [[], /no command given/],
+    [['account'], /unknown command "account"/],
+    [['frob', 'nicate'], /unknown command "frob nicate"/],
+    [['account', 'create'], /--name is required/],
+    [['account', 'create', '--name'], /--name needs a value/],
+    [['account', 'create', '--name', ''], /--name must be 1 to 128 characters/],
+    [['account', 'create', '--name', 'x'.repeat(129)], /--name must be 1 to 128 characters/],
+    [
+      ['account', 'create', '--name', 'a', '--credits', '-1'],
+      /--credits must be a whole number of at least 0/,
+    ],
+    [['account', 'create', '--name', 'a', '--credits', '1.5'], /--credits must be a whole number/],
+    [['account', 'create', '--name', 'a', '--name', 'b'], /--name is given twice/],
+    [['account', 'credits', '--account', SOME_UUID], /--add is required/],
+    [['account', 'credits', '--account', 'nope', '--add', '1'], /--account must be an account id/],
+    [['apikey', 'create'], /--account is required/],
+    [['apikey', 'revoke', '--key', 'not-a-key'], /--key must be an API key/],
+    [['app', 'create', '--account', SOME_UUID, '--name', 'x', '--bogus'], /unknown flag --bogus/],
+    [
+      ['app', 'create', '--account', SOME_UUID, '--name', 'x', '--sandbox=yes'],
+      /--sandbox takes no value/,
+    ],
+    [['app', 'create', '--account', SOME_UUID, 'stray'], /unexpected argument "stray"/],
+  ] as const)('%j exits non-zero with one stderr line', async (args, mentions) => {
+    expectBadInput(await cli(tempDir(), [...args]), mentions)
+  })
+
+  test('a bad setting is reported the same way, naming it', async () => {
+    const proc = Bun.spawn([process.execPath, 'src/operator/cli.ts', 'account', 'create', '--name', 'a'], {
+      cwd: ROOT,
+      env: { ...process.env, ...settings(tempDir()), PORT: 'eighty' },
+      stdout: 'pipe',
+      stderr: 'pipe',
+    })
+    const stderr = await new Response(proc.stderr).text()
+    expect(await proc.exited).not.toBe(0)
+    expect(stderr.trimEnd().split('\n')).toEqual([expect.stringContaining('PORT')])
+  })
+})
+
+describe('operator CLI: commands', () => {
+  // One data dir for the embedded runs: the first command finds it empty and migrates it.
+  const dataDir = tempDir()
+
+  test('account create on a fresh database, then account credits from another process', async () => {
+    const created = expectOk(
+      await cli(dataDir, ['account', 'create', '--name', 'CLI Corp', '--credits', '7']),
+    )
+    expect(Object.keys(created).sort()).toEqual(['accountId', 'apiKey'])
+    expect(created.accountId).toMatch(UUID)
+    expect(created.apiKey).toMatch(/^svc_live_[A-Za-z0-9_-]{16,}$/)
+
+    const credited = expectOk(
+      await cli(dataDir, ['account', 'credits', '--account', created.accountId, '--add', '5']),
+    )
+    expect(credited).toEqual({ accountId: created.accountId, credits: 12 })
+  })
+
+  test('apikey create, app create --sandbox and apikey revoke', async () => {
+    const { accountId } = expectOk(await cli(dataDir, ['account', 'create', '--name', 'Keys Ltd']))
+    const { apiKey, ...rest } = expectOk(
+      await cli(dataDir, ['apikey', 'create', '--account', accountId]),
+    )
+    expect(rest).toEqual({})
+    expect(apiKey).toMatch(/^svc_live_/)
+
+    const app = expectOk(
+      await cli(dataDir, ['app', 'create', '--account', accountId, '--name', 'Demo', '--sandbox']),
+    )
+    expect(Object.keys(app).sort()).toEqual(['appId', 'appSecret', 'keyId', 'publicKey'])
+    expect(app.appId).toMatch(UUID)
+    expect(Buffer.from(app.publicKey, 'base64')).toHaveLength(32)
+
+    expect(expectOk(await cli(dataDir, ['apikey', 'revoke', '--key', apiKey]))).toEqual({
+      ok: true,
+    })
+  })
+
+  test('an absent account and an unknown key are bad input', async () => {
+    expectBadInput(await cli(dataDir, ['apikey', 'create', '--account', SOME_UUID]), /No account/)
+    expectBadInput(
+      await cli(dataDir, ['apikey', 'revoke', '--key', `svc_live_${'x'.repeat(32)}`]),
+      /no live API key/,
+    )
+  })
+})
+
+describe('operator CLI beside a running server', () => {
+  // Embedded: through the server's socket (the database admits one process). PostgreSQL + Redis: directly.
+  test('commands take effect on the running server at once', async () => {
+    const dataDir = tempDir()
+    // Provisioned before the server ever ran: the CLI opens and migrates the database itself.
+    const first = expectOk(await cli(dataDir, ['account', 'create', '--name', 'Before']))
+
+    const server = await startServer(settings(dataDir))
+    const socket = join(dataDir, 'operator.sock')
+    try {
+      expect(existsSync(socket)).toBe(MODE === 'embedded')
+      if (MODE === 'embedded') expect(statSync(socket).mode & 0o777).toBe(0o600)
+
+      const { accountId, apiKey } = expectOk(
+        await cli(dataDir, ['account', 'create', '--name', 'During']),
+      )
+      const { appId } = expectOk(
+        await cli(dataDir, ['app', 'create', '--account', accountId, '--name', 'A']),
+      )
+      const list = await fetch(`${server.url}/v1/licenses?appId=${appId}`, {
+        headers: { authorization: `Bearer ${apiKey}` },
+      })
+      expect(list.status).toBe(200)
+      expect(await list.json()).toEqual({ licenses: [], cursor: null })
+      // The account made before the server started is there too.
+      const epoch = keys.accountEpoch(first.accountId)
+      const [epochBefore = 0] =
+        MODE === 'postgres' ? await (await sharedStore()).epochs([epoch]) : [0]
+      const before = expectOk(
+        await cli(dataDir, ['account', 'credits', '--account', first.accountId, '--add', '3']),
+      )
+      expect(before).toEqual({ accountId: first.accountId, credits: 3 })
+      // With Redis, adding credits bumps the account's epoch there, so every instance drops its cached balance.
+      if (MODE === 'postgres')
+        expect(await (await sharedStore()).epochs([epoch])).toEqual([epochBefore + 1])
+      expectBadInput(await cli(dataDir, ['apikey', 'create', '--account', SOME_UUID]), /No account/)
+
+      expectOk(await cli(dataDir, ['apikey', 'revoke', '--key', apiKey]))
+      const revoked = await fetch(`${server.url}/v1/licenses?appId=${appId}`, {
+        headers: { authorization: `Bearer ${apiKey}` },
+      })
+      expect(revoked.status).toBe(401)
+
+      // In embedded mode the server ran them: it logs each command's name (never its flags).
+      const ran = server.log().match(/"msg":"operator command"/g) ?? []
+      expect(ran.length).toBe(MODE === 'embedded' ? 5 : 0)
+      expect(server.log()).not.toContain(apiKey)
+    } finally {
+      expect(await server.stop()).toBe(0)
+    }
+    expect(existsSync(socket)).toBe(false)
+  })
+
+  test('a command sent while the server is still opening its database waits for that server', async () => {
+    const dataDir = tempDir()
+    const proc = Bun.spawn([process.execPath, 'src/main.ts'], {
+      cwd: ROOT,
+      env: { ...process.env, ...settings(dataDir), HOST: '127.0.0.1', PORT: '0' },
+      stdout: 'ignore',
+      stderr: 'pipe',
+    })
+    const log = new Response(proc.stderr).text()
+    try {
+      const socket = join(dataDir, 'operator.sock')
+      // The socket appears at once; a fresh embedded database then takes seconds to create and migrate.
+      if (MODE === 'embedded') while (!existsSync(socket)) await Bun.sleep(10)
+      const created = expectOk(await cli(dataDir, ['account', 'create', '--name', 'Early']))
+      expect(created.accountId).toMatch(UUID)
+    } finally {
+      proc.kill('SIGTERM')
+      await proc.exited
+    }
+    const lines = (await log).split('\n')
+    const ran = lines.findIndex((l) => l.includes('"operator command"'))
+    const listening = lines.findIndex((l) => l.includes('"listening"'))
+    if (MODE === 'embedded') {
+      // The server took the command before it was up, rather than the CLI opening the database too.
+      expect(ran).toBeGreaterThanOrEqual(0)
+      expect(ran < listening || listening < 0).toBe(true)
+    } else expect(ran).toBe(-1)
+  })
+
+  test('a stale socket file left by a dead server does not stop the CLI', async () => {
+    const dataDir = tempDir()
+    writeFileSync(join(dataDir, 'operator.sock'), '')
+    const created = expectOk(await cli(dataDir, ['account', 'create', '--name', 'Stale']))
+    expect(created.accountId).toMatch(UUID)
+  })
+})

@@ -1,0 +1,41 @@
+import { describe, expect, test } from 'bun:test'
+import { generateKeyPairSync, randomUUID, verify } from 'node:crypto'
+import { Signer } from '../../src/signing/signer'
+
+const signer = new Signer()
+
+const keyPair = () => ({ keyId: randomUUID(), ...generateKeyPairSync('ed25519') })
+const valid = (text: string, signature: string, publicKey: ReturnType<typeof keyPair>['publicKey']) =>
+  verify(null, Buffer.from(text, 'utf8'), publicKey, Buffer.from(signature, 'base64'))
+
+describe('signing worker', () => {
+  test('a turn of texts under several keys comes back signed, each with its own key, in order', async () => {
+    const pairs = Array.from({ length: 3 }, keyPair)
+    const jobs = Array.from({ length: 30 }, (_, i) => ({ pair: pairs[i % 3]!, text: `payload ${i} é€😀` }))
+    const signatures = await Promise.all(jobs.map((j) => signer.sign(j.pair.keyId, j.pair.privateKey, j.text)))
+    for (const [i, j] of jobs.entries()) {
+      expect(signatures[i]).toHaveLength(88)
+      expect(valid(j.text, signatures[i]!, j.pair.publicKey)).toBe(true)
+    }
+  })
+
+  test('past the number of keys the worker keeps, it starts over and still signs with the right key', async () => {
+    const first = Array.from({ length: 3000 }, keyPair)
+    const second = Array.from({ length: 3000 }, keyPair)
+    for (const round of [first, second, first.slice(0, 10)]) {
+      const signatures = await Promise.all(round.map((p) => signer.sign(p.keyId, p.privateKey, p.keyId)))
+      round.forEach((p, i) => expect(valid(p.keyId, signatures[i]!, p.publicKey)).toBe(true))
+    }
+  })
+})
+
+test('a signer started without a worker signs on the calling thread, with the same signatures', async () => {
+  const own = new Signer()
+  own.start({ worker: false })
+  const pair = keyPair()
+  const text = 'payload é€😀'
+  const pending = own.sign(pair.keyId, pair.privateKey, text)
+  // Ed25519 is deterministic: the worker's signature of the same text is the same bytes.
+  expect(Bun.peek(pending)).toBe(await signer.sign(pair.keyId, pair.privateKey, text))
+  expect(valid(text, await pending, pair.publicKey)).toBe(true)
+})

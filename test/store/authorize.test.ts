@@ -1,0 +1,266 @@
+import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { randomUUID } from 'node:crypto'
+import { MemoryStore } from '../../src/store/memory'
+import { RedisStore } from '../../src/store/redis'
+import { type AuthorizeInput, keys, type Store } from '../../src/store/store'
+import { TEST_REDIS_URL } from '../support/helpers'
+
+// The same cases against both twins; Redis runs whenever the pass has one (the PostgreSQL + Redis pass).
+const stores: [string, () => Store][] = [['memory', () => new MemoryStore()]]
+if (TEST_REDIS_URL) {
+  const url = TEST_REDIS_URL
+  stores.push(['redis', () => new RedisStore(url)])
+}
+
+/** A request that asks nothing of the store but what `over` adds. */
+const request = (generation: number, nowMs: number, over: Partial<AuthorizeInput> = {}): AuthorizeInput => ({
+  nowMs,
+  generation,
+  epochs: [],
+  ceiling: null,
+  buckets: [],
+  nonce: null,
+  deny: false,
+  charge: null,
+  ...over,
+})
+
+describe.each(stores)('%s store: authorize', (_name, make) => {
+  const store = make()
+  afterAll(() => store.close())
+  const now = Date.parse('2031-01-01T00:00:00Z')
+  let generation = 0
+  beforeAll(async () => {
+    const read = await store.snapshot([])
+    if (read.kind === 'ok') generation = read.generation
+  })
+  const base = (over: Partial<AuthorizeInput> = {}): AuthorizeInput => request(generation, now, over)
+  const id = () => randomUUID()
+
+  test('stale epochs change nothing and report the current values', async () => {
+    const ep = `ls:test:ep:${id()}`
+    const nonceKey = `ls:test:n:${id()}`
+    await store.bump([ep, ep])
+    const r = await store.authorize(base({ epochs: [{ key: ep, expected: 0 }], nonce: { key: nonceKey, ttlSeconds: 60 } }))
+    expect(r).toEqual({ kind: 'stale', epochs: [2] })
+    const ok = await store.authorize(base({ epochs: [{ key: ep, expected: 2 }], nonce: { key: nonceKey, ttlSeconds: 60 } }))
+    expect(ok).toEqual({ kind: 'ok', charged: 0 })
+  })
+
+  test('nonce: claimed once; a denied request still claims it', async () => {
+    const nonceKey = `ls:test:n:${id()}`
+    expect(await store.authorize(base({ nonce: { key: nonceKey, ttlSeconds: 60 }, deny: true }))).toEqual({ kind: 'denied' })
+    expect(await store.authorize(base({ nonce: { key: nonceKey, ttlSeconds: 60 } }))).toEqual({ kind: 'replay' })
+  })
+
+  test('buckets are taken all or none and refill continuously', async () => {
+    const a = { key: `ls:test:b:${id()}`, capacity: 2, refillPerSecond: 1 }
+    const b = { key: `ls:test:b:${id()}`, capacity: 1, refillPerSecond: 1 }
+    expect((await store.authorize(base({ buckets: [a, b] }))).kind).toBe('ok')
+    expect(await store.authorize(base({ buckets: [a, b] }))).toEqual({ kind: 'limited', retryAfterMs: 1000 })
+    // `a` kept its second token: the refused call took nothing.
+    expect((await store.authorize(base({ buckets: [a] }))).kind).toBe('ok')
+    expect((await store.authorize(base({ buckets: [a] }))).kind).toBe('limited')
+    expect((await store.authorize(base({ nowMs: now + 1000, buckets: [a, b] }))).kind).toBe('ok')
+  })
+
+  test('the ceiling counts before the buckets and limits', async () => {
+    const ceiling = { key: `ls:test:d:${id()}`, limit: 2, ttlSeconds: 60 }
+    const bucket = { key: `ls:test:b:${id()}`, capacity: 1, refillPerSecond: 0.001 }
+    expect((await store.authorize(base({ ceiling, buckets: [bucket] }))).kind).toBe('ok')
+    expect((await store.authorize(base({ ceiling, buckets: [bucket] }))).kind).toBe('limited')
+    expect((await store.authorize(base({ ceiling, buckets: [bucket] }))).kind).toBe('quota')
+  })
+
+  test('charges need a loaded balance, never go below zero and count as pending', async () => {
+    const acct = id()
+    const charge = { accountId: acct, cost: 1, counter: null }
+    expect(await store.authorize(base({ charge }))).toEqual({ kind: 'no_balance' })
+    expect(await store.loadBalance(acct, { epoch: 1, flushId: null }, 2, false)).toBe('stale')
+    expect(await store.loadBalance(acct, { epoch: 0, flushId: null }, 2, false)).toBe('ok')
+    expect(await store.authorize(base({ charge }))).toEqual({ kind: 'ok', charged: 1 })
+    expect(await store.authorize(base({ charge }))).toEqual({ kind: 'ok', charged: 1 })
+    expect(await store.authorize(base({ charge }))).toEqual({ kind: 'no_credits' })
+    expect(await store.balance(acct)).toBe(0)
+    expect(await store.dirtyAccounts()).toContain(acct)
+    await store.creditsAdded(acct, 5)
+    expect(await store.balance(acct)).toBe(5)
+    expect(await store.loadBalance(acct, { epoch: 0, flushId: null }, 100, false)).toBe('stale')
+    await store.refund(acct, 1)
+    expect(await store.balance(acct)).toBe(6)
+    const flush = await store.beginFlush(acct, 'f1')
+    expect(flush).toEqual({ id: 'f1', amount: 1 })
+    expect(await store.beginFlush(acct, 'f2')).toEqual({ id: 'f1', amount: 1 })
+    await store.endFlush(acct, 'f1')
+    expect(await store.beginFlush(acct, 'f3')).toBeNull()
+    await store.endFlush(acct, '')
+    expect(await store.dirtyAccounts()).not.toContain(acct)
+  })
+
+  test('heartbeat counter: every n-th call is charged, a refused charge is rolled back', async () => {
+    const acct = id()
+    await store.loadBalance(acct, { epoch: 0, flushId: null }, 1, false)
+    const charge = { accountId: acct, cost: 1, counter: { key: `ls:test:hb:${id()}`, every: 3 } }
+    const kinds: string[] = []
+    for (let i = 0; i < 7; i++) {
+      const r = await store.authorize(base({ charge }))
+      kinds.push(r.kind === 'ok' ? `ok${r.charged}` : r.kind)
+    }
+    expect(kinds).toEqual(['ok0', 'ok0', 'ok1', 'ok0', 'ok0', 'no_credits', 'no_credits'])
+    await store.creditsAdded(acct, 1)
+    expect(await store.authorize(base({ charge }))).toEqual({ kind: 'ok', charged: 1 })
+  })
+
+  test('a denied request is never charged', async () => {
+    const acct = id()
+    await store.loadBalance(acct, { epoch: 0, flushId: null }, 1, false)
+    expect(await store.authorize(base({ deny: true, charge: { accountId: acct, cost: 1, counter: null } }))).toEqual({ kind: 'denied' })
+    expect(await store.balance(acct)).toBe(1)
+  })
+
+  test('requests issued together are each checked in order and each get their own answer', async () => {
+    // Multi-byte characters: each key must be cut at its UTF-8 length, not its JavaScript length.
+    const nonceKey = `ls:test:n:${id()}:é€😀`
+    const ep = `ls:test:ep:${id()}`
+    await store.bump([ep])
+    const bucket = { key: `ls:test:b:${id()}`, capacity: 2, refillPerSecond: 0.001 }
+    const replies = await Promise.all([
+      store.authorize(base({ nonce: { key: nonceKey, ttlSeconds: 60 }, buckets: [bucket] })),
+      store.authorize(base({ epochs: [{ key: ep, expected: 0 }] })),
+      store.authorize(base({ nonce: { key: nonceKey, ttlSeconds: 60 }, buckets: [bucket] })),
+      store.authorize(base({ buckets: [bucket] })),
+      store.authorize(base({ deny: true })),
+    ])
+    expect(replies).toEqual([
+      { kind: 'ok', charged: 0 },
+      { kind: 'stale', epochs: [1] },
+      { kind: 'replay' },
+      { kind: 'limited', retryAfterMs: expect.any(Number) },
+      { kind: 'denied' },
+    ])
+  })
+
+  test('requests issued together share one balance, counter and bucket as if one after another', async () => {
+    const acct = id()
+    await store.loadBalance(acct, { epoch: 0, flushId: null }, 2, false)
+    const charge = { accountId: acct, cost: 1, counter: null }
+    const counted = { accountId: acct, cost: 1, counter: { key: `ls:test:hb:${id()}`, every: 2 } }
+    const bucket = { key: `ls:test:b:${id()}`, capacity: 4, refillPerSecond: 0.001 }
+    const replies = await Promise.all([
+      store.authorize(base({ charge, buckets: [bucket] })),
+      store.authorize(base({ charge: counted, buckets: [bucket] })),
+      store.authorize(base({ charge: counted, buckets: [bucket] })),
+      store.authorize(base({ charge, buckets: [bucket] })),
+      store.authorize(base({ charge, buckets: [bucket] })),
+    ])
+    expect(replies).toEqual([
+      { kind: 'ok', charged: 1 },
+      { kind: 'ok', charged: 0 },
+      { kind: 'ok', charged: 1 },
+      { kind: 'no_credits' },
+      { kind: 'limited', retryAfterMs: expect.any(Number) },
+    ])
+    expect(await store.balance(acct)).toBe(0)
+    expect(await store.dirtyAccounts()).toContain(acct)
+    expect(await store.beginFlush(acct, 'f')).toEqual({ id: 'f', amount: 2 })
+  })
+
+  test('a request read under another generation changes nothing and learns the current one', async () => {
+    const nonce = { key: `ls:test:n:${id()}`, ttlSeconds: 60 }
+    expect(await store.authorize(base({ generation: generation + 1000, nonce }))).toEqual({ kind: 'new_generation', generation })
+    expect(await store.authorize(base({ nonce }))).toEqual({ kind: 'ok', charged: 0 })
+  })
+
+  test('snapshot: the admission token comes first, and an empty bucket reads nothing', async () => {
+    const ep = `ls:test:ep:${id()}`
+    await store.bump([ep])
+    const admission = { key: `ls:test:b:${id()}`, capacity: 1, refillPerSecond: 0.001, nowMs: now }
+    expect(await store.snapshot([ep], admission)).toEqual({ kind: 'ok', generation, epochs: [1] })
+    expect(await store.snapshot([ep], admission)).toEqual({ kind: 'limited', retryAfterMs: expect.any(Number) })
+    // The same bucket as the script's: a request naming it is limited too.
+    expect((await store.authorize(base({ buckets: [admission] }))).kind).toBe('limited')
+    expect(await store.snapshot([ep])).toEqual({ kind: 'ok', generation, epochs: [1] })
+  })
+
+  test('creditState reports the account epoch and the unfinished flush a seed must account for', async () => {
+    const acct = id()
+    expect(await store.creditState(acct)).toEqual({ epoch: 0, flushId: null })
+    await store.loadBalance(acct, { epoch: 0, flushId: null }, 10, false)
+    await store.authorize(base({ charge: { accountId: acct, cost: 3, counter: null } }))
+    await store.creditsAdded(acct, 1)
+    expect(await store.beginFlush(acct, 'f1')).toEqual({ id: 'f1', amount: 3 })
+    expect(await store.creditState(acct)).toEqual({ epoch: 1, flushId: 'f1' })
+    await store.endFlush(acct, 'f1')
+    expect(await store.creditState(acct)).toEqual({ epoch: 1, flushId: null })
+  })
+
+  test('key names stay distinct per account', () => {
+    expect(new Set([keys.balance('a'), keys.pendingCharges('a'), keys.flushing('a'), keys.accountEpoch('a')]).size).toBe(4)
+  })
+})
+
+describe.skipIf(!TEST_REDIS_URL)('redis store: generation', () => {
+  test('a lost ls:gen makes the next call answer a new generation, and reads then carry it', async () => {
+    const store = new RedisStore(TEST_REDIS_URL as string)
+    try {
+      const first = await store.snapshot([])
+      if (first.kind !== 'ok') throw new Error('no admission was asked for')
+      const input = request(first.generation, Date.now())
+      expect(await store.authorize(input)).toEqual({ kind: 'ok', charged: 0 })
+      // What a restart without persistence or a FLUSHALL leaves: no ls:gen (and no epochs).
+      await store.redis.del(keys.generation)
+      const answer = await store.authorize(input)
+      expect(answer).toEqual({ kind: 'new_generation', generation: expect.any(Number) })
+      const next = answer.kind === 'new_generation' ? answer.generation : 0
+      expect(next).toBeGreaterThan(first.generation)
+      expect(await store.snapshot([])).toEqual({ kind: 'ok', generation: next, epochs: [] })
+      expect(await store.authorize({ ...input, generation: next })).toEqual({ kind: 'ok', charged: 0 })
+    } finally {
+      await store.close()
+    }
+  })
+})
+
+describe.skipIf(!TEST_REDIS_URL)('redis store: one authorize call in flight', () => {
+  test('requests that arrive while a call is in flight ride together on the next one', async () => {
+    const store = new RedisStore(TEST_REDIS_URL as string)
+    try {
+      const original = store.redis.lsAuthorize.bind(store.redis)
+      const sizes: number[] = []
+      let inFlight = 0
+      let mostInFlight = 0
+      store.redis.lsAuthorize = async (packed: Buffer, generation: string, fresh: string) => {
+        mostInFlight = Math.max(mostInFlight, ++inFlight)
+        const call = original(packed, generation, fresh)
+        // The call's argument starts with its key count; each request here has one key, its nonce.
+        sizes.push(packed.readUInt32LE(0))
+        try {
+          return await call
+        } finally {
+          inFlight--
+        }
+      }
+      const read = await store.snapshot([])
+      const input = (): AuthorizeInput => ({
+        nowMs: Date.now(),
+        generation: read.kind === 'ok' ? read.generation : 0,
+        epochs: [],
+        ceiling: null,
+        buckets: [],
+        nonce: { key: `ls:test:n:${randomUUID()}`, ttlSeconds: 60 },
+        deny: false,
+        charge: null,
+      })
+      const first = store.authorize(input())
+      await Promise.resolve()
+      expect(sizes).toEqual([1])
+      const rest = Array.from({ length: 5 }, () => store.authorize(input()))
+      const replies = await Promise.all([first, ...rest])
+      expect(replies.every((r) => r.kind === 'ok')).toBe(true)
+      expect(sizes).toEqual([1, 5])
+      expect(mostInFlight).toBe(1)
+    } finally {
+      await store.close()
+    }
+  })
+})

@@ -1,0 +1,41 @@
+import { createPublicKey, randomBytes, verify } from 'node:crypto'
+import { eq } from 'drizzle-orm'
+import { generateLicenseKey } from '../../src/lib/crypto'
+import { licenses } from '../../src/db/schema'
+import type { Context } from '../../src/context'
+import { keys } from '../../src/store/store'
+
+/** Inserts a license straight into the database (the client tests do not depend on the Developer API). */
+export async function insertLicense(
+  ctx: Context,
+  appId: string,
+  opts: Partial<typeof licenses.$inferInsert> = {},
+): Promise<string> {
+  const key = generateLicenseKey()
+  await ctx.database.db.insert(licenses).values({ key, appId, ...opts })
+  return key
+}
+
+/** Changes a license row and publishes it the way the Developer API does (bump after commit). */
+export async function updateLicense(ctx: Context, key: string, set: Partial<typeof licenses.$inferInsert>) {
+  await ctx.database.db.update(licenses).set(set).where(eq(licenses.key, key))
+  await ctx.store.bump([keys.licenseEpoch(key)])
+}
+
+export const nonce = () => randomBytes(16).toString('hex')
+export const hwid = () => randomBytes(16).toString('hex')
+
+/** Verifies like the public SDKs: Ed25519 over the payload string as received, raw 32-byte public key. */
+export function verifySigned(body: { payload: string; signature: string }, publicKeyB64: string): boolean {
+  const key = createPublicKey({
+    key: { kty: 'OKP', crv: 'Ed25519', x: Buffer.from(publicKeyB64, 'base64').toString('base64url') },
+    format: 'jwk',
+  })
+  return verify(null, Buffer.from(body.payload, 'utf8'), key, Buffer.from(body.signature, 'base64'))
+}
+
+export const decode = (payload: string) => JSON.parse(Buffer.from(payload, 'base64').toString('utf8'))
+
+/** `exp` from the first base64url part of a session token, as the SDK reads it. */
+export const tokenExp = (token: string) =>
+  JSON.parse(Buffer.from(token.split('.')[0] ?? '', 'base64url').toString('utf8')).exp as number
