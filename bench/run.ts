@@ -21,7 +21,7 @@ import { buildContext } from '../src/boot'
 import { loadConfig } from '../src/config'
 import { createAccount, createApplication } from '../src/accounts/service'
 import { generateLicenseKey } from '../src/lib/crypto'
-import { issueSession, MAX_SESSION_TTL } from '../src/client-auth/session'
+import { MAX_SESSION_TTL, SessionTokens } from '../src/client-auth/session'
 import { licenses } from '../src/db/schema'
 import { setLogLevel } from '../src/lib/log'
 import { procCpu } from './proc'
@@ -185,8 +185,9 @@ async function main() {
       hwids: [`bench-hwid-${i.toString(16).padStart(8, '0')}`],
     }))
     for (let i = 0; i < rows.length; i += 500) await ctx.database.db.insert(licenses).values(rows.slice(i, i + 500))
+    const sessions = new SessionTokens(ctx.sessionKey)
     const lines = rows.map((r) => {
-      const { token } = issueSession(ctx.sessionKey, { app: app.appId, lic: r.key, hwid: r.hwids[0]!, ttl: MAX_SESSION_TTL }, Date.now())
+      const { token } = sessions.issue({ app: app.appId, lic: r.key, hwid: r.hwids[0]!, ttl: MAX_SESSION_TTL }, Date.now())
       return `${r.key} ${r.hwids[0]} ${token}`
     })
     writeFileSync(join(work, 'data.txt'), `${app.appId} ${app.appSecret}\n${lines.join('\n')}\n`)

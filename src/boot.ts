@@ -1,3 +1,8 @@
+import { AuthCache } from './actors/app-cache'
+import { SeatBinder } from './actors/seat-binder'
+import { SignedPayloads } from './client-auth/payload'
+import { SessionTokens } from './client-auth/session'
+import { EventBatch } from './client-auth/validated-events'
 import type { Config } from './config'
 import { deriveKey, Sealer } from './lib/crypto'
 import { EventBus } from './delivery/outbox'
@@ -16,7 +21,7 @@ export async function buildContext(config: Readonly<Config>): Promise<Context> {
   const masterKey = resolveMasterKey(config.masterKey, config.dataDir)
   const database = await openDb({ databaseUrl: config.databaseUrl, dataDir: config.dataDir })
   const store = await openStore(config.redisUrl)
-  return {
+  return withClientAuth({
     config,
     database,
     store,
@@ -34,5 +39,18 @@ export async function buildContext(config: Readonly<Config>): Promise<Context> {
     signer: new Signer(),
     metrics: new HttpMetrics(config.serverProcesses > 1 ? serverProcessIndex() : null),
     clock: Date.now,
+  })
+}
+
+/** Adds the client endpoints' state to a context built without it. */
+export function withClientAuth(base: Omit<Context, 'clientAuth'>): Context {
+  const ctx = base as Context
+  ctx.clientAuth = {
+    cache: new AuthCache(ctx),
+    binder: new SeatBinder(ctx),
+    events: new EventBatch({ database: ctx.database, bus: ctx.bus, dropped: ctx.metrics.validatedEventsDropped }),
+    payloads: new SignedPayloads(ctx.signer),
+    sessions: new SessionTokens(ctx.sessionKey),
   }
+  return ctx
 }

@@ -1,3 +1,4 @@
+import type { ClientAuthState } from './client-auth/state'
 import type { Config } from './config'
 import type { Sealer } from './lib/crypto'
 import type { EventBus } from './delivery/outbox'
@@ -25,6 +26,8 @@ export interface Context {
   signer: Signer
   /** Prometheus counters of this process, served at /metrics. */
   metrics: HttpMetrics
+  /** The client endpoints' caches, sessions, payload writer and license.validated batch. */
+  clientAuth: ClientAuthState
   /** Milliseconds since the epoch; tests inject their own. */
   clock: () => number
 }

@@ -3,7 +3,7 @@ import { createApp } from './app'
 import { buildContext } from './boot'
 import { ConfigError, loadConfig } from './config'
 import { describeHolder, isLock, LOCK_WAIT_MS, lockDataDir } from './db/data-dir-lock'
-import { startClientAuth } from './client-auth/service'
+import { startCreditReconciler } from './credits/ledger'
 import { startOperatorSocket, usesOperatorSocket } from './operator/socket'
 import { errorFields, log, setLogLevel } from './lib/log'
 import {
@@ -42,8 +42,8 @@ async function main(): Promise<void> {
   const app = createApp(ctx)
   // Delivers events committed before a restart as well as new ones; one claim per delivery across instances.
   const dispatcher = startDispatcher(ctx)
-  // Moves credit charges from the store into PostgreSQL and writes batched license.validated events.
-  const clientAuth = startClientAuth(ctx)
+  // Moves credit charges from the store into PostgreSQL.
+  const reconciler = startCreditReconciler(ctx)
   ctx.signer.start({ worker: config.serverProcesses === 1 })
   const tls =
     config.tlsCertFile && config.tlsKeyFile
@@ -71,7 +71,8 @@ async function main(): Promise<void> {
       await others?.stop()
       operatorSocket?.stop()
       await app.stop()
-      await clientAuth.stop()
+      await ctx.clientAuth.events.stop()
+      await reconciler.stop()
       await dispatcher.stop()
       await ctx.webhookPool.close()
       await ctx.store.close()

@@ -73,3 +73,9 @@ export const publicErrors = {
   429: failure('rate_limited (Retry-After header), demo_quota_exceeded, no_credits'),
   500: failure('system_error'),
 } as const
+
+export type ValidateInput = typeof ValidateBody.static
+export type HeartbeatInput = typeof HeartbeatBody.static
+export type SelfbanInput = typeof SelfbanBody.static
+export type SignedReply = typeof SignedResponse.static
+export type SelfbanReply = typeof SelfbanResponse.static

@@ -1,5 +1,7 @@
 import { Elysia } from 'elysia'
-import { heartbeat, selfban, validate } from './service'
+import { heartbeat } from './heartbeat'
+import { selfban } from './selfban'
+import { validate } from './validate'
 import type { Context } from '../context'
 import { clientIp } from '../http/client-ip'
 import { HeartbeatBody, publicErrors, SelfbanBody, SelfbanResponse, SignedResponse, ValidateBody } from './model'

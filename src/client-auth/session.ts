@@ -23,78 +23,74 @@ export function clampTtl(requested: number | undefined, fallback: number): numbe
   return Math.min(MAX_SESSION_TTL, Math.max(MIN_SESSION_TTL, Math.floor(ttl)))
 }
 
+const JTI_BYTES = 9
+
 /**
  * Stateless token `<b64url(JSON)>.<b64url(HMAC-SHA256)>`: nothing is stored, so a restart of Redis or
  * of the server ends no session, and nothing secret is kept in clear anywhere. Revocation still reaches
  * the client at its next heartbeat because heartbeat re-checks the license on every call.
+ *
+ * Both directions run on every validate and heartbeat. An HMAC keyed once and copied per token skips
+ * the key schedule (half the cost of createHmac), and random bytes drawn 4 KiB at a time skip a call
+ * into the CSPRNG per token; both give the same bytes' worth of security as before.
  */
-export function issueSession(key: Buffer, s: Omit<Session, 'v' | 'exp' | 'iat' | 'jti'>, nowMs: number): { token: string; session: Session } {
-  const iat = Math.floor(nowMs / 1000)
-  const session: Session = {
-    v: 1,
-    app: s.app,
-    lic: s.lic,
-    hwid: s.hwid,
-    ttl: s.ttl,
-    exp: iat + s.ttl,
-    iat,
-    jti: randomJti(),
+export class SessionTokens {
+  readonly #hasher: Bun.CryptoHasher
+  readonly #randomPool = Buffer.allocUnsafe(JTI_BYTES * 455)
+  #randomOffset = this.#randomPool.length
+
+  constructor(key: Buffer) {
+    this.#hasher = new Bun.CryptoHasher('sha256', key)
   }
-  const body = Buffer.from(JSON.stringify(session), 'utf8').toString('base64url')
-  return { token: `${body}.${mac(key, body)}`, session }
-}
 
-/** The token's session when its MAC is ours and it has not expired; null otherwise. */
-export function readSession(key: Buffer, token: string, nowMs: number): Session | null {
-  const dot = token.indexOf('.')
-  if (dot <= 0 || dot !== token.lastIndexOf('.')) return null
-  const body = token.slice(0, dot)
-  const given = Buffer.from(token.slice(dot + 1), 'base64url')
-  const want = macBytes(key, body)
-  if (given.length !== want.length || !timingSafeEqual(given, want)) return null
-  let s: Session
-  try {
-    s = JSON.parse(Buffer.from(body, 'base64url').toString('utf8')) as Session
-  } catch {
-    return null
+  issue(s: Omit<Session, 'v' | 'exp' | 'iat' | 'jti'>, nowMs: number): { token: string; session: Session } {
+    const iat = Math.floor(nowMs / 1000)
+    const session: Session = {
+      v: 1,
+      app: s.app,
+      lic: s.lic,
+      hwid: s.hwid,
+      ttl: s.ttl,
+      exp: iat + s.ttl,
+      iat,
+      jti: this.#randomJti(),
+    }
+    const body = Buffer.from(JSON.stringify(session), 'utf8').toString('base64url')
+    return { token: `${body}.${this.#hasher.copy().update(body, 'utf8').digest('base64url')}`, session }
   }
-  if (s?.v !== 1 || typeof s.exp !== 'number' || s.exp * 1000 <= nowMs) return null
-  if (typeof s.app !== 'string' || typeof s.lic !== 'string' || typeof s.hwid !== 'string') return null
-  return s
-}
 
-// Both run on every validate and heartbeat. An HMAC keyed once and copied per token skips the key
-// schedule (half the cost of createHmac), and random bytes drawn 4 KiB at a time skip a call into
-// the CSPRNG per token; both give the same bytes' worth of security as before.
-const keyed = new WeakMap<Buffer, Bun.CryptoHasher>()
-
-function hasher(key: Buffer): Bun.CryptoHasher {
-  let h = keyed.get(key)
-  if (!h) {
-    h = new Bun.CryptoHasher('sha256', key)
-    keyed.set(key, h)
+  /** The token's session when its MAC is ours and it has not expired; null otherwise. */
+  read(token: string, nowMs: number): Session | null {
+    const dot = token.indexOf('.')
+    if (dot <= 0 || dot !== token.lastIndexOf('.')) return null
+    const body = token.slice(0, dot)
+    const given = Buffer.from(token.slice(dot + 1), 'base64url')
+    const want = this.#hasher.copy().update(body, 'utf8').digest() as Buffer
+    if (given.length !== want.length || !timingSafeEqual(given, want)) return null
+    let s: Session
+    try {
+      s = JSON.parse(Buffer.from(body, 'base64url').toString('utf8')) as Session
+    } catch {
+      return null
+    }
+    if (s?.v !== 1 || typeof s.exp !== 'number' || s.exp * 1000 <= nowMs) return null
+    if (typeof s.app !== 'string' || typeof s.lic !== 'string' || typeof s.hwid !== 'string') return null
+    return s
   }
-  return h.copy()
-}
 
-function mac(key: Buffer, body: string): string {
-  return hasher(key).update(body, 'utf8').digest('base64url')
-}
-
-function macBytes(key: Buffer, body: string): Buffer {
-  return hasher(key).update(body, 'utf8').digest() as Buffer
-}
-
-const JTI_BYTES = 9
-const randomPool = Buffer.allocUnsafe(JTI_BYTES * 455)
-let randomOffset = randomPool.length
-
-function randomJti(): string {
-  if (randomOffset + JTI_BYTES > randomPool.length) {
-    crypto.getRandomValues(randomPool)
-    randomOffset = 0
+  /** The session of a heartbeat or post-session selfban: token, app and HWID must all match. */
+  readFor(appId: string, token: string, hwid: string, nowMs: number): Session | null {
+    const session = this.read(token, nowMs)
+    return session && session.app === appId && session.hwid === hwid ? session : null
   }
-  const start = randomOffset
-  randomOffset += JTI_BYTES
-  return randomPool.toString('base64url', start, randomOffset)
+
+  #randomJti(): string {
+    if (this.#randomOffset + JTI_BYTES > this.#randomPool.length) {
+      crypto.getRandomValues(this.#randomPool)
+      this.#randomOffset = 0
+    }
+    const start = this.#randomOffset
+    this.#randomOffset += JTI_BYTES
+    return this.#randomPool.toString('base64url', start, this.#randomOffset)
+  }
 }

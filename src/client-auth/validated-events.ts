@@ -1,4 +1,6 @@
-import type { Context } from '../context'
+import type { Database } from '../db/client'
+import type { EventBus } from '../delivery/outbox'
+import type { LabeledCounter } from '../http/metrics'
 import { log } from '../lib/log'
 import { type DomainEvent, recordEvents } from '../delivery/outbox'
 import { errorCode, writeIsolated } from '../db/isolated-write'
@@ -24,7 +26,7 @@ const RETRY_FIRST_MS = 100
 const RETRY_MAX_MS = 2_000
 
 export interface EventBatchOptions {
-  /** Writes one batch; recordEvents on the ctx' database unless a test replaces it. */
+  /** Writes one batch; recordEvents on the database unless a test replaces it. */
   write?: (list: readonly DomainEvent[]) => Promise<void>
   maxKept?: number
 }
@@ -47,10 +49,10 @@ export class EventBatch {
   readonly #maxKept: number
 
   constructor(
-    private readonly ctx: Context,
+    private readonly deps: { database: Database; bus: EventBus; dropped: LabeledCounter },
     options: EventBatchOptions = {},
   ) {
-    this.#write = options.write ?? ((list) => recordEvents(ctx.database.db, list))
+    this.#write = options.write ?? ((list) => recordEvents(deps.database.db, list))
     this.#maxKept = options.maxKept ?? MAX_KEPT_EVENTS
   }
 
@@ -79,7 +81,7 @@ export class EventBatch {
     const lost = this.#pending.length
     if (lost === 0) return
     this.#pending = []
-    this.ctx.metrics.validatedEventsDropped.add('shutdown', lost)
+    this.deps.dropped.add('shutdown', lost)
     log.error('database unreachable at shutdown: license.validated events lost', { events: lost })
   }
 
@@ -114,13 +116,13 @@ export class EventBatch {
       due -= chunk.length
       const { refused, unwritten, outage } = await writeIsolated(chunk, this.#write)
       if (refused.length > 0) {
-        this.ctx.metrics.validatedEventsDropped.add('refused', refused.length)
+        this.deps.dropped.add('refused', refused.length)
         log.warn('license.validated events refused by the database, dropped', {
           events: refused.length,
           code: errorCode(refused[0]?.error),
         })
       }
-      if (refused.length + unwritten.length < chunk.length) this.ctx.bus.notify()
+      if (refused.length + unwritten.length < chunk.length) this.deps.bus.notify()
       if (unwritten.length > 0) {
         this.#pending = unwritten.concat(this.#pending)
         this.#trim()
@@ -155,7 +157,7 @@ export class EventBatch {
     const excess = this.#pending.length - this.#maxKept
     if (excess <= 0) return
     this.#pending.splice(0, excess)
-    this.ctx.metrics.validatedEventsDropped.add('overflow', excess)
+    this.deps.dropped.add('overflow', excess)
     if (this.#overflowReported) return
     this.#overflowReported = true
     log.error('database unreachable: license.validated events beyond the in-memory bound dropped, oldest first', {

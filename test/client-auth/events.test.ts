@@ -1,6 +1,5 @@
 import { expect, test } from 'bun:test'
 import { and, eq, sql } from 'drizzle-orm'
-import { flushValidatedEvents } from '../../src/client-auth/service'
 import { events, webhooks } from '../../src/db/schema'
 import { keys } from '../../src/store/store'
 import { makeTestApp } from '../support/helpers'
@@ -14,7 +13,7 @@ test('validate emits license.hwid_bound for a new HWID, and license.validated on
   const login = () =>
     t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: h, nonce: nonce() } })
   const of = async (name: string) => {
-    await flushValidatedEvents(t.ctx)
+    await t.ctx.clientAuth.events.flush()
     return t.ctx.database.db
       .select()
       .from(events)

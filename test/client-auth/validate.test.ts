@@ -1,7 +1,6 @@
 import { describe, expect, test } from 'bun:test'
 import { eq } from 'drizzle-orm'
 import { rotateSigningKey } from '../../src/accounts/service'
-import { clientAuthLoads } from '../../src/client-auth/service'
 import { licenses } from '../../src/db/schema'
 import { makeTestApp } from '../support/helpers'
 import { decode, hwid, insertLicense, nonce, tokenExp, updateLicense, verifySigned } from '../support/client'
@@ -184,7 +183,7 @@ test('hot path: a validate of a bound HWID and every heartbeat read no PostgreSQ
     t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: h, nonce: nonce() } })
   const first = await login()
   expect(first.status).toBe(200)
-  const before = clientAuthLoads(t.ctx)
+  const before = ({ ...t.ctx.clientAuth.cache.loads })
   let token = decode(first.body.payload).sessionToken
   for (let i = 0; i < 15; i++) {
     expect((await login()).status).toBe(200)
@@ -192,5 +191,5 @@ test('hot path: a validate of a bound HWID and every heartbeat read no PostgreSQ
     expect(beat.status).toBe(200)
     token = decode(beat.body.payload).sessionToken
   }
-  expect(clientAuthLoads(t.ctx)).toEqual(before)
+  expect(({ ...t.ctx.clientAuth.cache.loads })).toEqual(before)
 })

@@ -11,7 +11,6 @@
  */
 import { describe, expect, setDefaultTimeout, test } from 'bun:test'
 import fc from 'fast-check'
-import { flushValidatedEvents } from '../../src/client-auth/service'
 import { makeTestApp } from '../support/helpers'
 import { hwid, insertLicense, nonce } from '../support/client'
 import { accountDigest } from '../support/account-digest'
@@ -389,7 +388,7 @@ describe('fuzzing every operation of the OpenAPI document', async () => {
   }
 
   const snapshot = async () => {
-    await flushValidatedEvents(t.ctx)
+    await t.ctx.clientAuth.events.flush()
     return `${await accountDigest(t.ctx, s.accountId)} ${await accountDigest(t.ctx, other.accountId)}`
   }
 

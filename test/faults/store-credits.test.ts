@@ -5,7 +5,7 @@
 import { afterAll, expect, test } from 'bun:test'
 import { eq } from 'drizzle-orm'
 import Redis from 'ioredis'
-import { startClientAuth } from '../../src/client-auth/service'
+import { startCreditReconciler } from '../../src/credits/ledger'
 import { flushCredits, loadLiveBalance, RECONCILE_MS } from '../../src/credits/ledger'
 import { accounts } from '../../src/db/schema'
 import { RedisStore } from '../../src/store/redis'
@@ -44,7 +44,7 @@ test('Redis killed and restarted empty under load: charged validates exceed the 
   // before the loss and the loss lands at an arbitrary point between two of them.
   const credits = 4000
   const { validate } = await billedLicense(t, credits)
-  const reconciler = startClientAuth(t.ctx)
+  const reconciler = startCreditReconciler(t.ctx)
   const successes: number[] = []
   let killedAt = Infinity
   let restartedAt = Infinity

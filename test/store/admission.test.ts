@@ -5,7 +5,6 @@
  */
 import { expect, test } from 'bun:test'
 import { randomBytes } from 'node:crypto'
-import { clientAuthLoads } from '../../src/client-auth/service'
 import { AuthCache } from '../../src/actors/app-cache'
 import { generateLicenseKey } from '../../src/lib/crypto'
 import { hwid, insertLicense, nonce } from '../support/client'
@@ -20,14 +19,14 @@ const validate = (body: { appId: string; appSecret: string; licenseKey: string }
 
 test('validates with a wrong app secret and random keys load no license and the app once', async () => {
   const s = await t.seed()
-  const before = clientAuthLoads(t.ctx)
+  const before = ({ ...t.ctx.clientAuth.cache.loads })
   const replies = await Promise.all(
     Array.from({ length: 300 }, (_, i) =>
       validate({ appId: s.appId, appSecret: randomBytes(16).toString('hex'), licenseKey: generateLicenseKey() }, `198.51.100.${i % 250}`),
     ),
   )
   expect(new Set(replies.map((r) => `${r.status} ${r.body.error}`))).toEqual(new Set(['401 invalid_app']))
-  const after = clientAuthLoads(t.ctx)
+  const after = ({ ...t.ctx.clientAuth.cache.loads })
   expect(after.licenses - before.licenses).toBe(0)
   expect(after.apps - before.apps).toBeLessThanOrEqual(1)
 })
@@ -35,14 +34,14 @@ test('validates with a wrong app secret and random keys load no license and the 
 test('a flood of absent keys with the right secret from one IP is limited before PostgreSQL', async () => {
   const s = await t.seed()
   const ip = '203.0.113.7'
-  const before = clientAuthLoads(t.ctx)
+  const before = ({ ...t.ctx.clientAuth.cache.loads })
   const statuses: number[] = []
   for (let i = 0; i < 60; i++) {
     statuses.push((await validate({ appId: s.appId, appSecret: s.appSecret, licenseKey: generateLicenseKey() }, ip)).status)
   }
   expect(statuses.filter((x) => x === 401)).toHaveLength(PER_IP)
   expect(statuses.filter((x) => x === 429)).toHaveLength(60 - PER_IP)
-  expect(clientAuthLoads(t.ctx).licenses - before.licenses).toBe(PER_IP)
+  expect(({ ...t.ctx.clientAuth.cache.loads }).licenses - before.licenses).toBe(PER_IP)
   // Another IP still gets through: the limit is the caller's, not the app's.
   const real = await insertLicense(t.ctx, s.appId)
   expect((await validate({ appId: s.appId, appSecret: s.appSecret, licenseKey: real }, '203.0.113.8')).status).toBe(200)
@@ -67,12 +66,12 @@ test('absent keys never evict a cached license', async () => {
 test('made-up app ids from one IP cost PostgreSQL a bounded number of reads; real apps spend nothing of it', async () => {
   const s = await t.seed()
   const ip = '203.0.113.9'
-  const before = clientAuthLoads(t.ctx)
+  const before = ({ ...t.ctx.clientAuth.cache.loads })
   for (let i = 0; i < 100; i++) {
     const reply = await validate({ appId: crypto.randomUUID(), appSecret: 'x', licenseKey: generateLicenseKey() }, ip)
     expect(reply.body.error).toBe('invalid_app')
   }
-  expect(clientAuthLoads(t.ctx).apps - before.apps).toBe(60)
+  expect(({ ...t.ctx.clientAuth.cache.loads }).apps - before.apps).toBe(60)
   // Another IP's first look at a real app is not held up by it.
   const real = await insertLicense(t.ctx, s.appId)
   expect((await validate({ appId: s.appId, appSecret: s.appSecret, licenseKey: real }, '203.0.113.10')).status).toBe(200)

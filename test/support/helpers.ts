@@ -2,6 +2,7 @@ import { mkdtempSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { createApp } from '../../src/app'
+import { withClientAuth } from '../../src/boot'
 import { loadConfig, type Config } from '../../src/config'
 import { createAccount, createApplication } from '../../src/accounts/service'
 import { deriveKey, Sealer } from '../../src/lib/crypto'
@@ -54,7 +55,7 @@ export async function makeTestApp(options: TestAppOptions = {}) {
     WEBHOOK_ALLOW_PRIVATE_TARGETS: 'true',
     ...options.env,
   })
-  const ctx: Context = {
+  const ctx: Context = withClientAuth({
     config,
     database: options.database ?? infra.database,
     store: options.store ?? infra.store,
@@ -69,7 +70,7 @@ export async function makeTestApp(options: TestAppOptions = {}) {
     signer: new Signer(),
     metrics: new HttpMetrics(null),
     clock: options.clock ?? Date.now,
-  }
+  })
   const app = createApp(ctx)
 
   interface Res<T = any> {

@@ -1,0 +1,157 @@
+import type { CachedApp, CachedLicense } from '../actors/app-cache'
+import { StoreUnavailable } from '../actors/app-cache'
+import type { Context } from '../context'
+import { loadLiveBalance } from '../credits/ledger'
+import { PublicError } from '../lib/errors'
+import { errorFields, log, logEvery } from '../lib/log'
+import type { AuthorizeInput, AuthorizeResult } from '../store/store'
+import { keys } from '../store/store'
+import { type Bucket, type Outcome, rateLimited } from './policy'
+
+const MAX_ATTEMPTS = 5
+
+/**
+ * What one request asks of the store, minus the epochs (added from the cache entries used). A plan
+ * made without the license that fails with `invalid_key` means the license decides: only then is it
+ * looked up, after `ipBucket` (also one of `buckets`) gave a token.
+ */
+export type Plan = Omit<AuthorizeInput, 'nowMs' | 'generation' | 'epochs' | 'deny'> & { outcome: Outcome; ipBucket: Bucket | null }
+
+/** Each endpoint's rules: what a request with this app and license gets, and what it costs. */
+export type Planner = (app: CachedApp | null, license: CachedLicense | null, nowMs: number) => Plan
+
+export interface Authorized {
+  app: CachedApp
+  license: CachedLicense | null
+  outcome: Outcome & { ok: true }
+  charged: number
+}
+
+/** Whether a plan made without the license failed only for want of it: the caller may look it up. */
+const licenseDecides = (p: Plan) => !p.outcome.ok && p.outcome.code === 'invalid_key'
+
+/**
+ * Runs one request through the app's cached state, the endpoint's plan and the store script,
+ * reloading and retrying when the script reports a stale entry or an unloaded balance. Without a
+ * nonce the request fails open when the store is unreachable (fresh rows from PostgreSQL, no limits,
+ * no charge); with one it fails closed.
+ */
+export async function authorize(
+  ctx: Context,
+  ip: string,
+  appId: string,
+  licenseKey: string | null,
+  needsNonce: boolean,
+  plan: Planner,
+): Promise<Authorized> {
+  const { cache } = ctx.clientAuth
+  const nowMs = ctx.clock()
+  // Set once the IP token was taken to admit the license lookup; the script then leaves that bucket out.
+  let admitted: Bucket | null = null
+  try {
+    for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
+      let appEntry = cache.cachedApp(appId)
+      // Awaited only on a miss: the common all-cached request skips a promise and a microtask turn.
+      if (!appEntry) {
+        if (!cache.absentApps.allows(ip, nowMs)) throw new PublicError('invalid_app')
+        await cache.ensureApp(appId)
+        appEntry = cache.cachedApp(appId)
+        if (!appEntry) continue
+        if (appEntry.value === null) cache.absentApps.charge(ip, nowMs)
+      }
+      const app = appEntry.value
+      let licenseEntry = licenseKey === null ? undefined : cache.cachedLicense(licenseKey)
+      let p = plan(app, licenseEntry?.value ?? null, nowMs)
+      if (licenseKey !== null && !licenseEntry && licenseDecides(p)) {
+        // The app secret (or session), the app's state and its lists passed: only now may the key reach
+        // PostgreSQL, and only with a token of the caller's IP limit, so unauthenticated traffic and a
+        // flood of made-up keys stop before the database.
+        const token: Bucket | null = ctx.config.publicRateLimits && !admitted ? p.ipBucket : null
+        const read = await cache.ensureLicense(licenseKey, token ? { ...token, nowMs } : undefined)
+        if (read.kind === 'limited') throw rateLimited(read.retryAfterMs)
+        admitted ??= token
+        licenseEntry = cache.cachedLicense(licenseKey)
+        if (!licenseEntry) continue
+        p = plan(app, licenseEntry.value, nowMs)
+      }
+      const license = licenseEntry?.value ?? null
+      if (!app) throw new PublicError('invalid_app')
+      const epochs = [{ key: keys.appEpoch(appId), expected: appEntry.epoch }]
+      if (licenseKey !== null && licenseEntry) epochs.push({ key: keys.licenseEpoch(licenseKey), expected: licenseEntry.epoch })
+      const { outcome, ipBucket: _, ...rest } = p
+      if (!ctx.config.publicRateLimits) rest.buckets = []
+      else if (admitted) rest.buckets = rest.buckets.filter((b) => b.key !== admitted!.key)
+      const generation = cache.generation
+      let result: AuthorizeResult
+      try {
+        result = await ctx.store.authorize({ ...rest, nowMs, generation, epochs, deny: !outcome.ok })
+      } catch (err) {
+        throw new StoreUnavailable(err)
+      }
+      switch (result.kind) {
+        case 'new_generation':
+          cache.startOver(result.generation)
+          continue
+        case 'stale':
+          if (result.epochs[0] !== appEntry.epoch) await cache.reloadApp(appId, result.epochs[0] ?? 0, generation)
+          if (licenseKey !== null && result.epochs[1] !== licenseEntry?.epoch) {
+            // Read again at once only for a caller that may look the license up at all.
+            if (licenseDecides(plan(app, null, nowMs))) await cache.reloadLicense(licenseKey, result.epochs[1] ?? 0, generation)
+            else cache.forgetLicense(licenseKey)
+          }
+          continue
+        case 'no_balance':
+          await loadLiveBalance(ctx, app.accountId).catch((err: unknown) => {
+            throw new StoreUnavailable(err)
+          })
+          continue
+        case 'quota':
+          throw new PublicError('demo_quota_exceeded')
+        case 'limited':
+          throw rateLimited(result.retryAfterMs)
+        case 'replay':
+          throw new PublicError('replay_detected')
+        case 'no_credits':
+          throw new PublicError('no_credits')
+        case 'denied':
+          throw new PublicError(outcome.ok ? 'system_error' : outcome.code)
+        case 'ok':
+          if (!outcome.ok) throw new PublicError(outcome.code)
+          return { app, license, outcome, charged: result.charged }
+      }
+    }
+    log.error('client request kept finding stale cache entries', { appId })
+    throw new PublicError('system_error')
+  } catch (err) {
+    if (!(err instanceof StoreUnavailable)) throw err
+    return withoutStore(ctx, ip, appId, licenseKey, needsNonce, plan, err, nowMs)
+  }
+}
+
+/** The store is unreachable: a request that needs a nonce claim fails closed, the others are served from PostgreSQL. */
+async function withoutStore(
+  ctx: Context,
+  ip: string,
+  appId: string,
+  licenseKey: string | null,
+  needsNonce: boolean,
+  plan: Planner,
+  err: StoreUnavailable,
+  nowMs: number,
+): Promise<Authorized> {
+  const { cache } = ctx.clientAuth
+  if (needsNonce) {
+    logEvery('warn', 'store unreachable: refusing requests that need a nonce claim', () => errorFields(err.cause))
+    throw new PublicError('system_error')
+  }
+  logEvery('warn', 'store unreachable: serving requests without limits or charges', () => errorFields(err.cause))
+  if (!cache.absentApps.allows(ip, nowMs)) throw new PublicError('invalid_app')
+  const [app, license] = await Promise.all([cache.loadApp(appId), licenseKey === null ? null : cache.loadLicense(licenseKey)])
+  const { outcome } = plan(app, license, nowMs)
+  if (!app) {
+    cache.absentApps.charge(ip, nowMs)
+    throw new PublicError('invalid_app')
+  }
+  if (!outcome.ok) throw new PublicError(outcome.code)
+  return { app, license, outcome, charged: 0 }
+}

@@ -1,0 +1,40 @@
+import type { Context } from '../context'
+import { keys } from '../store/store'
+import { authorize } from './authorize'
+import type { HeartbeatInput, SignedReply } from './model'
+import { bucket, ceiling, fail, HEARTBEATS_PER_CREDIT, licenseState, listsAllow, type Outcome, SANDBOX } from './policy'
+
+/** POST /auth/heartbeat: re-checks the license on every call, so revocations reach clients at once. */
+export async function heartbeat(ctx: Context, input: HeartbeatInput, ip: string): Promise<SignedReply> {
+  const { sessions, payloads } = ctx.clientAuth
+  const session = sessions.readFor(input.appId, input.sessionToken, input.hwid, ctx.clock())
+  const auth = await authorize(ctx, ip, input.appId, session?.lic ?? null, false, (app, license, nowMs) => {
+    let outcome: Outcome
+    if (!app) outcome = fail('invalid_app')
+    else if (!session) outcome = fail('session_expired')
+    else if (app.disabled) outcome = fail('app_disabled')
+    else if (!listsAllow(app, ip, input.hwid)) outcome = fail('blocked')
+    else {
+      const state = licenseState(license, app, nowMs)
+      if (state) outcome = fail(state)
+      // A reset HWID ends the session: the client logs in again, which binds it afresh.
+      else if (!license!.unlimitedHwidSlots && !license!.hwids.includes(input.hwid)) outcome = fail('session_expired')
+      else outcome = { ok: true, bind: false }
+    }
+    const ipBucket = app?.sandbox ? bucket('h:ip', app.id, ip, SANDBOX.heartbeatIp) : null
+    return {
+      outcome,
+      ceiling: app ? ceiling(ctx.config, app, nowMs) : null,
+      ipBucket,
+      buckets: ipBucket ? [ipBucket] : [],
+      nonce: null,
+      charge:
+        outcome.ok && app && !app.sandbox && session
+          ? { accountId: app.accountId, cost: 1, counter: { key: keys.heartbeats(session.lic), every: HEARTBEATS_PER_CREDIT } }
+          : null,
+    }
+  })
+  const nowMs = ctx.clock()
+  const renewed = sessions.issue({ app: auth.app.id, lic: session!.lic, hwid: input.hwid, ttl: session!.ttl }, nowMs)
+  return payloads.sign(auth.app, auth.license!, input.hwid, renewed, input.nonce, nowMs)
+}

@@ -1,0 +1,60 @@
+import { createHash, timingSafeEqual } from 'node:crypto'
+import type { CachedApp, CachedLicense } from '../actors/app-cache'
+import type { Config } from '../config'
+import { PublicError, type PublicErrorCode } from '../lib/errors'
+import { type AuthorizeInput, keys } from '../store/store'
+import { MAX_SESSION_TTL } from './session'
+
+/** The spec's sandbox limits (per minute) and the contract's heartbeat pricing. */
+export const SANDBOX = { validateIp: 20, validateLicense: 60, heartbeatIp: 20, selfbanIp: 20, selfbanLicense: 30 }
+export const HEARTBEATS_PER_CREDIT = 10
+/** A nonce is remembered for the longest session lifetime, per app. */
+export const NONCE_TTL_SECONDS = MAX_SESSION_TTL
+
+export type Outcome = { ok: true; bind: boolean } | { ok: false; code: PublicErrorCode }
+export const fail = (code: PublicErrorCode): Outcome => ({ ok: false, code })
+
+export type Bucket = AuthorizeInput['buckets'][number]
+
+export function secretMatches(presented: string, hash: Buffer): boolean {
+  const got = createHash('sha256').update(presented, 'utf8').digest()
+  return got.length === hash.length && timingSafeEqual(got, hash)
+}
+
+/** The spec's list order: IP blacklist, IP whitelist, HWID blacklist, HWID whitelist. */
+export function listsAllow(app: CachedApp, ip: string, hwid: string): boolean {
+  if (app.ipBlacklist.has(ip)) return false
+  if (app.ipWhitelist.size > 0 && !app.ipWhitelist.has(ip)) return false
+  if (app.hwidBlacklist.has(hwid)) return false
+  if (app.hwidWhitelist.size > 0 && !app.hwidWhitelist.has(hwid)) return false
+  return true
+}
+
+export function licenseState(license: CachedLicense | null, app: CachedApp, nowMs: number): PublicErrorCode | null {
+  if (!license || license.appId !== app.id) return 'invalid_key'
+  if (license.status === 'revoked') return 'revoked'
+  if (license.expiresAt && license.expiresAt.getTime() <= nowMs) return 'expired'
+  return null
+}
+
+/** A sandbox app's daily ceiling; billed apps have none. */
+export function ceiling(config: Pick<Config, 'sandboxDailyCeiling'>, app: CachedApp, nowMs: number): AuthorizeInput['ceiling'] {
+  if (!app.sandbox) return null
+  const day = new Date(nowMs).toISOString().slice(0, 10)
+  const nextMidnight = Date.parse(`${day}T00:00:00.000Z`) + 86_400_000
+  // Kept an hour past midnight: the key names its day, so the next day starts from zero regardless.
+  return {
+    key: keys.daily(app.id, day),
+    limit: config.sandboxDailyCeiling,
+    ttlSeconds: Math.ceil((nextMidnight - nowMs) / 1000) + 3600,
+  }
+}
+
+export const bucket = (scope: string, appId: string, id: string, perMinute: number): Bucket => ({
+  key: keys.bucket(`${scope}:${appId}`, id),
+  capacity: perMinute,
+  refillPerSecond: perMinute / 60,
+})
+
+export const rateLimited = (retryAfterMs: number) =>
+  new PublicError('rate_limited', { 'retry-after': String(Math.max(1, Math.ceil(retryAfterMs / 1000))) })

@@ -1,0 +1,99 @@
+import type { CachedApp } from '../actors/app-cache'
+import type { Context } from '../context'
+import { recordEvents } from '../delivery/outbox'
+import { licenses } from '../db/schema'
+import { PublicError } from '../lib/errors'
+import { appendEntry } from '../security/service'
+import { invalidate } from '../actors/invalidate'
+import { keys } from '../store/store'
+import { and, eq } from 'drizzle-orm'
+import { authorize } from './authorize'
+import type { SelfbanInput, SelfbanReply } from './model'
+import { bucket, ceiling, fail, NONCE_TTL_SECONDS, type Outcome, SANDBOX, secretMatches } from './policy'
+
+/**
+ * POST /auth/selfban. Pre-session (appSecret + licenseKey + nonce) never revokes; post-session (a
+ * session token) revokes by default. `performed` reports only changes this request made.
+ */
+export async function selfban(ctx: Context, input: SelfbanInput, ip: string): Promise<SelfbanReply> {
+  const post = input.sessionToken !== undefined
+  if (!post && (input.appSecret === undefined || input.licenseKey === undefined || input.nonce === undefined)) {
+    throw new PublicError('bad_request')
+  }
+  const session = post ? ctx.clientAuth.sessions.readFor(input.appId, input.sessionToken!, input.hwid, ctx.clock()) : null
+  const licenseKey = post ? (session?.lic ?? null) : input.licenseKey!
+  const revoke = input.revokeLicense ?? post
+  const auth = await authorize(ctx, ip, input.appId, licenseKey, !post, (app, license, nowMs) => {
+    const secretOk = post || (app !== null && secretMatches(input.appSecret!, app.secretHash))
+    let outcome: Outcome
+    if (!app || !secretOk) outcome = fail('invalid_app')
+    else if (post && !session) outcome = fail('session_expired')
+    else if (app.disabled) outcome = fail('app_disabled')
+    else if (!post && revoke) outcome = fail('revoke_requires_session')
+    else if (!license || license.appId !== app.id) outcome = fail('invalid_key')
+    else outcome = { ok: true, bind: false }
+    const sandbox = app?.sandbox ?? false
+    const perIp = sandbox ? SANDBOX.selfbanIp : ctx.config.selfbanLimitPerIp
+    const perLicense = sandbox ? SANDBOX.selfbanLicense : ctx.config.selfbanLimitPerLicense
+    const ipBucket = app ? bucket('s:ip', app.id, ip, perIp) : null
+    return {
+      outcome,
+      ceiling: app ? ceiling(ctx.config, app, nowMs) : null,
+      ipBucket,
+      buckets: !ipBucket ? [] : secretOk && licenseKey ? [ipBucket, bucket('s:lic', app!.id, licenseKey, perLicense)] : [ipBucket],
+      nonce: !post && secretOk ? { key: keys.nonce(input.appId, input.nonce!), ttlSeconds: NONCE_TTL_SECONDS } : null,
+      charge: null,
+    }
+  })
+  const mode = post ? 'post_session' : 'pre_session'
+  const performed = { revokeLicense: false, blacklistHwid: false, blacklistIp: false }
+  // The sandbox runs the whole production path and then changes nothing.
+  if (auth.app.sandbox) return { status: 'success', mode, performed }
+  return {
+    status: 'success',
+    mode,
+    performed: await applySelfban(ctx, auth.app, auth.license!.key, {
+      revokeLicense: post && revoke,
+      blacklistHwid: input.blacklistHwid ?? true,
+      blacklistIp: input.blacklistIp ?? true,
+      hwid: input.hwid,
+      ip,
+    }),
+  }
+}
+
+async function applySelfban(
+  ctx: Context,
+  app: CachedApp,
+  licenseKey: string,
+  want: { revokeLicense: boolean; blacklistHwid: boolean; blacklistIp: boolean; hwid: string; ip: string },
+): Promise<SelfbanReply['performed']> {
+  const performed = await ctx.mailbox.run(app.id, () =>
+    ctx.database.db.transaction(async (tx) => {
+      const done = { revokeLicense: false, blacklistHwid: false, blacklistIp: false }
+      const now = new Date(ctx.clock())
+      if (want.revokeLicense) {
+        const rows = await tx
+          .update(licenses)
+          .set({ status: 'revoked' })
+          .where(and(eq(licenses.key, licenseKey), eq(licenses.appId, app.id), eq(licenses.status, 'active')))
+          .returning({ key: licenses.key })
+        done.revokeLicense = rows.length > 0
+        if (done.revokeLicense) {
+          await recordEvents(tx, [
+            { event: 'license.revoked', data: { licenseKey, appId: app.id, reason: 'selfban' }, occurredAt: now },
+          ])
+        }
+      }
+      if (want.blacklistHwid) done.blacklistHwid = await appendEntry(tx, app.id, 'hwidBlacklist', want.hwid)
+      if (want.blacklistIp) done.blacklistIp = await appendEntry(tx, app.id, 'ipBlacklist', want.ip)
+      return done
+    }),
+  )
+  const bumps: string[] = []
+  if (performed.blacklistHwid || performed.blacklistIp) bumps.push(keys.appEpoch(app.id))
+  if (performed.revokeLicense) bumps.push(keys.licenseEpoch(licenseKey))
+  await invalidate(ctx, bumps)
+  if (performed.revokeLicense) ctx.bus.notify()
+  return performed
+}

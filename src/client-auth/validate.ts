@@ -1,0 +1,91 @@
+import type { CachedApp, CachedLicense } from '../actors/app-cache'
+import type { Context } from '../context'
+import { PublicError } from '../lib/errors'
+import { keys } from '../store/store'
+import { authorize } from './authorize'
+import type { SignedReply, ValidateInput } from './model'
+import {
+  bucket,
+  ceiling,
+  fail,
+  licenseState,
+  listsAllow,
+  NONCE_TTL_SECONDS,
+  type Outcome,
+  SANDBOX,
+  secretMatches,
+} from './policy'
+import { clampTtl } from './session'
+
+/** POST /auth/validate: authenticate the app, claim the nonce, check the license, bind the seat, charge, sign. */
+export async function validate(ctx: Context, input: ValidateInput, ip: string): Promise<SignedReply> {
+  const { hwid, licenseKey } = input
+  const auth = await authorize(ctx, ip, input.appId, licenseKey, true, (app, license, nowMs) => {
+    const secretOk = app !== null && secretMatches(input.appSecret, app.secretHash)
+    let outcome: Outcome
+    if (!app || !secretOk) outcome = fail('invalid_app')
+    else if (app.disabled) outcome = fail('app_disabled')
+    else if (!listsAllow(app, ip, hwid)) outcome = fail('blocked')
+    else {
+      const state = licenseState(license, app, nowMs)
+      if (state) outcome = fail(state)
+      else if (license!.unlimitedHwidSlots || license!.hwids.includes(hwid)) outcome = { ok: true, bind: false }
+      else if (license!.hwids.length >= license!.maxHwidSlots) outcome = fail('hwid_mismatch')
+      else outcome = { ok: true, bind: true }
+    }
+    const sandbox = app?.sandbox ?? false
+    const ipBucket = app ? bucket('v:ip', app.id, ip, sandbox ? SANDBOX.validateIp : ctx.config.validateLimitPerIp) : null
+    return {
+      outcome,
+      ceiling: app ? ceiling(ctx.config, app, nowMs) : null,
+      ipBucket,
+      // Only a caller holding the app secret counts against a license's limit: anyone who merely names
+      // a key (and random keys would each leave a bucket in the store) spends their IP's tokens alone.
+      buckets: !ipBucket
+        ? []
+        : secretOk
+          ? [ipBucket, bucket('v:lic', app!.id, licenseKey, sandbox ? SANDBOX.validateLicense : ctx.config.validateLimitPerLicense)]
+          : [ipBucket],
+      // A nonce is consumed by any validate that passes app authentication (the contract).
+      nonce: secretOk ? { key: keys.nonce(input.appId, input.nonce), ttlSeconds: NONCE_TTL_SECONDS } : null,
+      charge: outcome.ok && !sandbox && app ? { accountId: app.accountId, cost: 1, counter: null } : null,
+    }
+  })
+  const { app } = auth
+  let license = auth.license!
+  if (auth.outcome.bind) {
+    try {
+      license = await bindHwid(ctx, app, license.key, hwid)
+    } catch (err) {
+      if (auth.charged > 0) await ctx.store.refund(app.accountId, auth.charged)
+      throw err
+    }
+  }
+  const nowMs = ctx.clock()
+  if (app.wantsValidated) {
+    ctx.clientAuth.events.add({
+      event: 'license.validated',
+      data: { licenseKey, appId: app.id, status: 'active', hwid },
+      occurredAt: new Date(nowMs),
+    })
+  }
+  const ttl = clampTtl(input.ttlSeconds, ctx.config.sessionTtlSeconds)
+  const session = ctx.clientAuth.sessions.issue({ app: app.id, lic: licenseKey, hwid, ttl }, nowMs)
+  return ctx.clientAuth.payloads.sign(app, license, hwid, session, input.nonce, nowMs)
+}
+
+/** Binds a new HWID through the app's seat binder, then reports the license as it now stands. */
+async function bindHwid(ctx: Context, app: CachedApp, licenseKey: string, hwid: string): Promise<CachedLicense> {
+  const { cache, binder } = ctx.clientAuth
+  const bound = await binder.bind(app.id, licenseKey, hwid)
+  // Reloaded under a freshly read epoch, so the next request of this HWID is served from the cache.
+  cache.forgetLicense(licenseKey)
+  await cache.ensureLicense(licenseKey)
+  const current = cache.cachedLicense(licenseKey)?.value ?? (await cache.loadLicense(licenseKey))
+  if (bound && current) return current
+  const state = current ? licenseState(current, app, ctx.clock()) : 'invalid_key'
+  if (state) throw new PublicError(state)
+  // Bound meanwhile by a concurrent validate of the same HWID: that is a pass, not a mismatch.
+  if (current!.hwids.includes(hwid)) return current!
+  throw new PublicError('hwid_mismatch')
+}
