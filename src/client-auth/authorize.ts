@@ -20,6 +20,14 @@ export type Plan = Omit<AuthorizeInput, 'nowMs' | 'generation' | 'epochs' | 'den
 /** Each endpoint's rules: what a request with this app and license gets, and what it costs. */
 export type Planner = (app: CachedApp | null, license: CachedLicense | null, nowMs: number) => Plan
 
+/** Who asks for what: `licenseKey` is null when a session named none; a nonce claim fails closed without the store. */
+export interface AuthRequest {
+  ip: string
+  appId: string
+  licenseKey: string | null
+  needsNonce: boolean
+}
+
 export interface Authorized {
   app: CachedApp
   license: CachedLicense | null
@@ -36,14 +44,8 @@ const licenseDecides = (p: Plan) => !p.outcome.ok && p.outcome.code === 'invalid
  * nonce the request fails open when the store is unreachable (fresh rows from PostgreSQL, no limits,
  * no charge); with one it fails closed.
  */
-export async function authorize(
-  ctx: Context,
-  ip: string,
-  appId: string,
-  licenseKey: string | null,
-  needsNonce: boolean,
-  plan: Planner,
-): Promise<Authorized> {
+export async function authorize(ctx: Context, request: AuthRequest, plan: Planner): Promise<Authorized> {
+  const { ip, appId, licenseKey } = request
   const { cache } = ctx.clientAuth
   const nowMs = ctx.clock()
   // Set once the IP token was taken to admit the license lookup; the script then leaves that bucket out.
@@ -124,17 +126,14 @@ export async function authorize(
     throw new PublicError('system_error')
   } catch (err) {
     if (!(err instanceof StoreUnavailable)) throw err
-    return withoutStore(ctx, ip, appId, licenseKey, needsNonce, plan, err, nowMs)
+    return withoutStore(ctx, request, plan, err, nowMs)
   }
 }
 
 /** The store is unreachable: a request that needs a nonce claim fails closed, the others are served from PostgreSQL. */
 async function withoutStore(
   ctx: Context,
-  ip: string,
-  appId: string,
-  licenseKey: string | null,
-  needsNonce: boolean,
+  { ip, appId, licenseKey, needsNonce }: AuthRequest,
   plan: Planner,
   err: StoreUnavailable,
   nowMs: number,

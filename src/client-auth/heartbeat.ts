@@ -8,7 +8,7 @@ import { bucket, ceiling, fail, HEARTBEATS_PER_CREDIT, licenseState, listsAllow,
 export async function heartbeat(ctx: Context, input: HeartbeatInput, ip: string): Promise<SignedReply> {
   const { sessions, payloads } = ctx.clientAuth
   const session = sessions.readFor(input.appId, input.sessionToken, input.hwid, ctx.clock())
-  const auth = await authorize(ctx, ip, input.appId, session?.lic ?? null, false, (app, license, nowMs) => {
+  const auth = await authorize(ctx, { ip, appId: input.appId, licenseKey: session?.lic ?? null, needsNonce: false }, (app, license, nowMs) => {
     let outcome: Outcome
     if (!app) outcome = fail('invalid_app')
     else if (!session) outcome = fail('session_expired')

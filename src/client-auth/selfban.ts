@@ -23,7 +23,7 @@ export async function selfban(ctx: Context, input: SelfbanInput, ip: string): Pr
   const session = post ? ctx.clientAuth.sessions.readFor(input.appId, input.sessionToken!, input.hwid, ctx.clock()) : null
   const licenseKey = post ? (session?.lic ?? null) : input.licenseKey!
   const revoke = input.revokeLicense ?? post
-  const auth = await authorize(ctx, ip, input.appId, licenseKey, !post, (app, license, nowMs) => {
+  const auth = await authorize(ctx, { ip, appId: input.appId, licenseKey, needsNonce: !post }, (app, license, nowMs) => {
     const secretOk = post || (app !== null && secretMatches(input.appSecret!, app.secretHash))
     let outcome: Outcome
     if (!app || !secretOk) outcome = fail('invalid_app')

@@ -20,7 +20,7 @@ import { clampTtl } from './session'
 /** POST /auth/validate: authenticate the app, claim the nonce, check the license, bind the seat, charge, sign. */
 export async function validate(ctx: Context, input: ValidateInput, ip: string): Promise<SignedReply> {
   const { hwid, licenseKey } = input
-  const auth = await authorize(ctx, ip, input.appId, licenseKey, true, (app, license, nowMs) => {
+  const auth = await authorize(ctx, { ip, appId: input.appId, licenseKey, needsNonce: true }, (app, license, nowMs) => {
     const secretOk = app !== null && secretMatches(input.appSecret, app.secretHash)
     let outcome: Outcome
     if (!app || !secretOk) outcome = fail('invalid_app')
