@@ -1,7 +1,7 @@
 import type { Config } from './config'
 import { deriveKey, Sealer } from './lib/crypto'
 import { EventBus } from './delivery/outbox'
-import { Mailbox } from './actors/mailbox'
+import { withActors } from './actors/registry'
 import { resolveMasterKey } from './signing/master-key'
 import { openDb } from './db/client'
 import { HttpMetrics } from './http/metrics'
@@ -16,13 +16,12 @@ export async function buildContext(config: Readonly<Config>): Promise<Context> {
   const masterKey = resolveMasterKey(config.masterKey, config.dataDir)
   const database = await openDb({ databaseUrl: config.databaseUrl, dataDir: config.dataDir })
   const store = await openStore(config.redisUrl)
-  return {
+  return withActors({
     config,
     database,
     store,
     sealer: new Sealer(masterKey),
     sessionKey: deriveKey(masterKey, 'session-token-v1'),
-    mailbox: new Mailbox(),
     bus: new EventBus(),
     webhookPool: new DeliveryPool({
       allowPrivate: config.webhookAllowPrivateTargets,
@@ -34,5 +33,5 @@ export async function buildContext(config: Readonly<Config>): Promise<Context> {
     signer: new Signer(),
     metrics: new HttpMetrics(config.serverProcesses > 1 ? serverProcessIndex() : null),
     clock: Date.now,
-  }
+  })
 }

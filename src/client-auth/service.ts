@@ -1,17 +1,11 @@
 import { createHash, timingSafeEqual } from 'node:crypto'
-import { and, eq } from 'drizzle-orm'
-import { licenses } from '../db/schema'
 import type { Context } from '../context'
 import { PublicError, type PublicErrorCode } from '../lib/errors'
 import { errorFields, log, logEvery } from '../lib/log'
 import { type AuthorizeInput, type AuthorizeResult, keys } from '../store/store'
-import { AuthCache, type CachedApp, type CachedLicense, StoreUnavailable } from '../actors/app-cache'
+import { type CachedApp, type CachedLicense, StoreUnavailable } from '../actors/load'
 import { loadLiveBalance, startCreditReconciler } from '../credits/ledger'
-import { recordEvents } from '../delivery/outbox'
-import { invalidate } from '../actors/invalidate'
-import { SeatBinder } from '../actors/seat-binder'
 import { EventBatch } from './validated-events'
-import { appendEntry } from '../security/service'
 import { clampTtl, issueSession, MAX_SESSION_TTL, readSession, type Session } from './session'
 
 /** The spec's sandbox limits (per minute) and the contract's heartbeat pricing. */
@@ -21,18 +15,16 @@ const HEARTBEATS_PER_CREDIT = 10
 const NONCE_TTL_SECONDS = MAX_SESSION_TTL
 const MAX_ATTEMPTS = 5
 
-/** Per-Context state of the client endpoints: the caches, the license.validated batch and the seat binder. */
+/** Per-Context state of the client endpoints: the license.validated batch. */
 interface Runtime {
-  cache: AuthCache
   events: EventBatch
-  binder: SeatBinder
 }
 const runtimes = new WeakMap<Context, Runtime>()
 
 function runtime(ctx: Context): Runtime {
   let rt = runtimes.get(ctx)
   if (!rt) {
-    rt = { cache: new AuthCache(ctx), events: new EventBatch(ctx), binder: new SeatBinder(ctx) }
+    rt = { events: new EventBatch(ctx) }
     runtimes.set(ctx, rt)
   }
   return rt
@@ -51,7 +43,7 @@ export function startClientAuth(ctx: Context): { stop(): Promise<void> } {
 
 /** How often the client endpoints read PostgreSQL for app and license state (for tests and metrics). */
 export function clientAuthLoads(ctx: Context): { apps: number; licenses: number } {
-  return { ...runtime(ctx).cache.loads }
+  return { ...ctx.actors.loads }
 }
 
 /** Writes pending license.validated events now (tests and shutdown). */
@@ -137,7 +129,7 @@ async function authorize(
   needsNonce: boolean,
   plan: (app: CachedApp | null, license: CachedLicense | null, nowMs: number) => Plan,
 ): Promise<Authorized> {
-  const { cache } = runtime(ctx)
+  const cache = ctx.actors
   const nowMs = ctx.clock()
   // Set once the IP token was taken to admit the license lookup; the script then leaves that bucket out.
   let admitted: Bucket | null = null
@@ -153,17 +145,17 @@ async function authorize(
         if (appEntry.value === null) cache.absentApps.charge(ip, nowMs)
       }
       const app = appEntry.value
-      let licenseEntry = licenseKey === null ? undefined : cache.cachedLicense(licenseKey)
+      let licenseEntry = licenseKey === null ? undefined : cache.cachedLicense(appId, licenseKey)
       let p = plan(app, licenseEntry?.value ?? null, nowMs)
       if (licenseKey !== null && !licenseEntry && licenseDecides(p)) {
         // The app secret (or session), the app's state and its lists passed: only now may the key reach
         // PostgreSQL, and only with a token of the caller's IP limit, so unauthenticated traffic and a
         // flood of made-up keys stop before the database.
         const token: Bucket | null = ctx.config.publicRateLimits && !admitted ? p.ipBucket : null
-        const read = await cache.ensureLicense(licenseKey, token ? { ...token, nowMs } : undefined)
+        const read = await cache.ensureLicense(appId, licenseKey, token ? { ...token, nowMs } : undefined)
         if (read.kind === 'limited') throw rateLimited(read.retryAfterMs)
         admitted ??= token
-        licenseEntry = cache.cachedLicense(licenseKey)
+        licenseEntry = cache.cachedLicense(appId, licenseKey)
         if (!licenseEntry) continue
         p = plan(app, licenseEntry.value, nowMs)
       }
@@ -189,8 +181,8 @@ async function authorize(
           if (result.epochs[0] !== appEntry.epoch) await cache.reloadApp(appId, result.epochs[0] ?? 0, generation)
           if (licenseKey !== null && result.epochs[1] !== licenseEntry?.epoch) {
             // Read again at once only for a caller that may look the license up at all.
-            if (licenseDecides(plan(app, null, nowMs))) await cache.reloadLicense(licenseKey, result.epochs[1] ?? 0, generation)
-            else cache.forgetLicense(licenseKey)
+            if (licenseDecides(plan(app, null, nowMs))) await cache.reloadLicense(appId, licenseKey, result.epochs[1] ?? 0, generation)
+            else cache.forgetLicense(appId, licenseKey)
           }
           continue
         case 'no_balance':
@@ -312,12 +304,12 @@ export async function validate(ctx: Context, input: ValidateInput, ip: string): 
 
 /** Binds a new HWID through the app's seat binder, then reports the license as it now stands. */
 async function bindHwid(ctx: Context, app: CachedApp, licenseKey: string, hwid: string): Promise<CachedLicense> {
-  const { cache, binder } = runtime(ctx)
-  const bound = await binder.bind(app.id, licenseKey, hwid)
+  const cache = ctx.actors
+  const bound = await cache.bindSeat(app.id, licenseKey, hwid)
   // Reloaded under a freshly read epoch, so the next request of this HWID is served from the cache.
-  cache.forgetLicense(licenseKey)
-  await cache.ensureLicense(licenseKey)
-  const current = cache.cachedLicense(licenseKey)?.value ?? (await cache.loadLicense(licenseKey))
+  cache.forgetLicense(app.id, licenseKey)
+  await cache.ensureLicense(app.id, licenseKey)
+  const current = cache.cachedLicense(app.id, licenseKey)?.value ?? (await cache.loadLicense(licenseKey))
   if (bound && current) return current
   const state = current ? licenseState(current, app, ctx.clock()) : 'invalid_key'
   if (state) throw new PublicError(state)
@@ -506,7 +498,7 @@ export async function selfban(ctx: Context, input: SelfbanInput, ip: string): Pr
   return {
     status: 'success',
     mode,
-    performed: await applySelfban(ctx, auth.app, auth.license!.key, {
+    performed: await ctx.actors.selfban(auth.app.id, auth.license!.key, {
       revokeLicense: post && revoke,
       blacklistHwid: input.blacklistHwid ?? true,
       blacklistIp: input.blacklistIp ?? true,
@@ -514,40 +506,4 @@ export async function selfban(ctx: Context, input: SelfbanInput, ip: string): Pr
       ip,
     }),
   }
-}
-
-async function applySelfban(
-  ctx: Context,
-  app: CachedApp,
-  licenseKey: string,
-  want: { revokeLicense: boolean; blacklistHwid: boolean; blacklistIp: boolean; hwid: string; ip: string },
-): Promise<SelfbanResult['performed']> {
-  const performed = await ctx.mailbox.run(app.id, () =>
-    ctx.database.db.transaction(async (tx) => {
-      const done = { revokeLicense: false, blacklistHwid: false, blacklistIp: false }
-      const now = new Date(ctx.clock())
-      if (want.revokeLicense) {
-        const rows = await tx
-          .update(licenses)
-          .set({ status: 'revoked' })
-          .where(and(eq(licenses.key, licenseKey), eq(licenses.appId, app.id), eq(licenses.status, 'active')))
-          .returning({ key: licenses.key })
-        done.revokeLicense = rows.length > 0
-        if (done.revokeLicense) {
-          await recordEvents(tx, [
-            { event: 'license.revoked', data: { licenseKey, appId: app.id, reason: 'selfban' }, occurredAt: now },
-          ])
-        }
-      }
-      if (want.blacklistHwid) done.blacklistHwid = await appendEntry(tx, app.id, 'hwidBlacklist', want.hwid)
-      if (want.blacklistIp) done.blacklistIp = await appendEntry(tx, app.id, 'ipBlacklist', want.ip)
-      return done
-    }),
-  )
-  const bumps: string[] = []
-  if (performed.blacklistHwid || performed.blacklistIp) bumps.push(keys.appEpoch(app.id))
-  if (performed.revokeLicense) bumps.push(keys.licenseEpoch(licenseKey))
-  await invalidate(ctx, bumps)
-  if (performed.revokeLicense) ctx.bus.notify()
-  return performed
 }

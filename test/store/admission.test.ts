@@ -6,7 +6,7 @@
 import { expect, test } from 'bun:test'
 import { randomBytes } from 'node:crypto'
 import { clientAuthLoads } from '../../src/client-auth/service'
-import { AuthCache } from '../../src/actors/app-cache'
+import { AppActors } from '../../src/actors/registry'
 import { generateLicenseKey } from '../../src/lib/crypto'
 import { hwid, insertLicense, nonce } from '../support/client'
 import { makeTestApp } from '../support/helpers'
@@ -51,17 +51,17 @@ test('a flood of absent keys with the right secret from one IP is limited before
 test('absent keys never evict a cached license', async () => {
   const s = await t.seed()
   const real = await insertLicense(t.ctx, s.appId)
-  const cache = new AuthCache(t.ctx, { apps: 10, licenses: 10, absent: 10 })
-  await cache.ensureLicense(real)
-  expect(cache.cachedLicense(real)?.value?.key).toBe(real)
+  const cache = new AppActors(t.ctx, { apps: 10, licenses: 10, absent: 10 })
+  await cache.ensureLicense(s.appId, real)
+  expect(cache.cachedLicense(s.appId, real)?.value?.key).toBe(real)
   const loads = cache.loads.licenses
-  for (let i = 0; i < 50; i++) await cache.ensureLicense(generateLicenseKey())
+  for (let i = 0; i < 50; i++) await cache.ensureLicense(s.appId, generateLicenseKey())
   expect(cache.loads.licenses - loads).toBe(50)
-  expect(cache.cachedLicense(real)?.value?.key).toBe(real)
+  expect(cache.cachedLicense(s.appId, real)?.value?.key).toBe(real)
   // The absent ones are bounded on their own.
   const absent = generateLicenseKey()
-  await cache.ensureLicense(absent)
-  expect(cache.cachedLicense(absent)).toEqual({ epoch: expect.any(Number), value: null })
+  await cache.ensureLicense(s.appId, absent)
+  expect(cache.cachedLicense(s.appId, absent)).toEqual({ epoch: expect.any(Number), value: null })
 })
 
 test('made-up app ids from one IP cost PostgreSQL a bounded number of reads; real apps spend nothing of it', async () => {

@@ -6,7 +6,7 @@ import { loadConfig, type Config } from '../../src/config'
 import { createAccount, createApplication } from '../../src/accounts/service'
 import { deriveKey, Sealer } from '../../src/lib/crypto'
 import { EventBus } from '../../src/delivery/outbox'
-import { Mailbox } from '../../src/actors/mailbox'
+import { withActors } from '../../src/actors/registry'
 import { openDb, type Database } from '../../src/db/client'
 import type { Context } from '../../src/context'
 import { setLogLevel } from '../../src/lib/log'
@@ -54,13 +54,12 @@ export async function makeTestApp(options: TestAppOptions = {}) {
     WEBHOOK_ALLOW_PRIVATE_TARGETS: 'true',
     ...options.env,
   })
-  const ctx: Context = {
+  const ctx: Context = withActors({
     config,
     database: options.database ?? infra.database,
     store: options.store ?? infra.store,
     sealer: new Sealer(TEST_MASTER_KEY),
     sessionKey: deriveKey(TEST_MASTER_KEY, 'session-token-v1'),
-    mailbox: new Mailbox(),
     bus: new EventBus(),
     webhookPool: new DeliveryPool({
       allowPrivate: config.webhookAllowPrivateTargets,
@@ -69,7 +68,7 @@ export async function makeTestApp(options: TestAppOptions = {}) {
     signer: new Signer(),
     metrics: new HttpMetrics(null),
     clock: options.clock ?? Date.now,
-  }
+  })
   const app = createApp(ctx)
 
   interface Res<T = any> {
