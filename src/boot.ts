@@ -1,12 +1,10 @@
-import { AuthCache } from './actors/app-cache'
-import { SeatBinder } from './actors/seat-binder'
 import { SignedPayloads } from './client-auth/payload'
 import { SessionTokens } from './client-auth/session'
 import { EventBatch } from './client-auth/validated-events'
 import type { Config } from './config'
 import { deriveKey, Sealer } from './lib/crypto'
 import { EventBus } from './delivery/outbox'
-import { Mailbox } from './actors/mailbox'
+import { AppActors } from './actors/registry'
 import { resolveMasterKey } from './signing/master-key'
 import { openDb } from './db/client'
 import { HttpMetrics } from './http/metrics'
@@ -21,13 +19,12 @@ export async function buildContext(config: Readonly<Config>): Promise<Context> {
   const masterKey = resolveMasterKey(config.masterKey, config.dataDir)
   const database = await openDb({ databaseUrl: config.databaseUrl, dataDir: config.dataDir })
   const store = await openStore(config.redisUrl)
-  return withClientAuth({
+  return assembleContext({
     config,
     database,
     store,
     sealer: new Sealer(masterKey),
     sessionKey: deriveKey(masterKey, 'session-token-v1'),
-    mailbox: new Mailbox(),
     bus: new EventBus(),
     webhookPool: new DeliveryPool({
       allowPrivate: config.webhookAllowPrivateTargets,
@@ -42,15 +39,18 @@ export async function buildContext(config: Readonly<Config>): Promise<Context> {
   })
 }
 
-/** Adds the client endpoints' state to a context built without it. */
-export function withClientAuth(base: Omit<Context, 'clientAuth'>): Context {
-  const ctx = base as Context
-  ctx.clientAuth = {
-    cache: new AuthCache(ctx),
-    binder: new SeatBinder(ctx),
-    events: new EventBatch({ database: ctx.database, bus: ctx.bus, dropped: ctx.metrics.validatedEventsDropped }),
-    payloads: new SignedPayloads(ctx.signer),
-    sessions: new SessionTokens(ctx.sessionKey),
+/** What boot opens or chooses; everything else in the context is built from it. */
+export type ContextBase = Omit<Context, 'actors' | 'clientAuth'>
+
+/** Builds the actors and the client endpoints' state over `base`: the server and the tests both come through here. */
+export function assembleContext(base: ContextBase): Context {
+  return {
+    ...base,
+    actors: new AppActors(base),
+    clientAuth: {
+      events: new EventBatch({ database: base.database, bus: base.bus, dropped: base.metrics.validatedEventsDropped }),
+      payloads: new SignedPayloads(base.signer),
+      sessions: new SessionTokens(base.sessionKey),
+    },
   }
-  return ctx
 }

@@ -2,7 +2,7 @@ import type { ClientAuthState } from './client-auth/state'
 import type { Config } from './config'
 import type { Sealer } from './lib/crypto'
 import type { EventBus } from './delivery/outbox'
-import type { Mailbox } from './actors/mailbox'
+import type { AppActors } from './actors/registry'
 import type { Database } from './db/client'
 import type { HttpMetrics } from './http/metrics'
 import type { Signer } from './signing/signer'
@@ -18,7 +18,8 @@ export interface Context {
   sealer: Sealer
   /** Derived from the master key: MACs stateless session tokens. */
   sessionKey: Buffer
-  mailbox: Mailbox
+  /** One actor per app: the app's live state in this process and the one way its data changes. */
+  actors: AppActors
   bus: EventBus
   /** Worker threads that send webhook deliveries (started lazily, closed at shutdown). */
   webhookPool: DeliveryPool

@@ -1,27 +1,29 @@
+const settled = (): undefined => undefined
+
 /**
- * Per-key serial queues: `run(key, fn)` starts `fn` only after every earlier task of that key settled.
- * Order inside one process; SQL conditions and row locks keep the same invariants across processes.
- * A failing task rejects only its own caller; idle keys are dropped so the map stays small.
+ * An actor's serial queue: `run(fn)` starts `fn` only after every earlier task settled, in the order
+ * they were given (FIFO). A failing task rejects only its own caller. An idle mailbox holds no
+ * promise, so a quiet actor keeps no chain alive.
+ *
+ * The order holds inside one process only; across processes the same invariants rest on SQL
+ * conditions, row locks and the store's epochs (see the callers).
  */
 export class Mailbox {
-  readonly #tails = new Map<string, Promise<unknown>>()
+  #tail: Promise<unknown> | null = null
 
-  run<T>(key: string, fn: () => Promise<T>): Promise<T> {
-    const previous = this.#tails.get(key) ?? Promise.resolve()
-    const result = previous.then(fn, fn)
-    const tail = result.then(
-      () => undefined,
-      () => undefined,
-    )
-    this.#tails.set(key, tail)
+  run<T>(fn: () => Promise<T>): Promise<T> {
+    // Always a later turn, even when idle: a caller may still be filling what `fn` will read.
+    const result = (this.#tail ?? Promise.resolve()).then(fn, fn)
+    const tail = result.then(settled, settled)
+    this.#tail = tail
     void tail.then(() => {
-      if (this.#tails.get(key) === tail) this.#tails.delete(key)
+      if (this.#tail === tail) this.#tail = null
     })
     return result
   }
 
-  /** Keys with queued or running work (for tests and metrics). */
-  get size(): number {
-    return this.#tails.size
+  /** No task queued or running. */
+  get idle(): boolean {
+    return this.#tail === null
   }
 }

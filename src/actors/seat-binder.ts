@@ -1,12 +1,11 @@
 import { and, eq, sql } from 'drizzle-orm'
 import { licenses } from '../db/schema'
-import type { Context } from '../context'
 import { PublicError } from '../lib/errors'
 import { log } from '../lib/log'
-import { keys } from '../store/store'
 import { type DomainEvent, recordEvents } from '../delivery/outbox'
-import { invalidate } from './invalidate'
 import { errorCode, writeIsolated } from '../db/isolated-write'
+import type { Database } from '../db/client'
+import type { Mailbox } from './mailbox'
 
 interface BindRequest {
   licenseKey: string
@@ -17,39 +16,53 @@ interface BindRequest {
   reject: (err: unknown) => void
 }
 
+/** What the binder needs of the app's actor. */
+export interface SeatOwner {
+  readonly id: string
+  readonly mailbox: Mailbox
+  publish(changed: { licenses: readonly string[]; events: boolean }): Promise<void>
+}
+
+const byKey = (a: BindRequest, b: BindRequest) => (a.licenseKey < b.licenseKey ? -1 : a.licenseKey > b.licenseKey ? 1 : 0)
+
 /**
- * Binds new HWIDs to license seats. Requests of one app queue up and the app's mailbox writes each
- * batch in one transaction: one commit for a burst of first logins instead of one per login. Each
- * seat is still one conditional UPDATE, atomic in SQL, so instances sharing the database never bind
- * more HWIDs than a license has seats; rows are updated in key order so two instances' batches
- * cannot deadlock. A request whose values PostgreSQL refuses is split off (writeIsolated) and fails
- * alone with bad_request; while the database is unreachable the requests left fail with
- * system_error, and no transaction was half applied.
+ * Binds new HWIDs to the seats of one app's licenses. Requests queue up while the app's mailbox is
+ * busy and each batch is written in one transaction: one commit for a burst of first logins instead
+ * of one per login. Each seat is still one conditional UPDATE, atomic in SQL, and that (not the
+ * mailbox) is why processes sharing the database never bind more HWIDs than a license has seats;
+ * rows are updated in key order so two processes' batches cannot deadlock. A request whose values
+ * PostgreSQL refuses is split off (writeIsolated) and fails alone with bad_request; while the
+ * database is unreachable the requests left fail with system_error, and no transaction was half
+ * applied.
  */
 export class SeatBinder {
-  readonly #queues = new Map<string, BindRequest[]>()
+  #queue: BindRequest[] = []
 
-  constructor(private readonly ctx: Context) {}
+  constructor(
+    private readonly actor: SeatOwner,
+    private readonly database: Database,
+    private readonly clock: () => number,
+  ) {}
+
+  /** Requests waiting for the next batch. */
+  get pending(): number {
+    return this.#queue.length
+  }
 
   /** True when this call bound the HWID; false when the conditions did not hold (the caller finds out why). */
-  bind(appId: string, licenseKey: string, hwid: string): Promise<boolean> {
+  bind(licenseKey: string, hwid: string): Promise<boolean> {
     return new Promise((resolve, reject) => {
-      let queue = this.#queues.get(appId)
-      if (!queue) {
-        queue = []
-        this.#queues.set(appId, queue)
-        void this.ctx.mailbox.run(appId, () => this.#flush(appId))
-      }
-      queue.push({ licenseKey, hwid, resolve, reject })
+      if (this.#queue.push({ licenseKey, hwid, resolve, reject }) === 1) void this.actor.mailbox.run(this.#flush)
     })
   }
 
-  async #flush(appId: string): Promise<void> {
-    const batch = this.#queues.get(appId) ?? []
-    this.#queues.delete(appId)
-    batch.sort((a, b) => (a.licenseKey < b.licenseKey ? -1 : a.licenseKey > b.licenseKey ? 1 : 0))
-    const now = new Date(this.ctx.clock())
-    const { refused, unwritten, outage } = await writeIsolated(batch, (part) => this.#bindAll(appId, part, now))
+  readonly #flush = async (): Promise<void> => {
+    const batch = this.#queue
+    this.#queue = []
+    batch.sort(byKey)
+    const appId = this.actor.id
+    const now = new Date(this.clock())
+    const { refused, unwritten, outage } = await writeIsolated(batch, (part) => this.#bindAll(part, now))
     if (refused.length > 0) {
       const [first] = refused
       log.warn('seat binding refused requests', { appId, requests: refused.length, code: errorCode(first?.error) })
@@ -61,17 +74,15 @@ export class SeatBinder {
     }
     const committed = batch.filter((request) => request.bound !== undefined)
     const changed = [...new Set(committed.filter((request) => request.bound).map((request) => request.licenseKey))]
-    if (changed.length > 0) {
-      this.ctx.bus.notify()
-      // Until it lands, other instances still see the seat as free; their conditional UPDATE finds it taken.
-      await invalidate(this.ctx, changed.map(keys.licenseEpoch))
-    }
+    // Until the bump lands, other processes still see the seat as free; their conditional UPDATE finds it taken.
+    if (changed.length > 0) await this.actor.publish({ licenses: changed, events: true })
     for (const request of committed) request.resolve(request.bound === true)
   }
 
   /** One transaction over `part`; each request's outcome is set only after it committed. */
-  async #bindAll(appId: string, part: readonly BindRequest[], now: Date): Promise<void> {
-    const results = await this.ctx.database.db.transaction(async (tx) => {
+  async #bindAll(part: readonly BindRequest[], now: Date): Promise<void> {
+    const appId = this.actor.id
+    const results = await this.database.db.transaction(async (tx) => {
       const bound: boolean[] = []
       const events: DomainEvent[] = []
       for (const { licenseKey, hwid } of part) {

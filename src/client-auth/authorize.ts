@@ -1,5 +1,4 @@
-import type { CachedApp, CachedLicense } from '../actors/app-cache'
-import { StoreUnavailable } from '../actors/app-cache'
+import { type CachedApp, type CachedLicense, StoreUnavailable } from '../actors/load'
 import type { Context } from '../context'
 import { loadLiveBalance } from '../credits/ledger'
 import { PublicError } from '../lib/errors'
@@ -46,33 +45,36 @@ const licenseDecides = (p: Plan) => !p.outcome.ok && p.outcome.code === 'invalid
  */
 export async function authorize(ctx: Context, request: AuthRequest, plan: Planner): Promise<Authorized> {
   const { ip, appId, licenseKey } = request
-  const { cache } = ctx.clientAuth
+  const { actors } = ctx
   const nowMs = ctx.clock()
   // Set once the IP token was taken to admit the license lookup; the script then leaves that bucket out.
   let admitted: Bucket | null = null
   try {
     for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
-      let appEntry = cache.cachedApp(appId)
+      // The app's actor holds its state and its licenses: a cached request reads both through it.
+      let actor = actors.existing(appId)
+      let appEntry = actor?.app ?? actors.cachedApp(appId)
       // Awaited only on a miss: the common all-cached request skips a promise and a microtask turn.
       if (!appEntry) {
-        if (!cache.absentApps.allows(ip, nowMs)) throw new PublicError('invalid_app')
-        await cache.ensureApp(appId)
-        appEntry = cache.cachedApp(appId)
+        if (!actors.absentApps.allows(ip, nowMs)) throw new PublicError('invalid_app')
+        await actors.ensureApp(appId)
+        actor = actors.existing(appId)
+        appEntry = actor?.app ?? actors.cachedApp(appId)
         if (!appEntry) continue
-        if (appEntry.value === null) cache.absentApps.charge(ip, nowMs)
+        if (appEntry.value === null) actors.absentApps.charge(ip, nowMs)
       }
       const app = appEntry.value
-      let licenseEntry = licenseKey === null ? undefined : cache.cachedLicense(licenseKey)
+      let licenseEntry = licenseKey === null ? undefined : actor?.licenses.get(licenseKey)
       let p = plan(app, licenseEntry?.value ?? null, nowMs)
       if (licenseKey !== null && !licenseEntry && licenseDecides(p)) {
         // The app secret (or session), the app's state and its lists passed: only now may the key reach
         // PostgreSQL, and only with a token of the caller's IP limit, so unauthenticated traffic and a
         // flood of made-up keys stop before the database.
         const token: Bucket | null = ctx.config.publicRateLimits && !admitted ? p.ipBucket : null
-        const read = await cache.ensureLicense(licenseKey, token ? { ...token, nowMs } : undefined)
+        const read = await actors.ensureLicense(appId, licenseKey, token ? { ...token, nowMs } : undefined)
         if (read.kind === 'limited') throw rateLimited(read.retryAfterMs)
         admitted ??= token
-        licenseEntry = cache.cachedLicense(licenseKey)
+        licenseEntry = actors.cachedLicense(appId, licenseKey)
         if (!licenseEntry) continue
         p = plan(app, licenseEntry.value, nowMs)
       }
@@ -83,7 +85,7 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
       const { outcome, ipBucket: _, ...rest } = p
       if (!ctx.config.publicRateLimits) rest.buckets = []
       else if (admitted) rest.buckets = rest.buckets.filter((b) => b.key !== admitted!.key)
-      const generation = cache.generation
+      const generation = actors.generation
       let result: AuthorizeResult
       try {
         result = await ctx.store.authorize({ ...rest, nowMs, generation, epochs, deny: !outcome.ok })
@@ -92,14 +94,14 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
       }
       switch (result.kind) {
         case 'new_generation':
-          cache.startOver(result.generation)
+          actors.startOver(result.generation)
           continue
         case 'stale':
-          if (result.epochs[0] !== appEntry.epoch) await cache.reloadApp(appId, result.epochs[0] ?? 0, generation)
+          if (result.epochs[0] !== appEntry.epoch) await actors.reloadApp(appId, result.epochs[0] ?? 0, generation)
           if (licenseKey !== null && result.epochs[1] !== licenseEntry?.epoch) {
             // Read again at once only for a caller that may look the license up at all.
-            if (licenseDecides(plan(app, null, nowMs))) await cache.reloadLicense(licenseKey, result.epochs[1] ?? 0, generation)
-            else cache.forgetLicense(licenseKey)
+            if (licenseDecides(plan(app, null, nowMs))) await actors.reloadLicense(appId, licenseKey, result.epochs[1] ?? 0, generation)
+            else actors.forgetLicense(appId, licenseKey)
           }
           continue
         case 'no_balance':
@@ -138,17 +140,17 @@ async function withoutStore(
   err: StoreUnavailable,
   nowMs: number,
 ): Promise<Authorized> {
-  const { cache } = ctx.clientAuth
+  const { actors } = ctx
   if (needsNonce) {
     logEvery('warn', 'store unreachable: refusing requests that need a nonce claim', () => errorFields(err.cause))
     throw new PublicError('system_error')
   }
   logEvery('warn', 'store unreachable: serving requests without limits or charges', () => errorFields(err.cause))
-  if (!cache.absentApps.allows(ip, nowMs)) throw new PublicError('invalid_app')
-  const [app, license] = await Promise.all([cache.loadApp(appId), licenseKey === null ? null : cache.loadLicense(licenseKey)])
+  if (!actors.absentApps.allows(ip, nowMs)) throw new PublicError('invalid_app')
+  const [app, license] = await Promise.all([actors.loadApp(appId), licenseKey === null ? null : actors.loadLicense(licenseKey)])
   const { outcome } = plan(app, license, nowMs)
   if (!app) {
-    cache.absentApps.charge(ip, nowMs)
+    actors.absentApps.charge(ip, nowMs)
     throw new PublicError('invalid_app')
   }
   if (!outcome.ok) throw new PublicError(outcome.code)

@@ -1,4 +1,4 @@
-import type { CachedApp, CachedLicense } from '../actors/app-cache'
+import type { CachedApp, CachedLicense } from '../actors/load'
 import { PublicError } from '../lib/errors'
 import { log } from '../lib/log'
 import type { Signer } from '../signing/signer'

@@ -1,5 +1,5 @@
 import { createHash, timingSafeEqual } from 'node:crypto'
-import type { CachedApp, CachedLicense } from '../actors/app-cache'
+import type { CachedApp, CachedLicense } from '../actors/load'
 import type { Config } from '../config'
 import { PublicError, type PublicErrorCode } from '../lib/errors'
 import { type AuthorizeInput, keys } from '../store/store'

@@ -1,12 +1,6 @@
-import type { CachedApp } from '../actors/app-cache'
 import type { Context } from '../context'
-import { recordEvents } from '../delivery/outbox'
-import { licenses } from '../db/schema'
 import { PublicError } from '../lib/errors'
-import { appendEntry } from '../security/service'
-import { invalidate } from '../actors/invalidate'
 import { keys } from '../store/store'
-import { and, eq } from 'drizzle-orm'
 import { authorize } from './authorize'
 import type { SelfbanInput, SelfbanReply } from './model'
 import { bucket, ceiling, fail, NONCE_TTL_SECONDS, type Outcome, SANDBOX, secretMatches } from './policy'
@@ -52,7 +46,7 @@ export async function selfban(ctx: Context, input: SelfbanInput, ip: string): Pr
   return {
     status: 'success',
     mode,
-    performed: await applySelfban(ctx, auth.app, auth.license!.key, {
+    performed: await ctx.actors.selfban(auth.app.id, auth.license!.key, {
       revokeLicense: post && revoke,
       blacklistHwid: input.blacklistHwid ?? true,
       blacklistIp: input.blacklistIp ?? true,
@@ -62,38 +56,3 @@ export async function selfban(ctx: Context, input: SelfbanInput, ip: string): Pr
   }
 }
 
-async function applySelfban(
-  ctx: Context,
-  app: CachedApp,
-  licenseKey: string,
-  want: { revokeLicense: boolean; blacklistHwid: boolean; blacklistIp: boolean; hwid: string; ip: string },
-): Promise<SelfbanReply['performed']> {
-  const performed = await ctx.mailbox.run(app.id, () =>
-    ctx.database.db.transaction(async (tx) => {
-      const done = { revokeLicense: false, blacklistHwid: false, blacklistIp: false }
-      const now = new Date(ctx.clock())
-      if (want.revokeLicense) {
-        const rows = await tx
-          .update(licenses)
-          .set({ status: 'revoked' })
-          .where(and(eq(licenses.key, licenseKey), eq(licenses.appId, app.id), eq(licenses.status, 'active')))
-          .returning({ key: licenses.key })
-        done.revokeLicense = rows.length > 0
-        if (done.revokeLicense) {
-          await recordEvents(tx, [
-            { event: 'license.revoked', data: { licenseKey, appId: app.id, reason: 'selfban' }, occurredAt: now },
-          ])
-        }
-      }
-      if (want.blacklistHwid) done.blacklistHwid = await appendEntry(tx, app.id, 'hwidBlacklist', want.hwid)
-      if (want.blacklistIp) done.blacklistIp = await appendEntry(tx, app.id, 'ipBlacklist', want.ip)
-      return done
-    }),
-  )
-  const bumps: string[] = []
-  if (performed.blacklistHwid || performed.blacklistIp) bumps.push(keys.appEpoch(app.id))
-  if (performed.revokeLicense) bumps.push(keys.licenseEpoch(licenseKey))
-  await invalidate(ctx, bumps)
-  if (performed.revokeLicense) ctx.bus.notify()
-  return performed
-}

@@ -1,13 +1,9 @@
-import type { AuthCache } from '../actors/app-cache'
-import type { SeatBinder } from '../actors/seat-binder'
 import type { SignedPayloads } from './payload'
 import type { SessionTokens } from './session'
 import type { EventBatch } from './validated-events'
 
 /** What the client endpoints keep between requests; built once by boot. */
 export interface ClientAuthState {
-  cache: AuthCache
-  binder: SeatBinder
   /** license.validated events waiting for their batched INSERT; stopped at shutdown. */
   events: EventBatch
   payloads: SignedPayloads

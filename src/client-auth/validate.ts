@@ -1,4 +1,4 @@
-import type { CachedApp, CachedLicense } from '../actors/app-cache'
+import type { CachedApp, CachedLicense } from '../actors/load'
 import type { Context } from '../context'
 import { PublicError } from '../lib/errors'
 import { keys } from '../store/store'
@@ -74,14 +74,14 @@ export async function validate(ctx: Context, input: ValidateInput, ip: string): 
   return ctx.clientAuth.payloads.sign(app, license, hwid, session, input.nonce, nowMs)
 }
 
-/** Binds a new HWID through the app's seat binder, then reports the license as it now stands. */
+/** Binds a new HWID through the app's actor, then reports the license as it now stands. */
 async function bindHwid(ctx: Context, app: CachedApp, licenseKey: string, hwid: string): Promise<CachedLicense> {
-  const { cache, binder } = ctx.clientAuth
-  const bound = await binder.bind(app.id, licenseKey, hwid)
-  // Reloaded under a freshly read epoch, so the next request of this HWID is served from the cache.
-  cache.forgetLicense(licenseKey)
-  await cache.ensureLicense(licenseKey)
-  const current = cache.cachedLicense(licenseKey)?.value ?? (await cache.loadLicense(licenseKey))
+  const { actors } = ctx
+  const bound = await actors.bindSeat(app.id, licenseKey, hwid)
+  // Reloaded under a freshly read epoch, so the next request of this HWID is served from the actor.
+  actors.forgetLicense(app.id, licenseKey)
+  await actors.ensureLicense(app.id, licenseKey)
+  const current = actors.cachedLicense(app.id, licenseKey)?.value ?? (await actors.loadLicense(licenseKey))
   if (bound && current) return current
   const state = current ? licenseState(current, app, ctx.clock()) : 'invalid_key'
   if (state) throw new PublicError(state)

@@ -95,3 +95,12 @@ export const UpdateLicenseBody = StrictBody({
 })
 
 export const UpdateLicenseResponse = t.Object({ ok: t.Literal(true), license: LicenseWithHwids })
+
+export type License = typeof License.static
+export type LicenseWithHwids = typeof LicenseWithHwids.static
+export type LicenseDetail = typeof LicenseDetail.static
+export type CreateLicensesBody = typeof CreateLicensesBody.static
+export type ListLicensesQuery = typeof ListLicensesQuery.static
+export type ListLicensesResponse = typeof ListLicensesResponse.static
+export type UpdateLicenseBody = typeof UpdateLicenseBody.static
+export type UpdateLicenseResponse = typeof UpdateLicenseResponse.static

@@ -3,33 +3,27 @@ import type { Tx } from '../db/client'
 import { apps, licenses } from '../db/schema'
 import type { Context } from '../context'
 import { ApiError, badRequest, forbidden, notFound } from '../lib/errors'
-import { keys } from '../store/store'
 import { requireOwnedApp } from '../accounts/service'
 import { hasPositiveBalance } from '../credits/balance'
-import { generateLicenseKey, hmacBase64Url, LICENSE_KEY_PATTERN, safeEqual } from '../lib/crypto'
+import { generateLicenseKey, LICENSE_KEY_PATTERN } from '../lib/crypto'
 import { type DomainEvent, type EventData, type EventName, recordEvents } from '../delivery/outbox'
 import { parseIsoTimestamp } from '../lib/time'
-import { invalidate } from '../actors/invalidate'
+import { decodeCursor, encodeCursor } from './cursor'
+import type {
+  CreateLicensesBody,
+  License,
+  LicenseDetail,
+  LicenseWithHwids,
+  ListLicensesQuery,
+  ListLicensesResponse,
+  UpdateLicenseBody,
+  UpdateLicenseResponse,
+} from './model'
 
 type LicenseRow = typeof licenses.$inferSelect
 
 /** A license as the Developer API shows it (create shape: no hwidList). */
-export interface LicenseView {
-  licenseKey: string
-  appId: string
-  status: 'active' | 'revoked'
-  expiresAt: string | null
-  maxHwidSlots: number
-  unlimitedHwidSlots: boolean
-  label: string | null
-  createdAt: string
-}
-
-export interface LicenseWithHwids extends LicenseView {
-  hwidList: string[]
-}
-
-export function licenseView(row: LicenseRow): LicenseView {
+export function licenseView(row: LicenseRow): License {
   return {
     licenseKey: row.key,
     appId: row.appId,
@@ -66,32 +60,57 @@ function expiryFrom(text: string | null | undefined): Date | null {
   return date
 }
 
-/** Publishes a committed change: caches on every instance drop the keys, the dispatcher wakes. */
-async function published(ctx: Context, licenseKeys: readonly string[]): Promise<void> {
-  await invalidate(ctx, licenseKeys.map(keys.licenseEpoch))
-  ctx.bus.notify()
-}
-
 function event(ctx: Context, name: EventName, data: EventData): DomainEvent {
   return { event: name, data, occurredAt: new Date(ctx.clock()) }
 }
 
-export interface CreateLicensesInput {
-  appId: string
-  quantity?: number
-  expiresAt?: string | null
-  maxHwidSlots?: number
-  unlimitedHwidSlots?: boolean
-  label?: string | null
+type NewLicense = Omit<typeof licenses.$inferInsert, 'key' | 'createdAt'>
+
+/** Inserts `quantity` licenses with fresh keys and their license.created events, in one transaction. */
+function insertLicenses(ctx: Context, values: NewLicense, quantity: number, newKey: () => string) {
+  return ctx.database.db.transaction(async (tx) => {
+    const createdAt = new Date(ctx.clock())
+    const created: LicenseRow[] = []
+    // 80 random bits make a clash rare, not impossible: the loser of ON CONFLICT gets a new key.
+    for (let attempt = 0; created.length < quantity; attempt++) {
+      if (attempt === MAX_KEY_ATTEMPTS) throw new Error('could not generate unique license keys')
+      const batch = Array.from({ length: quantity - created.length }, () => ({
+        ...values,
+        key: newKey(),
+        createdAt,
+      }))
+      created.push(
+        ...(await tx
+          .insert(licenses)
+          .values(batch)
+          .onConflictDoNothing({ target: licenses.key })
+          .returning()),
+      )
+    }
+    await recordEvents(
+      tx,
+      created.map((row) =>
+        event(ctx, 'license.created', {
+          licenseKey: row.key,
+          appId: row.appId,
+          expiresAt: row.expiresAt?.toISOString() ?? null,
+          maxHwidSlots: row.maxHwidSlots,
+          unlimitedHwidSlots: row.unlimitedHwidSlots,
+          label: row.label,
+        }),
+      ),
+    )
+    return created
+  })
 }
 
 /** `newKey` is the key source; tests pass one that repeats keys to exercise the clash path. */
 export async function createLicenses(
   ctx: Context,
   accountId: string,
-  input: CreateLicensesInput,
+  input: CreateLicensesBody,
   newKey: () => string = generateLicenseKey,
-) {
+): Promise<License[]> {
   const expiresAt = expiryFrom(input.expiresAt)
   const app = await requireOwnedApp(ctx, accountId, input.appId)
   if (!(await hasPositiveBalance(ctx, accountId))) {
@@ -102,52 +121,17 @@ export async function createLicenses(
     )
   }
   const quantity = input.quantity ?? 1
-  const values = {
+  const values: NewLicense = {
     appId: app.id,
     expiresAt,
     maxHwidSlots: input.maxHwidSlots ?? 1,
     unlimitedHwidSlots: input.unlimitedHwidSlots ?? false,
     label: input.label ?? null,
   }
-  const rows = await ctx.mailbox.run(app.id, () =>
-    ctx.database.db.transaction(async (tx) => {
-      const createdAt = new Date(ctx.clock())
-      const created: LicenseRow[] = []
-      // 80 random bits make a clash rare, not impossible: the loser of ON CONFLICT gets a new key.
-      for (let attempt = 0; created.length < quantity; attempt++) {
-        if (attempt === MAX_KEY_ATTEMPTS) throw new Error('could not generate unique license keys')
-        const batch = Array.from({ length: quantity - created.length }, () => ({
-          ...values,
-          key: newKey(),
-          createdAt,
-        }))
-        created.push(
-          ...(await tx
-            .insert(licenses)
-            .values(batch)
-            .onConflictDoNothing({ target: licenses.key })
-            .returning()),
-        )
-      }
-      await recordEvents(
-        tx,
-        created.map((row) =>
-          event(ctx, 'license.created', {
-            licenseKey: row.key,
-            appId: row.appId,
-            expiresAt: row.expiresAt?.toISOString() ?? null,
-            maxHwidSlots: row.maxHwidSlots,
-            unlimitedHwidSlots: row.unlimitedHwidSlots,
-            label: row.label,
-          }),
-        ),
-      )
-      return created
-    }),
-  )
-  await published(
-    ctx,
-    rows.map((r) => r.key),
+  const rows = await ctx.actors.of(app.id).write(
+    () => insertLicenses(ctx, values, quantity, newKey),
+    // A key cached as absent anywhere (looked up before it existed) must be read again.
+    (created) => ({ licenses: created.map((row) => row.key), events: true }),
   )
   return rows.map(licenseView)
 }
@@ -172,46 +156,17 @@ export async function requireOwnedLicense(
 }
 
 /** The single-license view; `hwid` is the first bound HWID (the oldest binding) or null. */
-export async function getLicense(ctx: Context, accountId: string, licenseKey: string) {
+export async function getLicense(ctx: Context, accountId: string, licenseKey: string): Promise<LicenseDetail> {
   const row = await requireOwnedLicense(ctx, accountId, licenseKey)
   return { ...licenseWithHwids(row), hwid: row.hwids[0] ?? null }
 }
 
-interface Cursor {
-  createdAt: string
-  key: string
-}
-
-const CURSOR_TEXT = /^([A-Za-z0-9_-]{1,200})\.([A-Za-z0-9_-]{22})$/
-
-// The MAC input is prefixed so a cursor's tag can never stand for a session token's (same key), and
-// names the app so a cursor of one listing is refused by another.
-const cursorTag = (ctx: Context, appId: string, position: string) =>
-  hmacBase64Url(ctx.sessionKey, `license-cursor\n${appId}\n${position}`).slice(0, 22)
-
-/** The last row's position, tagged with a MAC: only a cursor this API returned is ever decoded. */
-export function encodeCursor(ctx: Context, row: LicenseRow): string {
-  const position = Buffer.from(`${row.createdAt.toISOString()}|${row.key}`, 'utf8').toString('base64url')
-  return `${position}.${cursorTag(ctx, row.appId, position)}`
-}
-
-function decodeCursor(ctx: Context, appId: string, text: string): Cursor {
-  const invalid = () => badRequest('cursor is not one this API returned')
-  const [, position, tag] = CURSOR_TEXT.exec(text) ?? []
-  if (!position || !tag || !safeEqual(tag, cursorTag(ctx, appId, position))) throw invalid()
-  const [createdAt, key] = Buffer.from(position, 'base64url').toString('utf8').split('|')
-  if (createdAt === undefined || key === undefined) throw invalid()
-  return { createdAt, key }
-}
-
-export interface ListLicensesInput {
-  appId: string
-  limit?: number
-  cursor?: string
-}
-
 /** Newest first (created_at DESC, key DESC); the cursor is the last row's position, keyset style. */
-export async function listLicenses(ctx: Context, accountId: string, input: ListLicensesInput) {
+export async function listLicenses(
+  ctx: Context,
+  accountId: string,
+  input: ListLicensesQuery,
+): Promise<ListLicensesResponse> {
   const app = await requireOwnedApp(ctx, accountId, input.appId)
   const after = input.cursor === undefined ? null : decodeCursor(ctx, app.id, input.cursor)
   const limit = input.limit ?? 50
@@ -236,18 +191,10 @@ export async function listLicenses(ctx: Context, accountId: string, input: ListL
   }
 }
 
-export type LicenseAction = 'revoke' | 'activate' | 'extend' | 'reset-hwid'
-
-export interface UpdateLicenseInput {
-  action: LicenseAction
-  /** Required by extend (null makes the license lifetime); refused with any other action. */
-  expiresAt?: string | null
-}
-
 /** Works out the change an action makes to a locked row: the new column values and the event, if any. */
 function planUpdate(
   row: LicenseRow,
-  input: UpdateLicenseInput,
+  input: UpdateLicenseBody,
 ): { set: Partial<LicenseRow>; event: EventName | null; extra: Record<string, unknown> } {
   switch (input.action) {
     case 'revoke':
@@ -269,7 +216,7 @@ function planUpdate(
   }
 }
 
-function checkUpdateInput(input: UpdateLicenseInput): void {
+function checkUpdateInput(input: UpdateLicenseBody): void {
   if (input.action === 'extend') {
     if (input.expiresAt === undefined)
       throw badRequest('expiresAt is required when action is extend')
@@ -286,53 +233,59 @@ async function lockLicense(tx: Tx, licenseKey: string): Promise<LicenseRow> {
   return row
 }
 
+/**
+ * Applies the action to the license under a row lock: the lock, not the actor, is what orders updates
+ * of one license across processes sharing the database.
+ */
+function applyUpdate(ctx: Context, licenseKey: string, input: UpdateLicenseBody) {
+  return ctx.database.db.transaction(async (tx) => {
+    const current = await lockLicense(tx, licenseKey)
+    const plan = planUpdate(current, input)
+    if (Object.keys(plan.set).length === 0) return { row: current, changed: false }
+    const [updated] = await tx.update(licenses).set(plan.set).where(eq(licenses.key, licenseKey)).returning()
+    if (!updated) throw new Error('locked license vanished during update')
+    if (plan.event) {
+      await recordEvents(tx, [event(ctx, plan.event, { licenseKey, appId: updated.appId, ...plan.extra })])
+    }
+    return { row: updated, changed: true }
+  })
+}
+
 export async function updateLicense(
   ctx: Context,
   accountId: string,
   licenseKey: string,
-  input: UpdateLicenseInput,
-) {
+  input: UpdateLicenseBody,
+): Promise<UpdateLicenseResponse> {
   checkUpdateInput(input)
   const owned = await requireOwnedLicense(ctx, accountId, licenseKey)
-  const { row, changed } = await ctx.mailbox.run(owned.appId, () =>
-    ctx.database.db.transaction(async (tx) => {
-      const current = await lockLicense(tx, licenseKey)
-      const plan = planUpdate(current, input)
-      if (Object.keys(plan.set).length === 0) return { row: current, changed: false }
-      const [updated] = await tx
-        .update(licenses)
-        .set(plan.set)
-        .where(eq(licenses.key, licenseKey))
-        .returning()
-      if (!updated) throw new Error('locked license vanished during update')
-      if (plan.event) {
-        await recordEvents(tx, [
-          event(ctx, plan.event, { licenseKey, appId: updated.appId, ...plan.extra }),
-        ])
-      }
-      return { row: updated, changed: true }
-    }),
+  const { row } = await ctx.actors.of(owned.appId).write(
+    () => applyUpdate(ctx, licenseKey, input),
+    ({ changed }) => (changed ? { licenses: [licenseKey], events: true } : {}),
   )
-  if (changed) await published(ctx, [licenseKey])
   return { ok: true as const, license: licenseWithHwids(row) }
+}
+
+function removeLicense(ctx: Context, licenseKey: string) {
+  return ctx.database.db.transaction(async (tx) => {
+    const [deleted] = await tx.delete(licenses).where(eq(licenses.key, licenseKey)).returning()
+    if (!deleted) throw notFound(`No license ${licenseKey}`)
+    await recordEvents(tx, [
+      event(ctx, 'license.deleted', {
+        licenseKey,
+        appId: deleted.appId,
+        status: deleted.status,
+        hwidList: deleted.hwids,
+      }),
+    ])
+  })
 }
 
 export async function deleteLicense(ctx: Context, accountId: string, licenseKey: string) {
   const owned = await requireOwnedLicense(ctx, accountId, licenseKey)
-  await ctx.mailbox.run(owned.appId, () =>
-    ctx.database.db.transaction(async (tx) => {
-      const [deleted] = await tx.delete(licenses).where(eq(licenses.key, licenseKey)).returning()
-      if (!deleted) throw notFound(`No license ${licenseKey}`)
-      await recordEvents(tx, [
-        event(ctx, 'license.deleted', {
-          licenseKey,
-          appId: deleted.appId,
-          status: deleted.status,
-          hwidList: deleted.hwids,
-        }),
-      ])
-    }),
+  await ctx.actors.of(owned.appId).write(
+    () => removeLicense(ctx, licenseKey),
+    () => ({ licenses: [licenseKey], events: true }),
   )
-  await published(ctx, [licenseKey])
   return { ok: true as const }
 }

@@ -24,3 +24,7 @@ export const SecurityEntryBody = StrictBody({
       'HWID of 1 to 128 characters, or a single IPv4/IPv6 address of 7 to 45 characters (stored canonical)',
   }),
 })
+
+export type SecurityConfig = typeof SecurityConfig.static
+export type PutSecurityBody = typeof PutSecurityBody.static
+export type SecurityEntryBody = typeof SecurityEntryBody.static

@@ -1,38 +1,28 @@
 import { isIP } from 'node:net'
 import { and, eq, sql } from 'drizzle-orm'
 import type { PgUpdateSetSource } from 'drizzle-orm/pg-core'
-import type { DbOrTx } from '../db/client'
 import { apps } from '../db/schema'
 import type { Context } from '../context'
 import { badRequest } from '../lib/errors'
 import { canonicalIp } from '../http/client-ip'
-import { keys } from '../store/store'
 import { requireOwnedApp } from '../accounts/service'
-import { invalidate } from '../actors/invalidate'
+import { appendEntry, type ListName, MAX_LIST_ENTRIES } from '../actors/list-writes'
+import type { PutSecurityBody, SecurityConfig, SecurityEntryBody } from './model'
 
-export const MAX_LIST_ENTRIES = 1000
 export const HWID_LENGTH = { min: 1, max: 128 } as const
 export const IP_LENGTH = { min: 7, max: 45 } as const
 
-export type EntryType = 'hwid' | 'ip'
+type EntryType = SecurityEntryBody['type']
 export type ListKind = 'blacklist' | 'whitelist'
-export type ListName = 'hwidBlacklist' | 'hwidWhitelist' | 'ipBlacklist' | 'ipWhitelist'
 
-export interface SecurityConfig {
-  hwidBlacklist: string[]
-  hwidWhitelist: string[]
-  ipBlacklist: string[]
-  ipWhitelist: string[]
-}
+const ENTRY_TYPES = {
+  hwidBlacklist: 'hwid',
+  hwidWhitelist: 'hwid',
+  ipBlacklist: 'ip',
+  ipWhitelist: 'ip',
+} as const satisfies Record<ListName, EntryType>
 
-const LISTS = {
-  hwidBlacklist: { type: 'hwid', column: apps.hwidBlacklist },
-  hwidWhitelist: { type: 'hwid', column: apps.hwidWhitelist },
-  ipBlacklist: { type: 'ip', column: apps.ipBlacklist },
-  ipWhitelist: { type: 'ip', column: apps.ipWhitelist },
-} as const satisfies Record<ListName, { type: EntryType; column: unknown }>
-
-const LIST_NAMES = Object.keys(LISTS) as ListName[]
+const LIST_NAMES = Object.keys(ENTRY_TYPES) as ListName[]
 
 const listName = (type: EntryType, kind: ListKind): ListName =>
   `${type}${kind === 'blacklist' ? 'Blacklist' : 'Whitelist'}`
@@ -60,7 +50,7 @@ export function normalizeEntry(type: EntryType, value: string): string {
 function normalizeList(name: ListName, values: readonly string[]): string[] {
   if (values.length > MAX_LIST_ENTRIES)
     throw badRequest(`${name} holds at most ${MAX_LIST_ENTRIES} entries`)
-  return [...new Set(values.map((v) => normalizeEntry(LISTS[name].type, v)))]
+  return [...new Set(values.map((v) => normalizeEntry(ENTRY_TYPES[name], v)))]
 }
 
 const selection = {
@@ -89,7 +79,7 @@ export async function putSecurity(
   ctx: Context,
   accountId: string,
   appId: string,
-  input: Partial<SecurityConfig>,
+  input: PutSecurityBody,
 ): Promise<SecurityConfig> {
   const set: PgUpdateSetSource<typeof apps> = {}
   for (const name of LIST_NAMES) {
@@ -98,39 +88,17 @@ export async function putSecurity(
   }
   const app = await requireOwnedApp(ctx, accountId, appId)
   if (Object.keys(set).length === 0) return getSecurity(ctx, accountId, app.id)
-  const [row] = await ctx.database.db
-    .update(apps)
-    .set(set)
-    .where(and(eq(apps.id, app.id), eq(apps.accountId, accountId)))
-    .returning(selection)
+  const [row] = await ctx.actors.of(app.id).write(
+    () =>
+      ctx.database.db
+        .update(apps)
+        .set(set)
+        .where(and(eq(apps.id, app.id), eq(apps.accountId, accountId)))
+        .returning(selection),
+    ([updated]) => ({ app: updated !== undefined }),
+  )
   if (!row) throw new Error('owned app vanished during update')
-  await invalidate(ctx, [keys.appEpoch(app.id)])
   return row
-}
-
-/**
- * Appends `value` (already normalized) to one list in a single conditional UPDATE, so concurrent adds
- * can neither duplicate an entry nor push a list past its limit. False when it was present or full.
- */
-export async function appendEntry(db: DbOrTx, appId: string, name: ListName, value: string): Promise<boolean> {
-  const column = LISTS[name].column
-  const rows = await db
-    .update(apps)
-    .set({ [name]: sql`array_append(${column}, ${value}::text)` })
-    .where(
-      and(
-        eq(apps.id, appId),
-        sql`NOT (${value}::text = ANY(${column}))`,
-        sql`cardinality(${column}) < ${MAX_LIST_ENTRIES}`,
-      ),
-    )
-    .returning({ id: apps.id })
-  return rows.length > 0
-}
-
-export interface EntryInput {
-  type: EntryType
-  value: string
 }
 
 /** Adds one entry (see appendEntry); an entry already present is a no-op success, a full list 400. */
@@ -139,18 +107,18 @@ export async function addEntry(
   accountId: string,
   appId: string,
   kind: ListKind,
-  input: EntryInput,
+  input: SecurityEntryBody,
 ) {
   const name = listName(input.type, kind)
   const value = normalizeEntry(input.type, input.value)
   const app = await requireOwnedApp(ctx, accountId, appId)
-  const added = await appendEntry(ctx.database.db, app.id, name, value)
-  if (added) {
-    await invalidate(ctx, [keys.appEpoch(app.id)])
-    return { ok: true as const }
-  }
+  const added = await ctx.actors.of(app.id).write(
+    () => appendEntry(ctx.database.db, app.id, name, value),
+    (appended) => ({ app: appended }),
+  )
+  if (added) return { ok: true as const }
   const [current] = await ctx.database.db
-    .select({ list: LISTS[name].column })
+    .select({ list: apps[name] })
     .from(apps)
     .where(eq(apps.id, app.id))
   if (current?.list.includes(value)) return { ok: true as const }
@@ -163,17 +131,20 @@ export async function removeEntry(
   accountId: string,
   appId: string,
   kind: ListKind,
-  input: EntryInput,
+  input: SecurityEntryBody,
 ) {
   const name = listName(input.type, kind)
   const value = normalizeEntry(input.type, input.value)
   const app = await requireOwnedApp(ctx, accountId, appId)
-  const column = LISTS[name].column
-  const removed = await ctx.database.db
-    .update(apps)
-    .set({ [name]: sql`array_remove(${column}, ${value}::text)` })
-    .where(and(eq(apps.id, app.id), sql`${value}::text = ANY(${column})`))
-    .returning({ id: apps.id })
-  if (removed.length > 0) await invalidate(ctx, [keys.appEpoch(app.id)])
+  const column = apps[name]
+  await ctx.actors.of(app.id).write(
+    () =>
+      ctx.database.db
+        .update(apps)
+        .set({ [name]: sql`array_remove(${column}, ${value}::text)` })
+        .where(and(eq(apps.id, app.id), sql`${value}::text = ANY(${column})`))
+        .returning({ id: apps.id }),
+    (removed) => ({ app: removed.length > 0 }),
+  )
   return { ok: true as const }
 }

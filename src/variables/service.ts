@@ -2,10 +2,8 @@ import { and, eq } from 'drizzle-orm'
 import { apps, licenses, type VariableMap } from '../db/schema'
 import type { Context } from '../context'
 import { badRequest, notFound } from '../lib/errors'
-import { keys } from '../store/store'
 import { requireOwnedApp } from '../accounts/service'
 import { requireOwnedLicense } from '../licenses/service'
-import { invalidate } from '../actors/invalidate'
 
 export const MAX_VARIABLES = 50
 export const MAX_VARIABLE_KEY_LENGTH = 64
@@ -52,13 +50,16 @@ export async function putAppVariables(
 ) {
   const variables = checkVariables(input)
   const app = await requireOwnedApp(ctx, accountId, appId)
-  const [row] = await ctx.database.db
-    .update(apps)
-    .set({ variables })
-    .where(and(eq(apps.id, app.id), eq(apps.accountId, accountId)))
-    .returning({ variables: apps.variables })
+  const [row] = await ctx.actors.of(app.id).write(
+    () =>
+      ctx.database.db
+        .update(apps)
+        .set({ variables })
+        .where(and(eq(apps.id, app.id), eq(apps.accountId, accountId)))
+        .returning({ variables: apps.variables }),
+    ([updated]) => ({ app: updated !== undefined }),
+  )
   if (!row) throw new Error('owned app vanished during update')
-  await invalidate(ctx, [keys.appEpoch(app.id)])
   return row.variables
 }
 
@@ -79,16 +80,15 @@ export async function putLicenseVariables(
 ) {
   const variables = checkVariables(input)
   const license = await requireOwnedLicense(ctx, accountId, licenseKey)
-  // Serialised with the app's other license changes, like every license mutation.
-  const row = await ctx.mailbox.run(license.appId, async () => {
-    const [updated] = await ctx.database.db
-      .update(licenses)
-      .set({ variables })
-      .where(eq(licenses.key, license.key))
-      .returning({ variables: licenses.variables })
-    return updated
-  })
+  const [row] = await ctx.actors.of(license.appId).write(
+    () =>
+      ctx.database.db
+        .update(licenses)
+        .set({ variables })
+        .where(eq(licenses.key, license.key))
+        .returning({ variables: licenses.variables }),
+    ([updated]) => ({ licenses: updated ? [license.key] : [] }),
+  )
   if (!row) throw notFound(`No license ${licenseKey}`)
-  await invalidate(ctx, [keys.licenseEpoch(license.key)])
   return row.variables
 }

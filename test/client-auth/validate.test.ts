@@ -183,7 +183,7 @@ test('hot path: a validate of a bound HWID and every heartbeat read no PostgreSQ
     t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: h, nonce: nonce() } })
   const first = await login()
   expect(first.status).toBe(200)
-  const before = ({ ...t.ctx.clientAuth.cache.loads })
+  const before = ({ ...t.ctx.actors.loads })
   let token = decode(first.body.payload).sessionToken
   for (let i = 0; i < 15; i++) {
     expect((await login()).status).toBe(200)
@@ -191,5 +191,5 @@ test('hot path: a validate of a bound HWID and every heartbeat read no PostgreSQ
     expect(beat.status).toBe(200)
     token = decode(beat.body.payload).sessionToken
   }
-  expect(({ ...t.ctx.clientAuth.cache.loads })).toEqual(before)
+  expect(({ ...t.ctx.actors.loads })).toEqual(before)
 })

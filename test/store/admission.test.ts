@@ -5,7 +5,7 @@
  */
 import { expect, test } from 'bun:test'
 import { randomBytes } from 'node:crypto'
-import { AuthCache } from '../../src/actors/app-cache'
+import { AppActors } from '../../src/actors/registry'
 import { generateLicenseKey } from '../../src/lib/crypto'
 import { hwid, insertLicense, nonce } from '../support/client'
 import { makeTestApp } from '../support/helpers'
@@ -19,14 +19,14 @@ const validate = (body: { appId: string; appSecret: string; licenseKey: string }
 
 test('validates with a wrong app secret and random keys load no license and the app once', async () => {
   const s = await t.seed()
-  const before = ({ ...t.ctx.clientAuth.cache.loads })
+  const before = ({ ...t.ctx.actors.loads })
   const replies = await Promise.all(
     Array.from({ length: 300 }, (_, i) =>
       validate({ appId: s.appId, appSecret: randomBytes(16).toString('hex'), licenseKey: generateLicenseKey() }, `198.51.100.${i % 250}`),
     ),
   )
   expect(new Set(replies.map((r) => `${r.status} ${r.body.error}`))).toEqual(new Set(['401 invalid_app']))
-  const after = ({ ...t.ctx.clientAuth.cache.loads })
+  const after = ({ ...t.ctx.actors.loads })
   expect(after.licenses - before.licenses).toBe(0)
   expect(after.apps - before.apps).toBeLessThanOrEqual(1)
 })
@@ -34,14 +34,14 @@ test('validates with a wrong app secret and random keys load no license and the 
 test('a flood of absent keys with the right secret from one IP is limited before PostgreSQL', async () => {
   const s = await t.seed()
   const ip = '203.0.113.7'
-  const before = ({ ...t.ctx.clientAuth.cache.loads })
+  const before = ({ ...t.ctx.actors.loads })
   const statuses: number[] = []
   for (let i = 0; i < 60; i++) {
     statuses.push((await validate({ appId: s.appId, appSecret: s.appSecret, licenseKey: generateLicenseKey() }, ip)).status)
   }
   expect(statuses.filter((x) => x === 401)).toHaveLength(PER_IP)
   expect(statuses.filter((x) => x === 429)).toHaveLength(60 - PER_IP)
-  expect(({ ...t.ctx.clientAuth.cache.loads }).licenses - before.licenses).toBe(PER_IP)
+  expect(({ ...t.ctx.actors.loads }).licenses - before.licenses).toBe(PER_IP)
   // Another IP still gets through: the limit is the caller's, not the app's.
   const real = await insertLicense(t.ctx, s.appId)
   expect((await validate({ appId: s.appId, appSecret: s.appSecret, licenseKey: real }, '203.0.113.8')).status).toBe(200)
@@ -50,28 +50,28 @@ test('a flood of absent keys with the right secret from one IP is limited before
 test('absent keys never evict a cached license', async () => {
   const s = await t.seed()
   const real = await insertLicense(t.ctx, s.appId)
-  const cache = new AuthCache(t.ctx, { apps: 10, licenses: 10, absent: 10 })
-  await cache.ensureLicense(real)
-  expect(cache.cachedLicense(real)?.value?.key).toBe(real)
+  const cache = new AppActors(t.ctx, { apps: 10, licenses: 10, absent: 10 })
+  await cache.ensureLicense(s.appId, real)
+  expect(cache.cachedLicense(s.appId, real)?.value?.key).toBe(real)
   const loads = cache.loads.licenses
-  for (let i = 0; i < 50; i++) await cache.ensureLicense(generateLicenseKey())
+  for (let i = 0; i < 50; i++) await cache.ensureLicense(s.appId, generateLicenseKey())
   expect(cache.loads.licenses - loads).toBe(50)
-  expect(cache.cachedLicense(real)?.value?.key).toBe(real)
+  expect(cache.cachedLicense(s.appId, real)?.value?.key).toBe(real)
   // The absent ones are bounded on their own.
   const absent = generateLicenseKey()
-  await cache.ensureLicense(absent)
-  expect(cache.cachedLicense(absent)).toEqual({ epoch: expect.any(Number), value: null })
+  await cache.ensureLicense(s.appId, absent)
+  expect(cache.cachedLicense(s.appId, absent)).toEqual({ epoch: expect.any(Number), value: null })
 })
 
 test('made-up app ids from one IP cost PostgreSQL a bounded number of reads; real apps spend nothing of it', async () => {
   const s = await t.seed()
   const ip = '203.0.113.9'
-  const before = ({ ...t.ctx.clientAuth.cache.loads })
+  const before = ({ ...t.ctx.actors.loads })
   for (let i = 0; i < 100; i++) {
     const reply = await validate({ appId: crypto.randomUUID(), appSecret: 'x', licenseKey: generateLicenseKey() }, ip)
     expect(reply.body.error).toBe('invalid_app')
   }
-  expect(({ ...t.ctx.clientAuth.cache.loads }).apps - before.apps).toBe(60)
+  expect(({ ...t.ctx.actors.loads }).apps - before.apps).toBe(60)
   // Another IP's first look at a real app is not held up by it.
   const real = await insertLicense(t.ctx, s.appId)
   expect((await validate({ appId: s.appId, appSecret: s.appSecret, licenseKey: real }, '203.0.113.10')).status).toBe(200)

@@ -2,12 +2,11 @@ import { mkdtempSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { createApp } from '../../src/app'
-import { withClientAuth } from '../../src/boot'
+import { assembleContext } from '../../src/boot'
 import { loadConfig, type Config } from '../../src/config'
 import { createAccount, createApplication } from '../../src/accounts/service'
 import { deriveKey, Sealer } from '../../src/lib/crypto'
 import { EventBus } from '../../src/delivery/outbox'
-import { Mailbox } from '../../src/actors/mailbox'
 import { openDb, type Database } from '../../src/db/client'
 import type { Context } from '../../src/context'
 import { setLogLevel } from '../../src/lib/log'
@@ -55,13 +54,12 @@ export async function makeTestApp(options: TestAppOptions = {}) {
     WEBHOOK_ALLOW_PRIVATE_TARGETS: 'true',
     ...options.env,
   })
-  const ctx: Context = withClientAuth({
+  const ctx: Context = assembleContext({
     config,
     database: options.database ?? infra.database,
     store: options.store ?? infra.store,
     sealer: new Sealer(TEST_MASTER_KEY),
     sessionKey: deriveKey(TEST_MASTER_KEY, 'session-token-v1'),
-    mailbox: new Mailbox(),
     bus: new EventBus(),
     webhookPool: new DeliveryPool({
       allowPrivate: config.webhookAllowPrivateTargets,

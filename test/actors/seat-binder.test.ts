@@ -1,6 +1,6 @@
 import { describe, expect, test } from 'bun:test'
 import { and, eq, sql } from 'drizzle-orm'
-import { SeatBinder } from '../../src/actors/seat-binder'
+import { AppActors } from '../../src/actors/registry'
 import { events, licenses } from '../../src/db/schema'
 import { PublicError } from '../../src/lib/errors'
 import type { Context } from '../../src/context'
@@ -20,13 +20,12 @@ describe.each([
     const s = await t.seed()
     const keys = await Promise.all(Array.from({ length: 60 }, () => insertLicense(t.ctx, s.appId)))
     const poisonedKey = await insertLicense(t.ctx, s.appId)
-    const binder = new SeatBinder(t.ctx)
 
     // One synchronous burst: every bind joins the app's same batch.
     const outcomes = await Promise.allSettled([
-      ...keys.slice(0, 30).map((key) => binder.bind(s.appId, key, hwid())),
-      binder.bind(s.appId, poisonedKey, poison),
-      ...keys.slice(30).map((key) => binder.bind(s.appId, key, hwid())),
+      ...keys.slice(0, 30).map((key) => t.ctx.actors.bindSeat(s.appId, key, hwid())),
+      t.ctx.actors.bindSeat(s.appId, poisonedKey, poison),
+      ...keys.slice(30).map((key) => t.ctx.actors.bindSeat(s.appId, key, hwid())),
     ])
 
     const poisoned = outcomes.splice(30, 1)[0]
@@ -58,9 +57,9 @@ test('while the database is unreachable every bind of the batch fails with syste
   const unreachable = new Proxy(db, {
     get: (target, name) => (name === 'transaction' ? () => Promise.reject(connectionRefused()) : Reflect.get(target, name)),
   })
-  const down: Context = { ...t.ctx, database: { ...t.ctx.database, db: unreachable } }
+  const down: Context = { ...t.ctx, actors: new AppActors({ ...t.ctx, database: { ...t.ctx.database, db: unreachable } }) }
 
-  const outcomes = await Promise.allSettled(keys.map((key) => new SeatBinder(down).bind(s.appId, key, hwid())))
+  const outcomes = await Promise.allSettled(keys.map((key) => down.actors.bindSeat(s.appId, key, hwid())))
   for (const outcome of outcomes) {
     expect(outcome.status).toBe('rejected')
     const reason = outcome.status === 'rejected' ? outcome.reason : null
@@ -69,5 +68,56 @@ test('while the database is unreachable every bind of the batch fails with syste
   }
   const rows = await db.select({ hwids: licenses.hwids }).from(licenses).where(eq(licenses.appId, s.appId))
   expect(rows.map((r) => r.hwids)).toEqual(keys.map(() => []))
-  expect(await new SeatBinder(t.ctx).bind(s.appId, keys[0]!, hwid())).toBe(true)
+  expect(await t.ctx.actors.bindSeat(s.appId, keys[0]!, hwid())).toBe(true)
+})
+
+/** A context whose database counts the transactions opened through it. */
+function countingTransactions() {
+  const { db } = t.ctx.database
+  const counter = { transactions: 0 }
+  const counted = new Proxy(db, {
+    get: (target, name) =>
+      name === 'transaction'
+        ? (...args: Parameters<typeof db.transaction>) => {
+            counter.transactions++
+            return target.transaction(...args)
+          }
+        : Reflect.get(target, name),
+  })
+  return { counter, ctx: { ...t.ctx, actors: new AppActors({ ...t.ctx, database: { ...t.ctx.database, db: counted } }) } }
+}
+
+test('a burst of binds of one app is written in one transaction', async () => {
+  const s = await t.seed()
+  const keys = await Promise.all(Array.from({ length: 20 }, () => insertLicense(t.ctx, s.appId)))
+  const { counter, ctx } = countingTransactions()
+  const bound = await Promise.all(keys.map((key) => ctx.actors.bindSeat(s.appId, key, hwid())))
+  expect(bound).toEqual(keys.map(() => true))
+  expect(counter.transactions).toBe(1)
+})
+
+test('binds arriving while a batch is written wait and travel together in the next one', async () => {
+  const s = await t.seed()
+  const keys = await Promise.all(Array.from({ length: 11 }, () => insertLicense(t.ctx, s.appId)))
+  const { counter, ctx } = countingTransactions()
+  const first = ctx.actors.bindSeat(s.appId, keys[0]!, hwid())
+  await Bun.sleep(0)
+  const rest = keys.slice(1).map((key) => ctx.actors.bindSeat(s.appId, key, hwid()))
+  const bound: boolean[] = await Promise.all([first, ...rest])
+  expect(bound).toEqual(keys.map(() => true))
+  expect(counter.transactions).toBe(2)
+})
+
+test('racing HWIDs never take more seats than the license has, across two processes', async () => {
+  const s = await t.seed()
+  const licenseKey = await insertLicense(t.ctx, s.appId, { maxHwidSlots: 3 })
+  const other = { actors: new AppActors(t.ctx) }
+  const bound = await Promise.all(
+    Array.from({ length: 30 }, (_, i) => (i % 2 ? t.ctx : other).actors.bindSeat(s.appId, licenseKey, hwid())),
+  )
+  expect(bound.filter(Boolean)).toHaveLength(3)
+  const [row] = await t.ctx.database.db.select().from(licenses).where(eq(licenses.key, licenseKey))
+  expect(row?.hwids).toHaveLength(3)
+  // The same HWID again is not a second seat.
+  expect(await t.ctx.actors.bindSeat(s.appId, licenseKey, row!.hwids[0]!)).toBe(false)
 })

@@ -1,0 +1,110 @@
+import type { Database } from '../db/client'
+import type { EventBus } from '../delivery/outbox'
+import { keys } from '../store/store'
+import type { Entry, SharedBound } from './bounded'
+import type { Invalidator } from './invalidate'
+import type { CachedApp, CachedLicense } from './load'
+import { Mailbox } from './mailbox'
+import { SeatBinder } from './seat-binder'
+import { type SelfbanDone, type SelfbanWish, selfbanTransaction } from './selfban'
+
+/** What a committed change touched: the one input of AppActor.publish. */
+export interface Changed {
+  /** The app's row: settings, lists, variables. */
+  app?: boolean
+  /** Licenses whose rows changed (created, updated, deleted, bound). */
+  licenses?: readonly string[]
+  /** Outbox events were recorded with the change: the dispatcher has work. */
+  events?: boolean
+}
+
+/** What every actor of a process shares, owned by the registry (AppActors). */
+export interface ActorHost {
+  database: Database
+  bus: EventBus
+  clock: () => number
+  invalidator: Invalidator
+  /** Bounds the license entries of all actors together. */
+  licenseBound: SharedBound<CachedLicense>
+}
+
+/**
+ * One app's live state in this process and the one way it changes here. Every change of the app's
+ * data (licenses, seats, lists, variables, selfban) runs through its mailbox, one at a time, and is
+ * published by `publish`; the client endpoints read the state it holds (settings, lists, variables,
+ * signing key, licenses) without PostgreSQL. Across processes its copies are kept honest by the
+ * store's epochs, and its writes by SQL conditions and row locks, not by the mailbox.
+ */
+export class AppActor {
+  /** The app as last loaded; undefined until loaded or after a change dropped it. */
+  app: Entry<CachedApp> | undefined = undefined
+  /** This app's licenses as last loaded, by key; only `setLicense` and `forgetLicense` change it. */
+  readonly licenses = new Map<string, Entry<CachedLicense>>()
+  readonly mailbox = new Mailbox()
+  readonly #seats: SeatBinder
+
+  constructor(
+    readonly id: string,
+    private readonly host: ActorHost,
+  ) {
+    this.#seats = new SeatBinder(this, host.database, host.clock)
+  }
+
+  /** Nothing queued or running: the registry may let the actor go. */
+  get idle(): boolean {
+    return this.mailbox.idle && this.#seats.pending === 0
+  }
+
+  setLicense(licenseKey: string, entry: Entry<CachedLicense>): void {
+    this.host.licenseBound.set(this.id, this.licenses, licenseKey, entry)
+  }
+
+  forgetLicense(licenseKey: string): void {
+    this.host.licenseBound.delete(this.id, this.licenses, licenseKey)
+  }
+
+  /** Drops every entry (a new store generation, or the registry letting the actor go). */
+  forgetAll(): void {
+    this.app = undefined
+    for (const key of [...this.licenses.keys()]) this.forgetLicense(key)
+  }
+
+  /** Runs `work` after every earlier change of this app, then publishes what `changed` says it touched. */
+  async write<T>(work: () => Promise<T>, changed: (result: T) => Changed): Promise<T> {
+    const result = await this.mailbox.run(work)
+    await this.publish(changed(result))
+    return result
+  }
+
+  /**
+   * After a commit, the one publishing path: this actor drops its copies of what changed (the next
+   * request reloads them), every process's copies are invalidated through the store's epochs, then
+   * the dispatcher is woken for the events the change recorded.
+   */
+  async publish({ app = false, licenses = [], events = false }: Changed): Promise<void> {
+    if (app) this.app = undefined
+    for (const key of licenses) this.forgetLicense(key)
+    const epochKeys = licenses.map(keys.licenseEpoch)
+    if (app) epochKeys.push(keys.appEpoch(this.id))
+    await this.host.invalidator.bump(epochKeys)
+    if (events) this.host.bus.notify()
+  }
+
+  /** Binds `hwid` to a free seat of the license (see SeatBinder): true when this call bound it. */
+  bindSeat(licenseKey: string, hwid: string): Promise<boolean> {
+    return this.#seats.bind(licenseKey, hwid)
+  }
+
+  /** Revokes the license and appends to the blacklists in one transaction; reports what changed. */
+  async selfban(licenseKey: string, want: SelfbanWish): Promise<SelfbanDone> {
+    const done = await this.mailbox.run(() =>
+      selfbanTransaction(this.host.database.db, this.id, licenseKey, want, new Date(this.host.clock())),
+    )
+    await this.publish({
+      app: done.blacklistHwid || done.blacklistIp,
+      licenses: done.revokeLicense ? [licenseKey] : [],
+      events: done.revokeLicense,
+    })
+    return done
+  }
+}

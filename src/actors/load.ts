@@ -1,0 +1,126 @@
+import type { KeyObject } from 'node:crypto'
+import { and, desc, eq, sql } from 'drizzle-orm'
+import { apps, licenses, signingKeys, webhooks, type VariableMap } from '../db/schema'
+import type { Database } from '../db/client'
+import { canonicalIp } from '../http/client-ip'
+import { privateKeyFromPkcs8, type Sealer } from '../lib/crypto'
+
+/** What the client endpoints need of an app, decoded once per load. */
+export interface CachedApp {
+  id: string
+  accountId: string
+  sandbox: boolean
+  disabled: boolean
+  secretHash: Buffer
+  ipBlacklist: ReadonlySet<string>
+  ipWhitelist: ReadonlySet<string>
+  hwidBlacklist: ReadonlySet<string>
+  hwidWhitelist: ReadonlySet<string>
+  variables: VariableMap
+  /** The active signing key; null only if the app somehow has none (then every success is a system_error). */
+  signing: { keyId: string; key: KeyObject } | null
+  /** license.validated events are written only when some enabled webhook wants them. */
+  wantsValidated: boolean
+}
+
+export interface CachedLicense {
+  key: string
+  appId: string
+  status: 'active' | 'revoked'
+  expiresAt: Date | null
+  maxHwidSlots: number
+  unlimitedHwidSlots: boolean
+  hwids: readonly string[]
+  label: string | null
+  variables: VariableMap
+}
+
+/** The shared store could not be reached; callers decide between failing closed and failing open. */
+export class StoreUnavailable extends Error {
+  constructor(override readonly cause: unknown) {
+    super('store unavailable')
+  }
+}
+
+function prepare(database: Database) {
+  const { db } = database
+  const id = sql.placeholder('id')
+  return {
+    app: db.select().from(apps).where(eq(apps.id, id)).limit(1).prepare('auth_app'),
+    signingKey: db
+      .select({ id: signingKeys.id, privateKeyEnc: signingKeys.privateKeyEnc })
+      .from(signingKeys)
+      .where(and(eq(signingKeys.appId, id), eq(signingKeys.active, true)))
+      .orderBy(desc(signingKeys.version))
+      .limit(1)
+      .prepare('auth_app_signing_key'),
+    validatedHook: db
+      .select({ id: webhooks.id })
+      .from(webhooks)
+      .where(and(eq(webhooks.appId, id), eq(webhooks.enabled, true), sql`'license.validated' = ANY(${webhooks.events})`))
+      .limit(1)
+      .prepare('auth_app_validated_hook'),
+    license: db.select().from(licenses).where(eq(licenses.key, sql.placeholder('key'))).limit(1).prepare('auth_license'),
+  }
+}
+
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i
+
+const canonicalSet = (list: readonly string[]) => new Set(list.map((ip) => canonicalIp(ip) ?? ip))
+
+/** Reads an app's or a license's live state straight from PostgreSQL, counting the reads. */
+export class StateLoader {
+  readonly #q: ReturnType<typeof prepare>
+  /** PostgreSQL reads of app and license state since start. */
+  readonly loads = { apps: 0, licenses: 0 }
+
+  constructor(
+    database: Database,
+    private readonly sealer: Sealer,
+  ) {
+    this.#q = prepare(database)
+  }
+
+  async app(appId: string): Promise<CachedApp | null> {
+    // Unknown ids are cached as absent: app ids are random UUIDs, so an absent one cannot appear later.
+    if (!UUID.test(appId)) return null
+    this.loads.apps++
+    const [[row], [key], [hook]] = await Promise.all([
+      this.#q.app.execute({ id: appId }),
+      this.#q.signingKey.execute({ id: appId }),
+      this.#q.validatedHook.execute({ id: appId }),
+    ])
+    if (!row) return null
+    return {
+      id: row.id,
+      accountId: row.accountId,
+      sandbox: row.sandbox,
+      disabled: row.disabled,
+      secretHash: Buffer.from(row.secretHash, 'hex'),
+      ipBlacklist: canonicalSet(row.ipBlacklist),
+      ipWhitelist: canonicalSet(row.ipWhitelist),
+      hwidBlacklist: new Set(row.hwidBlacklist),
+      hwidWhitelist: new Set(row.hwidWhitelist),
+      variables: row.variables ?? {},
+      signing: key ? { keyId: key.id, key: privateKeyFromPkcs8(this.sealer.open(key.privateKeyEnc)) } : null,
+      wantsValidated: hook !== undefined,
+    }
+  }
+
+  async license(licenseKey: string): Promise<CachedLicense | null> {
+    this.loads.licenses++
+    const [row] = await this.#q.license.execute({ key: licenseKey })
+    if (!row) return null
+    return {
+      key: row.key,
+      appId: row.appId,
+      status: row.status,
+      expiresAt: row.expiresAt,
+      maxHwidSlots: row.maxHwidSlots,
+      unlimitedHwidSlots: row.unlimitedHwidSlots,
+      hwids: row.hwids,
+      label: row.label,
+      variables: row.variables ?? {},
+    }
+  }
+}

@@ -1,0 +1,201 @@
+import type { Database } from '../db/client'
+import type { EventBus } from '../delivery/outbox'
+import type { Sealer } from '../lib/crypto'
+import type { Store } from '../store/store'
+import { SingleFlight } from '../lib/single-flight'
+import { type Admission, keys, type Snapshot } from '../store/store'
+import { type ActorHost, AppActor } from './app-actor'
+import { AbsentAppBudget, BoundedMap, type Entry, SharedBound } from './bounded'
+import { Invalidator } from './invalidate'
+import { type CachedApp, type CachedLicense, StateLoader, StoreUnavailable } from './load'
+import type { SelfbanDone, SelfbanWish } from './selfban'
+
+/** How many entries the registry holds; absent ids have a bound of their own. */
+export interface ActorLimits {
+  /** Actors, one per app. */
+  apps: number
+  /** License entries of all actors together. */
+  licenses: number
+  /** Absent apps, and absent licenses, each. */
+  absent: number
+}
+
+const LIMITS: ActorLimits = { apps: 10_000, licenses: 200_000, absent: 20_000 }
+const ABSENT_APPS_PER_MINUTE = 60
+
+/** What the actors of a process are built on. */
+export interface ActorsDeps {
+  database: Database
+  store: Store
+  /** Opens the sealed signing keys the actors hold. */
+  sealer: Sealer
+  bus: EventBus
+  clock: () => number
+}
+
+/**
+ * The actors of this process, one per app, and the rules their copies live by. Every client request
+ * sends the epochs of the entries it relied on to the store script, which answers 'stale' when a
+ * change (here or in another process) bumped one; the caller then reloads and retries. After a store
+ * data loss epochs restart, so every entry is tied to the store generation it was read under and all
+ * of them are dropped on a new one.
+ */
+export class AppActors {
+  readonly #actors = new Map<string, AppActor>()
+  /** Apps that do not exist, kept apart so made-up ids never push a real app's actor out. */
+  readonly #absentApps: BoundedMap<Entry<CachedApp>>
+  readonly #licenseBound: SharedBound<CachedLicense>
+  readonly #host: ActorHost
+  readonly #load: StateLoader
+  readonly #appLoads = new SingleFlight<void>()
+  readonly invalidator: Invalidator
+  /** The store generation every entry was read under; 0 before the first read. */
+  generation = 0
+  /** PostgreSQL reads of app and license state since start. */
+  readonly loads: { readonly apps: number; readonly licenses: number }
+  readonly absentApps = new AbsentAppBudget(ABSENT_APPS_PER_MINUTE, LIMITS.absent)
+
+  constructor(
+    private readonly deps: ActorsDeps,
+    private readonly limits: ActorLimits = LIMITS,
+  ) {
+    this.#absentApps = new BoundedMap(limits.absent)
+    this.#licenseBound = new SharedBound(limits.licenses, limits.absent)
+    this.invalidator = new Invalidator(deps.store)
+    this.#load = new StateLoader(deps.database, deps.sealer)
+    this.loads = this.#load.loads
+    this.#host = {
+      database: deps.database,
+      bus: deps.bus,
+      clock: deps.clock,
+      invalidator: this.invalidator,
+      licenseBound: this.#licenseBound,
+    }
+  }
+
+  /** The app's actor, created on first use. */
+  of(appId: string): AppActor {
+    return this.#actors.get(appId) ?? this.#admit(appId)
+  }
+
+  #admit(appId: string): AppActor {
+    if (this.#actors.size >= this.limits.apps) this.#letOldestIdleGo()
+    const actor = new AppActor(appId, this.#host)
+    this.#actors.set(appId, actor)
+    return actor
+  }
+
+  /**
+   * Drops the oldest actor that has no work queued. A busy one moves to the back instead: letting it
+   * go would let a second actor of the same app write beside it.
+   */
+  #letOldestIdleGo(): void {
+    let tries = this.#actors.size
+    for (const [appId, actor] of this.#actors) {
+      this.#actors.delete(appId)
+      if (actor.idle) {
+        actor.forgetAll()
+        return
+      }
+      this.#actors.set(appId, actor)
+      if (--tries === 0) return
+    }
+  }
+
+  /** The app's actor if it has one: the hot path reads its state without creating actors for made-up ids. */
+  existing(appId: string): AppActor | undefined {
+    return this.#actors.get(appId)
+  }
+
+  cachedApp(appId: string): Entry<CachedApp> | undefined {
+    return this.#actors.get(appId)?.app ?? this.#absentApps.get(appId)
+  }
+
+  cachedLicense(appId: string, licenseKey: string): Entry<CachedLicense> | undefined {
+    return this.#actors.get(appId)?.licenses.get(licenseKey)
+  }
+
+  /** Drops every entry: the store answered with a newer generation than the one they were read under. */
+  startOver(generation: number): void {
+    if (generation < this.generation) return
+    for (const actor of this.#actors.values()) actor.app = undefined
+    this.#absentApps.clear()
+    this.#licenseBound.clear()
+    this.generation = generation
+  }
+
+  /**
+   * Whether an entry read under `generation` may be kept: a newer generation empties the registry
+   * first; an older one is refused (the store may have lost data since, so its epoch proves nothing).
+   */
+  #accepts(generation: number): boolean {
+    if (generation > this.generation) this.startOver(generation)
+    return generation === this.generation
+  }
+
+  async #snapshot(epochKey: string, admission?: Admission): Promise<Snapshot> {
+    return this.deps.store.snapshot([epochKey], admission).catch((err: unknown) => {
+      throw new StoreUnavailable(err)
+    })
+  }
+
+  /** Makes sure the app is cached, reading its epoch before the load; concurrent misses share one load. */
+  ensureApp(appId: string): Promise<void> {
+    return this.#appLoads.run(appId, async () => {
+      const read = await this.#snapshot(keys.appEpoch(appId))
+      if (read.kind === 'ok') await this.reloadApp(appId, read.epochs[0] ?? 0, read.generation)
+    })
+  }
+
+  /**
+   * Makes sure the license is cached, reading its epoch before the load. With `admission`, the bucket's
+   * token is taken in the same store call and nothing is loaded when it is empty ('limited').
+   */
+  async ensureLicense(appId: string, licenseKey: string, admission?: Admission): Promise<Snapshot> {
+    const read = await this.#snapshot(keys.licenseEpoch(licenseKey), admission)
+    if (read.kind === 'ok') await this.reloadLicense(appId, licenseKey, read.epochs[0] ?? 0, read.generation)
+    return read
+  }
+
+  /** Loads from PostgreSQL and caches under `epoch` and `generation`, which the caller read before this call. */
+  async reloadApp(appId: string, epoch: number, generation: number): Promise<void> {
+    const value = await this.loadApp(appId)
+    if (!this.#accepts(generation)) return
+    const actor = value ? this.of(appId) : this.#actors.get(appId)
+    if (!actor) {
+      this.#absentApps.set(appId, { epoch, value })
+      return
+    }
+    actor.app = { epoch, value }
+    this.#absentApps.delete(appId)
+  }
+
+  /** Loads from PostgreSQL into the actor of `appId` (the app the caller asked under). */
+  async reloadLicense(appId: string, licenseKey: string, epoch: number, generation: number): Promise<void> {
+    const value = await this.loadLicense(licenseKey)
+    if (this.#accepts(generation)) this.of(appId).setLicense(licenseKey, { epoch, value })
+  }
+
+  forgetLicense(appId: string, licenseKey: string): void {
+    this.#actors.get(appId)?.forgetLicense(licenseKey)
+  }
+
+  /** Straight from PostgreSQL, bypassing the actors (used while the store is unreachable). */
+  loadApp(appId: string): Promise<CachedApp | null> {
+    return this.#load.app(appId)
+  }
+
+  loadLicense(licenseKey: string): Promise<CachedLicense | null> {
+    return this.#load.license(licenseKey)
+  }
+
+  /** See AppActor.bindSeat. */
+  bindSeat(appId: string, licenseKey: string, hwid: string): Promise<boolean> {
+    return this.of(appId).bindSeat(licenseKey, hwid)
+  }
+
+  /** See AppActor.selfban. */
+  selfban(appId: string, licenseKey: string, want: SelfbanWish): Promise<SelfbanDone> {
+    return this.of(appId).selfban(licenseKey, want)
+  }
+}

@@ -1,0 +1,51 @@
+import { and, eq } from 'drizzle-orm'
+import type { Db } from '../db/client'
+import { licenses } from '../db/schema'
+import { recordEvents } from '../delivery/outbox'
+import { appendEntry } from './list-writes'
+
+/** What a selfban asks for: the caller has already applied the mode's defaults. */
+export interface SelfbanWish {
+  revokeLicense: boolean
+  blacklistHwid: boolean
+  blacklistIp: boolean
+  hwid: string
+  ip: string
+}
+
+/** What it changed: a part already in place (revoked license, listed entry) reports false. */
+export interface SelfbanDone {
+  revokeLicense: boolean
+  blacklistHwid: boolean
+  blacklistIp: boolean
+}
+
+/**
+ * The revoke and the list appends commit together or not at all. Each is a conditional UPDATE, so a
+ * license revoked or an entry listed meanwhile by another process is simply not reported.
+ */
+export function selfbanTransaction(
+  db: Db,
+  appId: string,
+  licenseKey: string,
+  want: SelfbanWish,
+  now: Date,
+): Promise<SelfbanDone> {
+  return db.transaction(async (tx) => {
+    const done = { revokeLicense: false, blacklistHwid: false, blacklistIp: false }
+    if (want.revokeLicense) {
+      const rows = await tx
+        .update(licenses)
+        .set({ status: 'revoked' })
+        .where(and(eq(licenses.key, licenseKey), eq(licenses.appId, appId), eq(licenses.status, 'active')))
+        .returning({ key: licenses.key })
+      done.revokeLicense = rows.length > 0
+      if (done.revokeLicense) {
+        await recordEvents(tx, [{ event: 'license.revoked', data: { licenseKey, appId, reason: 'selfban' }, occurredAt: now }])
+      }
+    }
+    if (want.blacklistHwid) done.blacklistHwid = await appendEntry(tx, appId, 'hwidBlacklist', want.hwid)
+    if (want.blacklistIp) done.blacklistIp = await appendEntry(tx, appId, 'ipBlacklist', want.ip)
+    return done
+  })
+}

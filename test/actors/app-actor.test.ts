@@ -1,0 +1,147 @@
+import { expect, test } from 'bun:test'
+import { eq } from 'drizzle-orm'
+import { apps, licenses } from '../../src/db/schema'
+import { keys } from '../../src/store/store'
+import { hwid, insertLicense, nonce } from '../support/client'
+import { makeTestApp } from '../support/helpers'
+
+const t = await makeTestApp()
+
+function gate() {
+  let open!: () => void
+  const opened = new Promise<void>((resolve) => (open = resolve))
+  return { open, opened }
+}
+
+test("one app's changes run one at a time, in the order they were asked", async () => {
+  const s = await t.seed()
+  const actor = t.ctx.actors.of(s.appId)
+  const log: string[] = []
+  const held = gate()
+  const change = (name: string, wait?: Promise<void>) =>
+    actor.write(
+      async () => {
+        log.push(`start ${name}`)
+        await wait
+        log.push(`end ${name}`)
+        return name
+      },
+      () => ({}),
+    )
+  const all = Promise.all([change('first', held.opened), change('second'), change('third')])
+  await Bun.sleep(20)
+  expect(log).toEqual(['start first'])
+  held.open()
+  expect(await all).toEqual(['first', 'second', 'third'])
+  expect(log).toEqual(['start first', 'end first', 'start second', 'end second', 'start third', 'end third'])
+  expect(t.ctx.actors.of(s.appId)).toBe(actor)
+})
+
+test("two apps' changes run side by side", async () => {
+  const [a, b] = await Promise.all([t.seed(), t.seed()])
+  const held = gate()
+  const slow = t.ctx.actors.of(a.appId).write(() => held.opened, () => ({}))
+  const other = await t.ctx.actors.of(b.appId).write(async () => 'done while a waits', () => ({}))
+  expect(other).toBe('done while a waits')
+  expect(t.ctx.actors.of(a.appId).idle).toBe(false)
+  held.open()
+  await slow
+})
+
+test("a list write drops the actor's copy: the next check sees it after exactly one reload", async () => {
+  const s = await t.seed()
+  const licenseKey = await insertLicense(t.ctx, s.appId)
+  const device = hwid()
+  const validate = () =>
+    t.req('POST', '/auth/validate', {
+      body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: device, nonce: nonce() },
+    })
+  expect((await validate()).status).toBe(200)
+  expect(t.ctx.actors.cachedApp(s.appId)?.value?.hwidBlacklist.has(device)).toBe(false)
+
+  const added = await t.req('POST', `/v1/apps/${s.appId}/security/blacklist`, {
+    apiKey: s.apiKey,
+    body: { type: 'hwid', value: device },
+  })
+  expect(added.status).toBe(200)
+  expect(t.ctx.actors.cachedApp(s.appId)).toBeUndefined()
+
+  const before = { ...t.ctx.actors.loads }
+  const blocked = await validate()
+  expect(blocked.body.error).toBe('blocked')
+  expect(t.ctx.actors.loads.apps - before.apps).toBe(1)
+  expect(t.ctx.actors.cachedApp(s.appId)?.value?.hwidBlacklist.has(device)).toBe(true)
+})
+
+test('a license change drops that license from its actor and moves its epoch', async () => {
+  const s = await t.seed()
+  const licenseKey = await insertLicense(t.ctx, s.appId)
+  await t.ctx.actors.ensureLicense(s.appId, licenseKey)
+  expect(t.ctx.actors.cachedLicense(s.appId, licenseKey)?.value?.status).toBe('active')
+  const [epoch] = await t.ctx.store.epochs([keys.licenseEpoch(licenseKey)])
+
+  const put = await t.req('PUT', `/v1/licenses/${licenseKey}`, { apiKey: s.apiKey, body: { action: 'revoke' } })
+  expect(put.status).toBe(200)
+  expect(t.ctx.actors.cachedLicense(s.appId, licenseKey)).toBeUndefined()
+  expect((await t.ctx.store.epochs([keys.licenseEpoch(licenseKey)]))[0]).toBe((epoch ?? 0) + 1)
+  await t.ctx.actors.ensureLicense(s.appId, licenseKey)
+  expect(t.ctx.actors.cachedLicense(s.appId, licenseKey)?.value?.status).toBe('revoked')
+})
+
+test('selfban revokes and lists in one go, and drops what it changed', async () => {
+  const s = await t.seed()
+  const licenseKey = await insertLicense(t.ctx, s.appId)
+  await t.ctx.actors.ensureApp(s.appId)
+  await t.ctx.actors.ensureLicense(s.appId, licenseKey)
+  const want = { revokeLicense: true, blacklistHwid: true, blacklistIp: true, hwid: hwid(), ip: '198.51.100.4' }
+  expect(await t.ctx.actors.selfban(s.appId, licenseKey, want)).toEqual({
+    revokeLicense: true,
+    blacklistHwid: true,
+    blacklistIp: true,
+  })
+  expect(t.ctx.actors.cachedApp(s.appId)).toBeUndefined()
+  expect(t.ctx.actors.cachedLicense(s.appId, licenseKey)).toBeUndefined()
+  const [app] = await t.ctx.database.db.select().from(apps).where(eq(apps.id, s.appId))
+  expect(app?.hwidBlacklist).toEqual([want.hwid])
+  expect(app?.ipBlacklist).toEqual([want.ip])
+  const [row] = await t.ctx.database.db.select().from(licenses).where(eq(licenses.key, licenseKey))
+  expect(row?.status).toBe('revoked')
+  // Done already: a second selfban changes nothing and says so.
+  expect(await t.ctx.actors.selfban(s.appId, licenseKey, want)).toEqual({
+    revokeLicense: false,
+    blacklistHwid: false,
+    blacklistIp: false,
+  })
+})
+
+test("a new store generation empties every actor's state; entries read under an older one are refused", async () => {
+  const { ctx } = await makeTestApp()
+  const s = await t.seed()
+  const licenseKey = await insertLicense(ctx, s.appId)
+  await ctx.actors.ensureApp(s.appId)
+  await ctx.actors.ensureLicense(s.appId, licenseKey)
+  const generation = ctx.actors.generation
+  expect(ctx.actors.cachedApp(s.appId)?.value?.id).toBe(s.appId)
+
+  ctx.actors.startOver(generation + 1)
+  expect(ctx.actors.generation).toBe(generation + 1)
+  expect(ctx.actors.cachedApp(s.appId)).toBeUndefined()
+  expect(ctx.actors.cachedLicense(s.appId, licenseKey)).toBeUndefined()
+
+  await ctx.actors.reloadApp(s.appId, 0, generation)
+  await ctx.actors.reloadLicense(s.appId, licenseKey, 0, generation)
+  expect(ctx.actors.cachedApp(s.appId)).toBeUndefined()
+  expect(ctx.actors.cachedLicense(s.appId, licenseKey)).toBeUndefined()
+
+  await ctx.actors.reloadApp(s.appId, 3, generation + 1)
+  expect(ctx.actors.cachedApp(s.appId)?.epoch).toBe(3)
+  // A read under a newer generation than the registry's starts it over first.
+  await ctx.actors.reloadLicense(s.appId, licenseKey, 5, generation + 2)
+  expect(ctx.actors.generation).toBe(generation + 2)
+  expect(ctx.actors.cachedApp(s.appId)).toBeUndefined()
+  expect(ctx.actors.cachedLicense(s.appId, licenseKey)?.epoch).toBe(5)
+  // An older generation than the current one never empties anything.
+  ctx.actors.startOver(generation)
+  expect(ctx.actors.generation).toBe(generation + 2)
+  expect(ctx.actors.cachedLicense(s.appId, licenseKey)?.epoch).toBe(5)
+})
