@@ -77,7 +77,8 @@ export const E = positions(EPOCH, 0)
 /** Offset of each field within a bucket group. */
 export const B = positions(BUCKET, 0)
 
-const luaName = (name: string) => name.replace(/[A-Z]/g, (c) => `_${c}`).toUpperCase()
+/** A field's name in the script: nonceKey is NONCE_KEY. */
+export const luaName = (name: string) => name.replace(/[A-Z]/g, (c) => `_${c}`).toUpperCase()
 
 /**
  * The tables as Lua locals (`local F_NONCE_KEY = 8`), prepended to a script that reads the wire; the
