@@ -117,13 +117,7 @@ export class RedisCredits implements Credits {
 
   async refund(accountId: string, n: number): Promise<void> {
     this.conn.failFastWhenLost()
-    await this.conn.redis.lsRefund(
-      keys.balance(accountId),
-      keys.pendingCharges(accountId),
-      keys.dirtyAccounts,
-      accountId,
-      n,
-    )
+    await this.conn.redis.lsRefund(keys.balance(accountId), keys.pendingCharges(accountId), keys.dirtyAccounts, accountId, n)
   }
 
   async dirtyAccounts(): Promise<string[]> {
