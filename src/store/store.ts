@@ -1,10 +1,17 @@
 /**
- * Shared, fast state: token buckets, nonces, cache-invalidation epochs. Two implementations with one
- * meaning: Redis (every instance shares it; each operation is one atomic Lua script) and an in-process
- * twin for a single embedded instance. Time is always passed in so tests control the clock.
+ * Shared, fast state: token buckets, nonces, cache-invalidation epochs, live credit balances and the
+ * per-request checks. Two implementations with one meaning: Redis (every instance shares it; each
+ * operation is one atomic Lua script) and an in-process twin for a single embedded instance. Time is
+ * always passed in so tests control the clock. Each concern is its own interface; Store is all of them.
  */
-export interface Store {
+export interface Store extends Limiter, Epochs, Credits, Authorizer {
   readonly kind: 'redis' | 'memory'
+  ping(): Promise<boolean>
+  close(): Promise<void>
+}
+
+/** Token buckets and one-time claims. */
+export interface Limiter {
   /**
    * Token bucket of `capacity` tokens refilling continuously at `refillPerSecond`. Takes `cost`
    * tokens when available. `retryAfterMs` is how long until `cost` tokens are there again.
@@ -12,6 +19,10 @@ export interface Store {
   take(key: string, capacity: number, refillPerSecond: number, nowMs: number, cost?: number): Promise<TakeResult>
   /** Marks `key` used for `ttlSeconds`; false when it was already used. */
   claimOnce(key: string, ttlSeconds: number): Promise<boolean>
+}
+
+/** Cache-invalidation epochs and the store generation they are read under. */
+export interface Epochs {
   /** Current epoch of each key (0 when never bumped). */
   epochs(keys: readonly string[]): Promise<number[]>
   /**
@@ -22,11 +33,19 @@ export interface Store {
   snapshot(keys: readonly string[], admission?: Admission): Promise<Snapshot>
   /** Increments each key's epoch, so every instance's cache entry read under the old value is stale. */
   bump(keys: readonly string[]): Promise<void>
+}
+
+/** Every store-side check of a public request. */
+export interface Authorizer {
   /**
    * Every store-side check of one public request in one atomic step (see AuthorizeInput for the order).
    * Throws only when the store is unreachable.
    */
   authorize(input: AuthorizeInput): Promise<AuthorizeResult>
+}
+
+/** Live credit balances, charged by authorize and reconciled to PostgreSQL in flushes. */
+export interface Credits {
   /**
    * Seeds the live credit balance, when missing, from the reconciled one: minus the pending charges and
    * minus the unfinished flush unless `flushCommitted` (PostgreSQL, read with `reconciled`, has it).
@@ -51,8 +70,6 @@ export interface Store {
   beginFlush(accountId: string, newId: string): Promise<{ id: string; amount: number } | null>
   /** Drops the flush record once PostgreSQL has it; the account leaves the dirty set when nothing is pending. */
   endFlush(accountId: string, id: string): Promise<void>
-  ping(): Promise<boolean>
-  close(): Promise<void>
 }
 
 /**

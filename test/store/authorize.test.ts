@@ -4,6 +4,7 @@ import { MemoryStore } from '../../src/store/memory'
 import { RedisStore } from '../../src/store/redis'
 import { type AuthorizeInput, keys, type Store } from '../../src/store/store'
 import { TEST_REDIS_URL } from '../support/helpers'
+import { request } from './request'
 
 // The same cases against both twins; Redis runs whenever the pass has one (the PostgreSQL + Redis pass).
 const stores: [string, () => Store][] = [['memory', () => new MemoryStore()]]
@@ -11,19 +12,6 @@ if (TEST_REDIS_URL) {
   const url = TEST_REDIS_URL
   stores.push(['redis', () => new RedisStore(url)])
 }
-
-/** A request that asks nothing of the store but what `over` adds. */
-const request = (generation: number, nowMs: number, over: Partial<AuthorizeInput> = {}): AuthorizeInput => ({
-  nowMs,
-  generation,
-  epochs: [],
-  ceiling: null,
-  buckets: [],
-  nonce: null,
-  deny: false,
-  charge: null,
-  ...over,
-})
 
 describe.each(stores)('%s store: authorize', (_name, make) => {
   const store = make()

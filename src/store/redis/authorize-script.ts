@@ -1,0 +1,127 @@
+import { keys } from '../store'
+import { luaConstants, luaUnpack } from './wire'
+
+// The public requests of one call (see authorize.ts), each checked in order (AuthorizeInput in
+// store.ts documents the order of one request's checks; memory.ts mirrors it), answered as one array.
+// The script works on the batch, not on each request: every key is read once by one MGET, each
+// request sees the changes of those before it in a Lua table, and each bucket or balance is written
+// once at the end, so the ones many requests share (the caller's IP, the account) cost one write per
+// call; nonces, counters and ceilings are written as each request goes. First of all the script checks
+// the store generation (ARGV[2], the ls:gen value this process read its epochs under; ARGV[3] is
+// written when the key is missing): on any other value it answers -1 and the current value and runs
+// nothing, since epochs that restarted after a data loss would make old cache entries look fresh.
+// ARGV[1] is the batch in the wire format of wire.ts, whose tables name every h[...] read here.
+export const AUTHORIZE = `${luaConstants}
+local gen = redis.call('GET', '${keys.generation}')
+if not gen then
+  gen = ARGV[3]
+  redis.call('SET', '${keys.generation}', gen)
+end
+if gen ~= ARGV[2] then return { -1, gen } end
+${luaUnpack}
+local val = {}
+local bucket_px = {}
+local spent = {}
+local charged_by = {}
+
+local reads, seen = {}, {}
+local function read(i)
+  if i > 0 and not seen[i] then
+    seen[i] = true
+    reads[#reads + 1] = i
+  end
+end
+for _, h in ipairs(reqs) do
+  read(h[F_BALANCE_KEY])
+  local p = HEAD_WIDTH + 1
+  for _ = 1, h[F_EPOCH_COUNT] do read(h[p + EPOCH_KEY]); p = p + EPOCH_WIDTH end
+  for _ = 1, h[F_BUCKET_COUNT] do read(h[p + BUCKET_KEY]); p = p + BUCKET_WIDTH end
+end
+-- unpack has a stack limit: a large batch reads in slices.
+for from = 1, #reads, 500 do
+  local slice = {}
+  for i = from, math.min(from + 499, #reads) do slice[#slice + 1] = names[reads[i]] end
+  local v = redis.call('MGET', unpack(slice))
+  for i = 1, #slice do val[reads[from + i - 1]] = tonumber(v[i]) end
+end
+
+-- One request's answer, appended to out as integers (REPLIES in wire.ts).
+local out = {}
+local function put(x) out[#out + 1] = x end
+local function one(h)
+  local now, ne, nb = h[F_NOW], h[F_EPOCH_COUNT], h[F_BUCKET_COUNT]
+  local e = HEAD_WIDTH + 1
+  local b = e + EPOCH_WIDTH * ne
+  local stale = false
+  for i = e, b - 1, EPOCH_WIDTH do
+    if (val[h[i + EPOCH_KEY]] or 0) ~= h[i + EPOCH_EXPECTED] then stale = true end
+  end
+  if stale then
+    put(R_STALE)
+    put(ne)
+    for i = e, b - 1, EPOCH_WIDTH do put(val[h[i + EPOCH_KEY]] or 0) end
+    return
+  end
+  local bal = h[F_BALANCE_KEY]
+  if bal > 0 and not val[bal] then return put(R_NO_BALANCE) end
+  local ceil = h[F_CEILING_KEY]
+  if ceil > 0 then
+    local count = redis.call('INCR', names[ceil])
+    if count == 1 then redis.call('EXPIRE', names[ceil], h[F_CEILING_TTL]) end
+    if count > h[F_CEILING_LIMIT] then return put(R_QUOTA) end
+  end
+  if nb > 0 then
+    local last = b + BUCKET_WIDTH * nb - 1
+    local tats = {}
+    local short = 0
+    for j = b, last, BUCKET_WIDTH do
+      local t = 1000 / h[j + BUCKET_REFILL_PER_SECOND]
+      local tat = math.max(val[h[j + BUCKET_KEY]] or now, now) + t
+      tats[j] = tat
+      local over = tat - now - h[j + BUCKET_CAPACITY] * t
+      if over > 1e-6 then short = math.max(short, math.ceil(over)) end
+    end
+    if short > 0 then
+      put(R_LIMITED)
+      return put(short)
+    end
+    for j = b, last, BUCKET_WIDTH do
+      val[h[j + BUCKET_KEY]] = tats[j]
+      bucket_px[h[j + BUCKET_KEY]] = math.ceil(tats[j] - now) + 1000
+    end
+  end
+  local nonce = h[F_NONCE_KEY]
+  if nonce > 0 and not redis.call('SET', names[nonce], '1', 'NX', 'EX', h[F_NONCE_TTL]) then return put(R_REPLAY) end
+  if h[F_DENY] == 1 then return put(R_DENIED) end
+  local cost = 0
+  if bal > 0 then
+    cost = h[F_COST]
+    local ctr = h[F_COUNTER_KEY]
+    if ctr > 0 and redis.call('INCR', names[ctr]) % h[F_COUNTER_EVERY] ~= 0 then cost = 0 end
+    if cost > 0 then
+      if val[bal] < cost then
+        if ctr > 0 then redis.call('DECR', names[ctr]) end
+        return put(R_NO_CREDITS)
+      end
+      val[bal] = val[bal] - cost
+      spent[bal] = (spent[bal] or 0) + cost
+      charged_by[bal] = h
+    end
+  end
+  put(R_OK)
+  put(cost)
+end
+
+for _, h in ipairs(reqs) do one(h) end
+for k, px in pairs(bucket_px) do
+  redis.call('SET', names[k], val[k], 'PX', px)
+end
+for bal, amount in pairs(spent) do
+  local h = charged_by[bal]
+  redis.call('DECRBY', names[bal], amount)
+  if redis.call('INCRBY', names[h[F_PENDING_KEY]], amount) == amount then
+    redis.call('SADD', names[h[F_DIRTY_KEY]], names[h[F_ACCOUNT]])
+  end
+end
+return out
+`

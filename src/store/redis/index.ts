@@ -1,0 +1,119 @@
+import { log } from '../../lib/log'
+import type { Admission, AuthorizeInput, AuthorizeResult, CreditState, Snapshot, Store, TakeResult } from '../store'
+import { type AuthorizeCommands, authorizeScripts, RedisAuthorizer } from './authorize'
+import { Connection, type RedisStoreOptions } from './connection'
+import { type CreditCommands, creditScripts, RedisCredits } from './credits'
+import { type EpochCommands, epochScripts, RedisEpochs } from './epochs'
+import { type LimiterCommands, limiterScripts, RedisLimiter } from './limiter'
+
+export type { RedisStoreOptions } from './connection'
+
+type Commands = LimiterCommands & EpochCommands & CreditCommands & AuthorizeCommands
+
+/**
+ * The Store every instance shares: one connection, and a part per concern (limiter, epochs, credits,
+ * authorize), each with its Lua scripts. Every operation is one command or one atomic script.
+ */
+export class RedisStore implements Store {
+  readonly kind = 'redis' as const
+  readonly #conn: Connection<Commands>
+  readonly #limiter: RedisLimiter
+  readonly #epochs: RedisEpochs
+  readonly #credits: RedisCredits
+  readonly #authorizer: RedisAuthorizer
+
+  constructor(url: string, options: RedisStoreOptions = {}) {
+    this.#conn = new Connection<Commands>(url, options, {
+      ...limiterScripts,
+      ...epochScripts,
+      ...creditScripts,
+      ...authorizeScripts,
+    })
+    this.#limiter = new RedisLimiter(this.#conn)
+    this.#epochs = new RedisEpochs(this.#conn)
+    this.#credits = new RedisCredits(this.#conn)
+    this.#authorizer = new RedisAuthorizer(this.#conn, this.#credits)
+  }
+
+  /** The client, with the scripts as commands (tests reach past the Store with it). */
+  get redis() {
+    return this.#conn.redis
+  }
+
+  take(key: string, capacity: number, refillPerSecond: number, nowMs: number, cost?: number): Promise<TakeResult> {
+    return this.#limiter.take(key, capacity, refillPerSecond, nowMs, cost)
+  }
+
+  claimOnce(key: string, ttlSeconds: number): Promise<boolean> {
+    return this.#limiter.claimOnce(key, ttlSeconds)
+  }
+
+  epochs(keys: readonly string[]): Promise<number[]> {
+    return this.#epochs.epochs(keys)
+  }
+
+  bump(keys: readonly string[]): Promise<void> {
+    return this.#epochs.bump(keys)
+  }
+
+  snapshot(keys: readonly string[], admission?: Admission): Promise<Snapshot> {
+    return this.#epochs.snapshot(keys, admission)
+  }
+
+  authorize(input: AuthorizeInput): Promise<AuthorizeResult> {
+    return this.#authorizer.authorize(input)
+  }
+
+  loadBalance(accountId: string, seen: CreditState, reconciled: number, flushCommitted: boolean): Promise<'ok' | 'stale'> {
+    return this.#credits.loadBalance(accountId, seen, reconciled, flushCommitted)
+  }
+
+  creditState(accountId: string): Promise<CreditState> {
+    return this.#credits.creditState(accountId)
+  }
+
+  balance(accountId: string): Promise<number | null> {
+    return this.#credits.balance(accountId)
+  }
+
+  creditsAdded(accountId: string, n: number): Promise<void> {
+    return this.#credits.creditsAdded(accountId, n)
+  }
+
+  refund(accountId: string, n: number): Promise<void> {
+    return this.#credits.refund(accountId, n)
+  }
+
+  dirtyAccounts(): Promise<string[]> {
+    return this.#credits.dirtyAccounts()
+  }
+
+  beginFlush(accountId: string, newId: string): Promise<{ id: string; amount: number } | null> {
+    return this.#credits.beginFlush(accountId, newId)
+  }
+
+  endFlush(accountId: string, id: string): Promise<void> {
+    return this.#credits.endFlush(accountId, id)
+  }
+
+  async ping(): Promise<boolean> {
+    try {
+      return (await this.#conn.redis.ping()) === 'PONG'
+    } catch {
+      return false
+    }
+  }
+
+  async close(): Promise<void> {
+    this.#conn.redis.disconnect()
+  }
+}
+
+export async function openStore(redisUrl: string | null): Promise<Store> {
+  if (!redisUrl) {
+    const { MemoryStore } = await import('../memory')
+    log.info('REDIS_URL is not set: rate-limit, nonce and session state is kept in this process (one instance only)')
+    return new MemoryStore()
+  }
+  return new RedisStore(redisUrl)
+}

@@ -1,0 +1,211 @@
+import { type AuthorizeInput, type AuthorizeResult, keys } from '../store'
+
+/**
+ * The authorize script's wire format, defined once: the TypeScript packing below writes each number
+ * where these tables put it, and the script reads it through Lua constants made from the same tables
+ * (`luaConstants`), so a change here changes both sides.
+ *
+ * The call's one argument (ARGV[1]) is the key count (uint32), each distinct key once as its UTF-8
+ * length (uint16) and bytes, then every number of the batch as a double, all little-endian. A request's
+ * numbers are their count, then the head (`HEAD`, read by the script as h[F_NOW] and so on), then
+ * `epochCount` epoch groups and `bucketCount` bucket groups. A field of type 'key' is the 1-based
+ * position of a string in the key section (a Redis key, or the account id), 0 when absent; every field
+ * of an absent part (no ceiling, no nonce, no charge, no counter) is 0.
+ */
+interface Field {
+  readonly name: string
+  readonly type: 'key' | 'count' | 'flag' | 'number'
+  readonly meaning: string
+}
+
+export const HEAD = [
+  { name: 'now', type: 'number', meaning: 'the request time, ms since the epoch' },
+  { name: 'epochCount', type: 'count', meaning: 'epoch groups after the head' },
+  { name: 'bucketCount', type: 'count', meaning: 'bucket groups after the epoch groups' },
+  { name: 'deny', type: 'flag', meaning: '1: the request already failed in-process, stop before the charge' },
+  { name: 'ceilingKey', type: 'key', meaning: 'the sandbox daily ceiling counter' },
+  { name: 'ceilingLimit', type: 'number', meaning: 'requests the ceiling allows' },
+  { name: 'ceilingTtl', type: 'number', meaning: 'seconds the ceiling counter lives from its first request' },
+  { name: 'nonceKey', type: 'key', meaning: 'the nonce, claimed once' },
+  { name: 'nonceTtl', type: 'number', meaning: 'seconds the nonce stays claimed' },
+  { name: 'account', type: 'key', meaning: 'the charged account id, as the dirty set holds it' },
+  { name: 'balanceKey', type: 'key', meaning: "the account's live balance" },
+  { name: 'pendingKey', type: 'key', meaning: "the account's charges not yet in PostgreSQL" },
+  { name: 'dirtyKey', type: 'key', meaning: 'the set of accounts with pending charges' },
+  { name: 'cost', type: 'number', meaning: 'credits charged' },
+  { name: 'counterKey', type: 'key', meaning: 'heartbeats: the counter that charges only every counterEvery-th call' },
+  { name: 'counterEvery', type: 'number', meaning: 'heartbeats: charge once in this many calls' },
+] as const satisfies readonly Field[]
+
+/** One epoch group: the cache entry is fresh only while the key still holds `expected`. */
+export const EPOCH = [
+  { name: 'key', type: 'key', meaning: 'the epoch key' },
+  { name: 'expected', type: 'number', meaning: 'the value the caller read' },
+] as const satisfies readonly Field[]
+
+/** One bucket group: a token bucket taken from, all of a request's or none. */
+export const BUCKET = [
+  { name: 'key', type: 'key', meaning: "the bucket's theoretical arrival time" },
+  { name: 'capacity', type: 'number', meaning: 'tokens the bucket holds' },
+  { name: 'refillPerSecond', type: 'number', meaning: 'tokens added a second' },
+] as const satisfies readonly Field[]
+
+/**
+ * The script's answer for one request, by code (its position here), appended to one flat integer array:
+ * the code, then what `then` says.
+ */
+export const REPLIES = [
+  { kind: 'ok', then: 'the amount charged' },
+  { kind: 'stale', then: 'the epoch count and each current epoch' },
+  { kind: 'limited', then: 'the wait in ms' },
+  { kind: 'no_balance', then: 'nothing' },
+  { kind: 'quota', then: 'nothing' },
+  { kind: 'replay', then: 'nothing' },
+  { kind: 'denied', then: 'nothing' },
+  { kind: 'no_credits', then: 'nothing' },
+] as const
+
+type Positions<T extends readonly Field[]> = { readonly [F in T[number] as F['name']]: number }
+
+const positions = <T extends readonly Field[]>(fields: T, first: number) =>
+  Object.fromEntries(fields.map((f, i) => [f.name, first + i])) as Positions<T>
+
+/** Where each head field is in a request: the script's h[F.now] and so on (1-based, after the count). */
+export const F = positions(HEAD, 1)
+/** Offset of each field within an epoch group. */
+export const E = positions(EPOCH, 0)
+/** Offset of each field within a bucket group. */
+export const B = positions(BUCKET, 0)
+
+/** A field's name in the script: nonceKey is NONCE_KEY. */
+export const luaName = (name: string) => name.replace(/[A-Z]/g, (c) => `_${c}`).toUpperCase()
+
+/**
+ * The tables as Lua locals (`local F_NONCE_KEY = 8`), prepended to a script that reads the wire; the
+ * groups start at h[HEAD_WIDTH + 1].
+ */
+export const luaConstants = [
+  ...HEAD.map((f) => `local F_${luaName(f.name)} = ${F[f.name]}`),
+  `local HEAD_WIDTH = ${HEAD.length}`,
+  ...EPOCH.map((f) => `local EPOCH_${luaName(f.name)} = ${E[f.name]}`),
+  `local EPOCH_WIDTH = ${EPOCH.length}`,
+  ...BUCKET.map((f) => `local BUCKET_${luaName(f.name)} = ${B[f.name]}`),
+  `local BUCKET_WIDTH = ${BUCKET.length}`,
+  ...REPLIES.map((r, code) => `local R_${luaName(r.kind)} = ${code}`),
+].join('\n')
+
+/** Lua that reads ARGV[1] into `names` (the keys) and `reqs` (each request's numbers as h[1..count]). */
+export const luaUnpack = `
+local packed = ARGV[1]
+local key_count, pos = struct.unpack('<I4', packed, 1)
+local names = {}
+for i = 1, key_count do names[i], pos = struct.unpack('<Hc0', packed, pos) end
+local reqs = {}
+local formats = {}
+while pos <= #packed do
+  local count = struct.unpack('<d', packed, pos)
+  local format = formats[count]
+  if not format then
+    format = '<' .. string.rep('d', count)
+    formats[count] = format
+  end
+  local h = { struct.unpack(format, packed, pos + 8) }
+  pos = h[count + 1]
+  reqs[#reqs + 1] = h
+end
+`
+
+/** One authorize call's single argument: each distinct key once, then the numbers of every request. */
+export class AuthorizeArgs {
+  readonly #keys: string[] = []
+  readonly #positions = new Map<string, number>()
+  readonly #numbers: number[] = []
+
+  /** The key's position among the keys (1-based), sending it only the first time. */
+  #key(name: string): number {
+    let at = this.#positions.get(name)
+    if (at === undefined) {
+      at = this.#keys.push(name)
+      this.#positions.set(name, at)
+    }
+    return at
+  }
+
+  add(a: AuthorizeInput): void {
+    const { ceiling, nonce, charge } = a
+    const counter = charge?.counter
+    const n = this.#numbers
+    // n[at] is the count, n[at + i] the script's h[i]. Written in the table's order, each write appends.
+    const at = n.length
+    n[at] = 0
+    n[at + F.now] = a.nowMs
+    n[at + F.epochCount] = a.epochs.length
+    n[at + F.bucketCount] = a.buckets.length
+    n[at + F.deny] = a.deny ? 1 : 0
+    n[at + F.ceilingKey] = ceiling ? this.#key(ceiling.key) : 0
+    n[at + F.ceilingLimit] = ceiling ? ceiling.limit : 0
+    n[at + F.ceilingTtl] = ceiling ? ceiling.ttlSeconds : 0
+    n[at + F.nonceKey] = nonce ? this.#key(nonce.key) : 0
+    n[at + F.nonceTtl] = nonce ? nonce.ttlSeconds : 0
+    n[at + F.account] = charge ? this.#key(charge.accountId) : 0
+    n[at + F.balanceKey] = charge ? this.#key(keys.balance(charge.accountId)) : 0
+    n[at + F.pendingKey] = charge ? this.#key(keys.pendingCharges(charge.accountId)) : 0
+    n[at + F.dirtyKey] = charge ? this.#key(keys.dirtyAccounts) : 0
+    n[at + F.cost] = charge ? charge.cost : 0
+    n[at + F.counterKey] = counter ? this.#key(counter.key) : 0
+    n[at + F.counterEvery] = counter ? counter.every : 0
+    let group = at + HEAD.length + 1
+    for (const e of a.epochs) {
+      n[group + E.key] = this.#key(e.key)
+      n[group + E.expected] = e.expected
+      group += EPOCH.length
+    }
+    for (const b of a.buckets) {
+      n[group + B.key] = this.#key(b.key)
+      n[group + B.capacity] = b.capacity
+      n[group + B.refillPerSecond] = b.refillPerSecond
+      group += BUCKET.length
+    }
+    n[at] = group - at - 1
+  }
+
+  /**
+   * The argument as one Buffer, because ioredis spends ~0.5 µs on each argument of a call, and a call
+   * carries 3 to 9 keys a request; doubles because struct.unpack reads them exactly, ~1 µs a request
+   * against ~3.5 for cjson.
+   */
+  packed(): Buffer {
+    let size = 4 + this.#numbers.length * 8
+    // A UTF-16 code unit is at most 3 bytes of UTF-8.
+    for (const k of this.#keys) size += 2 + k.length * 3
+    const out = Buffer.allocUnsafe(size)
+    out.writeUInt32LE(this.#keys.length, 0)
+    let at = 4
+    for (const k of this.#keys) {
+      const length = out.write(k, at + 2)
+      out.writeUInt16LE(length, at)
+      at += 2 + length
+    }
+    for (const n of this.#numbers) at = out.writeDoubleLE(n, at)
+    return out.subarray(0, at)
+  }
+}
+
+/** Reads one request's answer from the script's integers at `at`; returns it and where the next starts. */
+export function authorizeResult(flat: number[], at: number): [AuthorizeResult, number] {
+  const kind = REPLIES[flat[at] as number]?.kind
+  switch (kind) {
+    case 'ok':
+      return [{ kind, charged: flat[at + 1] as number }, at + 2]
+    case 'stale': {
+      const count = flat[at + 1] as number
+      return [{ kind, epochs: flat.slice(at + 2, at + 2 + count) }, at + 2 + count]
+    }
+    case 'limited':
+      return [{ kind, retryAfterMs: flat[at + 1] as number }, at + 2]
+    case undefined:
+      throw new Error(`unexpected authorize reply ${String(flat[at])}`)
+    default:
+      return [{ kind }, at + 1]
+  }
+}
