@@ -20,7 +20,7 @@ export interface ScheduleOptions {
   pollMs: number
   minGapMs: number
   /** Null: never give way to API requests. */
-  load: HostLoad | null
+  load: Pick<HostLoad, 'saturated'> | null
   /** Calls the listener after every commit that wrote events; returns the unsubscribe. */
   onCommit(listener: () => void): () => void
 }

@@ -5,6 +5,9 @@ import type { Claimed, Outlet } from './claim'
 import type { DispatcherContext } from './options'
 import type { Recorder } from './recorder'
 
+/** Where outcomes go: the recorder. */
+export type Ledger = Pick<Recorder, 'take' | 'record' | 'handBack'>
+
 /** Sealed values change only when a webhook is created; a bound keeps deleted ones from piling up. */
 const MAX_SECRETS = 1_000
 
@@ -14,7 +17,7 @@ const MAX_SECRETS = 1_000
  */
 export class Sender implements Outlet {
   readonly #ctx: Pick<DispatcherContext, 'send' | 'openSecret' | 'clock'>
-  readonly #recorder: Recorder
+  readonly #recorder: Ledger
   readonly #maxInFlight: number
   /** Free slots a claim waits for while deliveries are out. */
   readonly #claimChunk: number
@@ -27,7 +30,7 @@ export class Sender implements Outlet {
 
   constructor(
     ctx: Pick<DispatcherContext, 'send' | 'openSecret' | 'clock'>,
-    recorder: Recorder,
+    recorder: Ledger,
     maxInFlight: number,
     onFreed: () => void,
   ) {
