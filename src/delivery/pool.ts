@@ -102,7 +102,7 @@ export class DeliveryPool {
 
   /**
    * Runs the outbox dispatcher in the first worker, on a PostgreSQL connection of its own: commits
-   * announced on ctx.bus wake it, and it asks this thread to open webhook secrets (the master key
+   * announced on host.bus wake it, and it asks this thread to open webhook secrets (the master key
    * stays here). One dispatcher per pool.
    */
   dispatch(databaseUrl: string, options: DispatcherOptions, host: DispatchHost): RunningDispatcher {

@@ -4,6 +4,7 @@ import { webhooks } from '../../../src/db/schema'
 import { claimDue, fanOut } from '../../../src/delivery/dispatch/claim'
 import { Recorder } from '../../../src/delivery/dispatch/recorder'
 import { sharedInfra } from '../../support/helpers'
+import { until } from '../../support/webhooks-receiver'
 import { drainOutbox, outboxApp } from './outbox-rows'
 
 await sharedInfra()
@@ -79,8 +80,7 @@ describe('recorder', () => {
     recorder.record({ ...first, at: new Date(), status: 200 })
     recorder.record({ ...second, at: new Date(), status: 200 })
     expect(await written()).toBe(0)
-    await Bun.sleep(400)
-    expect(await written()).toBe(2)
+    await until(async () => (await written()) === 2, 'the batch to be written')
     recorder.stopping()
     await recorder.drain()
   })

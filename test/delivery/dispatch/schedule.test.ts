@@ -1,6 +1,7 @@
 import { describe, expect, test } from 'bun:test'
 import { setLogLevel } from '../../../src/lib/log'
 import { Schedule } from '../../../src/delivery/dispatch/schedule'
+import { until } from '../../support/webhooks-receiver'
 
 setLogLevel('error')
 // Passes are spaced from the last one, taken as time 0 before the first: let the process clock pass
@@ -10,16 +11,20 @@ await Bun.sleep(Math.max(0, 1_000 - performance.now()))
 /** Work whose passes the test ends by hand, counting what the schedule asked for. */
 function fakeWork() {
   const calls = { passes: 0, committed: 0, polled: 0 }
+  /** When each pass began (performance.now()). */
+  const began: number[] = []
   let end: ((more: boolean) => void) | null = null
   let fail: ((err: Error) => void) | null = null
   let room = true
   return {
     calls,
+    began,
     work: {
       committed: () => void calls.committed++,
       polled: () => void calls.polled++,
       pass: () => {
         calls.passes++
+        began.push(performance.now())
         return new Promise<boolean>((resolve, reject) => {
           end = resolve
           fail = reject
@@ -71,10 +76,9 @@ describe('schedule', () => {
     bus.commit()
     expect(f.calls).toEqual({ passes: 1, committed: 3, polled: 0 })
     await f.endPass()
-    await Bun.sleep(30)
-    expect(f.calls.passes).toBe(1)
-    await Bun.sleep(400)
-    expect(f.calls.passes).toBe(2)
+    await until(() => f.calls.passes === 2, 'the pass for the wake-ups')
+    // Timers may fire a millisecond early.
+    expect(f.began[1]! - f.began[0]!).toBeGreaterThanOrEqual(298)
     await f.endPass()
     await Bun.sleep(400)
     expect(f.calls.passes).toBe(2)
@@ -87,8 +91,8 @@ describe('schedule', () => {
     const schedule = new Schedule({ pollMs: 60_000, minGapMs: 500, load: null, onCommit: bus.onCommit }, f.work)
     schedule.start()
     await f.endPass(true)
-    await Bun.sleep(40)
-    expect(f.calls.passes).toBe(2)
+    await until(() => f.calls.passes === 2, 'the pass for the backlog')
+    expect(f.began[1]! - f.began[0]!).toBeLessThan(500)
     f.setRoom(false)
     await f.endPass(true)
     await Bun.sleep(40)
@@ -102,9 +106,8 @@ describe('schedule', () => {
     const schedule = new Schedule({ pollMs: 40, minGapMs: 0, load: null, onCommit: bus.onCommit }, f.work)
     schedule.start()
     await f.endPass()
-    await Bun.sleep(70)
+    await until(() => f.calls.passes === 2, "the poll's pass")
     expect(f.calls.polled).toBeGreaterThanOrEqual(1)
-    expect(f.calls.passes).toBe(2)
     const stopping = schedule.stop()
     await f.endPass()
     await stopping
@@ -121,8 +124,8 @@ describe('schedule', () => {
     bus.commit()
     await Bun.sleep(50)
     expect(f.calls).toMatchObject({ passes: 1, committed: 1 })
-    await Bun.sleep(450)
-    expect(f.calls.passes).toBe(2)
+    await until(() => f.calls.passes === 2, "the poll's pass")
+    expect(f.calls.polled).toBe(1)
     const stopping = schedule.stop()
     await f.endPass()
     await stopping
