@@ -1,8 +1,10 @@
 import { readFileSync } from 'node:fs'
 import { rootCertificates } from 'node:tls'
-import type { Context } from '../context'
+import { TurnBatcher } from '../lib/batcher'
+import type { Sealer } from '../lib/crypto'
 import { errorFields, log } from '../lib/log'
-import type { DispatcherOptions, RunningDispatcher } from './dispatcher'
+import type { DispatcherOptions, RunningDispatcher } from './dispatch/options'
+import type { EventBus } from './outbox'
 import {
   CANCEL_QUEUED,
   type DeliveryJob,
@@ -35,10 +37,17 @@ export interface DeliveryPoolOptions {
   lowPriority?: boolean
 }
 
+/** What a dispatching worker needs from this thread: wake-ups after commits, secrets opened, the log level. */
+export interface DispatchHost {
+  sealer: Pick<Sealer, 'open'>
+  bus: Pick<EventBus, 'subscribe'>
+  config: { logLevel: DispatchStart['logLevel'] }
+}
+
 /** The dispatcher running in the first worker: what restarts it there, and who waits for its stop. */
 interface Dispatching {
   start: DispatchStart
-  ctx: Pick<Context, 'sealer' | 'bus' | 'config'>
+  host: DispatchHost
   unsubscribe: () => void
   stopped: (() => void)[]
   stopping: boolean
@@ -47,8 +56,10 @@ interface Dispatching {
 interface Slot {
   worker: Worker
   pending: Map<number, (result: DeliveryResult) => void>
-  /** Jobs queued in this tick, posted as one message. */
-  outbox: WorkerSend[]
+  /** A message per delivery costs more than the request itself: a turn's jobs travel as one string. */
+  jobs: TurnBatcher<WorkerSend>
+  /** The last job id posted: ids only grow, so a pending job above it still waits in `jobs`. */
+  posted: number
 }
 
 /**
@@ -85,27 +96,20 @@ export class DeliveryPool {
     const id = ++this.#seq
     return new Promise((resolve) => {
       slot.pending.set(id, resolve)
-      // A message per delivery costs more than the request itself: batch a tick's jobs into one string.
-      if (slot.outbox.push({ type: 'send', id, ...job }) === 1) {
-        queueMicrotask(() => {
-          const batch = slot.outbox
-          slot.outbox = []
-          slot.worker.postMessage(JSON.stringify(batch))
-        })
-      }
+      slot.jobs.add({ type: 'send', id, ...job })
     })
   }
 
   /**
    * Runs the outbox dispatcher in the first worker, on a PostgreSQL connection of its own: commits
-   * announced on ctx.bus wake it, and it asks this thread to open webhook secrets (the master key
+   * announced on host.bus wake it, and it asks this thread to open webhook secrets (the master key
    * stays here). One dispatcher per pool.
    */
-  dispatch(databaseUrl: string, options: DispatcherOptions, ctx: Pick<Context, 'sealer' | 'bus' | 'config'>): RunningDispatcher {
+  dispatch(databaseUrl: string, options: DispatcherOptions, host: DispatchHost): RunningDispatcher {
     if (this.#dispatching) throw new Error('this delivery pool already runs a dispatcher')
-    const start: DispatchStart = { type: 'dispatch', databaseUrl, options: { ...options }, logLevel: ctx.config.logLevel }
-    const unsubscribe = ctx.bus.subscribe(() => this.#slots[0]?.worker.postMessage(KICK))
-    this.#dispatching = { start, ctx, unsubscribe, stopped: [], stopping: false }
+    const start: DispatchStart = { type: 'dispatch', databaseUrl, options: { ...options }, logLevel: host.config.logLevel }
+    const unsubscribe = host.bus.subscribe(() => this.#slots[0]?.worker.postMessage(KICK))
+    this.#dispatching = { start, host, unsubscribe, stopped: [], stopping: false }
     // A worker spawned now gets the start message with its settings; one already running, here.
     const first = this.#slots[0]
     if (first) first.worker.postMessage(start)
@@ -141,10 +145,12 @@ export class DeliveryPool {
   cancelQueued(): void {
     for (const slot of this.#slots) {
       if (!slot) continue
-      // Jobs of this tick not posted yet are cancelled here; those already posted, by the worker.
-      for (const job of slot.outbox.splice(0)) {
-        slot.pending.get(job.id)?.({ status: 0, reason: 'cancelled' })
-        slot.pending.delete(job.id)
+      // Jobs of this turn not posted yet are cancelled here (their batch leaves them out); those
+      // already posted, by the worker.
+      for (const [id, resolve] of slot.pending) {
+        if (id <= slot.posted) continue
+        slot.pending.delete(id)
+        resolve({ status: 0, reason: 'cancelled' })
       }
       slot.worker.postMessage(CANCEL_QUEUED)
     }
@@ -182,8 +188,8 @@ export class DeliveryPool {
   }
 
   #spawn(index: number): Slot {
-    const worker = new Worker(new URL('./worker.ts', import.meta.url).href)
-    const slot: Slot = { worker, pending: new Map(), outbox: [] }
+    const worker = new Worker(new URL('./worker/thread.ts', import.meta.url).href)
+    const slot: Slot = { worker, pending: new Map(), jobs: new TurnBatcher((jobs) => this.#post(slot, jobs)), posted: 0 }
     worker.onmessage = (event: MessageEvent<string | WorkerEvent>) => {
       if (typeof event.data !== 'string') return this.#control(worker, event.data)
       for (const { id, ...result } of JSON.parse(event.data) as WorkerReply[]) {
@@ -221,7 +227,7 @@ export class DeliveryPool {
     }
     let secret: string | null = null
     try {
-      if (d) secret = d.ctx.sealer.open(msg.sealed).toString('utf8')
+      if (d) secret = d.host.sealer.open(msg.sealed).toString('utf8')
     } catch {
       // Sealed under another master key, or damaged: the dispatcher logs it and records status 0.
     }
@@ -229,8 +235,14 @@ export class DeliveryPool {
     worker.postMessage(reply)
   }
 
+  #post(slot: Slot, jobs: WorkerSend[]): void {
+    slot.posted = jobs[jobs.length - 1]?.id ?? slot.posted
+    // Jobs answered before their turn ended (cancelled, or their worker failed) must not be sent.
+    const live = jobs.filter((job) => slot.pending.has(job.id))
+    if (live.length > 0) slot.worker.postMessage(JSON.stringify(live))
+  }
+
   #fail(slot: Slot): void {
-    slot.outbox = []
     for (const resolve of slot.pending.values()) resolve({ status: 0, reason: 'worker' })
     slot.pending.clear()
   }

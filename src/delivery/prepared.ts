@@ -17,3 +17,8 @@ export function executePrepared(db: DbOrTx, name: string, query: SQL): Promise<u
   const { session, dialect } = db as unknown as Internals
   return session.prepareQuery(dialect.sqlToQuery(query), undefined, name, false).execute()
 }
+
+/** The rows of a raw statement's result: postgres.js returns the rows themselves, PGlite an object holding them. */
+export function rowsOf(result: unknown): Record<string, unknown>[] {
+  return (Array.isArray(result) ? result : (result as { rows?: unknown[] }).rows ?? []) as Record<string, unknown>[]
+}

@@ -1,0 +1,69 @@
+import type { Db } from '../../db/client'
+import type { DeliveryJob, DeliveryResult } from '../protocol'
+
+export interface DispatcherOptions {
+  /** How often to look for work from other instances (and missed wake-ups). */
+  pollMs?: number
+  /**
+   * A claim older than this is taken over. It must exceed the longest a claimed delivery can wait:
+   * a full claim queued behind hanging receivers (maxInFlight / worker slots × 10 s) plus recording.
+   */
+  leaseSeconds?: number
+  /** Most events fanned out per statement (fewer when fewer slots are free). */
+  fanOutBatch?: number
+  /** Deliveries this instance has on the workers at once. */
+  maxInFlight?: number
+  /**
+   * Least time between two passes. Writers wake the dispatcher after every commit (validate's batch
+   * every few ms); coalescing wake-ups keeps the database work per event small under load.
+   */
+  minGapMs?: number
+  /** Dispatched events whose deliveries are all attempted are deleted after this many days. */
+  retentionDays?: number
+  /**
+   * Host CPU share (0–1) of non-background work from which deliveries give way, when the API thread
+   * is busy too (yieldApiAbove): then commits no longer wake the dispatcher and only the poll fans
+   * out and claims (up to maxInFlight per pollMs), so API requests keep the CPU and the database; the
+   * events wait undispatched in PostgreSQL and are sent when the load drops. Above 1 turns this off.
+   */
+  yieldAbove?: number
+  /** The API thread's share of one CPU (0–1) from which it counts as busy; see yieldAbove. */
+  yieldApiAbove?: number
+}
+
+/** The options with their defaults filled in. */
+export type DispatcherSettings = Required<DispatcherOptions>
+
+export function dispatcherSettings(options: DispatcherOptions): DispatcherSettings {
+  return {
+    pollMs: options.pollMs ?? 1_000,
+    leaseSeconds: options.leaseSeconds ?? 120,
+    fanOutBatch: options.fanOutBatch ?? 500,
+    maxInFlight: options.maxInFlight ?? 256,
+    minGapMs: options.minGapMs ?? 50,
+    retentionDays: options.retentionDays ?? 7,
+    yieldAbove: options.yieldAbove ?? 0.7,
+    yieldApiAbove: options.yieldApiAbove ?? 0.25,
+  }
+}
+
+/** What the dispatcher runs on: the main thread's (PGlite) or a delivery worker's own (PostgreSQL). */
+export interface DispatcherContext {
+  db: Db
+  /** Sends one prepared delivery; never rejects. */
+  send(job: DeliveryJob): Promise<DeliveryResult>
+  /** Answers every delivery still queued (not sent) with reason 'cancelled'. */
+  cancelQueued(): void
+  /** Opens a sealed webhook secret; throws when it cannot be opened. */
+  openSecret(sealed: string): Promise<string>
+  /** Calls the listener after every commit that wrote events; returns the unsubscribe. */
+  onCommit(listener: () => void): () => void
+  clock: () => number
+}
+
+/** A started dispatcher, in this thread or in a delivery worker. */
+export interface RunningDispatcher {
+  /** Stops taking work, then waits for deliveries on the way and records their results. */
+  stop(): Promise<void>
+  [Symbol.asyncDispose](): Promise<void>
+}

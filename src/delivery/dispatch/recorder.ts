@@ -1,0 +1,119 @@
+import { sql } from 'drizzle-orm'
+import type { Db } from '../../db/client'
+import { errorFields, log, logEvery } from '../../lib/log'
+import { type Attempt, recordAttempts } from '../record'
+
+const FLUSH_DELAY_MS = 100
+const RECORD_BATCH = 1_000
+
+/** One delivery: an outbox event to one webhook. */
+export interface DeliveryKey {
+  eventId: number
+  webhookId: string
+}
+
+const keyOf = (d: { eventId?: number; webhookId: string }) => `${d.eventId} ${d.webhookId}`
+
+/**
+ * The ledger of this instance's claims, from claim to outcome: finished attempts are written in
+ * batches (attempt rows and the webhooks' lastDelivery*), deliveries cancelled before sending are
+ * handed back at stop. One write in flight at a time; later results queue up.
+ */
+export class Recorder {
+  readonly #db: Db
+  /** Deliveries this instance claimed and has not recorded yet. */
+  readonly #owned = new Set<string>()
+  #results: Attempt[] = []
+  /** Claimed deliveries cancelled at shutdown before they were sent. */
+  #released: DeliveryKey[] = []
+  #flushing: Promise<void> | null = null
+  /** Once stopping, results are written at once and a write that keeps failing is given up. */
+  #stopping = false
+
+  constructor(db: Db) {
+    this.#db = db
+  }
+
+  /**
+   * Takes a claimed delivery on; false when this instance already has it on the way: its own claim
+   * that expired while queued or unrecorded (a saturated CPU, a database outage), which re-claiming
+   * only extended. Sending it again would be a duplicate.
+   */
+  take(d: DeliveryKey): boolean {
+    const key = keyOf(d)
+    if (this.#owned.has(key)) return false
+    this.#owned.add(key)
+    return true
+  }
+
+  /** A finished (or, with status null, skipped) delivery: written with the next batch. */
+  record(attempt: Attempt): void {
+    this.#results.push(attempt)
+    this.#flush()
+  }
+
+  /** A delivery cancelled before it was sent: its claim is cleared at stop. */
+  handBack(d: DeliveryKey): void {
+    this.#released.push({ eventId: d.eventId, webhookId: d.webhookId })
+    this.#owned.delete(keyOf(d))
+  }
+
+  /** From now on nothing waits: results are written at once, and a failing write is given up. */
+  stopping(): void {
+    this.#stopping = true
+  }
+
+  /** Writes every result still waiting, then hands back what was cancelled. After stopping(). */
+  async drain(): Promise<void> {
+    this.#flush()
+    await this.#flushing
+    await this.#release()
+  }
+
+  #flush(): void {
+    if (this.#flushing || this.#results.length === 0) return
+    this.#flushing = this.#write().finally(() => {
+      this.#flushing = null
+      if (this.#results.length > 0 && !this.#stopping) this.#flush()
+    })
+  }
+
+  async #write(): Promise<void> {
+    // Results arrive one by one: a short wait turns them into one statement per batch.
+    if (!this.#stopping) await Bun.sleep(FLUSH_DELAY_MS)
+    let failures = 0
+    while (this.#results.length > 0) {
+      const batch = this.#results.splice(0, RECORD_BATCH)
+      try {
+        await recordAttempts(this.#db, batch)
+        for (const a of batch) this.#owned.delete(keyOf(a))
+        failures = 0
+        // What arrived during the write waits for the next batch (after the delay), unless a full
+        // batch is already there: back-to-back statements of a few rows each cost the most.
+        if (!this.#stopping && this.#results.length < RECORD_BATCH) break
+      } catch (err) {
+        failures++
+        logEvery('error', 'recording webhook attempts failed', () => errorFields(err))
+        // Unrecorded results are re-sent after the lease: keep trying while running, give up when stopping.
+        if (this.#stopping && failures >= 3) return
+        this.#results.unshift(...batch)
+        await Bun.sleep(Math.min(5_000, 200 * 2 ** failures))
+      }
+    }
+  }
+
+  /** Clears the claims of deliveries cancelled before sending, so the next start sends them at once. */
+  async #release(): Promise<void> {
+    if (this.#released.length === 0) return
+    const rows = this.#released.splice(0).map((r) => ({ event_id: r.eventId, webhook_id: r.webhookId }))
+    try {
+      await this.#db.execute(sql`
+        UPDATE webhook_deliveries AS d SET claimed_at = NULL
+        FROM jsonb_to_recordset(${JSON.stringify(rows)}::jsonb) AS r(event_id bigint, webhook_id text)
+        WHERE d.event_id = r.event_id AND d.webhook_id = r.webhook_id AND d.attempted_at IS NULL`)
+    } catch (err) {
+      // Their lease runs out instead: still sent once, only later.
+      log.warn('could not hand back unsent webhook deliveries', errorFields(err))
+    }
+  }
+}

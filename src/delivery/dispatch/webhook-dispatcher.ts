@@ -1,0 +1,85 @@
+import { Claims } from './claim'
+import { HostLoad } from './load'
+import { type DispatcherContext, type DispatcherOptions, dispatcherSettings, type RunningDispatcher } from './options'
+import { Purger } from './purger'
+import { Recorder } from './recorder'
+import { Schedule } from './schedule'
+import { Sender } from './sender'
+
+/**
+ * Delivers the outbox. On PostgreSQL it runs inside one of the delivery pool's workers, with a
+ * connection of its own: claiming, signing, sending and recording cost the API thread nothing, and
+ * that worker runs at the lowest CPU priority, so under a saturated CPU deliveries wait (unclaimed,
+ * in PostgreSQL) and catch up when API requests leave CPU over. On embedded PGlite, which only the
+ * main thread can open, the same code runs on the main thread and sends through the pool's workers.
+ *
+ * The parts, each safe with several instances on one database:
+ * - Schedule: when a pass runs (commit wake-ups, the poll, spacing, giving way to API requests).
+ * - Claims: a pass fans undispatched events out into deliveries and claims them; the exactly-once
+ *   invariant across instances lives in its statements.
+ * - Sender: signs and sends each claimed delivery on a worker, within maxInFlight.
+ * - Recorder: writes attempted_at/http_status and the webhook's lastDelivery*, and hands back at stop
+ *   what was cancelled before sending.
+ * - Purger: deletes old events and their deliveries.
+ *
+ * Semantics: every event committed is attempted once per subscribed, enabled webhook, including
+ * after a crash or restart between commit and send (the rows wait in PostgreSQL). There are no
+ * retries: a timeout or refusal is an attempt (status 0). The one exception is a crash during the
+ * send itself (claimed, result not recorded): when the lease (2 minutes) expires the delivery is
+ * attempted again, so it is at least once only across a crash during the send. Receivers can drop a
+ * repeat by (X-Service-Event, X-Service-Timestamp, body).
+ */
+export class WebhookDispatcher implements RunningDispatcher {
+  readonly #ctx: DispatcherContext
+  readonly #schedule: Schedule
+  readonly #recorder: Recorder
+  readonly #sender: Sender
+  readonly #purger: Purger
+
+  constructor(ctx: DispatcherContext, options: DispatcherOptions = {}) {
+    const settings = dispatcherSettings(options)
+    this.#ctx = ctx
+    this.#recorder = new Recorder(ctx.db)
+    this.#purger = new Purger(ctx.db, settings.retentionDays)
+    const claims = new Claims(ctx.db, settings.fanOutBatch, settings.leaseSeconds)
+    const sender = new Sender(ctx, this.#recorder, settings.maxInFlight, () => {
+      if (claims.due && sender.worthClaiming()) this.#schedule.kick()
+    })
+    this.#sender = sender
+    const load = settings.yieldAbove <= 1 ? new HostLoad(settings.yieldAbove, settings.yieldApiAbove) : null
+    this.#schedule = new Schedule(
+      { pollMs: settings.pollMs, minGapMs: settings.minGapMs, load, onCommit: (listener) => ctx.onCommit(listener) },
+      {
+        committed: () => claims.committed(),
+        polled: () => claims.polled(),
+        pass: () => claims.pass(sender),
+        worthClaiming: () => sender.worthClaiming(),
+      },
+    )
+  }
+
+  start(): this {
+    if (this.#schedule.running) return this
+    this.#schedule.start()
+    this.#purger.start()
+    return this
+  }
+
+  /** Stops taking work, then waits for deliveries on the workers and records their results. */
+  async stop(): Promise<void> {
+    if (!this.#schedule.running) return
+    const pass = this.#schedule.stop()
+    const purge = this.#purger.stop()
+    this.#recorder.stopping()
+    await pass
+    await purge
+    // Claimed deliveries still queued behind busy receivers were never sent: hand them back.
+    this.#ctx.cancelQueued()
+    await this.#sender.idle()
+    await this.#recorder.drain()
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.stop()
+  }
+}

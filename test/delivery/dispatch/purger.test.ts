@@ -1,0 +1,72 @@
+import { afterEach, expect, test } from 'bun:test'
+import { randomUUID } from 'node:crypto'
+import { sql } from 'drizzle-orm'
+import type { Db } from '../../../src/db/client'
+import { Purger } from '../../../src/delivery/dispatch/purger'
+import { rowsOf } from '../../../src/delivery/prepared'
+import { sharedInfra } from '../../support/helpers'
+import { outboxApp } from './outbox-rows'
+
+const { database } = await sharedInfra()
+
+// The purge looks at the oldest ids only: negative ids, below any the sequence hands out, put these
+// rows first whatever earlier tests left in the shared database.
+async function clearNegative(db: Db) {
+  await db.execute(sql`DELETE FROM webhook_deliveries WHERE event_id < 0`)
+  await db.execute(sql`DELETE FROM events WHERE id < 0`)
+}
+afterEach(() => clearNegative(database.db))
+
+async function eventIdsBelowZero(db: Db): Promise<number[]> {
+  return rowsOf(await db.execute(sql`SELECT id::float8 AS id FROM events WHERE id < 0 ORDER BY id`)).map((r) => Number(r.id))
+}
+
+async function addEvent(db: Db, id: number, dispatchedDaysAgo: number | null) {
+  await db.execute(sql`
+    INSERT INTO events (id, app_id, event, data, occurred_at, dispatched_at)
+    VALUES (${id}, ${randomUUID()}, 'license.created', '{}'::jsonb, now() - interval '30 days',
+            CASE WHEN ${dispatchedDaysAgo}::int IS NULL THEN NULL ELSE now() - make_interval(days => ${dispatchedDaysAgo}::int) END)`)
+}
+
+async function addDelivery(db: Db, eventId: number, webhookId: string, attempted: boolean) {
+  await db.execute(sql`
+    INSERT INTO webhook_deliveries (event_id, webhook_id, claimed_at, attempted_at, http_status)
+    VALUES (${eventId}, ${webhookId}, now(), CASE WHEN ${attempted} THEN now() END, CASE WHEN ${attempted} THEN 200 END)`)
+}
+
+test('old events whose deliveries were all attempted go, with their deliveries; every other event stays', async () => {
+  const o = await outboxApp()
+  await clearNegative(o.db)
+  const hook = await o.hook(['license.created'])
+  await addEvent(o.db, -10, 8) // attempted: goes
+  await addDelivery(o.db, -10, hook, true)
+  await addEvent(o.db, -9, 8) // a delivery still owed: stays
+  await addDelivery(o.db, -9, hook, false)
+  await addEvent(o.db, -8, 1) // within the retention: stays
+  await addEvent(o.db, -7, null) // never dispatched: stays
+  await addEvent(o.db, -6, 8) // no webhook subscribed: goes
+
+  await new Purger(o.db, 7).purge()
+  expect(await eventIdsBelowZero(o.db)).toEqual([-9, -8, -7])
+  const deliveries = rowsOf(await o.db.execute(sql`SELECT event_id::float8 AS id FROM webhook_deliveries WHERE event_id < 0`))
+  expect(deliveries.map((r) => Number(r.id))).toEqual([-9])
+})
+
+test('a purge goes on batch after batch while they come back full, and a stopped one ends', async () => {
+  const { db } = database
+  await clearNegative(db)
+  // More than one batch (5 000) of purgeable events, and one that stays after them.
+  await db.execute(sql`
+    INSERT INTO events (id, app_id, event, data, occurred_at, dispatched_at)
+    SELECT g, ${randomUUID()}, 'license.created', '{}'::jsonb, now(), now() - interval '30 days'
+    FROM generate_series(-20000, -14951) AS g`)
+  await addEvent(db, -5, null)
+
+  const stopped = new Purger(db, 7)
+  await stopped.stop()
+  await stopped.purge()
+  expect(await eventIdsBelowZero(db)).toHaveLength(5_051)
+
+  await new Purger(db, 7).purge()
+  expect(await eventIdsBelowZero(db)).toEqual([-5])
+})

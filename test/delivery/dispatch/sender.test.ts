@@ -1,0 +1,150 @@
+import { describe, expect, test } from 'bun:test'
+import type { Claimed } from '../../../src/delivery/dispatch/claim'
+import { Sender } from '../../../src/delivery/dispatch/sender'
+import type { Attempt } from '../../../src/delivery/record'
+import type { DeliveryJob, DeliveryResult } from '../../../src/delivery/protocol'
+import { hmacHex } from '../../../src/lib/crypto'
+import { setLogLevel } from '../../../src/lib/log'
+
+setLogLevel('error')
+
+const AT = Date.UTC(2026, 2, 1)
+
+function claimed(eventId: number, over: Partial<Claimed> = {}): Claimed {
+  return {
+    eventId,
+    webhookId: 'wh_1',
+    event: 'license.created',
+    data: `{"licenseKey":"KEY-${eventId}"}`,
+    occurredAt: new Date(AT),
+    url: 'https://receiver.example/hook',
+    secretEnc: 'sealed-1',
+    enabled: true,
+    ...over,
+  }
+}
+
+/** A sender over a pool the test answers by hand, and a ledger that remembers. */
+function harness(maxInFlight = 8, openSecret: (sealed: string) => Promise<string> = async (s) => `secret-of-${s}`) {
+  const sent: { job: DeliveryJob; answer: (r: DeliveryResult) => void }[] = []
+  const opened: string[] = []
+  const recorded: Attempt[] = []
+  const handedBack: number[] = []
+  const owned = new Set<number>()
+  let freed = 0
+  const sender = new Sender(
+    {
+      send: (job) => new Promise((answer) => sent.push({ job, answer })),
+      openSecret: (sealed) => {
+        opened.push(sealed)
+        return openSecret(sealed)
+      },
+      clock: () => AT + 5_000,
+    },
+    {
+      take: (d) => !owned.has(d.eventId) && Boolean(owned.add(d.eventId)),
+      record: (a) => {
+        recorded.push(a)
+        if (a.eventId !== undefined) owned.delete(a.eventId)
+      },
+      handBack: (d) => {
+        handedBack.push(d.eventId)
+        owned.delete(d.eventId)
+      },
+    },
+    maxInFlight,
+    () => void freed++,
+  )
+  return { sender, sent, opened, recorded, handedBack, freed: () => freed }
+}
+
+const settle = () => Bun.sleep(0)
+
+describe('sender', () => {
+  test('sends the spec body signed with the webhook secret, opening each secret once', async () => {
+    const h = harness()
+    h.sender.send(claimed(1))
+    await settle()
+    expect(h.sent).toHaveLength(1)
+    const { job } = h.sent[0]!
+    expect(job.url).toBe('https://receiver.example/hook')
+    expect(JSON.parse(job.body)).toEqual({ event: 'license.created', timestamp: new Date(AT).toISOString(), data: { licenseKey: 'KEY-1' } })
+    expect(job.headers['x-service-signature']).toBe(`sha256=${hmacHex('secret-of-sealed-1', job.body)}`)
+    h.sent[0]!.answer({ status: 204 })
+    await settle()
+
+    h.sender.send(claimed(2))
+    await settle()
+    expect(h.sent).toHaveLength(2)
+    expect(h.opened).toEqual(['sealed-1'])
+    h.sent[1]!.answer({ status: 500 })
+    await h.sender.idle()
+    expect(h.recorded).toEqual([
+      { eventId: 1, webhookId: 'wh_1', at: new Date(AT + 5_000), status: 204 },
+      { eventId: 2, webhookId: 'wh_1', at: new Date(AT + 5_000), status: 500 },
+    ])
+    expect(h.freed()).toBe(2)
+  })
+
+  test('a delivery already on the way is not sent again', async () => {
+    const h = harness()
+    h.sender.send(claimed(1))
+    h.sender.send(claimed(1))
+    await settle()
+    expect(h.sent).toHaveLength(1)
+    expect(h.sender.free).toBe(7)
+  })
+
+  test('a delivery whose webhook was disabled is recorded as skipped without sending', async () => {
+    const h = harness()
+    h.sender.send(claimed(1, { enabled: false }))
+    await settle()
+    expect(h.sent).toHaveLength(0)
+    expect(h.recorded).toEqual([{ eventId: 1, webhookId: 'wh_1', at: new Date(AT + 5_000), status: null }])
+    expect(h.sender.free).toBe(8)
+  })
+
+  test('a delivery cancelled in the queue is handed back, not recorded', async () => {
+    const h = harness()
+    h.sender.send(claimed(1))
+    await settle()
+    h.sent[0]!.answer({ status: 0, reason: 'cancelled' })
+    await h.sender.idle()
+    expect(h.handedBack).toEqual([1])
+    expect(h.recorded).toEqual([])
+  })
+
+  test('a secret that cannot be opened records status 0 without sending', async () => {
+    const h = harness(8, async () => {
+      throw new Error('sealed under another key')
+    })
+    h.sender.send(claimed(1))
+    await h.sender.idle()
+    expect(h.sent).toHaveLength(0)
+    expect(h.recorded).toEqual([{ eventId: 1, webhookId: 'wh_1', at: new Date(AT + 5_000), status: 0 }])
+  })
+
+  test('while deliveries are out, a claim is worth it only once a quarter of the slots is free', async () => {
+    const h = harness(8)
+    expect(h.sender.worthClaiming()).toBe(true)
+    for (let i = 1; i <= 7; i++) h.sender.send(claimed(i))
+    await settle()
+    // 1 free of 8, below the chunk of 2.
+    expect(h.sender.free).toBe(1)
+    expect(h.sender.worthClaiming()).toBe(false)
+    h.sent[0]!.answer({ status: 200 })
+    await settle()
+    expect(h.sender.free).toBe(2)
+    expect(h.sender.worthClaiming()).toBe(true)
+    let idle = false
+    const waiting = h.sender.idle().then(() => {
+      idle = true
+    })
+    for (const s of h.sent.slice(1, 6)) s.answer({ status: 200 })
+    await settle()
+    expect(idle).toBe(false)
+    h.sent[6]!.answer({ status: 200 })
+    await waiting
+    expect(h.sender.free).toBe(8)
+  })
+})

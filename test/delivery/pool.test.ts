@@ -1,0 +1,46 @@
+import { expect, test } from 'bun:test'
+import { DeliveryPool } from '../../src/delivery/pool'
+import { startReceiver, testCertificate } from '../support/webhooks-receiver'
+
+function jobTo(url: string) {
+  return { url, headers: { 'content-type': 'application/json' }, body: '{"ping":true}' }
+}
+
+test('jobs cancelled in the turn they were sent are answered cancelled and never leave; later ones go out', async () => {
+  await using rx = startReceiver()
+  const pool = new DeliveryPool({ allowPrivate: true, extraCaFile: testCertificate().certFile, size: 1 })
+  try {
+    pool.start()
+    const first = pool.send(jobTo(rx.url('/cancelled')))
+    const second = pool.send(jobTo(rx.url('/cancelled')))
+    pool.cancelQueued()
+    expect(await Promise.all([first, second])).toEqual([
+      { status: 0, reason: 'cancelled' },
+      { status: 0, reason: 'cancelled' },
+    ])
+    expect(pool.inFlight).toBe(0)
+
+    // Jobs of one turn travel together and each gets its own answer.
+    const answers = await Promise.all([pool.send(jobTo(rx.url('/sent'))), pool.send(jobTo(rx.url('/sent')))])
+    expect(answers).toEqual([{ status: 200 }, { status: 200 }])
+    expect(rx.at('/sent')).toHaveLength(2)
+    expect(rx.at('/cancelled')).toHaveLength(0)
+  } finally {
+    await pool.close()
+  }
+})
+
+test('a job already on its way runs to its end when the queue is cancelled', async () => {
+  await using rx = startReceiver()
+  const pool = new DeliveryPool({ allowPrivate: true, extraCaFile: testCertificate().certFile, size: 1 })
+  try {
+    const sending = pool.send(jobTo(rx.url('/on-its-way')))
+    // Posted to the worker at the end of this turn.
+    await Bun.sleep(0)
+    pool.cancelQueued()
+    expect(await sending).toEqual({ status: 200 })
+    expect(rx.at('/on-its-way')).toHaveLength(1)
+  } finally {
+    await pool.close()
+  }
+})
