@@ -11,7 +11,7 @@ import { generateWebhookId, generateWebhookSecret } from '../lib/crypto'
 import type { EventName } from '../delivery/outbox'
 import { invalidate } from '../actors/invalidate'
 
-/** Webhook management and the test ping. The outbox delivery loop lives in webhooks/dispatcher. */
+/** Webhook management and the test ping. The outbox delivery loop lives in delivery/dispatcher.ts. */
 
 export const MAX_WEBHOOKS_PER_APP = 5
 
