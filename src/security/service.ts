@@ -7,7 +7,7 @@ import type { Context } from '../context'
 import { badRequest } from '../lib/errors'
 import { canonicalIp } from '../lib/ip'
 import { keys } from '../store/store'
-import { requireOwnedApp } from '../accounts/service'
+import { requireOwnedApp } from '../apps/service'
 import { invalidate } from '../actors/invalidate'
 
 export const MAX_LIST_ENTRIES = 1000

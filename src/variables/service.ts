@@ -3,7 +3,7 @@ import { apps, licenses, type VariableMap } from '../db/schema'
 import type { Context } from '../context'
 import { badRequest, notFound } from '../lib/errors'
 import { keys } from '../store/store'
-import { requireOwnedApp } from '../accounts/service'
+import { requireOwnedApp } from '../apps/service'
 import { requireOwnedLicense } from '../licenses/service'
 import { invalidate } from '../actors/invalidate'
 
