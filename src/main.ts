@@ -42,7 +42,9 @@ async function main(): Promise<void> {
   const app = createApp(ctx)
   // Delivers events committed before a restart as well as new ones; one claim per delivery across instances.
   const dispatcher = startDispatcher(ctx)
-  // Moves credit charges from the store into PostgreSQL and writes batched license.validated events.
+  // Moves credit charges from the store into PostgreSQL.
+  const reconciler = ctx.credits.startReconciler()
+  // Writes the license.validated events still batched at shutdown.
   const clientAuth = startClientAuth(ctx)
   ctx.signer.start({ worker: config.serverProcesses === 1 })
   const tls =
@@ -72,6 +74,7 @@ async function main(): Promise<void> {
       operatorSocket?.stop()
       await app.stop()
       await clientAuth.stop()
+      await reconciler.stop()
       await dispatcher.stop()
       await ctx.webhookPool.close()
       await ctx.store.close()

@@ -3,7 +3,6 @@ import type { DbOrTx } from '../db/client'
 import { accounts, apiKeys } from '../db/schema'
 import type { Context } from '../context'
 import { ApiError } from '../lib/errors'
-import { currentBalance } from '../credits/ledger'
 import { generateApiKey, sha256Hex } from '../lib/crypto'
 import type { AccountResponse } from './model'
 
@@ -62,10 +61,10 @@ export async function addCredits(ctx: Context, accountId: string, n: number) {
     await ctx.store.creditsAdded(accountId, n)
     return updated
   })
-  return { accountId: row.accountId, credits: await currentBalance(ctx, accountId) }
+  return { accountId: row.accountId, credits: await ctx.credits.currentBalance(accountId) }
 }
 
 export async function getAccount(ctx: Context, accountId: string): Promise<typeof AccountResponse.static> {
   const row = await requireAccount(ctx.database.db, accountId)
-  return { accountId: row.id, name: row.name, credits: await currentBalance(ctx, accountId) }
+  return { accountId: row.id, name: row.name, credits: await ctx.credits.currentBalance(accountId) }
 }

@@ -6,7 +6,6 @@ import { PublicError, type PublicErrorCode } from '../lib/errors'
 import { errorFields, log, logEvery } from '../lib/log'
 import { type AuthorizeInput, type AuthorizeResult, keys } from '../store/store'
 import { AuthCache, type CachedApp, type CachedLicense, StoreUnavailable } from '../actors/app-cache'
-import { loadLiveBalance, startCreditReconciler } from '../credits/ledger'
 import { recordEvents } from '../delivery/outbox'
 import { invalidate } from '../actors/invalidate'
 import { SeatBinder } from '../actors/seat-binder'
@@ -40,11 +39,9 @@ function runtime(ctx: Context): Runtime {
 
 /** Background work of the client endpoints; stop() flushes what is pending (call before closing storage). */
 export function startClientAuth(ctx: Context): { stop(): Promise<void> } {
-  const reconciler = startCreditReconciler(ctx)
   return {
     async stop() {
       await runtime(ctx).events.stop()
-      await reconciler.stop()
     },
   }
 }
@@ -194,7 +191,7 @@ async function authorize(
           }
           continue
         case 'no_balance':
-          await loadLiveBalance(ctx, app.accountId).catch((err: unknown) => {
+          await ctx.credits.loadLiveBalance(app.accountId).catch((err: unknown) => {
             throw new StoreUnavailable(err)
           })
           continue

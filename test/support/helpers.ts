@@ -2,21 +2,15 @@ import { mkdtempSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { createApp } from '../../src/app'
+import { buildContext } from '../../src/boot'
 import { loadConfig, type Config } from '../../src/config'
 import { createAccount } from '../../src/accounts/service'
 import { createApplication } from '../../src/apps/service'
-import { deriveKey, Sealer } from '../../src/lib/crypto'
-import { EventBus } from '../../src/delivery/outbox'
-import { Mailbox } from '../../src/actors/mailbox'
 import { openDb, type Database } from '../../src/db/client'
-import type { Context } from '../../src/context'
 import { setLogLevel } from '../../src/lib/log'
 import { MemoryStore } from '../../src/store/memory'
 import { RedisStore } from '../../src/store/redis'
 import type { Store } from '../../src/store/store'
-import { DeliveryPool } from '../../src/delivery/pool'
-import { HttpMetrics } from '../../src/http/metrics'
-import { Signer } from '../../src/signing/signer'
 
 /** Which backend this run tests: real PostgreSQL + Redis, or the embedded twins. */
 export const MODE: 'postgres' | 'embedded' = process.env.TEST_DATABASE_URL ? 'postgres' : 'embedded'
@@ -55,22 +49,13 @@ export async function makeTestApp(options: TestAppOptions = {}) {
     WEBHOOK_ALLOW_PRIVATE_TARGETS: 'true',
     ...options.env,
   })
-  const ctx: Context = {
-    config,
+  const ctx = await buildContext(config, {
     database: options.database ?? infra.database,
     store: options.store ?? infra.store,
-    sealer: new Sealer(TEST_MASTER_KEY),
-    sessionKey: deriveKey(TEST_MASTER_KEY, 'session-token-v1'),
-    mailbox: new Mailbox(),
-    bus: new EventBus(),
-    webhookPool: new DeliveryPool({
-      allowPrivate: config.webhookAllowPrivateTargets,
-      extraCaFile: config.webhookExtraCaFile,
-    }),
-    signer: new Signer(),
-    metrics: new HttpMetrics(null),
-    clock: options.clock ?? Date.now,
-  }
+    masterKey: TEST_MASTER_KEY,
+    clock: options.clock,
+    embedded: true,
+  })
   const app = createApp(ctx)
 
   interface Res<T = any> {
