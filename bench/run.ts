@@ -203,7 +203,7 @@ async function main() {
     const run = (name: string, server: Server, mode: string, c: number) => {
       const r = wrk(name, server, mode, c, DURATION)
       results.push(r)
-      console.log(`  ${name.padEnd(24)} c=${String(c).padStart(2)}  ${r.rps.toFixed(0).padStart(7)} req/s  p50 ${r.p50.toFixed(2)} ms  p99 ${r.p99.toFixed(2)} ms  server CPU ${r.cpuUs.toFixed(0)} µs/req (main thread ${r.mainUs.toFixed(0)}), Redis ${r.redisUs.toFixed(0)}, wrk ${r.wrkUs.toFixed(0)}; machine idle ${r.idlePct.toFixed(0)}%${r.errors ? `  non-2xx ${r.errors}` : ''}`)
+      console.log(`  ${name.padEnd(36)} c=${String(c).padStart(2)}  ${r.rps.toFixed(0).padStart(7)} req/s  p50 ${r.p50.toFixed(2)} ms  p99 ${r.p99.toFixed(2)} ms  server CPU ${r.cpuUs.toFixed(0)} µs/req (main thread ${r.mainUs.toFixed(0)}), Redis ${r.redisUs.toFixed(0)}, wrk ${r.wrkUs.toFixed(0)}; machine idle ${r.idlePct.toFixed(0)}%${r.errors ? `  non-2xx ${r.errors}` : ''}`)
       return r
     }
     // The machine is shared and noisy: interleave the scenarios over several rounds and keep each
