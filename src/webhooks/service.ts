@@ -8,7 +8,7 @@ import { recordAttempts } from '../delivery/record'
 import { checkTarget, TargetError } from '../delivery/target'
 import { requireOwnedApp } from '../apps/service'
 import { generateWebhookId, generateWebhookSecret } from '../lib/crypto'
-import type { EventName } from '../delivery/outbox'
+import type { CreatedWebhook, CreateWebhookBody, TestPingResponse, UpdateWebhookBody, Webhook, WebhookList } from './model'
 import { invalidate } from '../actors/invalidate'
 
 /** Webhook management and the test ping. The outbox delivery loop lives in webhooks/dispatcher. */
@@ -18,7 +18,7 @@ export const MAX_WEBHOOKS_PER_APP = 5
 type Row = typeof webhooks.$inferSelect
 
 /** The public shape of a webhook: never the secret. */
-function present(row: Row) {
+function present(row: Row): typeof Webhook.static {
   return {
     webhookId: row.id,
     appId: row.appId,
@@ -45,13 +45,7 @@ function invalidateApp(ctx: Context, appId: string): Promise<void> {
   return invalidate(ctx, [keys.appEpoch(appId)])
 }
 
-export interface NewWebhook {
-  url: string
-  events: EventName[]
-  enabled?: boolean
-}
-
-export async function createWebhook(ctx: Context, accountId: string, appId: string, input: NewWebhook) {
+export async function createWebhook(ctx: Context, accountId: string, appId: string, input: typeof CreateWebhookBody.static): Promise<typeof CreatedWebhook.static> {
   await requireOwnedApp(ctx, accountId, appId)
   const url = await checkedUrl(ctx, input.url)
   const secret = generateWebhookSecret()
@@ -80,20 +74,14 @@ export async function createWebhook(ctx: Context, accountId: string, appId: stri
   return { ...present(row), secret }
 }
 
-export async function listWebhooks(ctx: Context, accountId: string, appId: string) {
+export async function listWebhooks(ctx: Context, accountId: string, appId: string): Promise<typeof WebhookList.static> {
   await requireOwnedApp(ctx, accountId, appId)
   const rows = await ctx.database.db
     .select()
     .from(webhooks)
     .where(eq(webhooks.appId, appId))
     .orderBy(asc(webhooks.createdAt), asc(webhooks.id))
-  return rows.map(present)
-}
-
-export interface WebhookPatch {
-  url?: string
-  events?: EventName[]
-  enabled?: boolean
+  return { webhooks: rows.map(present) }
 }
 
 const missing = () => notFound('Webhook not found in this app')
@@ -103,7 +91,7 @@ export async function updateWebhook(
   accountId: string,
   appId: string,
   webhookId: string,
-  patch: WebhookPatch,
+  patch: typeof UpdateWebhookBody.static,
 ): Promise<void> {
   await requireOwnedApp(ctx, accountId, appId)
   const set: Partial<Pick<Row, 'url' | 'events' | 'enabled'>> = {}
@@ -136,7 +124,12 @@ const PING_LICENSE_KEY = 'TEST-TEST-TEST-TEST'
  * Sends a signed test.ping now, on the delivery workers (the address guard applies again there), and
  * records it as the webhook's latest attempt. A disabled webhook can be pinged: it is an explicit request.
  */
-export async function sendTestPing(ctx: Context, accountId: string, appId: string, webhookId: string) {
+export async function sendTestPing(
+  ctx: Context,
+  accountId: string,
+  appId: string,
+  webhookId: string,
+): Promise<typeof TestPingResponse.static> {
   await requireOwnedApp(ctx, accountId, appId)
   const [row] = await ctx.database.db
     .select()
@@ -148,5 +141,5 @@ export async function sendTestPing(ctx: Context, accountId: string, appId: strin
   const job = signedDelivery(row.url, secret, 'test.ping', new Date(ctx.clock()), JSON.stringify(data))
   const result = await ctx.webhookPool.send(job)
   await recordAttempts(ctx.database.db, [{ webhookId, at: new Date(ctx.clock()), status: result.status }])
-  return { ok: true as const, status: result.status }
+  return { ok: true, status: result.status }
 }
