@@ -44,14 +44,14 @@ interface AuthContext {
  */
 export const authenticate =
   (ctx: Context) =>
-  async (request: AuthContext): Promise<void> => {
-    if (request.accountId !== undefined) return
-    const keyHash = presentedKeyHash(request.headers.authorization)
+  async (requestContext: AuthContext): Promise<void> => {
+    if (requestContext.accountId !== undefined) return
+    const keyHash = presentedKeyHash(requestContext.headers.authorization)
     if (!keyHash) throw invalidKey()
-    Object.assign(request.set.headers, await takeApiToken(ctx, keyHash))
+    Object.assign(requestContext.set.headers, await takeApiToken(ctx, keyHash))
     const accountId = await accountForKeyHash(ctx, keyHash)
     if (!accountId) throw invalidKey()
-    request.accountId = accountId
+    requestContext.accountId = accountId
   }
 
 /**
@@ -64,9 +64,9 @@ export const apiKeyAuth = (ctx: Context) =>
       // Every route using the macro is documented as needing the bearer key (docs.ts names the scheme).
       detail: { security: [{ bearerAuth: [] }] },
       transform: authenticate(ctx),
-      resolve(request: AuthContext) {
-        if (request.accountId === undefined) throw invalidKey()
-        return { accountId: request.accountId }
+      resolve(requestContext: AuthContext) {
+        if (requestContext.accountId === undefined) throw invalidKey()
+        return { accountId: requestContext.accountId }
       },
     },
   })
