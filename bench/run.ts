@@ -8,23 +8,19 @@
  * BENCH_LICENSES (1000), BENCH_ROUNDS (4), BENCH_PROCESSES (the server's SERVER_PROCESSES: 2, one per core of
  * this machine; 1 measures a single process), BENCH_PROFILE_DIR (when set, the server under test writes a CPU
  * profile in markdown there when it stops; its first process only), BENCH_COMPARE (the root of another
- * checkout of this project, e.g. a `git worktree` of the commit before a change: its server runs beside this
- * one on the same database and Redis, and each round measures both validates back to back, in turn first,
- * so "after ÷ before" is read in one run on one machine state).
+ * checkout of this project, e.g. a `git worktree` of the commit before a change: its servers, limits on and
+ * off, run beside this checkout's on the same database and Redis, and each round measures every scenario
+ * of both back to back, in turn first, so "this checkout ÷ BENCH_COMPARE" per scenario is read in one run
+ * on one machine state).
  * `npm run bench:webhooks` (bench/validate-webhook.ts) is the variant with a subscribed license.validated webhook.
  */
 import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import postgres from 'postgres'
-import { buildContext } from '../src/boot'
-import { loadConfig } from '../src/config'
-import { createAccount, createApplication } from '../src/accounts/service'
-import { generateLicenseKey } from '../src/lib/crypto'
-import { MAX_SESSION_TTL, SessionTokens } from '../src/client-auth/session'
-import { licenses } from '../src/db/schema'
 import { setLogLevel } from '../src/lib/log'
 import { procCpu } from './proc'
+import { seedBench } from './seed'
 
 const ADMIN_URL = process.env.BENCH_PG_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
 const REDIS_URL = process.env.BENCH_REDIS_URL ?? 'redis://127.0.0.1:6379/14'
@@ -176,24 +172,9 @@ async function main() {
       VALIDATE_LIMIT_PER_LICENSE: '1000000000',
     }
     console.log(`seeding ${LICENSES} licenses with bound HWIDs…`)
-    const ctx = await buildContext(loadConfig(env))
-    const account = await createAccount(ctx, 'bench', 1_000_000_000)
-    const app = await createApplication(ctx, account.accountId, 'bench', false)
-    const rows = Array.from({ length: LICENSES }, (_, i) => ({
-      key: generateLicenseKey(),
-      appId: app.appId,
-      hwids: [`bench-hwid-${i.toString(16).padStart(8, '0')}`],
-    }))
-    for (let i = 0; i < rows.length; i += 500) await ctx.database.db.insert(licenses).values(rows.slice(i, i + 500))
-    const sessions = new SessionTokens(ctx.sessionKey)
-    const lines = rows.map((r) => {
-      const { token } = sessions.issue({ app: app.appId, lic: r.key, hwid: r.hwids[0]!, ttl: MAX_SESSION_TTL }, Date.now())
-      return `${r.key} ${r.hwids[0]} ${token}`
-    })
-    writeFileSync(join(work, 'data.txt'), `${app.appId} ${app.appSecret}\n${lines.join('\n')}\n`)
-    await ctx.webhookPool.close()
-    await ctx.store.close()
-    await ctx.database.close()
+    const seeded = await seedBench(env, LICENSES)
+    const lines = seeded.licenses.map((l) => `${l.key} ${l.hwid} ${l.token}`)
+    writeFileSync(join(work, 'data.txt'), `${seeded.appId} ${seeded.appSecret}\n${lines.join('\n')}\n`)
 
     const baseline = await spawnServer(join(import.meta.dir, 'baseline.ts'), {})
     servers.push(baseline)
@@ -206,24 +187,39 @@ async function main() {
     servers.push(limited)
     const unlimited = await spawnServer(serverEntry(root), { ...env, PUBLIC_RATE_LIMITS: 'false' })
     servers.push(unlimited)
-    const before = COMPARE ? await spawnServer(serverEntry(COMPARE), env) : null
-    if (before) servers.push(before)
+    const before = COMPARE
+      ? {
+          limited: await spawnServer(serverEntry(COMPARE), env),
+          unlimited: await spawnServer(serverEntry(COMPARE), { ...env, PUBLIC_RATE_LIMITS: 'false' }),
+        }
+      : null
+    if (before) servers.push(before.limited, before.unlimited)
 
     // Warm-up: JIT, connection pools, and every license into the server caches.
     const warmUps = [[baseline, 'baseline'], [limited, 'validate'], [limited, 'heartbeat'], [unlimited, 'validate']] as [Server, string][]
-    if (before) warmUps.push([before, 'validate'], [before, 'heartbeat'])
+    if (before) warmUps.push([before.limited, 'validate'], [before.limited, 'heartbeat'], [before.unlimited, 'validate'])
     for (const [server, mode] of warmUps) wrk('warm-up', server, mode, 16, 3)
     const results: Result[] = []
     const run = (name: string, server: Server, mode: string, c: number) => {
       const r = wrk(name, server, mode, c, DURATION)
       results.push(r)
-      console.log(`  ${name.padEnd(24)} c=${String(c).padStart(2)}  ${r.rps.toFixed(0).padStart(7)} req/s  p50 ${r.p50.toFixed(2)} ms  p99 ${r.p99.toFixed(2)} ms  server CPU ${r.cpuUs.toFixed(0)} µs/req (main thread ${r.mainUs.toFixed(0)}), Redis ${r.redisUs.toFixed(0)}, wrk ${r.wrkUs.toFixed(0)}; machine idle ${r.idlePct.toFixed(0)}%${r.errors ? `  non-2xx ${r.errors}` : ''}`)
+      console.log(`  ${name.padEnd(36)} c=${String(c).padStart(2)}  ${r.rps.toFixed(0).padStart(7)} req/s  p50 ${r.p50.toFixed(2)} ms  p99 ${r.p99.toFixed(2)} ms  server CPU ${r.cpuUs.toFixed(0)} µs/req (main thread ${r.mainUs.toFixed(0)}), Redis ${r.redisUs.toFixed(0)}, wrk ${r.wrkUs.toFixed(0)}; machine idle ${r.idlePct.toFixed(0)}%${r.errors ? `  non-2xx ${r.errors}` : ''}`)
       return r
     }
     // The machine is shared and noisy: interleave the scenarios over several rounds and keep each
     // one's best round, so a burst of outside load hits one sample instead of one scenario.
     const best = (list: Result[]) => list.reduce((a, b) => (b.rps > a.rps ? b : a))
-    const samples: Record<string, Result[]> = { base: [], val: [], hb: [], off: [], beforeVal: [], compareVal: [] }
+    const samples: Record<string, Result[]> = { base: [], val: [], hb: [], off: [] }
+    // Every scenario against BENCH_COMPARE's same scenario: "no scenario slower by more than 3 %".
+    const comparisons = before
+      ? [
+          { name: 'validate', mode: 'validate', c: 64, now: limited, then: before.limited },
+          { name: 'heartbeat', mode: 'heartbeat', c: 64, now: limited, then: before.limited },
+          { name: 'validate, limits off', mode: 'validate', c: 64, now: unlimited, then: before.unlimited },
+          { name: 'validate', mode: 'validate', c: 1, now: limited, then: before.limited },
+          { name: 'heartbeat', mode: 'heartbeat', c: 1, now: limited, then: before.limited },
+        ].map((scenario) => ({ ...scenario, ratios: [] as number[] }))
+      : []
     for (let round = 1; round <= ROUNDS; round++) {
       console.log(`round ${round}/${ROUNDS}`)
       samples.base!.push(run('baseline (bare Elysia)', baseline, 'baseline', 64))
@@ -234,12 +230,16 @@ async function main() {
       ]
       for (const step of round % 2 === 1 ? pair() : pair().reverse()) step()
       samples.hb!.push(run('heartbeat', limited, 'heartbeat', 64))
-      if (before) {
-        const compare = [
-          () => samples.compareVal!.push(run('validate (this checkout)', limited, 'validate', 64)),
-          () => samples.beforeVal!.push(run('validate (BENCH_COMPARE)', before, 'validate', 64)),
-        ]
-        for (const step of round % 2 === 1 ? compare : compare.reverse()) step()
+      for (const { name, mode, c, now, then, ratios } of comparisons) {
+        const mine = () => run(`${name} (this checkout)`, now, mode, c)
+        const theirs = () => run(`${name} (BENCH_COMPARE)`, then, mode, c)
+        if (round % 2 === 1) {
+          const r = mine()
+          ratios.push(r.rps / theirs().rps)
+        } else {
+          const r = theirs()
+          ratios.push(mine().rps / r.rps)
+        }
       }
     }
     console.log('single connection')
@@ -273,10 +273,9 @@ async function main() {
     const perRound = samples.val!.map((r, i) => r.rps / (samples.off![i] as Result).rps)
     const limitsRatio = median(perRound)
     console.log(`  ${check(limitsRatio >= 0.9)} validate with limits = ${limitsRatio.toFixed(2)} of limits off, median of the rounds' back-to-back pairs (${perRound.map((r) => r.toFixed(2)).join(', ')}; best of each: ${(val64.rps / off64.rps).toFixed(2)}) (>= 0.90)`)
-    if (before) {
-      const afterOverBefore = samples.compareVal!.map((r, i) => r.rps / (samples.beforeVal![i] as Result).rps)
-      const ratio = median(afterOverBefore)
-      console.log(`  ${check(ratio >= 0.95)} validate of this checkout = ${ratio.toFixed(2)} of BENCH_COMPARE's, median of the rounds' back-to-back pairs (${afterOverBefore.map((r) => r.toFixed(2)).join(', ')}) (>= 0.95)`)
+    for (const { name, c, ratios } of comparisons) {
+      const ratio = median(ratios)
+      console.log(`  ${check(ratio >= 0.97)} ${name} c=${c}: this checkout ÷ BENCH_COMPARE = ${ratio.toFixed(3)} req/s, median of the rounds' back-to-back pairs (${ratios.map((r) => r.toFixed(3)).join(', ')}) (>= 0.97)`)
     }
     const machineUs = (r: Result) => r.cpuUs + r.redisUs + r.wrkUs
     console.log(`  CPU per validate (server + Redis + wrk, median): limits on ${median(samples.val!.map(machineUs)).toFixed(0)} µs, off ${median(samples.off!.map(machineUs)).toFixed(0)} µs`)

@@ -22,6 +22,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import postgres from 'postgres'
 import { procCpu } from './proc'
+import { type Seeded, seedBench } from './seed'
 
 const args = process.argv.slice(2)
 const flag = (name: string, fallback: number) => {
@@ -66,19 +67,14 @@ async function startServer(env: Record<string, string>) {
   return { proc, base: base as string }
 }
 
-function cli(env: Record<string, string>, ...argv: string[]) {
-  const out = spawnSync(process.execPath, ['src/operator/cli.ts', ...argv], { cwd: root, env, encoding: 'utf8' })
-  if (out.status !== 0) throw new Error(`cli ${argv.join(' ')} failed: ${out.stderr}`)
-  return JSON.parse(out.stdout.trim().split('\n').at(-1) ?? '{}')
-}
-
 /** wrk POSTing validate for random licenses with a fresh nonce per request. */
-function wrkScript(appId: string, appSecret: string, keys: string[]) {
+function wrkScript({ appId, appSecret, licenses }: Seeded) {
   const path = join(dir, 'validate.lua')
   writeFileSync(
     path,
     `
-local keys = { ${keys.map((k) => `"${k}"`).join(', ')} }
+local keys = { ${licenses.map((l) => `"${l.key}"`).join(', ')} }
+local hwids = { ${licenses.map((l) => `"${l.hwid}"`).join(', ')} }
 local counter = 0
 local tid = 0
 local threads = 0
@@ -90,7 +86,7 @@ function request()
   counter = counter + 1
   local i = (counter + tid * 7) % #keys + 1
   local nonce = string.format("%d-%d-%d", tid, counter, math.random(1, 1e9))
-  local body = '{"appId":"${appId}","appSecret":"${appSecret}","licenseKey":"' .. keys[i] .. '","hwid":"bench-hwid-' .. i .. '","nonce":"' .. nonce .. '"}'
+  local body = '{"appId":"${appId}","appSecret":"${appSecret}","licenseKey":"' .. keys[i] .. '","hwid":"' .. hwids[i] .. '","nonce":"' .. nonce .. '"}'
   return wrk.format(nil, "/auth/validate", nil, body)
 end
 local non2xx = 0
@@ -181,25 +177,18 @@ try {
   const redis = new Redis(REDIS)
   await redis.flushdb()
   redis.disconnect()
-  const account = cli(env, 'account', 'create', '--name', 'bench', '--credits', '1000000000')
-  const app = cli(env, 'app', 'create', '--account', account.accountId, '--name', 'bench')
+  const seeded = await seedBench(env, LICENSES)
   server = await startServer({ ...env, LOG_LEVEL: 'info' })
   const api = (method: string, path: string, body?: unknown) =>
     fetch(`${server!.base}${path}`, {
       method,
-      headers: { authorization: `Bearer ${account.apiKey}`, 'content-type': 'application/json' },
+      headers: { authorization: `Bearer ${seeded.apiKey}`, 'content-type': 'application/json' },
       body: body === undefined ? undefined : JSON.stringify(body),
     }).then(async (r) => ({ status: r.status, body: (await r.json()) as any }))
-  const keys: string[] = []
-  while (keys.length < LICENSES) {
-    const res = await api('POST', '/v1/licenses', { appId: app.appId, quantity: 100, maxHwidSlots: 16 })
-    if (res.status !== 201) throw new Error(`license create: ${JSON.stringify(res.body)}`)
-    keys.push(...res.body.licenses.map((l: { licenseKey: string }) => l.licenseKey))
-  }
-  const script = wrkScript(app.appId, app.appSecret, keys)
-  await runWrk(server.base, script) // warm-up: caches, JIT, HWID bindings
+  const script = wrkScript(seeded)
+  await runWrk(server.base, script) // warm-up: caches, JIT
   // Created disabled, so the receiver knows the secret before the first delivery; each round enables it.
-  const created = await api('POST', `/v1/apps/${app.appId}/webhooks`, {
+  const created = await api('POST', `/v1/apps/${seeded.appId}/webhooks`, {
     url: `https://127.0.0.1:${receiverPort}/bench`,
     events: ['license.validated'],
     enabled: false,
@@ -219,7 +208,7 @@ try {
     without.push(plain.rps)
     console.log(`without webhook: ${plain.rps.toFixed(0)} req/s (${plain.errors} non-2xx); ${cpuDelta(before, cpu(server.proc.pid), plain.total)}`)
 
-    await api('PUT', `/v1/apps/${app.appId}/webhooks/${webhookId}`, { enabled: true })
+    await api('PUT', `/v1/apps/${seeded.appId}/webhooks/${webhookId}`, { enabled: true })
     const receivedBefore = (await receiverCounts()).received
     before = cpu(server.proc.pid)
     const hookedRun = await runWrk(server.base, script)
@@ -245,7 +234,7 @@ try {
       `  delivered during the load: ${during}; after it: ${after}; ` +
         (drained ? `backlog drained ${drainSeconds.toFixed(1)} s after the load` : `NOT drained after ${drainSeconds.toFixed(0)} s`),
     )
-    await api('PUT', `/v1/apps/${app.appId}/webhooks/${webhookId}`, { enabled: false })
+    await api('PUT', `/v1/apps/${seeded.appId}/webhooks/${webhookId}`, { enabled: false })
   }
 
   const [events] = await db`SELECT count(*)::int AS n FROM events WHERE event = 'license.validated'`

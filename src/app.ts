@@ -5,14 +5,15 @@ import { ApiError, PublicError } from './lib/errors'
 import { httpMetrics, UNMATCHED_ROUTE } from './http/metrics'
 import { log, logErrorOnce } from './lib/log'
 import { STORABLE_TEXT } from './lib/model'
+import { accountRoutes } from './accounts/routes'
 import { appRoutes } from './apps/routes'
 import { clientRoutes } from './client-auth/routes'
 import { docsRoutes } from './http/docs'
 import { licenseRoutes } from './licenses/routes'
 import { opsRoutes } from './http/ops'
 import { securityRoutes } from './security/routes'
+import { variableRoutes } from './variables/routes'
 import { webhookRoutes } from './webhooks/routes'
-import { serverProcessIndex } from './server-processes'
 
 /** Body limits from the contract: 16 KiB on the client endpoints, 1 MiB on the Developer API. */
 export const AUTH_BODY_LIMIT = 16 * 1024
@@ -236,7 +237,9 @@ export function createApp(ctx: Context) {
     .use(opsRoutes(ctx, metrics))
     .use(docsRoutes(ctx))
     .use(licenseRoutes(ctx))
+    .use(accountRoutes(ctx))
     .use(appRoutes(ctx))
+    .use(variableRoutes(ctx))
     .use(securityRoutes(ctx))
     .use(webhookRoutes(ctx))
     .use(clientRoutes(ctx))

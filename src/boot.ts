@@ -6,19 +6,37 @@ import { deriveKey, Sealer } from './lib/crypto'
 import { EventBus } from './delivery/outbox'
 import { AppActors } from './actors/registry'
 import { resolveMasterKey } from './signing/master-key'
-import { openDb } from './db/client'
+import { type Database, openDb } from './db/client'
 import { HttpMetrics } from './http/metrics'
 import { serverProcessIndex } from './server-processes'
 import { Signer } from './signing/signer'
 import type { Context } from './context'
 import { openStore } from './store/redis'
+import type { Store } from './store/store'
 import { DeliveryPool } from './delivery/pool'
+import { CreditLedger } from './credits/ledger'
 
-/** Opens storage (applying migrations) and builds the dependencies the server and the CLI share. */
-export async function buildContext(config: Readonly<Config>): Promise<Context> {
-  const masterKey = resolveMasterKey(config.masterKey, config.dataDir)
-  const database = await openDb({ databaseUrl: config.databaseUrl, dataDir: config.dataDir })
-  const store = await openStore(config.redisUrl)
+/** What a test or a bench brings of its own instead of what the settings would open. */
+export interface ContextOverrides {
+  database?: Database
+  store?: Store
+  /** Instead of MASTER_KEY or the development key in DATA_DIR. */
+  masterKey?: Buffer
+  clock?: () => number
+  /**
+   * The server runs inside another program (a test) rather than as its own process: deliveries keep
+   * normal CPU priority, so they do not slow the program's own requests, and trust the CA of the
+   * settings' NODE_EXTRA_CA_CERTS, which this process did not start with.
+   */
+  embedded?: boolean
+}
+
+/** Opens storage (applying migrations) and builds the dependencies the server, the CLI and the tests share. */
+export async function buildContext(config: Readonly<Config>, overrides: ContextOverrides = {}): Promise<Context> {
+  const masterKey = overrides.masterKey ?? resolveMasterKey(config.masterKey, config.dataDir)
+  const database = overrides.database ?? (await openDb({ databaseUrl: config.databaseUrl, dataDir: config.dataDir }))
+  const store = overrides.store ?? (await openStore(config.redisUrl))
+  const embedded = overrides.embedded ?? false
   return assembleContext({
     config,
     database,
@@ -30,23 +48,23 @@ export async function buildContext(config: Readonly<Config>): Promise<Context> {
       allowPrivate: config.webhookAllowPrivateTargets,
       // Bun itself trusts NODE_EXTRA_CA_CERTS read at process start; passing it again per request
       // would cost a TLS context (and a connection) per delivery.
-      extraCaFile: null,
-      lowPriority: true,
+      extraCaFile: embedded ? config.webhookExtraCaFile : null,
+      lowPriority: !embedded,
     }),
     signer: new Signer(),
     metrics: new HttpMetrics(config.serverProcesses > 1 ? serverProcessIndex() : null),
-    clock: Date.now,
+    clock: overrides.clock ?? Date.now,
   })
 }
 
-/** What boot opens or chooses; everything else in the context is built from it. */
-export type ContextBase = Omit<Context, 'actors' | 'clientAuth'>
+/** What boot opens or chooses; the rest of the context is built from it. */
+type ContextBase = Omit<Context, 'actors' | 'clientAuth' | 'credits'>
 
-/** Builds the actors and the client endpoints' state over `base`: the server and the tests both come through here. */
-export function assembleContext(base: ContextBase): Context {
+function assembleContext(base: ContextBase): Context {
   return {
     ...base,
     actors: new AppActors(base),
+    credits: new CreditLedger(base),
     clientAuth: {
       events: new EventBatch({ database: base.database, bus: base.bus, dropped: base.metrics.validatedEventsDropped }),
       payloads: new SignedPayloads(base.signer),

@@ -8,8 +8,9 @@ import type { HttpMetrics } from './http/metrics'
 import type { Signer } from './signing/signer'
 import type { Store } from './store/store'
 import type { DeliveryPool } from './delivery/pool'
+import type { CreditLedger } from './credits/ledger'
 
-/** Infrastructure handed to every route module and use-case; built once by index.ts or a test. */
+/** Infrastructure handed to every route module and use-case; built once by boot.ts's buildContext, for the server, the CLI and the tests alike. */
 export interface Context {
   config: Readonly<Config>
   database: Database
@@ -29,6 +30,8 @@ export interface Context {
   metrics: HttpMetrics
   /** The client endpoints' caches, sessions, payload writer and license.validated batch. */
   clientAuth: ClientAuthState
+  /** Live and reconciled credit balances; main.ts starts its reconciler. */
+  credits: CreditLedger
   /** Milliseconds since the epoch; tests inject their own. */
   clock: () => number
 }

@@ -1,9 +1,9 @@
 import { readFileSync } from 'node:fs'
 import { createApp } from './app'
 import { buildContext } from './boot'
-import { ConfigError, loadConfig } from './config'
+import { type Config, ConfigError, loadConfig } from './config'
+import type { Context } from './context'
 import { describeHolder, isLock, LOCK_WAIT_MS, lockDataDir } from './db/data-dir-lock'
-import { startCreditReconciler } from './credits/ledger'
 import { startOperatorSocket, usesOperatorSocket } from './operator/socket'
 import { errorFields, log, setLogLevel } from './lib/log'
 import {
@@ -14,17 +14,37 @@ import {
 } from './server-processes'
 import { startDispatcher } from './delivery/dispatcher'
 
-async function main(): Promise<void> {
-  let config
+/** The settings, or exit 2 naming the one that is wrong. */
+function settings(): Readonly<Config> {
   try {
-    config = loadConfig()
+    return loadConfig()
   } catch (err) {
-    if (err instanceof ConfigError) {
-      process.stderr.write(`configuration error: ${err.message}\n`)
-      process.exit(2)
-    }
-    throw err
+    if (!(err instanceof ConfigError)) throw err
+    process.stderr.write(`configuration error: ${err.message}\n`)
+    process.exit(2)
   }
+}
+
+/** Everything that runs beside the requests; stop() ends it in order, before storage closes. */
+function startBackgroundWork(ctx: Context): { stop(): Promise<void> } {
+  // Delivers events committed before a restart as well as new ones; one claim per delivery across instances.
+  const dispatcher = startDispatcher(ctx)
+  // Moves credit charges from the store into PostgreSQL.
+  const reconciler = ctx.credits.startReconciler()
+  ctx.signer.start({ worker: ctx.config.serverProcesses === 1 })
+  return {
+    async stop() {
+      // Writes the license.validated events still batched, while the database is open.
+      await ctx.clientAuth.events.stop()
+      await reconciler.stop()
+      await dispatcher.stop()
+      await ctx.webhookPool.close()
+    },
+  }
+}
+
+async function main(): Promise<void> {
+  const config = settings()
   setLogLevel(config.logLevel)
   if (usesOperatorSocket(config)) {
     // A CLI in direct mode lets go within seconds; another server never does.
@@ -40,11 +60,7 @@ async function main(): Promise<void> {
   const operatorSocket = usesOperatorSocket(config) ? startOperatorSocket(config.dataDir, contextReady) : null
   const ctx = await contextReady
   const app = createApp(ctx)
-  // Delivers events committed before a restart as well as new ones; one claim per delivery across instances.
-  const dispatcher = startDispatcher(ctx)
-  // Moves credit charges from the store into PostgreSQL.
-  const reconciler = startCreditReconciler(ctx)
-  ctx.signer.start({ worker: config.serverProcesses === 1 })
+  const background = startBackgroundWork(ctx)
   const tls =
     config.tlsCertFile && config.tlsKeyFile
       ? { cert: readFileSync(config.tlsCertFile, 'utf8'), key: readFileSync(config.tlsKeyFile, 'utf8') }
@@ -71,10 +87,7 @@ async function main(): Promise<void> {
       await others?.stop()
       operatorSocket?.stop()
       await app.stop()
-      await ctx.clientAuth.events.stop()
-      await reconciler.stop()
-      await dispatcher.stop()
-      await ctx.webhookPool.close()
+      await background.stop()
       await ctx.store.close()
       await ctx.database.close()
     } catch (err) {

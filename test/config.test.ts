@@ -2,7 +2,8 @@ import { describe, expect, test } from 'bun:test'
 import { mkdtempSync, writeFileSync } from 'node:fs'
 import { availableParallelism, tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { ConfigError, loadConfig, parseCidr } from '../src/config'
+import { ConfigError, loadConfig } from '../src/config'
+import { parseCidr } from '../src/lib/ip'
 import { runToExit } from './support/server-process'
 
 const dir = mkdtempSync(join(tmpdir(), 'ls-config-'))

@@ -1,4 +1,3 @@
-import type { Context } from '../context'
 import { errorFields, log } from '../lib/log'
 import type { Store } from '../store/store'
 
@@ -44,9 +43,4 @@ export class Invalidator {
     }, RETRY_MS)
     this.#timer.unref?.()
   }
-}
-
-/** For changes made outside an app's actor (app settings, signing keys, webhooks): bumps their epochs. */
-export function invalidate(ctx: Context, epochKeys: readonly string[]): Promise<void> {
-  return ctx.actors.invalidator.bump(epochKeys)
 }

@@ -2,7 +2,7 @@ import type { KeyObject } from 'node:crypto'
 import { and, desc, eq, sql } from 'drizzle-orm'
 import { apps, licenses, signingKeys, webhooks, type VariableMap } from '../db/schema'
 import type { Database } from '../db/client'
-import { canonicalIp } from '../http/client-ip'
+import { canonicalIp } from '../lib/ip'
 import { privateKeyFromPkcs8, type Sealer } from '../lib/crypto'
 
 /** What the client endpoints need of an app, decoded once per load. */

@@ -1,13 +1,96 @@
-import { desc, eq } from 'drizzle-orm'
-import { apps } from '../db/schema'
+import { and, desc, eq, max } from 'drizzle-orm'
+import type { DbOrTx } from '../db/client'
+import { apps, signingKeys } from '../db/schema'
 import type { Context } from '../context'
+import { ApiError } from '../lib/errors'
+import { generateAppSecret, generateKeyId, generateSigningKey, sha256Hex } from '../lib/crypto'
+import { requireAccount } from '../accounts/service'
+import type { AppListResponse, CreatedAppResponse, RotatedKeyResponse, SigningKeyListResponse } from './model'
+
+/** Apps and their signing keys: created by the operator CLI and the Developer API, owned by one account. */
+
+export async function createApplication(
+  ctx: Context,
+  accountId: string,
+  name: string,
+  sandbox: boolean,
+): Promise<typeof CreatedAppResponse.static> {
+  const appSecret = generateAppSecret()
+  return ctx.database.db.transaction(async (tx) => {
+    await requireAccount(tx, accountId)
+    const [app] = await tx
+      .insert(apps)
+      .values({ accountId, name, sandbox, secretHash: sha256Hex(appSecret) })
+      .returning()
+    if (!app) throw new Error('app insert returned nothing')
+    const key = await insertSigningKey(ctx, tx, app.id, 1)
+    return { appId: app.id, name: app.name, sandbox: app.sandbox, appSecret, ...key, createdAt: app.createdAt.toISOString() }
+  })
+}
+
+async function insertSigningKey(ctx: Context, tx: DbOrTx, appId: string, version: number) {
+  const generated = generateSigningKey()
+  const keyId = generateKeyId()
+  await tx.insert(signingKeys).values({
+    id: keyId,
+    appId,
+    version,
+    publicKey: generated.publicKey,
+    privateKeyEnc: ctx.sealer.seal(generated.privatePkcs8),
+    active: true,
+  })
+  return { keyId, publicKey: generated.publicKey }
+}
+
+/** Rotation: a new active key; earlier keys stay listed, inactive, so clients can trust several. */
+export async function rotateSigningKey(ctx: Context, appId: string): Promise<typeof RotatedKeyResponse.static> {
+  // Through the app's actor, which holds the active key; the row lock orders rotations across instances.
+  const rotate = () => ctx.database.db.transaction(async (tx) => {
+    await tx.select({ id: apps.id }).from(apps).where(eq(apps.id, appId)).for('update')
+    const [current] = await tx
+      .select({ version: max(signingKeys.version) })
+      .from(signingKeys)
+      .where(eq(signingKeys.appId, appId))
+    await tx.update(signingKeys).set({ active: false }).where(eq(signingKeys.appId, appId))
+    return insertSigningKey(ctx, tx, appId, (current?.version ?? 0) + 1)
+  })
+  return ctx.actors.of(appId).write(rotate, () => ({ app: true }))
+}
+
+export async function listSigningKeys(ctx: Context, appId: string): Promise<typeof SigningKeyListResponse.static> {
+  const rows = await ctx.database.db
+    .select({
+      keyId: signingKeys.id,
+      publicKey: signingKeys.publicKey,
+      active: signingKeys.active,
+      createdAt: signingKeys.createdAt,
+    })
+    .from(signingKeys)
+    .where(eq(signingKeys.appId, appId))
+    .orderBy(desc(signingKeys.version))
+  return { keys: rows.map((k) => ({ ...k, createdAt: k.createdAt.toISOString() })) }
+}
+
+/** Throws 403 unless the app exists and belongs to the account (an absent app looks the same). */
+export async function requireOwnedApp(ctx: Context, accountId: string, appId: string) {
+  if (!UUID.test(appId)) throw new ApiError('forbidden', 403, 'App not found in this account')
+  const [row] = await ctx.database.db
+    .select()
+    .from(apps)
+    .where(and(eq(apps.id, appId), eq(apps.accountId, accountId)))
+    .limit(1)
+  if (!row) throw new ApiError('forbidden', 403, 'App not found in this account')
+  return row
+}
+
+export const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i
 
 /** The account's apps, newest first; secrets and keys stay out of the listing. */
-export async function listApps(ctx: Context, accountId: string) {
+export async function listApps(ctx: Context, accountId: string): Promise<typeof AppListResponse.static> {
   const rows = await ctx.database.db
     .select({ appId: apps.id, name: apps.name, sandbox: apps.sandbox, createdAt: apps.createdAt })
     .from(apps)
     .where(eq(apps.accountId, accountId))
     .orderBy(desc(apps.createdAt), desc(apps.id))
-  return rows.map((r) => ({ ...r, createdAt: r.createdAt.toISOString() }))
+  return { apps: rows.map((r) => ({ ...r, createdAt: r.createdAt.toISOString() })) }
 }

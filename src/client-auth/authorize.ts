@@ -1,6 +1,5 @@
 import { type CachedApp, type CachedLicense, StoreUnavailable } from '../actors/load'
 import type { Context } from '../context'
-import { loadLiveBalance } from '../credits/ledger'
 import { PublicError } from '../lib/errors'
 import { errorFields, log, logEvery } from '../lib/log'
 import type { AuthorizeInput, AuthorizeResult } from '../store/store'
@@ -105,7 +104,7 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
           }
           continue
         case 'no_balance':
-          await loadLiveBalance(ctx, app.accountId).catch((err: unknown) => {
+          await ctx.credits.loadLiveBalance(app.accountId).catch((err: unknown) => {
             throw new StoreUnavailable(err)
           })
           continue

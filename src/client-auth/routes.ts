@@ -3,14 +3,15 @@ import { heartbeat } from './heartbeat'
 import { selfban } from './selfban'
 import { validate } from './validate'
 import type { Context } from '../context'
-import { clientIp } from '../http/client-ip'
+import { ClientAddresses } from '../http/client-ip'
 import { HeartbeatBody, publicErrors, SelfbanBody, SelfbanResponse, SignedResponse, ValidateBody } from './model'
 
 const tags = ['Client authentication']
 
 export const clientRoutes = (ctx: Context) => {
+  const addresses = new ClientAddresses(ctx.config.trustedProxies)
   const ipOf = (request: Request, server: { requestIP(r: Request): { address: string } | null } | null) =>
-    clientIp(server?.requestIP(request)?.address ?? null, request.headers.get('x-forwarded-for'), ctx.config.trustedProxies)
+    addresses.of(server?.requestIP(request)?.address ?? null, request.headers.get('x-forwarded-for'))
   return new Elysia({ name: 'routes-client', prefix: '/auth' })
     .post('/validate', ({ body, request, server }) => validate(ctx, body, ipOf(request, server)), {
       body: ValidateBody,

@@ -1,7 +1,8 @@
 import { randomUUID } from 'node:crypto'
 import { eq, sql } from 'drizzle-orm'
 import { accounts, creditFlushes } from '../db/schema'
-import type { Context } from '../context'
+import type { Database } from '../db/client'
+import type { Store } from '../store/store'
 import { errorFields, logEvery } from '../lib/log'
 import { SingleFlight } from '../lib/single-flight'
 
@@ -21,103 +22,114 @@ import { SingleFlight } from '../lib/single-flight'
 /** How often pending charges move to PostgreSQL: the most a store that loses its data can lose of them. */
 export const RECONCILE_MS = 500
 
-const seeds = new WeakMap<Context, SingleFlight<void>>()
-
-/** Seeds the live balance from PostgreSQL; the requests of one account that find it missing share one load. */
-export function loadLiveBalance(ctx: Context, accountId: string): Promise<void> {
-  let flight = seeds.get(ctx)
-  if (!flight) seeds.set(ctx, (flight = new SingleFlight()))
-  return flight.run(accountId, () => seedBalance(ctx, accountId))
-}
-
-// Retried when addCredits or a flush changed the account between the store read and the seed.
-async function seedBalance(ctx: Context, accountId: string): Promise<void> {
-  for (let attempt = 0; attempt < 5; attempt++) {
-    const seen = await ctx.store.creditState(accountId)
-    const done = await ctx.database.db.transaction(async (tx) => {
-      // A share lock waits for a flush under way (it holds the row for update), and none can start
-      // until the balance is seeded: the reconciled balance read here and the store agree on it.
-      const [row] = await tx
-        .select({ credits: accounts.credits })
-        .from(accounts)
-        .where(eq(accounts.id, accountId))
-        .for('share')
-      const committed = seen.flushId
-        ? (await tx.select({ id: creditFlushes.id }).from(creditFlushes).where(eq(creditFlushes.id, seen.flushId))).length > 0
-        : false
-      return ctx.store.loadBalance(accountId, seen, row?.credits ?? 0, committed)
-    })
-    if (done === 'ok') return
-  }
-  throw new Error('account credits kept changing while loading the live balance')
-}
-
-/** The balance a caller may spend now: the live one when loaded, else the reconciled one. */
-export async function currentBalance(ctx: Context, accountId: string): Promise<number> {
-  // While the store is unreachable the reconciled balance is the best answer there is (charges not
-  // yet flushed are missing from it); a read must not fail for that.
-  const live = await ctx.store.balance(accountId).catch(() => null)
-  if (live !== null) return live
-  const [row] = await ctx.database.db
-    .select({ credits: accounts.credits })
-    .from(accounts)
-    .where(eq(accounts.id, accountId))
-    .limit(1)
-  return row?.credits ?? 0
-}
-
 /**
- * One reconciliation pass over every account with pending charges. One account's failure is logged
- * and retried next pass without holding up the others; charges of a deleted account are dropped.
+ * The credit ledger of one server: live balances in the store, reconciled ones in PostgreSQL, and
+ * the reconciler that moves charges from the first to the second. Built by boot, held by the context.
  */
-export async function flushCredits(ctx: Context): Promise<void> {
-  for (const accountId of await ctx.store.dirtyAccounts()) {
-    try {
-      await flushAccount(ctx, accountId)
-    } catch (err) {
-      logEvery('warn', 'credit flush failed for an account; will retry', () => ({ accountId, ...errorFields(err) }))
+export class CreditLedger {
+  readonly #database: Database
+  readonly #store: Store
+  readonly #seeds = new SingleFlight<void>()
+
+  constructor(storage: { database: Database; store: Store }) {
+    this.#database = storage.database
+    this.#store = storage.store
+  }
+
+  /** Seeds the live balance from PostgreSQL; the requests of one account that find it missing share one load. */
+  loadLiveBalance(accountId: string): Promise<void> {
+    return this.#seeds.run(accountId, () => this.#seedBalance(accountId))
+  }
+
+  // Retried when addCredits or a flush changed the account between the store read and the seed.
+  async #seedBalance(accountId: string): Promise<void> {
+    for (let attempt = 0; attempt < 5; attempt++) {
+      const seen = await this.#store.creditState(accountId)
+      const done = await this.#database.db.transaction(async (tx) => {
+        // A share lock waits for a flush under way (it holds the row for update), and none can start
+        // until the balance is seeded: the reconciled balance read here and the store agree on it.
+        const [row] = await tx
+          .select({ credits: accounts.credits })
+          .from(accounts)
+          .where(eq(accounts.id, accountId))
+          .for('share')
+        const committed = seen.flushId
+          ? (await tx.select({ id: creditFlushes.id }).from(creditFlushes).where(eq(creditFlushes.id, seen.flushId))).length > 0
+          : false
+        return this.#store.loadBalance(accountId, seen, row?.credits ?? 0, committed)
+      })
+      if (done === 'ok') return
+    }
+    throw new Error('account credits kept changing while loading the live balance')
+  }
+
+  /** The balance a caller may spend now: the live one when loaded, else the reconciled one. */
+  async currentBalance(accountId: string): Promise<number> {
+    // While the store is unreachable the reconciled balance is the best answer there is (charges not
+    // yet flushed are missing from it); a read must not fail for that.
+    const live = await this.#store.balance(accountId).catch(() => null)
+    if (live !== null) return live
+    const [row] = await this.#database.db
+      .select({ credits: accounts.credits })
+      .from(accounts)
+      .where(eq(accounts.id, accountId))
+      .limit(1)
+    return row?.credits ?? 0
+  }
+
+  /**
+   * One reconciliation pass over every account with pending charges. One account's failure is logged
+   * and retried next pass without holding up the others; charges of a deleted account are dropped.
+   */
+  async flush(): Promise<void> {
+    for (const accountId of await this.#store.dirtyAccounts()) {
+      try {
+        await this.#flushAccount(accountId)
+      } catch (err) {
+        logEvery('warn', 'credit flush failed for an account; will retry', () => ({ accountId, ...errorFields(err) }))
+      }
     }
   }
-}
 
-async function flushAccount(ctx: Context, accountId: string): Promise<void> {
-  const flushId = await ctx.database.db.transaction(async (tx) => {
-    // The row lock orders this flush against addCredits and against a balance seed (seedBalance): the
-    // charges leave the store only once no seed can read the balance without them.
-    const [account] = await tx.select({ id: accounts.id }).from(accounts).where(eq(accounts.id, accountId)).for('update')
-    const flush = await ctx.store.beginFlush(accountId, randomUUID())
-    if (!flush || !account) return flush?.id ?? ''
-    const inserted = await tx
-      .insert(creditFlushes)
-      .values({ id: flush.id, accountId, amount: flush.amount })
-      .onConflictDoNothing()
-      .returning({ id: creditFlushes.id })
-    if (inserted.length > 0) {
-      await tx
-        .update(accounts)
-        .set({ credits: sql`GREATEST(0, ${accounts.credits} - ${flush.amount})` })
-        .where(eq(accounts.id, accountId))
-    }
-    return flush.id
-  })
-  await ctx.store.endFlush(accountId, flushId)
-}
-
-/** Runs flushCredits every `intervalMs` until stopped; stop() runs a last pass. */
-export function startCreditReconciler(ctx: Context, intervalMs = RECONCILE_MS): { stop(): Promise<void> } {
-  let running: Promise<void> = Promise.resolve()
-  const pass = () => {
-    running = running.then(() =>
-      flushCredits(ctx).catch((err) => logEvery('warn', 'credit reconciliation failed; will retry', () => errorFields(err))),
-    )
-    return running
+  async #flushAccount(accountId: string): Promise<void> {
+    const flushId = await this.#database.db.transaction(async (tx) => {
+      // The row lock orders this flush against addCredits and against a balance seed (#seedBalance): the
+      // charges leave the store only once no seed can read the balance without them.
+      const [account] = await tx.select({ id: accounts.id }).from(accounts).where(eq(accounts.id, accountId)).for('update')
+      const flush = await this.#store.beginFlush(accountId, randomUUID())
+      if (!flush || !account) return flush?.id ?? ''
+      const inserted = await tx
+        .insert(creditFlushes)
+        .values({ id: flush.id, accountId, amount: flush.amount })
+        .onConflictDoNothing()
+        .returning({ id: creditFlushes.id })
+      if (inserted.length > 0) {
+        await tx
+          .update(accounts)
+          .set({ credits: sql`GREATEST(0, ${accounts.credits} - ${flush.amount})` })
+          .where(eq(accounts.id, accountId))
+      }
+      return flush.id
+    })
+    await this.#store.endFlush(accountId, flushId)
   }
-  const timer = setInterval(pass, intervalMs)
-  timer.unref?.()
-  return {
-    async stop() {
-      clearInterval(timer)
-      await pass()
-    },
+
+  /** Runs flush() every `intervalMs` until stopped; stop() runs a last pass. */
+  startReconciler(intervalMs = RECONCILE_MS): { stop(): Promise<void> } {
+    let running: Promise<void> = Promise.resolve()
+    const pass = () => {
+      running = running.then(() =>
+        this.flush().catch((err) => logEvery('warn', 'credit reconciliation failed; will retry', () => errorFields(err))),
+      )
+      return running
+    }
+    const timer = setInterval(pass, intervalMs)
+    timer.unref?.()
+    return {
+      async stop() {
+        clearInterval(timer)
+        await pass()
+      },
+    }
   }
 }

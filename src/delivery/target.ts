@@ -1,6 +1,6 @@
 import { lookup } from 'node:dns/promises'
 import { isIP } from 'node:net'
-import { type Cidr, cidrContains, ipBytes, parseCidr } from '../config'
+import { type Cidr, cidrContains, ipBytes, parseCidr } from '../lib/ip'
 
 /**
  * Where a webhook may point. Shared by the API (create/update) and the delivery worker, which checks

@@ -29,13 +29,12 @@ export async function accountForKeyHash(ctx: Context, keyHash: string): Promise<
 const invalidKey = () =>
   new ApiError('invalid_api_key', 401, 'Missing, malformed or revoked API key')
 
-// The account each authenticated request resolved to, handed from `transform` to `resolve`.
-const authenticated = new WeakMap<Request, string>()
-
+/** The request's own Elysia context: transform, resolve and the handler all see this one object. */
 interface AuthContext {
   headers: Record<string, string | undefined>
-  request: Request
   set: { headers: Record<string, unknown> }
+  /** Set once the key checked out: the account it belongs to. */
+  accountId?: string
 }
 
 /**
@@ -45,14 +44,14 @@ interface AuthContext {
  */
 export const authenticate =
   (ctx: Context) =>
-  async ({ headers, request, set }: AuthContext): Promise<void> => {
-    if (authenticated.has(request)) return
-    const keyHash = presentedKeyHash(headers.authorization)
+  async (requestContext: AuthContext): Promise<void> => {
+    if (requestContext.accountId !== undefined) return
+    const keyHash = presentedKeyHash(requestContext.headers.authorization)
     if (!keyHash) throw invalidKey()
-    Object.assign(set.headers, await takeApiToken(ctx, keyHash))
+    Object.assign(requestContext.set.headers, await takeApiToken(ctx, keyHash))
     const accountId = await accountForKeyHash(ctx, keyHash)
     if (!accountId) throw invalidKey()
-    authenticated.set(request, accountId)
+    requestContext.accountId = accountId
   }
 
 /**
@@ -65,10 +64,9 @@ export const apiKeyAuth = (ctx: Context) =>
       // Every route using the macro is documented as needing the bearer key (docs.ts names the scheme).
       detail: { security: [{ bearerAuth: [] }] },
       transform: authenticate(ctx),
-      resolve({ request }) {
-        const accountId = authenticated.get(request)
-        if (!accountId) throw invalidKey()
-        return { accountId }
+      resolve(requestContext: AuthContext) {
+        if (requestContext.accountId === undefined) throw invalidKey()
+        return { accountId: requestContext.accountId }
       },
     },
   })

@@ -47,6 +47,14 @@ export const apiErrors = {
   500: err('internal_error'),
 } as const
 
+/** The errors of a route that names no app or license: nothing to forbid. */
+export const accountErrors = {
+  400: apiErrors[400],
+  401: apiErrors[401],
+  429: apiErrors[429],
+  500: apiErrors[500],
+} as const
+
 export const notFoundError = { 404: err('not_found') } as const
 export const noCreditsError = { 402: err('no_credits: the account has no credits') } as const
 

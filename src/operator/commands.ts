@@ -1,13 +1,7 @@
 import type { Context } from '../context'
 import { ApiError } from '../lib/errors'
-import {
-  addCredits,
-  createAccount,
-  createApiKey,
-  createApplication,
-  revokeApiKey,
-  UUID,
-} from '../accounts/service'
+import { addCredits, createAccount, createApiKey, revokeApiKey } from '../accounts/service'
+import { createApplication, UUID } from '../apps/service'
 
 /**
  * The operator commands, parsed and run in one place: the CLI runs them itself or hands the argv to a

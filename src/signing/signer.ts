@@ -1,6 +1,7 @@
 import type { KeyObject } from 'node:crypto'
 import { errorFields, log } from '../lib/log'
 import { signText } from '../lib/crypto'
+import { TurnBatcher } from '../lib/batcher'
 
 /** Messages to the signing worker; it answers each SignBatch with one signature (or null) per text. */
 export type SignerMessage =
@@ -30,17 +31,15 @@ export class Signer {
   #worker: Worker | null = null
   /** Key ids the current worker holds. */
   #known = new Set<string>()
-  #queue: Job[] = []
+  /** One message to the worker per turn, however many requests sign in it. */
+  readonly #queue = new TurnBatcher<Job>((batch) => this.#post(batch))
   /** Batches posted and not answered yet, in the order the worker answers them. */
   #posted: Job[][] = []
   #onCallerThread = false
 
   sign(keyId: string, key: KeyObject, text: string): Promise<string> {
     if (this.#onCallerThread) return Promise.resolve(signText(text, key))
-    return new Promise((resolve) => {
-      // A microtask, not setImmediate: Bun runs immediates late enough to leave the CPU idle under load.
-      if (this.#queue.push({ keyId, key, text, resolve }) === 1) queueMicrotask(this.#flush)
-    })
+    return new Promise((resolve) => this.#queue.add({ keyId, key, text, resolve }))
   }
 
   /**
@@ -52,9 +51,7 @@ export class Signer {
     if (worker) this.#worker ??= this.#spawn()
   }
 
-  readonly #flush = (): void => {
-    const batch = this.#queue
-    this.#queue = []
+  #post(batch: Job[]): void {
     const worker = (this.#worker ??= this.#spawn())
     if (this.#known.size + batch.length > MAX_WORKER_KEYS) {
       worker.postMessage({ type: 'forget' } satisfies SignerMessage)

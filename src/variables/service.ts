@@ -2,7 +2,7 @@ import { and, eq } from 'drizzle-orm'
 import { apps, licenses, type VariableMap } from '../db/schema'
 import type { Context } from '../context'
 import { badRequest, notFound } from '../lib/errors'
-import { requireOwnedApp } from '../accounts/service'
+import { requireOwnedApp } from '../apps/service'
 import { requireOwnedLicense } from '../licenses/service'
 
 export const MAX_VARIABLES = 50

@@ -43,7 +43,7 @@ export const webhookRoutes = (ctx: Context) =>
     )
     .get(
       '/v1/apps/:appId/webhooks',
-      async ({ accountId, params }) => ({ webhooks: await listWebhooks(ctx, accountId, params.appId) }),
+      ({ accountId, params }) => listWebhooks(ctx, accountId, params.appId),
       {
         apiKey: true,
         params: AppParams,
@@ -94,7 +94,7 @@ export const webhookRoutes = (ctx: Context) =>
     )
     .post(
       '/v1/apps/:appId/webhooks/:webhookId/test',
-      async ({ accountId, params }) => sendTestPing(ctx, accountId, params.appId, params.webhookId),
+      ({ accountId, params }) => sendTestPing(ctx, accountId, params.appId, params.webhookId),
       {
         apiKey: true,
         params: WebhookParams,

@@ -2,14 +2,12 @@ import { and, asc, count, eq } from 'drizzle-orm'
 import { apps, webhooks } from '../db/schema'
 import type { Context } from '../context'
 import { badRequest, notFound } from '../lib/errors'
-import { keys } from '../store/store'
 import { signedDelivery } from '../delivery/payload'
 import { recordAttempts } from '../delivery/record'
 import { checkTarget, TargetError } from '../delivery/target'
-import { requireOwnedApp } from '../accounts/service'
+import { requireOwnedApp } from '../apps/service'
 import { generateWebhookId, generateWebhookSecret } from '../lib/crypto'
-import type { EventName } from '../delivery/outbox'
-import { invalidate } from '../actors/invalidate'
+import type { CreatedWebhook, CreateWebhookBody, TestPingResponse, UpdateWebhookBody, Webhook, WebhookList } from './model'
 
 /** Webhook management and the test ping. The outbox delivery loop lives in delivery/dispatcher.ts. */
 
@@ -18,7 +16,7 @@ export const MAX_WEBHOOKS_PER_APP = 5
 type Row = typeof webhooks.$inferSelect
 
 /** The public shape of a webhook: never the secret. */
-function present(row: Row) {
+function present(row: Row): typeof Webhook.static {
   return {
     webhookId: row.id,
     appId: row.appId,
@@ -40,22 +38,17 @@ async function checkedUrl(ctx: Context, url: string): Promise<string> {
   }
 }
 
-/** The validate path caches "does this app have a license.validated subscriber": make it re-read. */
-function invalidateApp(ctx: Context, appId: string): Promise<void> {
-  return invalidate(ctx, [keys.appEpoch(appId)])
-}
+/**
+ * Webhook changes go through the app's actor: the actor holds "does this app have a license.validated
+ * subscriber", which its publish drops here and in every process.
+ */
+const appChanged = () => ({ app: true })
 
-export interface NewWebhook {
-  url: string
-  events: EventName[]
-  enabled?: boolean
-}
-
-export async function createWebhook(ctx: Context, accountId: string, appId: string, input: NewWebhook) {
+export async function createWebhook(ctx: Context, accountId: string, appId: string, input: typeof CreateWebhookBody.static): Promise<typeof CreatedWebhook.static> {
   await requireOwnedApp(ctx, accountId, appId)
   const url = await checkedUrl(ctx, input.url)
   const secret = generateWebhookSecret()
-  const row = await ctx.database.db.transaction(async (tx) => {
+  const write = () => ctx.database.db.transaction(async (tx) => {
     // The app row lock serialises concurrent creates, so the limit holds across instances.
     await tx.select({ id: apps.id }).from(apps).where(eq(apps.id, appId)).for('update')
     const [existing] = await tx.select({ n: count() }).from(webhooks).where(eq(webhooks.appId, appId))
@@ -76,24 +69,18 @@ export async function createWebhook(ctx: Context, accountId: string, appId: stri
     if (!inserted) throw new Error('webhook insert returned nothing')
     return inserted
   })
-  await invalidateApp(ctx, appId)
+  const row = await ctx.actors.of(appId).write(write, appChanged)
   return { ...present(row), secret }
 }
 
-export async function listWebhooks(ctx: Context, accountId: string, appId: string) {
+export async function listWebhooks(ctx: Context, accountId: string, appId: string): Promise<typeof WebhookList.static> {
   await requireOwnedApp(ctx, accountId, appId)
   const rows = await ctx.database.db
     .select()
     .from(webhooks)
     .where(eq(webhooks.appId, appId))
     .orderBy(asc(webhooks.createdAt), asc(webhooks.id))
-  return rows.map(present)
-}
-
-export interface WebhookPatch {
-  url?: string
-  events?: EventName[]
-  enabled?: boolean
+  return { webhooks: rows.map(present) }
 }
 
 const missing = () => notFound('Webhook not found in this app')
@@ -103,7 +90,7 @@ export async function updateWebhook(
   accountId: string,
   appId: string,
   webhookId: string,
-  patch: WebhookPatch,
+  patch: typeof UpdateWebhookBody.static,
 ): Promise<void> {
   await requireOwnedApp(ctx, accountId, appId)
   const set: Partial<Pick<Row, 'url' | 'events' | 'enabled'>> = {}
@@ -111,22 +98,23 @@ export async function updateWebhook(
   if (patch.events !== undefined) set.events = [...new Set(patch.events)]
   if (patch.enabled !== undefined) set.enabled = patch.enabled
   const where = and(eq(webhooks.id, webhookId), eq(webhooks.appId, appId))
-  const changed =
-    Object.keys(set).length > 0
-      ? await ctx.database.db.update(webhooks).set(set).where(where).returning({ id: webhooks.id })
-      : await ctx.database.db.select({ id: webhooks.id }).from(webhooks).where(where)
+  const changed = await ctx.actors.of(appId).write(
+    () =>
+      Object.keys(set).length > 0
+        ? ctx.database.db.update(webhooks).set(set).where(where).returning({ id: webhooks.id })
+        : ctx.database.db.select({ id: webhooks.id }).from(webhooks).where(where),
+    (rows) => ({ app: rows.length > 0 }),
+  )
   if (changed.length === 0) throw missing()
-  await invalidateApp(ctx, appId)
 }
 
 export async function deleteWebhook(ctx: Context, accountId: string, appId: string, webhookId: string): Promise<void> {
   await requireOwnedApp(ctx, accountId, appId)
-  const gone = await ctx.database.db
-    .delete(webhooks)
-    .where(and(eq(webhooks.id, webhookId), eq(webhooks.appId, appId)))
-    .returning({ id: webhooks.id })
+  const gone = await ctx.actors.of(appId).write(
+    () => ctx.database.db.delete(webhooks).where(and(eq(webhooks.id, webhookId), eq(webhooks.appId, appId))).returning({ id: webhooks.id }),
+    (rows) => ({ app: rows.length > 0 }),
+  )
   if (gone.length === 0) throw missing()
-  await invalidateApp(ctx, appId)
 }
 
 /** Sample data of test.ping: the shape every event's data has, marked as a test. */
@@ -136,7 +124,12 @@ const PING_LICENSE_KEY = 'TEST-TEST-TEST-TEST'
  * Sends a signed test.ping now, on the delivery workers (the address guard applies again there), and
  * records it as the webhook's latest attempt. A disabled webhook can be pinged: it is an explicit request.
  */
-export async function sendTestPing(ctx: Context, accountId: string, appId: string, webhookId: string) {
+export async function sendTestPing(
+  ctx: Context,
+  accountId: string,
+  appId: string,
+  webhookId: string,
+): Promise<typeof TestPingResponse.static> {
   await requireOwnedApp(ctx, accountId, appId)
   const [row] = await ctx.database.db
     .select()
@@ -148,5 +141,5 @@ export async function sendTestPing(ctx: Context, accountId: string, appId: strin
   const job = signedDelivery(row.url, secret, 'test.ping', new Date(ctx.clock()), JSON.stringify(data))
   const result = await ctx.webhookPool.send(job)
   await recordAttempts(ctx.database.db, [{ webhookId, at: new Date(ctx.clock()), status: result.status }])
-  return { ok: true as const, status: result.status }
+  return { ok: true, status: result.status }
 }

@@ -16,22 +16,6 @@ beforeAll(async () => {
 
 type Seeded = Awaited<ReturnType<TestApp['seed']>>
 
-describe('GET /v1/account', () => {
-  test("returns the key's account with its balance", async () => {
-    const s = await t.seed({ credits: 42, name: 'Acme' })
-    const res = await t.req('GET', '/v1/account', { apiKey: s.apiKey })
-    expect(res.status).toBe(200)
-    expect(res.body).toEqual({ accountId: s.accountId, name: 'Acme', credits: 42 })
-  })
-
-  test('a second key of the account sees the same account', async () => {
-    const s = await t.seed()
-    const second = await createApiKey(t.ctx, s.accountId)
-    const res = await t.req('GET', '/v1/account', { apiKey: second })
-    expect(res.body.accountId).toBe(s.accountId)
-  })
-})
-
 describe('POST /v1/apps', () => {
   test('creates an app and shows its secret once', async () => {
     const s = await t.seed()

@@ -1,7 +1,6 @@
 import { describe, expect, test } from 'bun:test'
 import { eq } from 'drizzle-orm'
 import { addCredits } from '../../src/accounts/service'
-import { flushCredits, loadLiveBalance } from '../../src/credits/ledger'
 import { accounts, creditFlushes, licenses } from '../../src/db/schema'
 import { makeTestApp } from '../support/helpers'
 import { decode, hwid, insertLicense, nonce } from '../support/client'
@@ -27,9 +26,9 @@ describe('credits on the client endpoints', async () => {
     expect((await validate(s, key, h)).status).toBe(200)
     expect(await live(s)).toBe(8)
     expect(await reconciled(s.accountId)).toBe(10)
-    await flushCredits(t.ctx)
+    await t.ctx.credits.flush()
     expect(await reconciled(s.accountId)).toBe(8)
-    await flushCredits(t.ctx)
+    await t.ctx.credits.flush()
     expect(await reconciled(s.accountId)).toBe(8)
     expect(await live(s)).toBe(8)
   })
@@ -61,7 +60,7 @@ describe('credits on the client endpoints', async () => {
     // A seed that starts after the credits reached PostgreSQL and before the store heard of them.
     let seed: Promise<void> | undefined
     const creditsAdded: typeof store.creditsAdded = async (accountId, n) => {
-      seed = loadLiveBalance(t.ctx, accountId)
+      seed = t.ctx.credits.loadLiveBalance(accountId)
       await Bun.sleep(50)
       return store.creditsAdded(accountId, n)
     }
@@ -83,7 +82,7 @@ describe('credits on the client endpoints', async () => {
     const results = await Promise.all(Array.from({ length: 20 }, () => validate(s, key)))
     expect(results.filter((r) => r.status === 200)).toHaveLength(5)
     expect(results.filter((r) => r.body.error === 'no_credits')).toHaveLength(15)
-    await flushCredits(t.ctx)
+    await t.ctx.credits.flush()
     expect(await reconciled(s.accountId)).toBe(0)
   })
 
@@ -132,8 +131,8 @@ describe('credits on the client endpoints', async () => {
       await tx.update(accounts).set({ credits: 7 }).where(eq(accounts.id, s.accountId))
     })
     expect((await validate(s, key)).status).toBe(200)
-    await flushCredits(t.ctx)
-    await flushCredits(t.ctx)
+    await t.ctx.credits.flush()
+    await t.ctx.credits.flush()
     expect(await reconciled(s.accountId)).toBe(6)
     expect(await live(s)).toBe(6)
   })
@@ -146,7 +145,7 @@ describe('credits on the client endpoints', async () => {
       expect((await validate(s, key)).status).toBe(200)
     }
     await t.ctx.database.db.delete(accounts).where(eq(accounts.id, gone.accountId))
-    await flushCredits(t.ctx)
+    await t.ctx.credits.flush()
     expect(await reconciled(kept.accountId)).toBe(9)
     expect(await t.ctx.store.dirtyAccounts()).not.toContain(gone.accountId)
   })

@@ -1,6 +1,6 @@
 import { describe, expect, test } from 'bun:test'
 import { eq } from 'drizzle-orm'
-import { rotateSigningKey } from '../../src/accounts/service'
+import { rotateSigningKey } from '../../src/apps/service'
 import { licenses } from '../../src/db/schema'
 import { makeTestApp } from '../support/helpers'
 import { decode, hwid, insertLicense, nonce, tokenExp, updateLicense, verifySigned } from '../support/client'

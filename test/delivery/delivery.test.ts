@@ -2,14 +2,15 @@ import { describe, expect, test } from 'bun:test'
 import { randomUUID } from 'node:crypto'
 import { existsSync } from 'node:fs'
 import { and, eq, inArray, sql } from 'drizzle-orm'
-import { type DomainEvent, EVENT_NAMES, type EventName, EventBus, recordEvents } from '../../src/delivery/outbox'
+import { type DomainEvent, EVENT_NAMES, type EventName, recordEvents } from '../../src/delivery/outbox'
+import { buildContext } from '../../src/boot'
 import { openDb } from '../../src/db/client'
 import { events, webhookDeliveries } from '../../src/db/schema'
 import type { Context } from '../../src/context'
 import { startDispatcher } from '../../src/delivery/dispatcher'
 import { DeliveryPool } from '../../src/delivery/pool'
 import { pinnedTarget } from '../../src/delivery/target'
-import { makeTestApp, sharedInfra, TEST_DATABASE_URL, type TestApp } from '../support/helpers'
+import { makeTestApp, sharedInfra, TEST_DATABASE_URL, TEST_MASTER_KEY, type TestApp } from '../support/helpers'
 
 // Opening the shared database (and migrating it) takes seconds on a busy machine: do it before any test's clock starts.
 await sharedInfra()
@@ -46,15 +47,10 @@ async function emit(ctx: Context, list: { event: EventName; data: DomainEvent['d
 const keyFor = () => `T${randomUUID().slice(0, 3)}-${randomUUID().slice(0, 4)}-${randomUUID().slice(0, 4)}-${randomUUID().slice(0, 4)}`.toUpperCase()
 
 
-/** A second instance on the same database: its own connection pool (on PostgreSQL), bus and workers. */
+/** A second instance on the same database and store, built as boot builds one: its own connection pool (on PostgreSQL), bus, mailbox and workers. */
 async function secondInstance(ctx: Context) {
   const database = TEST_DATABASE_URL ? await openDb({ databaseUrl: TEST_DATABASE_URL, dataDir: null }) : ctx.database
-  const other: Context = {
-    ...ctx,
-    database,
-    bus: new EventBus(),
-    webhookPool: new DeliveryPool({ allowPrivate: true, extraCaFile: testCertificate().certFile }),
-  }
+  const other = await buildContext(ctx.config, { database, store: ctx.store, masterKey: TEST_MASTER_KEY, clock: ctx.clock, embedded: true })
   return {
     ctx: other,
     async [Symbol.asyncDispose]() {

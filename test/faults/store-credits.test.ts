@@ -5,8 +5,7 @@
 import { afterAll, expect, test } from 'bun:test'
 import { eq } from 'drizzle-orm'
 import Redis from 'ioredis'
-import { startCreditReconciler } from '../../src/credits/ledger'
-import { flushCredits, loadLiveBalance, RECONCILE_MS } from '../../src/credits/ledger'
+import { RECONCILE_MS } from '../../src/credits/ledger'
 import { accounts } from '../../src/db/schema'
 import { RedisStore } from '../../src/store/redis'
 import { hwid, insertLicense, nonce } from '../support/client'
@@ -44,7 +43,7 @@ test('Redis killed and restarted empty under load: charged validates exceed the 
   // before the loss and the loss lands at an arbitrary point between two of them.
   const credits = 4000
   const { validate } = await billedLicense(t, credits)
-  const reconciler = startCreditReconciler(t.ctx)
+  const reconciler = t.ctx.credits.startReconciler()
   const successes: number[] = []
   let killedAt = Infinity
   let restartedAt = Infinity
@@ -89,7 +88,7 @@ test('a flush whose store record is lost mid-flush is not spent again by a balan
       // The charges are out of the store and not yet in PostgreSQL when the store loses everything,
       // and a request needing the balance seeds it again right then.
       await admin.flushall()
-      seeding = loadLiveBalance(t.ctx, accountId)
+      seeding = t.ctx.credits.loadLiveBalance(accountId)
       // The seed must wait for this flush (it holds the account row); a seed that completes here has
       // read the balance without these charges.
       await Promise.race([seeding, Bun.sleep(300)])
@@ -97,7 +96,7 @@ test('a flush whose store record is lost mid-flush is not spent again by a balan
     return flush
   }
   try {
-    await flushCredits(t.ctx)
+    await t.ctx.credits.flush()
   } finally {
     store.beginFlush = beginFlush
   }

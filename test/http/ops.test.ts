@@ -2,7 +2,7 @@ import { describe, expect, test } from 'bun:test'
 import { Elysia } from 'elysia'
 import type { Database } from '../../src/db/client'
 import { MemoryStore } from '../../src/store/memory'
-import { makeTestApp } from '../support/helpers'
+import { makeTestApp, sharedInfra } from '../support/helpers'
 
 /** Waits for a condition (metrics are recorded after the response is sent). */
 async function until<T>(fn: () => Promise<T | undefined>): Promise<T> {
@@ -43,14 +43,13 @@ describe('health and readiness', () => {
   })
 
   test('/readyz is 503 naming the database when it does not answer', async () => {
-    const t = await makeTestApp()
-    // A copy of the ctx with a database whose ping fails; the shared database itself stays untouched.
-    const database: Database = { ...t.ctx.database, ping: async () => false }
-    const { createApp } = await import('../../src/app')
-    const app = createApp({ ...t.ctx, database })
-    const res = await app.handle(new Request('http://localhost/readyz'))
+    // A copy of the shared database whose ping fails; the shared database itself stays untouched.
+    const shared = (await sharedInfra()).database
+    const database: Database = { ...shared, ping: async () => false }
+    const { req } = await makeTestApp({ database })
+    const res = await req('GET', '/readyz')
     expect(res.status).toBe(503)
-    expect(await res.json()).toEqual({ status: 'unavailable', database: 'failed', store: 'ok' })
+    expect(res.body).toEqual({ status: 'unavailable', database: 'failed', store: 'ok' })
   })
 })
 

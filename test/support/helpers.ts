@@ -2,20 +2,15 @@ import { mkdtempSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { createApp } from '../../src/app'
-import { assembleContext } from '../../src/boot'
+import { buildContext } from '../../src/boot'
 import { loadConfig, type Config } from '../../src/config'
-import { createAccount, createApplication } from '../../src/accounts/service'
-import { deriveKey, Sealer } from '../../src/lib/crypto'
-import { EventBus } from '../../src/delivery/outbox'
+import { createAccount } from '../../src/accounts/service'
+import { createApplication } from '../../src/apps/service'
 import { openDb, type Database } from '../../src/db/client'
-import type { Context } from '../../src/context'
 import { setLogLevel } from '../../src/lib/log'
 import { MemoryStore } from '../../src/store/memory'
 import { RedisStore } from '../../src/store/redis'
 import type { Store } from '../../src/store/store'
-import { DeliveryPool } from '../../src/delivery/pool'
-import { HttpMetrics } from '../../src/http/metrics'
-import { Signer } from '../../src/signing/signer'
 
 /** Which backend this run tests: real PostgreSQL + Redis, or the embedded twins. */
 export const MODE: 'postgres' | 'embedded' = process.env.TEST_DATABASE_URL ? 'postgres' : 'embedded'
@@ -54,20 +49,12 @@ export async function makeTestApp(options: TestAppOptions = {}) {
     WEBHOOK_ALLOW_PRIVATE_TARGETS: 'true',
     ...options.env,
   })
-  const ctx: Context = assembleContext({
-    config,
+  const ctx = await buildContext(config, {
     database: options.database ?? infra.database,
     store: options.store ?? infra.store,
-    sealer: new Sealer(TEST_MASTER_KEY),
-    sessionKey: deriveKey(TEST_MASTER_KEY, 'session-token-v1'),
-    bus: new EventBus(),
-    webhookPool: new DeliveryPool({
-      allowPrivate: config.webhookAllowPrivateTargets,
-      extraCaFile: config.webhookExtraCaFile,
-    }),
-    signer: new Signer(),
-    metrics: new HttpMetrics(null),
-    clock: options.clock ?? Date.now,
+    masterKey: TEST_MASTER_KEY,
+    clock: options.clock,
+    embedded: true,
   })
   const app = createApp(ctx)
 

@@ -151,7 +151,7 @@ describe('webhook management', () => {
   test('unknown webhooks, and webhooks of another app of the same account, are 404', async () => {
     const { req, seed, ctx } = await makeTestApp()
     const s = await seed()
-    const { createApplication } = await import('../../src/accounts/service')
+    const { createApplication } = await import('../../src/apps/service')
     const other = await createApplication(ctx, s.accountId, 'Other app', false)
     const created = await req('POST', `/v1/apps/${other.appId}/webhooks`, { apiKey: s.apiKey, body: newHook() })
     for (const id of ['wh_nope', created.body.webhookId]) {

@@ -1,0 +1,19 @@
+import { Elysia } from 'elysia'
+import { getAccount } from './service'
+import type { Context } from '../context'
+import { apiKeyAuth } from '../http/auth'
+import { accountErrors } from '../lib/model'
+import { AccountResponse } from './model'
+
+export const accountRoutes = (ctx: Context) =>
+  new Elysia({ name: 'routes-account', prefix: '/v1' })
+    .use(apiKeyAuth(ctx))
+    .get('/account', ({ accountId }) => getAccount(ctx, accountId), {
+      apiKey: true,
+      response: { 200: AccountResponse, ...accountErrors },
+      detail: {
+        tags: ['Account'],
+        summary: 'The account of the API key',
+        description: 'Name and credit balance.',
+      },
+    })

@@ -1,0 +1,31 @@
+import { expect, test } from 'bun:test'
+import { ClientAddresses } from '../../src/http/client-ip'
+import { parseCidr } from '../../src/lib/ip'
+
+const proxies = ['10.0.0.0/8', '::1'].map((text) => parseCidr(text)!)
+
+test('without trusted proxies the peer is the client, whatever X-Forwarded-For says', () => {
+  const addresses = new ClientAddresses([])
+  expect(addresses.of('::ffff:203.0.113.7', '198.51.100.1')).toBe('203.0.113.7')
+  expect(addresses.of(null, null)).toBe('0.0.0.0')
+})
+
+test('behind trusted proxies the right-most hop that is not one of them is the client', () => {
+  const addresses = new ClientAddresses(proxies)
+  expect(addresses.of('10.0.0.2', '198.51.100.1, 203.0.113.9, 10.0.0.5')).toBe('203.0.113.9')
+  expect(addresses.of('::1', '2001:DB8::0:1')).toBe('2001:db8::1')
+  // Only proxies all the way: the peer stays the client.
+  expect(addresses.of('10.0.0.2', '10.0.0.3')).toBe('10.0.0.2')
+  // A hop that is no address ends the walk at the peer rather than trust what lies beyond it.
+  expect(addresses.of('10.0.0.2', '198.51.100.1, junk')).toBe('10.0.0.2')
+  // A peer that is not a trusted proxy cannot speak for anyone else.
+  expect(addresses.of('198.51.100.1', '203.0.113.9')).toBe('198.51.100.1')
+})
+
+test('the peer kept from the last request is replaced when another peer comes', () => {
+  const addresses = new ClientAddresses([])
+  expect(addresses.of('::ffff:192.0.2.1', null)).toBe('192.0.2.1')
+  expect(addresses.of('::ffff:192.0.2.1', null)).toBe('192.0.2.1')
+  expect(addresses.of('2001:db8::2', null)).toBe('2001:db8::2')
+  expect(addresses.of('::ffff:192.0.2.1', null)).toBe('192.0.2.1')
+})
