@@ -1,7 +1,7 @@
 import { createAccount } from '../src/accounts/service'
 import { createApplication } from '../src/apps/service'
 import { buildContext } from '../src/boot'
-import { MAX_SESSION_TTL } from '../src/client-auth/session'
+import { MAX_SESSION_TTL } from '../src/signing/session'
 import { loadConfig } from '../src/config'
 import { generateLicenseKey } from '../src/lib/crypto'
 import { licenses as licenseTable } from '../src/db/schema'
@@ -34,7 +34,7 @@ export async function seedBench(env: Record<string, string>, count: number): Pro
     const licenses = rows.map(({ key, hwids: [hwid = ''] }) => ({
       key,
       hwid,
-      token: ctx.clientAuth.sessions.issue({ app: app.appId, lic: key, hwid, ttl: MAX_SESSION_TTL }, Date.now()).token,
+      token: ctx.sessions.issue({ app: app.appId, lic: key, hwid, ttl: MAX_SESSION_TTL }, Date.now()).token,
     }))
     return { ...account, appId: app.appId, appSecret: app.appSecret, licenses }
   } finally {

@@ -1,13 +1,13 @@
-import { SignedPayloads } from './client-auth/payload'
-import { SessionTokens } from './client-auth/session'
-import { EventBatch } from './client-auth/validated-events'
+import { SignedPayloads } from './signing/payloads'
+import { SessionTokens } from './signing/session'
+import { EventBatch } from './delivery/validated-events'
 import type { Config } from './config'
 import { deriveKey, Sealer } from './lib/crypto'
 import { EventBus } from './delivery/outbox'
 import { AppActors } from './actors/registry'
 import { resolveMasterKey } from './signing/master-key'
 import { type Database, openDb } from './db/client'
-import { HttpMetrics } from './http/metrics'
+import { HttpMetrics } from './lib/metrics'
 import { serverProcessIndex } from './server-processes'
 import { Signer } from './signing/signer'
 import type { Context } from './context'
@@ -58,17 +58,15 @@ export async function buildContext(config: Readonly<Config>, overrides: ContextO
 }
 
 /** What boot opens or chooses; the rest of the context is built from it. */
-type ContextBase = Omit<Context, 'actors' | 'clientAuth' | 'credits'>
+type ContextBase = Omit<Context, 'actors' | 'credits' | 'sessions' | 'payloads' | 'validatedEvents'>
 
 function assembleContext(base: ContextBase): Context {
   return {
     ...base,
     actors: new AppActors(base),
     credits: new CreditLedger(base),
-    clientAuth: {
-      events: new EventBatch({ database: base.database, bus: base.bus, dropped: base.metrics.validatedEventsDropped }),
-      payloads: new SignedPayloads(base.signer),
-      sessions: new SessionTokens(base.sessionKey),
-    },
+    sessions: new SessionTokens(base.sessionKey),
+    payloads: new SignedPayloads(base.signer),
+    validatedEvents: new EventBatch({ database: base.database, bus: base.bus, dropped: base.metrics.validatedEventsDropped }),
   }
 }

@@ -1,10 +1,12 @@
-import type { ClientAuthState } from './client-auth/state'
 import type { Config } from './config'
 import type { Sealer } from './lib/crypto'
 import type { EventBus } from './delivery/outbox'
+import type { EventBatch } from './delivery/validated-events'
 import type { AppActors } from './actors/registry'
 import type { Database } from './db/client'
-import type { HttpMetrics } from './http/metrics'
+import type { HttpMetrics } from './lib/metrics'
+import type { SignedPayloads } from './signing/payloads'
+import type { SessionTokens } from './signing/session'
 import type { Signer } from './signing/signer'
 import type { Store } from './store/store'
 import type { DeliveryPool } from './delivery/pool'
@@ -28,8 +30,12 @@ export interface Context {
   signer: Signer
   /** Prometheus counters of this process, served at /metrics. */
   metrics: HttpMetrics
-  /** The client endpoints' caches, sessions, payload writer and license.validated batch. */
-  clientAuth: ClientAuthState
+  /** Issues and reads the stateless session tokens of the client endpoints. */
+  sessions: SessionTokens
+  /** Writes and signs the payload of a successful validate or heartbeat. */
+  payloads: SignedPayloads
+  /** license.validated events waiting for their batched INSERT; main.ts stops it at shutdown. */
+  validatedEvents: EventBatch
   /** Live and reconciled credit balances; main.ts starts its reconciler. */
   credits: CreditLedger
   /** Milliseconds since the epoch; tests inject their own. */

@@ -35,7 +35,7 @@ function startBackgroundWork(ctx: Context): { stop(): Promise<void> } {
   return {
     async stop() {
       // Writes the license.validated events still batched, while the database is open.
-      await ctx.clientAuth.events.stop()
+      await ctx.validatedEvents.stop()
       await reconciler.stop()
       await dispatcher.stop()
       await ctx.webhookPool.close()

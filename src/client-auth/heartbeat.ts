@@ -6,7 +6,7 @@ import { bucket, ceiling, fail, HEARTBEATS_PER_CREDIT, licenseState, listsAllow,
 
 /** POST /auth/heartbeat: re-checks the license on every call, so revocations reach clients at once. */
 export async function heartbeat(ctx: Context, input: HeartbeatInput, ip: string): Promise<SignedReply> {
-  const { sessions, payloads } = ctx.clientAuth
+  const { sessions, payloads } = ctx
   const session = sessions.readFor(input.appId, input.sessionToken, input.hwid, ctx.clock())
   const auth = await authorize(ctx, { ip, appId: input.appId, licenseKey: session?.lic ?? null, needsNonce: false }, (app, license, nowMs) => {
     let outcome: Outcome

@@ -1,6 +1,7 @@
 import { Type } from '@sinclair/typebox'
 import { t } from 'elysia'
 import { PublicErrorBody, Text } from '../lib/model'
+import { SignedResponse } from '../signing/payloads'
 
 const appId = Text({ minLength: 1, maxLength: 64, description: 'The application id (UUID)' })
 const hwid = Text({ minLength: 1, maxLength: 128, description: 'Hardware id of the device, 1 to 128 characters' })
@@ -48,12 +49,7 @@ export const SelfbanBody = t.Object({
   blacklistIp: t.Optional(t.Boolean({ description: 'Default true' })),
 }, tolerant)
 
-export const SignedResponse = t.Object({
-  status: t.Literal('success'),
-  payload: t.String({ description: 'Base64 JSON: sessionToken, expiresIn (Unix seconds), nonce, license state, variables' }),
-  signature: t.String({ description: 'Base64 Ed25519 signature over the UTF-8 bytes of `payload` as sent (88 characters)' }),
-  keyId: t.String({ description: 'Signing key that produced the signature' }),
-})
+export { SignedResponse }
 
 export const SelfbanResponse = t.Object({
   status: t.Literal('success'),

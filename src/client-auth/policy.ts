@@ -3,7 +3,7 @@ import type { CachedApp, CachedLicense } from '../actors/load'
 import type { Config } from '../config'
 import { PublicError, type PublicErrorCode } from '../lib/errors'
 import { type AuthorizeInput, keys } from '../store/store'
-import { MAX_SESSION_TTL } from './session'
+import { MAX_SESSION_TTL } from '../signing/session'
 
 /** The spec's sandbox limits (per minute) and the contract's heartbeat pricing. */
 export const SANDBOX = { validateIp: 20, validateLicense: 60, heartbeatIp: 20, selfbanIp: 20, selfbanLicense: 30 }

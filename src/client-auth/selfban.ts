@@ -14,7 +14,7 @@ export async function selfban(ctx: Context, input: SelfbanInput, ip: string): Pr
   if (!post && (input.appSecret === undefined || input.licenseKey === undefined || input.nonce === undefined)) {
     throw new PublicError('bad_request')
   }
-  const session = post ? ctx.clientAuth.sessions.readFor(input.appId, input.sessionToken!, input.hwid, ctx.clock()) : null
+  const session = post ? ctx.sessions.readFor(input.appId, input.sessionToken!, input.hwid, ctx.clock()) : null
   const licenseKey = post ? (session?.lic ?? null) : input.licenseKey!
   const revoke = input.revokeLicense ?? post
   const auth = await authorize(ctx, { ip, appId: input.appId, licenseKey, needsNonce: !post }, (app, license, nowMs) => {

@@ -15,7 +15,7 @@ import {
   SANDBOX,
   secretMatches,
 } from './policy'
-import { clampTtl } from './session'
+import { clampTtl } from '../signing/session'
 
 /** POST /auth/validate: authenticate the app, claim the nonce, check the license, bind the seat, charge, sign. */
 export async function validate(ctx: Context, input: ValidateInput, ip: string): Promise<SignedReply> {
@@ -63,15 +63,15 @@ export async function validate(ctx: Context, input: ValidateInput, ip: string): 
   }
   const nowMs = ctx.clock()
   if (app.wantsValidated) {
-    ctx.clientAuth.events.add({
+    ctx.validatedEvents.add({
       event: 'license.validated',
       data: { licenseKey, appId: app.id, status: 'active', hwid },
       occurredAt: new Date(nowMs),
     })
   }
   const ttl = clampTtl(input.ttlSeconds, ctx.config.sessionTtlSeconds)
-  const session = ctx.clientAuth.sessions.issue({ app: app.id, lic: licenseKey, hwid, ttl }, nowMs)
-  return ctx.clientAuth.payloads.sign(app, license, hwid, session, input.nonce, nowMs)
+  const session = ctx.sessions.issue({ app: app.id, lic: licenseKey, hwid, ttl }, nowMs)
+  return ctx.payloads.sign(app, license, hwid, session, input.nonce, nowMs)
 }
 
 /** Binds a new HWID through the app's actor, then reports the license as it now stands. */

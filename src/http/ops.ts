@@ -1,6 +1,6 @@
 import { Elysia, t } from 'elysia'
 import type { Context } from '../context'
-import type { HttpMetrics } from './metrics'
+import type { HttpMetrics } from '../lib/metrics'
 
 const Check = t.Union([t.Literal('ok'), t.Literal('failed')])
 const Readiness = t.Object({

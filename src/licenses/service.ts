@@ -4,7 +4,6 @@ import { apps, licenses } from '../db/schema'
 import type { Context } from '../context'
 import { ApiError, badRequest, forbidden, notFound } from '../lib/errors'
 import { requireOwnedApp } from '../apps/service'
-import { hasPositiveBalance } from '../credits/balance'
 import { generateLicenseKey, LICENSE_KEY_PATTERN } from '../lib/crypto'
 import { type DomainEvent, type EventData, type EventName, recordEvents } from '../delivery/outbox'
 import { parseIsoTimestamp } from '../lib/time'
@@ -113,7 +112,9 @@ export async function createLicenses(
 ): Promise<License[]> {
   const expiresAt = expiryFrom(input.expiresAt)
   const app = await requireOwnedApp(ctx, accountId, input.appId)
-  if (!(await hasPositiveBalance(ctx, accountId))) {
+  // The contract asks for a positive balance and spends nothing; the live balance is the one the client
+  // endpoints spend from (the reconciled one trails it).
+  if ((await ctx.credits.currentBalance(accountId)) <= 0) {
     throw new ApiError(
       'no_credits',
       402,

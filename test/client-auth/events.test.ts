@@ -13,7 +13,7 @@ test('validate emits license.hwid_bound for a new HWID, and license.validated on
   const login = () =>
     t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: h, nonce: nonce() } })
   const of = async (name: string) => {
-    await t.ctx.clientAuth.events.flush()
+    await t.ctx.validatedEvents.flush()
     return t.ctx.database.db
       .select()
       .from(events)

@@ -388,7 +388,7 @@ describe('fuzzing every operation of the OpenAPI document', async () => {
   }
 
   const snapshot = async () => {
-    await t.ctx.clientAuth.events.flush()
+    await t.ctx.validatedEvents.flush()
     return `${await accountDigest(t.ctx, s.accountId)} ${await accountDigest(t.ctx, other.accountId)}`
   }
 

@@ -1,8 +1,8 @@
 import type { Database } from '../db/client'
-import type { EventBus } from '../delivery/outbox'
-import type { LabeledCounter } from '../http/metrics'
+import type { EventBus } from './outbox'
+import type { LabeledCounter } from '../lib/metrics'
 import { log } from '../lib/log'
-import { type DomainEvent, recordEvents } from '../delivery/outbox'
+import { type DomainEvent, recordEvents } from './outbox'
 import { errorCode, writeIsolated } from '../db/isolated-write'
 
 /**

@@ -1,7 +1,7 @@
 import { afterEach, expect, spyOn, test } from 'bun:test'
 import { and, eq, inArray } from 'drizzle-orm'
 import { type DomainEvent, recordEvents } from '../../src/delivery/outbox'
-import { EventBatch } from '../../src/client-auth/validated-events'
+import { EventBatch } from '../../src/delivery/validated-events'
 import { events } from '../../src/db/schema'
 import { makeTestApp } from '../support/helpers'
 import { hwid } from '../support/client'
