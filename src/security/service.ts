@@ -101,17 +101,16 @@ export async function putSecurity(
   return row
 }
 
-/** Adds one entry (see appendEntry); an entry already present is a no-op success, a full list 400. */
-export async function addEntry(
-  ctx: Context,
-  accountId: string,
-  appId: string,
-  kind: ListKind,
-  input: SecurityEntryBody,
-) {
+/** The list an entry request names, its stored form and the owned app: 400, 403 or 404 otherwise. */
+async function entryOf(ctx: Context, accountId: string, appId: string, kind: ListKind, input: SecurityEntryBody) {
   const name = listName(input.type, kind)
   const value = normalizeEntry(input.type, input.value)
-  const app = await requireOwnedApp(ctx, accountId, appId)
+  return { name, value, app: await requireOwnedApp(ctx, accountId, appId) }
+}
+
+/** Adds one entry (see appendEntry); an entry already present is a no-op success, a full list 400. */
+export async function addEntry(ctx: Context, accountId: string, appId: string, kind: ListKind, input: SecurityEntryBody) {
+  const { name, value, app } = await entryOf(ctx, accountId, appId, kind, input)
   const added = await ctx.actors.of(app.id).write(
     () => appendEntry(ctx.database.db, app.id, name, value),
     (appended) => ({ app: appended }),
@@ -126,16 +125,8 @@ export async function addEntry(
 }
 
 /** Removes one entry in a single UPDATE; removing an absent entry is a no-op success. */
-export async function removeEntry(
-  ctx: Context,
-  accountId: string,
-  appId: string,
-  kind: ListKind,
-  input: SecurityEntryBody,
-) {
-  const name = listName(input.type, kind)
-  const value = normalizeEntry(input.type, input.value)
-  const app = await requireOwnedApp(ctx, accountId, appId)
+export async function removeEntry(ctx: Context, accountId: string, appId: string, kind: ListKind, input: SecurityEntryBody) {
+  const { name, value, app } = await entryOf(ctx, accountId, appId, kind, input)
   const column = apps[name]
   await ctx.actors.of(app.id).write(
     () =>
