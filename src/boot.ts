@@ -23,6 +23,8 @@ export interface ContextOverrides {
   /** Instead of MASTER_KEY or the development key in DATA_DIR. */
   masterKey?: Buffer
   clock?: () => number
+  /** One signer (one signing thread) shared by many contexts of one process, as a test's are. */
+  signer?: Signer
   /**
    * The server runs inside another program (a test) rather than as its own process: deliveries keep
    * normal CPU priority, so they do not slow the program's own requests, and trust the CA of the
@@ -51,7 +53,7 @@ export async function buildContext(config: Readonly<Config>, overrides: ContextO
       extraCaFile: embedded ? config.webhookExtraCaFile : null,
       lowPriority: !embedded,
     }),
-    signer: new Signer(),
+    signer: overrides.signer ?? new Signer(),
     metrics: new HttpMetrics(config.serverProcesses > 1 ? serverProcessIndex() : null),
     clock: overrides.clock ?? Date.now,
   })

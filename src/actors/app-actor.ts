@@ -78,16 +78,17 @@ export class AppActor {
 
   /**
    * After a commit, the one publishing path: this actor drops its copies of what changed (the next
-   * request reloads them), every process's copies are invalidated through the store's epochs, then
-   * the dispatcher is woken for the events the change recorded.
+   * request reloads them), the dispatcher is woken for the events the change recorded (they are
+   * committed: their delivery need not wait for the store), and every process's copies are
+   * invalidated through the store's epochs.
    */
   async publish({ app = false, licenses = [], events = false }: Changed): Promise<void> {
     if (app) this.app = undefined
     for (const key of licenses) this.forgetLicense(key)
+    if (events) this.host.bus.notify()
     const epochKeys = licenses.map(keys.licenseEpoch)
     if (app) epochKeys.push(keys.appEpoch(this.id))
     await this.host.invalidator.bump(epochKeys)
-    if (events) this.host.bus.notify()
   }
 
   /** Binds `hwid` to a free seat of the license (see SeatBinder): true when this call bound it. */

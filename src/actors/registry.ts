@@ -4,7 +4,7 @@ import type { Sealer } from '../lib/crypto'
 import type { Store } from '../store/store'
 import { SingleFlight } from '../lib/single-flight'
 import { type Admission, keys, type Snapshot } from '../store/store'
-import { type ActorHost, AppActor } from './app-actor'
+import { type ActorHost, AppActor, type Changed } from './app-actor'
 import { AbsentAppBudget, BoundedMap, type Entry, SharedBound } from './bounded'
 import { Invalidator } from './invalidate'
 import { type CachedApp, type CachedLicense, StateLoader, StoreUnavailable } from './load'
@@ -102,6 +102,22 @@ export class AppActors {
     }
   }
 
+  /**
+   * Runs one change of the app's data in its actor (AppActor.write). A change made by the Developer
+   * API to an app that no client is using leaves no actor behind: it must not push out the state of
+   * apps in use.
+   */
+  async write<T>(appId: string, work: () => Promise<T>, changed: (result: T) => Changed): Promise<T> {
+    const actor = this.of(appId)
+    try {
+      return await actor.write(work, changed)
+    } finally {
+      if (actor.idle && actor.app === undefined && actor.licenses.size === 0 && this.#actors.get(appId) === actor) {
+        this.#actors.delete(appId)
+      }
+    }
+  }
+
   /** The app's actor if it has one: the hot path reads its state without creating actors for made-up ids. */
   existing(appId: string): AppActor | undefined {
     return this.#actors.get(appId)
@@ -159,7 +175,9 @@ export class AppActors {
 
   /** Loads from PostgreSQL and caches under `epoch` and `generation`, which the caller read before this call. */
   async reloadApp(appId: string, epoch: number, generation: number): Promise<void> {
-    const value = await this.loadApp(appId)
+    const loaded = await this.loadApp(appId)
+    // Only under the app's own spelling of its id (see client-auth's canonicalAppId): one actor per app.
+    const value = loaded?.id === appId ? loaded : null
     if (!this.#accepts(generation)) return
     const actor = value ? this.of(appId) : this.#actors.get(appId)
     if (!actor) {

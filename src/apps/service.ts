@@ -54,7 +54,7 @@ export async function rotateSigningKey(ctx: Context, appId: string): Promise<typ
     await tx.update(signingKeys).set({ active: false }).where(eq(signingKeys.appId, appId))
     return insertSigningKey(ctx, tx, appId, (current?.version ?? 0) + 1)
   })
-  return ctx.actors.of(appId).write(rotate, () => ({ app: true }))
+  return ctx.actors.write(appId, rotate, () => ({ app: true }))
 }
 
 export async function listSigningKeys(ctx: Context, appId: string): Promise<typeof SigningKeyListResponse.static> {

@@ -2,13 +2,14 @@ import type { Context } from '../context'
 import { keys } from '../store/store'
 import { authorize } from './authorize'
 import type { HeartbeatInput, SignedReply } from './model'
-import { bucket, ceiling, fail, HEARTBEATS_PER_CREDIT, licenseState, listsAllow, type Outcome, SANDBOX } from './policy'
+import { bucket, canonicalAppId, ceiling, fail, HEARTBEATS_PER_CREDIT, licenseState, listsAllow, type Outcome, SANDBOX } from './policy'
 
 /** POST /auth/heartbeat: re-checks the license on every call, so revocations reach clients at once. */
 export async function heartbeat(ctx: Context, input: HeartbeatInput, ip: string): Promise<SignedReply> {
   const { sessions, payloads } = ctx
-  const session = sessions.readFor(input.appId, input.sessionToken, input.hwid, ctx.clock())
-  const auth = await authorize(ctx, { ip, appId: input.appId, licenseKey: session?.lic ?? null, needsNonce: false }, (app, license, nowMs) => {
+  const appId = canonicalAppId(input.appId)
+  const session = sessions.readFor(appId, input.sessionToken, input.hwid, ctx.clock())
+  const auth = await authorize(ctx, { ip, appId, licenseKey: session?.lic ?? null, needsNonce: false }, (app, license, nowMs) => {
     let outcome: Outcome
     if (!app) outcome = fail('invalid_app')
     else if (!session) outcome = fail('session_expired')

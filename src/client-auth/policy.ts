@@ -11,6 +11,14 @@ export const HEARTBEATS_PER_CREDIT = 10
 /** A nonce is remembered for the longest session lifetime, per app. */
 export const NONCE_TTL_SECONDS = MAX_SESSION_TTL
 
+/**
+ * App ids are lower-case UUIDs, and PostgreSQL finds the app under any spelling of one: every request
+ * is read under the spelling its actor, epochs, nonces and sessions are keyed by, or an upper-case
+ * spelling would get an actor (and a cache) of its own that no change of the app ever reaches.
+ * Already lower-case (every SDK sends the id as the API gave it), the call returns the same string.
+ */
+export const canonicalAppId = (appId: string) => appId.toLowerCase()
+
 export type Outcome = { ok: true; bind: boolean } | { ok: false; code: PublicErrorCode }
 export const fail = (code: PublicErrorCode): Outcome => ({ ok: false, code })
 

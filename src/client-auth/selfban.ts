@@ -3,7 +3,7 @@ import { PublicError } from '../lib/errors'
 import { keys } from '../store/store'
 import { authorize } from './authorize'
 import type { SelfbanInput, SelfbanReply } from './model'
-import { bucket, ceiling, fail, NONCE_TTL_SECONDS, type Outcome, SANDBOX, secretMatches } from './policy'
+import { bucket, canonicalAppId, ceiling, fail, NONCE_TTL_SECONDS, type Outcome, SANDBOX, secretMatches } from './policy'
 
 /**
  * POST /auth/selfban. Pre-session (appSecret + licenseKey + nonce) never revokes; post-session (a
@@ -14,10 +14,11 @@ export async function selfban(ctx: Context, input: SelfbanInput, ip: string): Pr
   if (!post && (input.appSecret === undefined || input.licenseKey === undefined || input.nonce === undefined)) {
     throw new PublicError('bad_request')
   }
-  const session = post ? ctx.sessions.readFor(input.appId, input.sessionToken!, input.hwid, ctx.clock()) : null
+  const appId = canonicalAppId(input.appId)
+  const session = post ? ctx.sessions.readFor(appId, input.sessionToken!, input.hwid, ctx.clock()) : null
   const licenseKey = post ? (session?.lic ?? null) : input.licenseKey!
   const revoke = input.revokeLicense ?? post
-  const auth = await authorize(ctx, { ip, appId: input.appId, licenseKey, needsNonce: !post }, (app, license, nowMs) => {
+  const auth = await authorize(ctx, { ip, appId, licenseKey, needsNonce: !post }, (app, license, nowMs) => {
     const secretOk = post || (app !== null && secretMatches(input.appSecret!, app.secretHash))
     let outcome: Outcome
     if (!app || !secretOk) outcome = fail('invalid_app')
@@ -35,7 +36,7 @@ export async function selfban(ctx: Context, input: SelfbanInput, ip: string): Pr
       ceiling: app ? ceiling(ctx.config, app, nowMs) : null,
       ipBucket,
       buckets: !ipBucket ? [] : secretOk && licenseKey ? [ipBucket, bucket('s:lic', app!.id, licenseKey, perLicense)] : [ipBucket],
-      nonce: !post && secretOk ? { key: keys.nonce(input.appId, input.nonce!), ttlSeconds: NONCE_TTL_SECONDS } : null,
+      nonce: !post && secretOk ? { key: keys.nonce(appId, input.nonce!), ttlSeconds: NONCE_TTL_SECONDS } : null,
       charge: null,
     }
   })

@@ -6,6 +6,7 @@ import { authorize } from './authorize'
 import type { SignedReply, ValidateInput } from './model'
 import {
   bucket,
+  canonicalAppId,
   ceiling,
   fail,
   licenseState,
@@ -20,7 +21,8 @@ import { clampTtl } from '../signing/session'
 /** POST /auth/validate: authenticate the app, claim the nonce, check the license, bind the seat, charge, sign. */
 export async function validate(ctx: Context, input: ValidateInput, ip: string): Promise<SignedReply> {
   const { hwid, licenseKey } = input
-  const auth = await authorize(ctx, { ip, appId: input.appId, licenseKey, needsNonce: true }, (app, license, nowMs) => {
+  const appId = canonicalAppId(input.appId)
+  const auth = await authorize(ctx, { ip, appId, licenseKey, needsNonce: true }, (app, license, nowMs) => {
     const secretOk = app !== null && secretMatches(input.appSecret, app.secretHash)
     let outcome: Outcome
     if (!app || !secretOk) outcome = fail('invalid_app')
@@ -47,7 +49,7 @@ export async function validate(ctx: Context, input: ValidateInput, ip: string): 
           ? [ipBucket, bucket('v:lic', app!.id, licenseKey, sandbox ? SANDBOX.validateLicense : ctx.config.validateLimitPerLicense)]
           : [ipBucket],
       // A nonce is consumed by any validate that passes app authentication (the contract).
-      nonce: secretOk ? { key: keys.nonce(input.appId, input.nonce), ttlSeconds: NONCE_TTL_SECONDS } : null,
+      nonce: secretOk ? { key: keys.nonce(appId, input.nonce), ttlSeconds: NONCE_TTL_SECONDS } : null,
       charge: outcome.ok && !sandbox && app ? { accountId: app.accountId, cost: 1, counter: null } : null,
     }
   })

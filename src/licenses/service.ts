@@ -129,7 +129,8 @@ export async function createLicenses(
     unlimitedHwidSlots: input.unlimitedHwidSlots ?? false,
     label: input.label ?? null,
   }
-  const rows = await ctx.actors.of(app.id).write(
+  const rows = await ctx.actors.write(
+    app.id,
     () => insertLicenses(ctx, values, quantity, newKey),
     // A key cached as absent anywhere (looked up before it existed) must be read again.
     (created) => ({ licenses: created.map((row) => row.key), events: true }),
@@ -260,7 +261,8 @@ export async function updateLicense(
 ): Promise<UpdateLicenseResponse> {
   checkUpdateInput(input)
   const owned = await requireOwnedLicense(ctx, accountId, licenseKey)
-  const { row } = await ctx.actors.of(owned.appId).write(
+  const { row } = await ctx.actors.write(
+    owned.appId,
     () => applyUpdate(ctx, licenseKey, input),
     ({ changed }) => (changed ? { licenses: [licenseKey], events: true } : {}),
   )
@@ -284,7 +286,8 @@ function removeLicense(ctx: Context, licenseKey: string) {
 
 export async function deleteLicense(ctx: Context, accountId: string, licenseKey: string) {
   const owned = await requireOwnedLicense(ctx, accountId, licenseKey)
-  await ctx.actors.of(owned.appId).write(
+  await ctx.actors.write(
+    owned.appId,
     () => removeLicense(ctx, licenseKey),
     () => ({ licenses: [licenseKey], events: true }),
   )

@@ -88,7 +88,8 @@ export async function putSecurity(
   }
   const app = await requireOwnedApp(ctx, accountId, appId)
   if (Object.keys(set).length === 0) return getSecurity(ctx, accountId, app.id)
-  const [row] = await ctx.actors.of(app.id).write(
+  const [row] = await ctx.actors.write(
+    app.id,
     () =>
       ctx.database.db
         .update(apps)
@@ -111,7 +112,8 @@ async function entryOf(ctx: Context, accountId: string, appId: string, kind: Lis
 /** Adds one entry (see appendEntry); an entry already present is a no-op success, a full list 400. */
 export async function addEntry(ctx: Context, accountId: string, appId: string, kind: ListKind, input: SecurityEntryBody) {
   const { name, value, app } = await entryOf(ctx, accountId, appId, kind, input)
-  const added = await ctx.actors.of(app.id).write(
+  const added = await ctx.actors.write(
+    app.id,
     () => appendEntry(ctx.database.db, app.id, name, value),
     (appended) => ({ app: appended }),
   )
@@ -128,7 +130,8 @@ export async function addEntry(ctx: Context, accountId: string, appId: string, k
 export async function removeEntry(ctx: Context, accountId: string, appId: string, kind: ListKind, input: SecurityEntryBody) {
   const { name, value, app } = await entryOf(ctx, accountId, appId, kind, input)
   const column = apps[name]
-  await ctx.actors.of(app.id).write(
+  await ctx.actors.write(
+    app.id,
     () =>
       ctx.database.db
         .update(apps)

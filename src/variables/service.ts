@@ -50,7 +50,8 @@ export async function putAppVariables(
 ) {
   const variables = checkVariables(input)
   const app = await requireOwnedApp(ctx, accountId, appId)
-  const [row] = await ctx.actors.of(app.id).write(
+  const [row] = await ctx.actors.write(
+    app.id,
     () =>
       ctx.database.db
         .update(apps)
@@ -80,7 +81,8 @@ export async function putLicenseVariables(
 ) {
   const variables = checkVariables(input)
   const license = await requireOwnedLicense(ctx, accountId, licenseKey)
-  const [row] = await ctx.actors.of(license.appId).write(
+  const [row] = await ctx.actors.write(
+    license.appId,
     () =>
       ctx.database.db
         .update(licenses)

@@ -44,8 +44,11 @@ async function checkedUrl(ctx: Context, url: string): Promise<string> {
  */
 const appChanged = () => ({ app: true })
 
+/** The app's id as stored (a path may spell it in upper case): the actor, the epochs and the rows use it. */
+const ownedAppId = async (ctx: Context, accountId: string, appId: string) => (await requireOwnedApp(ctx, accountId, appId)).id
+
 export async function createWebhook(ctx: Context, accountId: string, appId: string, input: typeof CreateWebhookBody.static): Promise<typeof CreatedWebhook.static> {
-  await requireOwnedApp(ctx, accountId, appId)
+  appId = await ownedAppId(ctx, accountId, appId)
   const url = await checkedUrl(ctx, input.url)
   const secret = generateWebhookSecret()
   const write = () => ctx.database.db.transaction(async (tx) => {
@@ -69,12 +72,12 @@ export async function createWebhook(ctx: Context, accountId: string, appId: stri
     if (!inserted) throw new Error('webhook insert returned nothing')
     return inserted
   })
-  const row = await ctx.actors.of(appId).write(write, appChanged)
+  const row = await ctx.actors.write(appId, write, appChanged)
   return { ...present(row), secret }
 }
 
 export async function listWebhooks(ctx: Context, accountId: string, appId: string): Promise<typeof WebhookList.static> {
-  await requireOwnedApp(ctx, accountId, appId)
+  appId = await ownedAppId(ctx, accountId, appId)
   const rows = await ctx.database.db
     .select()
     .from(webhooks)
@@ -92,13 +95,14 @@ export async function updateWebhook(
   webhookId: string,
   patch: typeof UpdateWebhookBody.static,
 ): Promise<void> {
-  await requireOwnedApp(ctx, accountId, appId)
+  appId = await ownedAppId(ctx, accountId, appId)
   const set: Partial<Pick<Row, 'url' | 'events' | 'enabled'>> = {}
   if (patch.url !== undefined) set.url = await checkedUrl(ctx, patch.url)
   if (patch.events !== undefined) set.events = [...new Set(patch.events)]
   if (patch.enabled !== undefined) set.enabled = patch.enabled
   const where = and(eq(webhooks.id, webhookId), eq(webhooks.appId, appId))
-  const changed = await ctx.actors.of(appId).write(
+  const changed = await ctx.actors.write(
+    appId,
     () =>
       Object.keys(set).length > 0
         ? ctx.database.db.update(webhooks).set(set).where(where).returning({ id: webhooks.id })
@@ -109,8 +113,9 @@ export async function updateWebhook(
 }
 
 export async function deleteWebhook(ctx: Context, accountId: string, appId: string, webhookId: string): Promise<void> {
-  await requireOwnedApp(ctx, accountId, appId)
-  const gone = await ctx.actors.of(appId).write(
+  appId = await ownedAppId(ctx, accountId, appId)
+  const gone = await ctx.actors.write(
+    appId,
     () => ctx.database.db.delete(webhooks).where(and(eq(webhooks.id, webhookId), eq(webhooks.appId, appId))).returning({ id: webhooks.id }),
     (rows) => ({ app: rows.length > 0 }),
   )
@@ -130,7 +135,7 @@ export async function sendTestPing(
   appId: string,
   webhookId: string,
 ): Promise<typeof TestPingResponse.static> {
-  await requireOwnedApp(ctx, accountId, appId)
+  appId = await ownedAppId(ctx, accountId, appId)
   const [row] = await ctx.database.db
     .select()
     .from(webhooks)

@@ -73,3 +73,25 @@ test('past the app bound the oldest idle actor goes, never one with work queued'
   release()
   await held
 })
+
+test('a Developer API change to an app no client uses leaves no actor behind, so it never pushes out an app in use', async () => {
+  const actors = new AppActors(t.ctx, { apps: 2, licenses: 10, absent: 2 })
+  const [hot, b, c] = await Promise.all([t.seed(), t.seed(), t.seed()])
+  const key = await insertLicense(t.ctx, hot.appId)
+  await actors.ensureApp(hot.appId)
+  await actors.ensureLicense(hot.appId, key)
+  expect(await actors.write(b.appId, async () => 'done', () => ({ app: true }))).toBe('done')
+  await actors.write(c.appId, async () => 'done', () => ({ app: true }))
+  expect(actors.existing(b.appId)).toBeUndefined()
+  expect(actors.existing(c.appId)).toBeUndefined()
+  expect(actors.cachedApp(hot.appId)?.value?.id).toBe(hot.appId)
+  expect(actors.cachedLicense(hot.appId, key)?.value?.key).toBe(key)
+})
+
+test('an app loaded under another spelling of its id gets no actor: the spelling reads as absent', async () => {
+  const actors = new AppActors(t.ctx)
+  const s = await t.seed()
+  await actors.ensureApp(s.appId.toUpperCase())
+  expect(actors.existing(s.appId.toUpperCase())).toBeUndefined()
+  expect(actors.cachedApp(s.appId.toUpperCase())?.value).toBeNull()
+})

@@ -3,6 +3,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { createApp } from '../../src/app'
 import { buildContext } from '../../src/boot'
+import { Signer } from '../../src/signing/signer'
 import { loadConfig, type Config } from '../../src/config'
 import { createAccount } from '../../src/accounts/service'
 import { createApplication } from '../../src/apps/service'
@@ -32,6 +33,8 @@ export function sharedInfra(): Promise<{ database: Database; store: Store }> {
 }
 
 export const TEST_MASTER_KEY = Buffer.alloc(32, 7)
+/** Every test context of a process signs on one worker thread, as the server's contexts would. */
+const signer = new Signer()
 
 export interface TestAppOptions {
   clock?: () => number
@@ -53,6 +56,7 @@ export async function makeTestApp(options: TestAppOptions = {}) {
     database: options.database ?? infra.database,
     store: options.store ?? infra.store,
     masterKey: TEST_MASTER_KEY,
+    signer,
     clock: options.clock,
     embedded: true,
   })
