@@ -1,13 +1,13 @@
 import { SignedPayloads } from './signing/payloads'
 import { SessionTokens } from './signing/session'
-import { EventBatch } from './delivery/validated-events'
+import { ValidatedEventBatch } from './delivery/validated-events'
 import type { Config } from './config'
 import { deriveKey, Sealer } from './lib/crypto'
 import { EventBus } from './delivery/outbox'
 import { AppActors } from './actors/registry'
 import { resolveMasterKey } from './signing/master-key'
 import { type Database, openDb } from './db/client'
-import { HttpMetrics } from './lib/metrics'
+import { Metrics } from './lib/metrics'
 import { serverProcessIndex } from './server-processes'
 import { Signer } from './signing/signer'
 import type { Context } from './context'
@@ -54,7 +54,7 @@ export async function buildContext(config: Readonly<Config>, overrides: ContextO
       lowPriority: !embedded,
     }),
     signer: overrides.signer ?? new Signer(),
-    metrics: new HttpMetrics(config.serverProcesses > 1 ? serverProcessIndex() : null),
+    metrics: new Metrics(config.serverProcesses > 1 ? serverProcessIndex() : null),
     clock: overrides.clock ?? Date.now,
   })
 }
@@ -69,6 +69,6 @@ function assembleContext(base: ContextBase): Context {
     credits: new CreditLedger(base),
     sessions: new SessionTokens(base.sessionKey),
     payloads: new SignedPayloads(base.signer),
-    validatedEvents: new EventBatch({ database: base.database, bus: base.bus, dropped: base.metrics.validatedEventsDropped }),
+    validatedEvents: new ValidatedEventBatch({ database: base.database, bus: base.bus, dropped: base.metrics.validatedEventsDropped }),
   }
 }

@@ -1,10 +1,10 @@
 import type { Config } from './config'
 import type { Sealer } from './lib/crypto'
 import type { EventBus } from './delivery/outbox'
-import type { EventBatch } from './delivery/validated-events'
+import type { ValidatedEventBatch } from './delivery/validated-events'
 import type { AppActors } from './actors/registry'
 import type { Database } from './db/client'
-import type { HttpMetrics } from './lib/metrics'
+import type { Metrics } from './lib/metrics'
 import type { SignedPayloads } from './signing/payloads'
 import type { SessionTokens } from './signing/session'
 import type { Signer } from './signing/signer'
@@ -29,13 +29,13 @@ export interface Context {
   /** Ed25519 signatures, on a worker thread unless the server runs a process per core. */
   signer: Signer
   /** Prometheus counters of this process, served at /metrics. */
-  metrics: HttpMetrics
+  metrics: Metrics
   /** Issues and reads the stateless session tokens of the client endpoints. */
   sessions: SessionTokens
   /** Writes and signs the payload of a successful validate or heartbeat. */
   payloads: SignedPayloads
   /** license.validated events waiting for their batched INSERT; main.ts stops it at shutdown. */
-  validatedEvents: EventBatch
+  validatedEvents: ValidatedEventBatch
   /** Live and reconciled credit balances; main.ts starts its reconciler. */
   credits: CreditLedger
   /** Milliseconds since the epoch; tests inject their own. */

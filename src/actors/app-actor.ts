@@ -10,7 +10,7 @@ import { type SelfbanDone, type SelfbanWish, selfbanTransaction } from './selfba
 
 /** What a committed change touched: the one input of AppActor.publish. */
 export interface Changed {
-  /** The app's row: settings, lists, variables. */
+  /** The app's cached state: its row (settings, lists, variables), its active signing key, whether a webhook wants license.validated. */
   app?: boolean
   /** Licenses whose rows changed (created, updated, deleted, bound). */
   licenses?: readonly string[]
@@ -30,7 +30,7 @@ export interface ActorHost {
 
 /**
  * One app's live state in this process and the one way it changes here. Every change of the app's
- * data (licenses, seats, lists, variables, selfban) runs through its mailbox, one at a time, and is
+ * data (licenses, seats, lists, variables, signing keys, webhooks, selfban) runs through its mailbox, one at a time, and is
  * published by `publish`; the client endpoints read the state it holds (settings, lists, variables,
  * signing key, licenses) without PostgreSQL. Across processes its copies are kept honest by the
  * store's epochs, and its writes by SQL conditions and row locks, not by the mailbox.
@@ -38,7 +38,7 @@ export interface ActorHost {
 export class AppActor {
   /** The app as last loaded; undefined until loaded or after a change dropped it. */
   app: Entry<CachedApp> | undefined = undefined
-  /** This app's licenses as last loaded, by key; only `setLicense` and `forgetLicense` change it. */
+  /** This app's licenses as last loaded, by key: set by `setLicense`, dropped by `forgetLicense` or by the shared bound (its oldest entry, or all of them on a new store generation). */
   readonly licenses = new Map<string, Entry<CachedLicense>>()
   readonly mailbox = new Mailbox()
   readonly #seats: SeatBinder
@@ -63,7 +63,7 @@ export class AppActor {
     this.host.licenseBound.delete(this.id, this.licenses, licenseKey)
   }
 
-  /** Drops every entry (a new store generation, or the registry letting the actor go). */
+  /** Drops every entry: the registry is letting the actor go. */
   forgetAll(): void {
     this.app = undefined
     for (const key of [...this.licenses.keys()]) this.forgetLicense(key)

@@ -82,7 +82,8 @@ export class StateLoader {
   }
 
   async app(appId: string): Promise<CachedApp | null> {
-    // Unknown ids are cached as absent: app ids are random UUIDs, so an absent one cannot appear later.
+    // Not shaped like an app id: absent without a read (the registry caches it as absent; app ids are
+    // random UUIDs, so an absent one cannot appear later).
     if (!UUID.test(appId)) return null
     this.loads.apps++
     const [[row], [key], [hook]] = await Promise.all([

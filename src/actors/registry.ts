@@ -5,7 +5,8 @@ import type { Store } from '../store/store'
 import { SingleFlight } from '../lib/single-flight'
 import { type Admission, keys, type Snapshot } from '../store/store'
 import { type ActorHost, AppActor, type Changed } from './app-actor'
-import { AbsentAppBudget, BoundedMap, type Entry, SharedBound } from './bounded'
+import { AbsentAppBudget } from './absent-app-budget'
+import { BoundedMap, type Entry, SharedBound } from './bounded'
 import { Invalidator } from './invalidate'
 import { type CachedApp, type CachedLicense, StateLoader, StoreUnavailable } from './load'
 import type { SelfbanDone, SelfbanWish } from './selfban'
@@ -24,7 +25,7 @@ const LIMITS: ActorLimits = { apps: 10_000, licenses: 200_000, absent: 20_000 }
 const ABSENT_APPS_PER_MINUTE = 60
 
 /** What the actors of a process are built on. */
-export interface ActorsDeps {
+export interface ActorsWiring {
   database: Database
   store: Store
   /** Opens the sealed signing keys the actors hold. */
@@ -53,21 +54,21 @@ export class AppActors {
   generation = 0
   /** PostgreSQL reads of app and license state since start. */
   readonly loads: { readonly apps: number; readonly licenses: number }
-  readonly absentApps = new AbsentAppBudget(ABSENT_APPS_PER_MINUTE, LIMITS.absent)
+  readonly absentAppBudget = new AbsentAppBudget(ABSENT_APPS_PER_MINUTE, LIMITS.absent)
 
   constructor(
-    private readonly deps: ActorsDeps,
+    private readonly wiring: ActorsWiring,
     private readonly limits: ActorLimits = LIMITS,
   ) {
     this.#absentApps = new BoundedMap(limits.absent)
     this.#licenseBound = new SharedBound(limits.licenses, limits.absent)
-    this.invalidator = new Invalidator(deps.store)
-    this.#load = new StateLoader(deps.database, deps.sealer)
+    this.invalidator = new Invalidator(wiring.store)
+    this.#load = new StateLoader(wiring.database, wiring.sealer)
     this.loads = this.#load.loads
     this.#host = {
-      database: deps.database,
-      bus: deps.bus,
-      clock: deps.clock,
+      database: wiring.database,
+      bus: wiring.bus,
+      clock: wiring.clock,
       invalidator: this.invalidator,
       licenseBound: this.#licenseBound,
     }
@@ -78,8 +79,8 @@ export class AppActors {
     return this.#actors.get(appId) ?? this.#admit(appId)
   }
 
-  #admit(appId: string): AppActor {
-    if (this.#actors.size >= this.limits.apps) this.#letOldestIdleGo()
+  #admit(appId: string, { evict = true } = {}): AppActor {
+    if (evict && this.#actors.size >= this.limits.apps) this.#letOldestIdleGo()
     const actor = new AppActor(appId, this.#host)
     this.#actors.set(appId, actor)
     return actor
@@ -104,11 +105,12 @@ export class AppActors {
 
   /**
    * Runs one change of the app's data in its actor (AppActor.write). A change made by the Developer
-   * API to an app that no client is using leaves no actor behind: it must not push out the state of
-   * apps in use.
+   * API to an app that no client is using neither pushes out an app in use nor leaves an actor behind:
+   * its actor stands beyond the bound while the write runs (so the registry exceeds it by at most the
+   * writes under way) and goes after it unless a client request loaded state into it meanwhile.
    */
   async write<T>(appId: string, work: () => Promise<T>, changed: (result: T) => Changed): Promise<T> {
-    const actor = this.of(appId)
+    const actor = this.#actors.get(appId) ?? this.#admit(appId, { evict: false })
     try {
       return await actor.write(work, changed)
     } finally {
@@ -150,7 +152,7 @@ export class AppActors {
   }
 
   async #snapshot(epochKey: string, admission?: Admission): Promise<Snapshot> {
-    return this.deps.store.snapshot([epochKey], admission).catch((err: unknown) => {
+    return this.wiring.store.snapshot([epochKey], admission).catch((err: unknown) => {
       throw new StoreUnavailable(err)
     })
   }

@@ -2,7 +2,7 @@ import { and, eq } from 'drizzle-orm'
 import type { Db } from '../db/client'
 import { licenses } from '../db/schema'
 import { recordEvents } from '../delivery/outbox'
-import { appendEntry } from './list-writes'
+import { appendEntry } from './list-append'
 
 /** What a selfban asks for: the caller has already applied the mode's defaults. */
 export interface SelfbanWish {

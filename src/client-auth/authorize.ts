@@ -55,12 +55,12 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
       let appEntry = actor?.app ?? actors.cachedApp(appId)
       // Awaited only on a miss: the common all-cached request skips a promise and a microtask turn.
       if (!appEntry) {
-        if (!actors.absentApps.allows(ip, nowMs)) throw new PublicError('invalid_app')
+        if (!actors.absentAppBudget.allows(ip, nowMs)) throw new PublicError('invalid_app')
         await actors.ensureApp(appId)
         actor = actors.existing(appId)
         appEntry = actor?.app ?? actors.cachedApp(appId)
         if (!appEntry) continue
-        if (appEntry.value === null) actors.absentApps.charge(ip, nowMs)
+        if (appEntry.value === null) actors.absentAppBudget.charge(ip, nowMs)
       }
       const app = appEntry.value
       let licenseEntry = licenseKey === null ? undefined : actor?.licenses.get(licenseKey)
@@ -145,11 +145,11 @@ async function withoutStore(
     throw new PublicError('system_error')
   }
   logEvery('warn', 'store unreachable: serving requests without limits or charges', () => errorFields(err.cause))
-  if (!actors.absentApps.allows(ip, nowMs)) throw new PublicError('invalid_app')
+  if (!actors.absentAppBudget.allows(ip, nowMs)) throw new PublicError('invalid_app')
   const [app, license] = await Promise.all([actors.loadApp(appId), licenseKey === null ? null : actors.loadLicense(licenseKey)])
   const { outcome } = plan(app, license, nowMs)
   if (!app) {
-    actors.absentApps.charge(ip, nowMs)
+    actors.absentAppBudget.charge(ip, nowMs)
     throw new PublicError('invalid_app')
   }
   if (!outcome.ok) throw new PublicError(outcome.code)

@@ -82,7 +82,7 @@ export const signingKeys = pgTable(
     version: integer('version').notNull(),
     /** Raw 32-byte Ed25519 public key, base64. */
     publicKey: text('public_key').notNull(),
-    /** PKCS#8 private key sealed with the master key (see core/crypto seal). */
+    /** PKCS#8 private key sealed with the master key (see lib/crypto.ts, Sealer). */
     privateKeyEnc: text('private_key_enc').notNull(),
     active: boolean('active').notNull().default(true),
     createdAt: createdAt(),

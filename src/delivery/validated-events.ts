@@ -25,7 +25,7 @@ const WRITE_CHUNK = 5_000
 const RETRY_FIRST_MS = 100
 const RETRY_MAX_MS = 2_000
 
-export interface EventBatchOptions {
+export interface ValidatedEventBatchOptions {
   /** Writes one batch; recordEvents on the database unless a test replaces it. */
   write?: (list: readonly DomainEvent[]) => Promise<void>
   maxKept?: number
@@ -37,7 +37,7 @@ export interface EventBatchOptions {
  * off and dropped alone (writeIsolated); while the database is unreachable the events wait here,
  * up to maxKept, and are retried with back-off until it answers.
  */
-export class EventBatch {
+export class ValidatedEventBatch {
   /** Oldest first: the events of the current wait, behind any an outage kept. */
   #pending: DomainEvent[] = []
   #timer: ReturnType<typeof setTimeout> | null = null
@@ -49,10 +49,10 @@ export class EventBatch {
   readonly #maxKept: number
 
   constructor(
-    private readonly deps: { database: Database; bus: EventBus; dropped: LabeledCounter },
-    options: EventBatchOptions = {},
+    private readonly sink: { database: Database; bus: EventBus; dropped: LabeledCounter },
+    options: ValidatedEventBatchOptions = {},
   ) {
-    this.#write = options.write ?? ((list) => recordEvents(deps.database.db, list))
+    this.#write = options.write ?? ((list) => recordEvents(sink.database.db, list))
     this.#maxKept = options.maxKept ?? MAX_KEPT_EVENTS
   }
 
@@ -81,7 +81,7 @@ export class EventBatch {
     const lost = this.#pending.length
     if (lost === 0) return
     this.#pending = []
-    this.deps.dropped.add('shutdown', lost)
+    this.sink.dropped.add('shutdown', lost)
     log.error('database unreachable at shutdown: license.validated events lost', { events: lost })
   }
 
@@ -116,13 +116,13 @@ export class EventBatch {
       due -= chunk.length
       const { refused, unwritten, outage } = await writeIsolated(chunk, this.#write)
       if (refused.length > 0) {
-        this.deps.dropped.add('refused', refused.length)
+        this.sink.dropped.add('refused', refused.length)
         log.warn('license.validated events refused by the database, dropped', {
           events: refused.length,
           code: errorCode(refused[0]?.error),
         })
       }
-      if (refused.length + unwritten.length < chunk.length) this.deps.bus.notify()
+      if (refused.length + unwritten.length < chunk.length) this.sink.bus.notify()
       if (unwritten.length > 0) {
         this.#pending = unwritten.concat(this.#pending)
         this.#trim()
@@ -157,7 +157,7 @@ export class EventBatch {
     const excess = this.#pending.length - this.#maxKept
     if (excess <= 0) return
     this.#pending.splice(0, excess)
-    this.deps.dropped.add('overflow', excess)
+    this.sink.dropped.add('overflow', excess)
     if (this.#overflowReported) return
     this.#overflowReported = true
     log.error('database unreachable: license.validated events beyond the in-memory bound dropped, oldest first', {

@@ -1,5 +1,5 @@
 import { Elysia, StatusMap } from 'elysia'
-import type { HttpMetrics } from '../lib/metrics'
+import type { Metrics } from '../lib/metrics'
 
 export const UNMATCHED_ROUTE = 'unmatched'
 
@@ -14,7 +14,7 @@ type Timed = { [started]?: number }
  * Global hooks that time every request. The status comes from the Response when a handler returned
  * one, else from `set.status` (app.ts's onError writes the status of the error it answered there).
  */
-export const httpMetrics = (metrics: HttpMetrics) =>
+export const httpMetrics = (metrics: Metrics) =>
   new Elysia({ name: 'http-metrics' })
     .onRequest((ctx) => {
       ;(ctx as Timed)[started] = performance.now()

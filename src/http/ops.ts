@@ -1,6 +1,6 @@
 import { Elysia, t } from 'elysia'
 import type { Context } from '../context'
-import type { HttpMetrics } from '../lib/metrics'
+import type { Metrics } from '../lib/metrics'
 
 const Check = t.Union([t.Literal('ok'), t.Literal('failed')])
 const Readiness = t.Object({
@@ -25,7 +25,7 @@ async function probe(ping: () => Promise<boolean>): Promise<'ok' | 'failed'> {
 }
 
 /** Liveness, readiness and Prometheus metrics for orchestrators and scrapers; no authentication. */
-export const opsRoutes = (ctx: Context, metrics: HttpMetrics) =>
+export const opsRoutes = (ctx: Context, metrics: Metrics) =>
   new Elysia({ name: 'routes-ops' })
     .get('/healthz', () => ({ status: 'ok' as const }), {
       response: { 200: t.Object({ status: t.Literal('ok') }) },

@@ -58,8 +58,8 @@ export function logEvery(level: LogLevel, msg: string, fields?: () => Record<str
 const reported = new WeakSet<object>()
 
 /**
- * Logs an error once however many requests it fails: a shared write (a seat-binding batch) rejects
- * each of its members with the same error object, and one line says it.
+ * Logs an error once however many requests it fails: when several callers are rejected with one
+ * shared error object, only the first logs it.
  */
 export function logErrorOnce(msg: string, err: unknown, fields?: Record<string, unknown>): void {
   if (typeof err === 'object' && err !== null) {

@@ -1,7 +1,8 @@
 /**
- * Prometheus counters for HTTP traffic, kept in plain maps: recording is a map lookup and a few
- * additions, cheap enough for the /auth hot path. Labels are the route pattern, never the raw path,
- * so the number of series stays bounded by the number of routes.
+ * The process's Prometheus registry: HTTP request series and counters of background work, kept in
+ * plain maps: recording is a map lookup and a few additions, cheap enough for the /auth hot path.
+ * HTTP labels are the route pattern, never the raw path, so the number of series stays bounded by the
+ * number of routes.
  */
 
 /** Upper bounds in seconds; the low end resolves the sub-millisecond requests this server mostly serves. */
@@ -42,7 +43,7 @@ export class LabeledCounter {
   }
 }
 
-export class HttpMetrics {
+export class Metrics {
   /** reason: refused (PostgreSQL refused its data), overflow (past the bound while it was unreachable), shutdown. */
   readonly validatedEventsDropped = new LabeledCounter(
     'license_validated_events_dropped_total',

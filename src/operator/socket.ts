@@ -59,7 +59,7 @@ async function handle(contextReady: Promise<Context>, request: Request): Promise
  * provision) with the server's own ctx. An embedded database admits one process, and in-process
  * caches learn of changes only from inside: so the CLI goes through here while the server runs.
  * Commands that arrive while `contextReady` is pending (migrations at start) wait for it. The caller
- * holds the DATA_DIR lock (src/data-dir-lock.ts).
+ * holds the DATA_DIR lock (src/db/data-dir-lock.ts).
  */
 export function startOperatorSocket(dataDir: string, contextReady: Promise<Context>): { stop(): void } {
   const path = operatorSocketPath(dataDir)

@@ -6,7 +6,7 @@ import type { Context } from '../context'
 import { badRequest } from '../lib/errors'
 import { canonicalIp } from '../lib/ip'
 import { requireOwnedApp } from '../apps/service'
-import { appendEntry, type ListName, MAX_LIST_ENTRIES } from '../actors/list-writes'
+import { appendEntry, type ListName, MAX_LIST_ENTRIES } from '../actors/list-append'
 import type { PutSecurityBody, SecurityConfig, SecurityEntryBody } from './model'
 
 export const HWID_LENGTH = { min: 1, max: 128 } as const

@@ -3,7 +3,7 @@ import { errorFields, log } from '../lib/log'
 import { signText } from '../lib/crypto'
 import { TurnBatcher } from '../lib/batcher'
 
-/** Messages to the signing worker; it answers each SignBatch with one signature (or null) per text. */
+/** Messages to the signing worker; it answers each 'sign' message with one signature (or null) per text. */
 export type SignerMessage =
   | { type: 'key'; keyId: string; pkcs8: Uint8Array }
   | { type: 'forget' }

@@ -114,7 +114,7 @@ export class MemoryStore implements Store {
     return 0
   }
 
-  // Mirrors AUTHORIZE in redis.ts step by step; runs without awaiting, so it is atomic like the script.
+  // Mirrors AUTHORIZE in redis/authorize-script.ts step by step; runs without awaiting, so it is atomic like the script.
   async authorize(a: AuthorizeInput): Promise<AuthorizeResult> {
     if (a.generation !== this.#generation) return { kind: 'new_generation', generation: this.#generation }
     const now = a.nowMs
@@ -241,7 +241,7 @@ export class MemoryStore implements Store {
   }
 }
 
-/** The token-bucket rule, written once for the twin; the Lua script in redis.ts mirrors it line by line. */
+/** The token-bucket rule, written once for the twin; the Lua of redis/limiter.ts (and the bucket step of redis/authorize-script.ts) mirrors it line by line. */
 function takeBucket(
   store: MemoryStore,
   key: string,

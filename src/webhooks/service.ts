@@ -2,14 +2,14 @@ import { and, asc, count, eq } from 'drizzle-orm'
 import { apps, webhooks } from '../db/schema'
 import type { Context } from '../context'
 import { badRequest, notFound } from '../lib/errors'
-import { signedDelivery } from '../delivery/payload'
-import { recordAttempts } from '../delivery/record'
+import { signedDelivery } from '../delivery/signed-delivery'
+import { recordAttempts } from '../delivery/attempts'
 import { checkTarget, TargetError } from '../delivery/target'
 import { requireOwnedApp } from '../apps/service'
 import { generateWebhookId, generateWebhookSecret } from '../lib/crypto'
 import type { CreatedWebhook, CreateWebhookBody, TestPingResponse, UpdateWebhookBody, Webhook, WebhookList } from './model'
 
-/** Webhook management and the test ping. The outbox delivery loop lives in delivery/dispatcher.ts. */
+/** Webhook management and the test ping. The outbox delivery loop lives in delivery/dispatch/ (delivery/dispatcher.ts starts it). */
 
 export const MAX_WEBHOOKS_PER_APP = 5
 

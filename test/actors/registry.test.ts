@@ -95,3 +95,16 @@ test('an app loaded under another spelling of its id gets no actor: the spelling
   expect(actors.existing(s.appId.toUpperCase())).toBeUndefined()
   expect(actors.cachedApp(s.appId.toUpperCase())?.value).toBeNull()
 })
+
+test('a write to an app no client uses never lets an app in use go, even with the registry full', async () => {
+  const actors = new AppActors(t.ctx, { apps: 1, licenses: 10, absent: 2 })
+  const [hot, cold] = await Promise.all([t.seed(), t.seed()])
+  await actors.ensureApp(hot.appId)
+  let during: unknown
+  await actors.write(cold.appId, async () => {
+    during = actors.cachedApp(hot.appId)?.value?.id
+  }, () => ({ app: true }))
+  expect(during).toBe(hot.appId)
+  expect(actors.cachedApp(hot.appId)?.value?.id).toBe(hot.appId)
+  expect(actors.existing(cold.appId)).toBeUndefined()
+})

@@ -47,7 +47,7 @@ async function emit(ctx: Context, list: { event: EventName; data: DomainEvent['d
 const keyFor = () => `T${randomUUID().slice(0, 3)}-${randomUUID().slice(0, 4)}-${randomUUID().slice(0, 4)}-${randomUUID().slice(0, 4)}`.toUpperCase()
 
 
-/** A second instance on the same database and store, built as boot builds one: its own connection pool (on PostgreSQL), bus, mailbox and workers. */
+/** A second instance on the same database and store, built as boot builds one: its own connection pool (on PostgreSQL), bus, actors and workers. */
 async function secondInstance(ctx: Context) {
   const database = TEST_DATABASE_URL ? await openDb({ databaseUrl: TEST_DATABASE_URL, dataDir: null }) : ctx.database
   const other = await buildContext(ctx.config, { database, store: ctx.store, masterKey: TEST_MASTER_KEY, clock: ctx.clock, embedded: true })

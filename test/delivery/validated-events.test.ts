@@ -1,7 +1,7 @@
 import { afterEach, expect, spyOn, test } from 'bun:test'
 import { and, eq, inArray } from 'drizzle-orm'
 import { type DomainEvent, recordEvents } from '../../src/delivery/outbox'
-import { EventBatch } from '../../src/delivery/validated-events'
+import { ValidatedEventBatch } from '../../src/delivery/validated-events'
 import { events } from '../../src/db/schema'
 import { makeTestApp } from '../support/helpers'
 import { hwid } from '../support/client'
@@ -9,7 +9,7 @@ import { connectionRefused } from '../support/pg-errors'
 import { until } from '../support/servers'
 
 const t = await makeTestApp()
-const batchDeps = (ctx: typeof t.ctx) => ({ database: ctx.database, bus: ctx.bus, dropped: ctx.metrics.validatedEventsDropped })
+const batchSink = (ctx: typeof t.ctx) => ({ database: ctx.database, bus: ctx.bus, dropped: ctx.metrics.validatedEventsDropped })
 const db = t.ctx.database.db
 
 const validated = (appId: string, h = hwid()): DomainEvent => ({
@@ -31,7 +31,7 @@ afterEach(() => stderr?.mockRestore())
 
 test('an event PostgreSQL refuses is dropped alone: the events of two other accounts in its batch are recorded', async () => {
   const [a, b] = [await t.seed({ name: 'Account A' }), await t.seed({ name: 'Account B' })]
-  const batch = new EventBatch(batchDeps(t.ctx))
+  const batch = new ValidatedEventBatch(batchSink(t.ctx))
   const good = [validated(a.appId), validated(b.appId), validated(a.appId), validated(b.appId)]
   batch.add(good[0]!)
   batch.add(good[1]!)
@@ -48,7 +48,7 @@ test('an event PostgreSQL refuses is dropped alone: the events of two other acco
 test('events that meet an unreachable database are kept and written, in order, once it answers', async () => {
   const s = await t.seed()
   let refusals = 3
-  const batch = new EventBatch(batchDeps(t.ctx), {
+  const batch = new ValidatedEventBatch(batchSink(t.ctx), {
     write: async (list) => {
       if (refusals-- > 0) throw connectionRefused()
       await recordEvents(db, list)
@@ -68,7 +68,7 @@ test('events that meet an unreachable database are kept and written, in order, o
 test('beyond the bound the oldest kept events are dropped, with one error line and a metric', async () => {
   const s = await t.seed()
   let down = true
-  const batch = new EventBatch(batchDeps(t.ctx), {
+  const batch = new ValidatedEventBatch(batchSink(t.ctx), {
     maxKept: 50,
     write: async (list) => {
       if (down) throw connectionRefused()

@@ -8,7 +8,7 @@ import { hwid, insertLicense, nonce } from '../support/client'
 import { startReceiver, testCertificate } from '../support/webhooks-receiver'
 import { ownPostgres, until } from '../support/servers'
 
-// Embedded PGlite runs in this process and cannot be stopped; batch-validated-events.test.ts covers
+// Embedded PGlite runs in this process and cannot be stopped; test/delivery/validated-events.test.ts covers
 // the same retry path there with a write that fails the way an unreachable server does.
 if (MODE === 'postgres') {
   describe('PostgreSQL stopped and started again', async () => {

@@ -16,7 +16,7 @@ export async function insertLicense(
   return key
 }
 
-/** Changes a license row and publishes it the way the Developer API does (bump after commit). */
+/** Changes a license row behind the actors' back and bumps its epoch after commit, as another process's publish would. */
 export async function updateLicense(ctx: Context, key: string, set: Partial<typeof licenses.$inferInsert>) {
   await ctx.database.db.update(licenses).set(set).where(eq(licenses.key, key))
   await ctx.store.bump([keys.licenseEpoch(key)])

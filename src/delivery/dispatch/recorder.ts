@@ -1,7 +1,7 @@
 import { sql } from 'drizzle-orm'
 import type { Db } from '../../db/client'
 import { errorFields, log, logEvery } from '../../lib/log'
-import { type Attempt, recordAttempts } from '../record'
+import { type Attempt, recordAttempts } from '../attempts'
 
 const FLUSH_DELAY_MS = 100
 const RECORD_BATCH = 1_000

@@ -1,5 +1,5 @@
 import { errorFields, logEvery } from '../../lib/log'
-import type { HostLoad } from './load'
+import type { HostLoad } from './host-load'
 
 /** Gap between passes while a backlog drains (wake-ups from commits use minGapMs). */
 const BACKLOG_GAP_MS = 5

@@ -1,5 +1,5 @@
 import { errorFields, log } from '../../lib/log'
-import { signedDelivery } from '../payload'
+import { signedDelivery } from '../signed-delivery'
 import type { DeliveryResult } from '../protocol'
 import type { Claimed, Outlet } from './claim'
 import type { DispatcherContext } from './options'

@@ -1,5 +1,5 @@
 import { Claims } from './claim'
-import { HostLoad } from './load'
+import { HostLoad } from './host-load'
 import { type DispatcherContext, type DispatcherOptions, dispatcherSettings, type RunningDispatcher } from './options'
 import { Purger } from './purger'
 import { Recorder } from './recorder'

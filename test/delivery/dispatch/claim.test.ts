@@ -3,7 +3,7 @@ import { inArray } from 'drizzle-orm'
 import { openDb } from '../../../src/db/client'
 import { events } from '../../../src/db/schema'
 import { claimDue, fanOut } from '../../../src/delivery/dispatch/claim'
-import { recordAttempts } from '../../../src/delivery/record'
+import { recordAttempts } from '../../../src/delivery/attempts'
 import { sharedInfra, TEST_DATABASE_URL } from '../../support/helpers'
 import { drainOutbox, outboxApp, pairs, pastThisMillisecond } from './outbox-rows'
 

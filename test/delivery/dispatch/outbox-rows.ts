@@ -4,7 +4,7 @@ import type { Db } from '../../../src/db/client'
 import { events, webhookDeliveries, webhooks } from '../../../src/db/schema'
 import { claimDue, type Claimed, fanOut } from '../../../src/delivery/dispatch/claim'
 import type { EventName } from '../../../src/delivery/outbox'
-import { recordAttempts } from '../../../src/delivery/record'
+import { recordAttempts } from '../../../src/delivery/attempts'
 import { makeTestApp } from '../../support/helpers'
 
 /** An app of its own on the shared test database, with helpers writing outbox rows for it directly. */

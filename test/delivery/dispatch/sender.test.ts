@@ -1,7 +1,7 @@
 import { describe, expect, test } from 'bun:test'
 import type { Claimed } from '../../../src/delivery/dispatch/claim'
 import { Sender } from '../../../src/delivery/dispatch/sender'
-import type { Attempt } from '../../../src/delivery/record'
+import type { Attempt } from '../../../src/delivery/attempts'
 import type { DeliveryJob, DeliveryResult } from '../../../src/delivery/protocol'
 import { hmacHex } from '../../../src/lib/crypto'
 import { setLogLevel } from '../../../src/lib/log'

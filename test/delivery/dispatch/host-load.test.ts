@@ -1,6 +1,6 @@
 import { expect, test } from 'bun:test'
 import { existsSync } from 'node:fs'
-import { type CpuTimes, HostLoad } from '../../../src/delivery/dispatch/load'
+import { type CpuTimes, HostLoad } from '../../../src/delivery/dispatch/host-load'
 
 test('API requests count as short of CPU when the host and the API thread are both busy over the last interval', async () => {
   let now: CpuTimes = { busy: 0, total: 0, api: 0 }
