@@ -19,7 +19,7 @@ export interface Context {
   store: Store
   /** Seals signing keys and webhook secrets at rest. */
   sealer: Sealer
-  /** Derived from the master key: MACs stateless session tokens. */
+  /** Derived from the master key: MACs session tokens (through `sessions`) and license list cursors. */
   sessionKey: Buffer
   /** One actor per app: the app's live state in this process and the one way its data changes. */
   actors: AppActors
