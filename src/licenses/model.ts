@@ -13,6 +13,13 @@ export const LicenseKeyParams = t.Object({
   }),
 })
 
+export const LicenseHwidParams = t.Composite([
+  LicenseKeyParams,
+  t.Object({
+    hwid: Text({ minLength: 1, maxLength: 128, description: 'A bound hardware ID', examples: ['hwid-7f3a9c2e'] }),
+  }),
+])
+
 /** A license as returned by create: everything but the bound HWIDs. */
 export const License = t.Object({
   licenseKey: t.String({ examples: ['K7QM-3XWT-9HFP-2RDN'] }),
@@ -36,12 +43,30 @@ export const LicenseWithHwids = t.Composite([
 ])
 
 /** The single-license view: adds `hwid`, the first (oldest) bound HWID or null. */
-export const LicenseDetail = t.Composite([
-  LicenseWithHwids,
-  t.Object({
-    hwid: t.Nullable(t.String({ description: 'The first bound HWID, or null when none is bound' })),
-  }),
-])
+export const LicenseDetail = t.Composite(
+  [
+    LicenseWithHwids,
+    t.Object({
+      hwid: t.Nullable(t.String({ description: 'The first bound HWID, or null when none is bound' })),
+    }),
+  ],
+  {
+    examples: [
+      {
+        licenseKey: 'K7QM-3XWT-9HFP-2RDN',
+        appId: '3f6c1a52-8e0b-4d7e-9a41-5b2f0c7d9e13',
+        status: 'active',
+        expiresAt: null,
+        maxHwidSlots: 2,
+        unlimitedHwidSlots: false,
+        label: 'Acme order 1042',
+        createdAt: '2026-11-24T03:55:39.120Z',
+        hwidList: ['hwid-2b81d04f'],
+        hwid: 'hwid-2b81d04f',
+      },
+    ],
+  },
+)
 
 export const CreateLicensesBody = StrictBody({
   appId: Text({ description: 'Application to issue for' }),
