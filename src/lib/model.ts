@@ -21,7 +21,7 @@ export const Count = (options: Parameters<typeof Type.Integer>[0] = {}) => Type.
 /** A /v1 request body: exactly the documented fields; any other gets 400 naming it. */
 export const StrictBody = <T extends Parameters<typeof t.Object>[0]>(
   properties: T,
-  options: { description?: string; minProperties?: number; examples?: unknown[] } = {},
+  options: { description?: string; minProperties?: number } = {},
 ) => t.Object(properties, { ...options, additionalProperties: false })
 
 /** Developer API error body. */

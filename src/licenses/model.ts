@@ -38,35 +38,22 @@ export const License = t.Object({
 export const LicenseWithHwids = t.Composite([
   License,
   t.Object({
-    hwidList: t.Array(t.String(), { description: 'Bound hardware IDs, oldest binding first' }),
+    hwidList: t.Array(t.String(), {
+      description: 'Bound hardware IDs, oldest binding first',
+      examples: [['hwid-2b81d04f', 'hwid-7f3a9c2e']],
+    }),
   }),
 ])
 
 /** The single-license view: adds `hwid`, the first (oldest) bound HWID or null. */
-export const LicenseDetail = t.Composite(
-  [
-    LicenseWithHwids,
-    t.Object({
-      hwid: t.Nullable(t.String({ description: 'The first bound HWID, or null when none is bound' })),
-    }),
-  ],
-  {
-    examples: [
-      {
-        licenseKey: 'K7QM-3XWT-9HFP-2RDN',
-        appId: '3f6c1a52-8e0b-4d7e-9a41-5b2f0c7d9e13',
-        status: 'active',
-        expiresAt: null,
-        maxHwidSlots: 2,
-        unlimitedHwidSlots: false,
-        label: 'Acme order 1042',
-        createdAt: '2026-11-24T03:55:39.120Z',
-        hwidList: ['hwid-2b81d04f'],
-        hwid: 'hwid-2b81d04f',
-      },
-    ],
-  },
-)
+export const LicenseDetail = t.Composite([
+  LicenseWithHwids,
+  t.Object({
+    hwid: t.Nullable(
+      t.String({ description: 'The first bound HWID, or null when none is bound', examples: ['hwid-2b81d04f'] }),
+    ),
+  }),
+])
 
 export const CreateLicensesBody = StrictBody({
   appId: Text({ description: 'Application to issue for' }),
