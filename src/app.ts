@@ -171,6 +171,7 @@ function validationMessage(error: unknown): string {
   const where = first?.path ? first.path.replace(/^\//, '').replaceAll('/', '.') : (e.type ?? 'request')
   // JSON-quoted: a field name may be anything a client sent, NUL included.
   if (first?.type === ValueErrorType.ObjectAdditionalProperties) return `Unknown field ${JSON.stringify(where)}`
+  if (first?.type === ValueErrorType.ObjectMinProperties) return `The ${where} must hold at least one field`
   if (first?.type === ValueErrorType.StringPattern && first.schema?.pattern === STORABLE_TEXT) {
     return `${where} must not contain NUL characters or unpaired surrogates`
   }

@@ -1,15 +1,26 @@
 import { Elysia } from 'elysia'
-import { createApplication, listApps, listSigningKeys, requireOwnedApp, rotateSigningKey } from './service'
+import {
+  createApplication,
+  listApps,
+  listSigningKeys,
+  requireOwnedApp,
+  rotateAppSecret,
+  rotateSigningKey,
+  updateApp,
+} from './service'
 import type { Context } from '../context'
 import { apiKeyAuth } from '../http/auth'
 import { accountErrors, apiErrors } from '../lib/model'
 import {
   AppIdParams,
   AppListResponse,
+  AppSecretResponse,
+  AppSummary,
   CreateAppBody,
   CreatedAppResponse,
   RotatedKeyResponse,
   SigningKeyListResponse,
+  UpdateAppBody,
 } from './model'
 
 export const appRoutes = (ctx: Context) =>
@@ -74,6 +85,40 @@ export const appRoutes = (ctx: Context) =>
           summary: 'Rotate the signing key',
           description:
             'The new key signs from now on; earlier keys stay listed with active: false.',
+        },
+      },
+    )
+    .patch('/apps/:appId', ({ accountId, params, body }) => updateApp(ctx, accountId, params.appId, body), {
+      apiKey: true,
+      params: AppIdParams,
+      body: UpdateAppBody,
+      response: { 200: AppSummary, ...apiErrors },
+      detail: {
+        tags: ['Apps'],
+        summary: 'Rename, disable or re-enable an app',
+        description:
+          'name (1 to 128 characters) and disabled, at least one. A disabled app answers every client call ' +
+          '(validate, heartbeat, selfban) with 403 app_disabled from the next request on, on every instance; ' +
+          'disabled: false lets them through again. Licenses, lists and keys are kept.',
+      },
+    })
+    .post(
+      '/apps/:appId/secret',
+      async ({ accountId, params, set }) => {
+        const secret = await rotateAppSecret(ctx, accountId, params.appId)
+        set.status = 201
+        return secret
+      },
+      {
+        apiKey: true,
+        params: AppIdParams,
+        response: { 201: AppSecretResponse, ...apiErrors },
+        detail: {
+          tags: ['Apps'],
+          summary: 'Rotate the app secret',
+          description:
+            'Returns a new app secret, shown only here (stored as its SHA-256). The previous secret fails ' +
+            'with invalid_app from the next request on, on every instance; sessions already issued go on.',
         },
       },
     )

@@ -5,7 +5,15 @@ import type { Context } from '../context'
 import { ApiError } from '../lib/errors'
 import { generateAppSecret, generateKeyId, generateSigningKey, sha256Hex } from '../lib/crypto'
 import { requireAccount } from '../accounts/service'
-import type { AppListResponse, CreatedAppResponse, RotatedKeyResponse, SigningKeyListResponse } from './model'
+import type {
+  AppListResponse,
+  AppSecretResponse,
+  AppSummary,
+  CreatedAppResponse,
+  RotatedKeyResponse,
+  SigningKeyListResponse,
+  UpdateAppBody,
+} from './model'
 
 /** Apps and their signing keys: created by the operator CLI and the Developer API, owned by one account. */
 
@@ -85,12 +93,61 @@ export async function requireOwnedApp(ctx: Context, accountId: string, appId: st
 
 export const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i
 
+type AppRow = typeof apps.$inferSelect
+
+const appSummary = (row: AppRow): typeof AppSummary.static => ({
+  appId: row.id,
+  name: row.name,
+  sandbox: row.sandbox,
+  disabled: row.disabled,
+  createdAt: row.createdAt.toISOString(),
+})
+
 /** The account's apps, newest first; secrets and keys stay out of the listing. */
 export async function listApps(ctx: Context, accountId: string): Promise<typeof AppListResponse.static> {
   const rows = await ctx.database.db
-    .select({ appId: apps.id, name: apps.name, sandbox: apps.sandbox, createdAt: apps.createdAt })
+    .select()
     .from(apps)
     .where(eq(apps.accountId, accountId))
     .orderBy(desc(apps.createdAt), desc(apps.id))
-  return { apps: rows.map((r) => ({ ...r, createdAt: r.createdAt.toISOString() })) }
+  return { apps: rows.map(appSummary) }
+}
+
+/**
+ * One UPDATE of the app's row through its actor: the actor's publish bumps the app epoch, which every
+ * process's authorize script compares, so the change (disabled, a new secret) holds from the next
+ * client request on, on every instance.
+ */
+async function changeApp(ctx: Context, appId: string, set: Partial<Pick<AppRow, 'name' | 'disabled' | 'secretHash'>>) {
+  const [row] = await ctx.actors.write(
+    appId,
+    () => ctx.database.db.update(apps).set(set).where(eq(apps.id, appId)).returning(),
+    () => ({ app: true }),
+  )
+  // Apps are never deleted (accounts only, cascading), so an owned app is still there.
+  if (!row) throw new Error('owned app vanished during update')
+  return row
+}
+
+/** Renames, disables or re-enables an app of the account. */
+export async function updateApp(
+  ctx: Context,
+  accountId: string,
+  appId: string,
+  input: typeof UpdateAppBody.static,
+): Promise<typeof AppSummary.static> {
+  const app = await requireOwnedApp(ctx, accountId, appId)
+  return appSummary(await changeApp(ctx, app.id, { name: input.name, disabled: input.disabled }))
+}
+
+/** A new app secret, stored only as its hash and shown once; the old one fails from the next request. */
+export async function rotateAppSecret(
+  ctx: Context,
+  accountId: string,
+  appId: string,
+): Promise<typeof AppSecretResponse.static> {
+  const app = await requireOwnedApp(ctx, accountId, appId)
+  const appSecret = generateAppSecret()
+  await changeApp(ctx, app.id, { secretHash: sha256Hex(appSecret) })
+  return { appSecret }
 }

@@ -19,8 +19,10 @@ export const Text = (options: StringOptions = {}) => t.String({ ...options, patt
 export const Count = (options: Parameters<typeof Type.Integer>[0] = {}) => Type.Integer(options)
 
 /** A /v1 request body: exactly the documented fields; any other gets 400 naming it. */
-export const StrictBody = <T extends Parameters<typeof t.Object>[0]>(properties: T, options: { description?: string } = {}) =>
-  t.Object(properties, { ...options, additionalProperties: false })
+export const StrictBody = <T extends Parameters<typeof t.Object>[0]>(
+  properties: T,
+  options: { description?: string; minProperties?: number } = {},
+) => t.Object(properties, { ...options, additionalProperties: false })
 
 /** Developer API error body. */
 export const ErrorBody = t.Object(

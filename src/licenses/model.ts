@@ -13,6 +13,13 @@ export const LicenseKeyParams = t.Object({
   }),
 })
 
+export const LicenseHwidParams = t.Composite([
+  LicenseKeyParams,
+  t.Object({
+    hwid: Text({ minLength: 1, maxLength: 128, description: 'A bound hardware ID', examples: ['hwid-7f3a9c2e'] }),
+  }),
+])
+
 /** A license as returned by create: everything but the bound HWIDs. */
 export const License = t.Object({
   licenseKey: t.String({ examples: ['K7QM-3XWT-9HFP-2RDN'] }),
@@ -31,7 +38,10 @@ export const License = t.Object({
 export const LicenseWithHwids = t.Composite([
   License,
   t.Object({
-    hwidList: t.Array(t.String(), { description: 'Bound hardware IDs, oldest binding first' }),
+    hwidList: t.Array(t.String(), {
+      description: 'Bound hardware IDs, oldest binding first',
+      examples: [['hwid-2b81d04f', 'hwid-7f3a9c2e']],
+    }),
   }),
 ])
 
@@ -39,7 +49,9 @@ export const LicenseWithHwids = t.Composite([
 export const LicenseDetail = t.Composite([
   LicenseWithHwids,
   t.Object({
-    hwid: t.Nullable(t.String({ description: 'The first bound HWID, or null when none is bound' })),
+    hwid: t.Nullable(
+      t.String({ description: 'The first bound HWID, or null when none is bound', examples: ['hwid-2b81d04f'] }),
+    ),
   }),
 ])
 

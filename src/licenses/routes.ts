@@ -4,6 +4,7 @@ import {
   deleteLicense,
   getLicense,
   listLicenses,
+  releaseHwid,
   updateLicense,
 } from './service'
 import type { Context } from '../context'
@@ -13,6 +14,7 @@ import {
   CreateLicensesBody,
   CreateLicensesResponse,
   LicenseDetail,
+  LicenseHwidParams,
   LicenseKeyParams,
   ListLicensesQuery,
   ListLicensesResponse,
@@ -102,6 +104,24 @@ export const licenseRoutes = (ctx: Context) =>
           tags,
           summary: 'Delete a license',
           description: 'Permanent. Bound devices fail their next heartbeat. Emits license.deleted.',
+        },
+      },
+    )
+    .delete(
+      '/:licenseKey/hwids/:hwid',
+      ({ accountId, params }) => releaseHwid(ctx, accountId, params.licenseKey, params.hwid),
+      {
+        apiKey: true,
+        params: LicenseHwidParams,
+        response: { 200: LicenseDetail, ...apiErrors, ...notFoundError },
+        detail: {
+          tags,
+          summary: 'Release one HWID',
+          description:
+            "Frees that device's seat and returns the license as GET does. The device's sessions fail " +
+            'their next heartbeat with session_expired; its next validate binds it again if a seat is free. ' +
+            'No webhook event. 404 when the HWID is not bound (or the key is absent), 403 for a license of ' +
+            'another account.',
         },
       },
     )

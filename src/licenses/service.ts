@@ -158,9 +158,31 @@ export async function requireOwnedLicense(
 }
 
 /** The single-license view; `hwid` is the first bound HWID (the oldest binding) or null. */
+const licenseDetail = (row: LicenseRow): LicenseDetail => ({ ...licenseWithHwids(row), hwid: row.hwids[0] ?? null })
+
 export async function getLicense(ctx: Context, accountId: string, licenseKey: string): Promise<LicenseDetail> {
-  const row = await requireOwnedLicense(ctx, accountId, licenseKey)
-  return { ...licenseWithHwids(row), hwid: row.hwids[0] ?? null }
+  return licenseDetail(await requireOwnedLicense(ctx, accountId, licenseKey))
+}
+
+/**
+ * Frees the seat of one bound HWID in one conditional UPDATE (the condition, not the actor, settles a race
+ * with another instance); 404 when it is not bound. Its sessions then fail their next heartbeat, which
+ * checks the HWID is bound. No event: the spec's list names none for one released seat.
+ */
+export async function releaseHwid(ctx: Context, accountId: string, licenseKey: string, hwid: string): Promise<LicenseDetail> {
+  const owned = await requireOwnedLicense(ctx, accountId, licenseKey)
+  const [row] = await ctx.actors.write(
+    owned.appId,
+    () =>
+      ctx.database.db
+        .update(licenses)
+        .set({ hwids: sql`array_remove(${licenses.hwids}, ${hwid}::text)` })
+        .where(and(eq(licenses.key, licenseKey), sql`${hwid}::text = ANY(${licenses.hwids})`))
+        .returning(),
+    (released) => (released.length > 0 ? { licenses: [licenseKey] } : {}),
+  )
+  if (!row) throw notFound(`HWID ${JSON.stringify(hwid)} is not bound to license ${licenseKey}`)
+  return licenseDetail(row)
 }
 
 /** Newest first (created_at DESC, key DESC); the cursor is the last row's position, keyset style. */

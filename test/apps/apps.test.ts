@@ -43,6 +43,7 @@ describe('POST /v1/apps', () => {
       appId: res.body.appId,
       name: 'Desktop client',
       sandbox: false,
+      disabled: false,
       createdAt: res.body.createdAt,
     })
     expect(JSON.stringify(list.body)).not.toContain(res.body.appSecret)
@@ -95,7 +96,7 @@ describe('GET /v1/apps', () => {
     expect(res.status).toBe(200)
     expect(res.body.apps.map((a: any) => a.appId)).toEqual([second.body.appId, s.appId])
     for (const app of res.body.apps)
-      expect(Object.keys(app).sort()).toEqual(['appId', 'createdAt', 'name', 'sandbox'])
+      expect(Object.keys(app).sort()).toEqual(['appId', 'createdAt', 'disabled', 'name', 'sandbox'])
   })
 })
 

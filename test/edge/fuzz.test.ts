@@ -276,7 +276,9 @@ function pathValue(name: string): fc.Arbitrary<Gen | string> {
       ? fc.constantFrom<Gen>((w) => w.appId, (w) => w.otherAppId)
       : name === 'licenseKey'
         ? fc.oneof(NAMED.licenseKey as fc.Arbitrary<Gen>, fc.constant((w: World) => w.otherLicenseKey))
-        : name === 'webhookId'
+        : name === 'hwid'
+          ? fc.oneof(fc.constant((w: World) => w.sessionHwid), plain(fc.string({ minLength: 1, maxLength: 8 }).map(encodeURIComponentLoose)))
+          : name === 'webhookId'
           ? fc.nat().map((i) => (w: World) => w.webhookIds[i % Math.max(1, w.webhookIds.length)] ?? 'wh_none')
           : plain(fc.string({ minLength: 1, maxLength: 8 }).map(encodeURIComponentLoose))
   return fc.oneof({ weight: 4, arbitrary: valid }, { weight: 1, arbitrary: hostileText })
@@ -364,8 +366,12 @@ describe('fuzzing every operation of the OpenAPI document', async () => {
     cursor: null,
   }
 
-  /** Brings the world up to date with the database, and keeps a license, a webhook and a session alive. */
+  /**
+   * Brings the world up to date with the database, and keeps a license, a webhook and a session alive (the
+   * app enabled, its secret known: a fuzzed PATCH may disable it, a fuzzed rotation replace the secret).
+   */
   async function refreshWorld() {
+    await t.req('PATCH', `/v1/apps/${s.appId}`, { apiKey: s.apiKey, body: { disabled: false } })
     const listed = await t.req('GET', `/v1/licenses?appId=${s.appId}&limit=2`, { apiKey: s.apiKey })
     if (listed.body.licenses?.length === 0) await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
     const again = await t.req('GET', `/v1/licenses?appId=${s.appId}&limit=200`, { apiKey: s.apiKey })
@@ -381,9 +387,15 @@ describe('fuzzing every operation of the OpenAPI document', async () => {
     world.webhookIds = (await t.req('GET', `/v1/apps/${s.appId}/webhooks`, { apiKey: s.apiKey })).body.webhooks.map(
       (h: { webhookId: string }) => h.webhookId,
     )
-    const login = await t.req('POST', '/auth/validate', {
-      body: { appId: s.appId, appSecret: s.appSecret, licenseKey: world.licenseKeys[0], hwid: world.sessionHwid, nonce: nonce() },
-    })
+    const validate = () =>
+      t.req('POST', '/auth/validate', {
+        body: { appId: s.appId, appSecret: world.appSecret, licenseKey: world.licenseKeys[0], hwid: world.sessionHwid, nonce: nonce() },
+      })
+    let login = await validate()
+    if (login.body.error === 'invalid_app') {
+      world.appSecret = (await t.req('POST', `/v1/apps/${s.appId}/secret`, { apiKey: s.apiKey })).body.appSecret
+      login = await validate()
+    }
     if (login.status === 200) world.sessionToken = JSON.parse(Buffer.from(login.body.payload, 'base64').toString()).sessionToken
   }
 

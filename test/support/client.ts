@@ -39,3 +39,23 @@ export const decode = (payload: string) => JSON.parse(Buffer.from(payload, 'base
 /** `exp` from the first base64url part of a session token, as the SDK reads it. */
 export const tokenExp = (token: string) =>
   JSON.parse(Buffer.from(token.split('.')[0] ?? '', 'base64url').toString('utf8')).exp as number
+
+/** A validate on `on` (which caches the app and license there); `token` is the session when it passed. */
+export async function validateOn(
+  on: { req: (method: string, path: string, init: { body: unknown }) => Promise<{ status: number; body: any }> },
+  app: { appId: string; appSecret: string },
+  licenseKey: string,
+  device = hwid(),
+) {
+  const res = await on.req('POST', '/auth/validate', {
+    body: { appId: app.appId, appSecret: app.appSecret, licenseKey, hwid: device, nonce: nonce() },
+  })
+  return { res, device, token: res.status === 200 ? (decode(res.body.payload).sessionToken as string) : '' }
+}
+
+/** A heartbeat on `on` of a session validateOn returned. */
+export const heartbeatOn = (
+  on: { req: (method: string, path: string, init: { body: unknown }) => Promise<{ status: number; body: any }> },
+  appId: string,
+  session: { token: string; device: string },
+) => on.req('POST', '/auth/heartbeat', { body: { appId, sessionToken: session.token, hwid: session.device } })
