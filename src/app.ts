@@ -9,6 +9,7 @@ import { accountRoutes } from './accounts/routes'
 import { appRoutes } from './apps/routes'
 import { clientRoutes } from './client-auth/routes'
 import { docsRoutes } from './http/docs'
+import { offlineFileRoutes } from './licenses/offline/routes'
 import { licenseRoutes } from './licenses/routes'
 import { opsRoutes } from './http/ops'
 import { securityRoutes } from './security/routes'
@@ -238,6 +239,7 @@ export function createApp(ctx: Context) {
     .use(opsRoutes(ctx, metrics))
     .use(docsRoutes(ctx))
     .use(licenseRoutes(ctx))
+    .use(offlineFileRoutes(ctx))
     .use(accountRoutes(ctx))
     .use(appRoutes(ctx))
     .use(variableRoutes(ctx))

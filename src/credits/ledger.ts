@@ -78,6 +78,44 @@ export class CreditLedger {
   }
 
   /**
+   * Takes `cost` credits from the live balance for a Developer API action (an offline file): the
+   * authorize script's charge alone, so it is atomic with every instance's charges and never goes
+   * below zero. False when the balance is short. `nowMs` is the caller's clock, as the store's expiries use it. `refund` gives it back if the action then fails.
+   */
+  async charge(accountId: string, cost: number, nowMs: number): Promise<boolean> {
+    let { generation } = await this.#generation()
+    for (let attempt = 0; attempt < 5; attempt++) {
+      const result = await this.#store.authorize({
+        nowMs,
+        generation,
+        epochs: [],
+        ceiling: null,
+        buckets: [],
+        nonce: null,
+        deny: false,
+        charge: { accountId, cost, counter: null },
+      })
+      if (result.kind === 'ok') return true
+      if (result.kind === 'no_credits') return false
+      if (result.kind === 'no_balance') await this.loadLiveBalance(accountId)
+      else if (result.kind === 'new_generation') generation = result.generation
+      else throw new Error(`unexpected credit charge answer: ${result.kind}`)
+    }
+    throw new Error('the credit charge kept being retried')
+  }
+
+  refund(accountId: string, cost: number): Promise<void> {
+    return this.#store.refund(accountId, cost)
+  }
+
+  // The generation the charge is made under; a charge has no cached state, so any current one will do.
+  async #generation(): Promise<{ generation: number }> {
+    const snapshot = await this.#store.snapshot([])
+    if (snapshot.kind !== 'ok') throw new Error('a snapshot without admission was limited')
+    return snapshot
+  }
+
+  /**
    * One reconciliation pass over every account with pending charges. One account's failure is logged
    * and retried next pass without holding up the others; charges of a deleted account are dropped.
    */

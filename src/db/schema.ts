@@ -17,6 +17,9 @@ import {
 /** A flat map of variables: string, number or boolean values only. */
 export type VariableMap = Record<string, string | number | boolean>
 
+/** The machines an offline license file verifies on. */
+export type OfflineHwid = { mode: 'bound'; hwids: string[] } | { mode: 'any' }
+
 const createdAt = () =>
   timestamp('created_at', { withTimezone: true, precision: 3, mode: 'date' }).notNull().defaultNow()
 
@@ -180,3 +183,28 @@ export const creditFlushes = pgTable('credit_flushes', {
   amount: bigint('amount', { mode: 'number' }).notNull(),
   createdAt: createdAt(),
 })
+
+/**
+ * One minted offline license file (`.authforge`). The file text is not kept: a delivered file cannot be
+ * revoked, so the row is the record of what is out there (its id is the payload's `jti`).
+ */
+export const offlineFiles = pgTable(
+  'offline_files',
+  {
+    id: uuid('id').primaryKey(),
+    licenseKey: text('license_key')
+      .notNull()
+      .references(() => licenses.key, { onDelete: 'cascade' }),
+    appId: uuid('app_id')
+      .notNull()
+      .references(() => apps.id, { onDelete: 'cascade' }),
+    keyId: text('key_id').notNull(),
+    issuedAt: timestamp('issued_at', { withTimezone: true, precision: 3, mode: 'date' }).notNull(),
+    /** Null: the file never expires. */
+    expiresAt: timestamp('expires_at', { withTimezone: true, precision: 3, mode: 'date' }),
+    /** The payload's `hwid`: `{ mode: 'bound', hwids }` or `{ mode: 'any' }`. */
+    hwid: jsonb('hwid').$type<OfflineHwid>().notNull(),
+  },
+  // The listing walks one license's files newest first.
+  (t) => [index('offline_files_license_idx').on(t.licenseKey, t.issuedAt)],
+)

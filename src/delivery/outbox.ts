@@ -11,6 +11,7 @@ export const EVENT_NAMES = [
   'license.hwid_bound',
   'license.hwid_reset',
   'license.deleted',
+  'license.offline_issued',
 ] as const
 export type EventName = (typeof EVENT_NAMES)[number]
 

@@ -72,6 +72,10 @@ export const docsRoutes = (_deps: Context) =>
               description:
                 'Issue, list, revoke, re-activate, extend, reset and delete license keys.',
             },
+            {
+              name: 'Offline licenses',
+              description: 'Signed AuthForge `.authforge` files the SDKs verify with no network; mint and list.',
+            },
             { name: 'Account', description: 'The account the API key belongs to and its credits.' },
             {
               name: 'Apps',

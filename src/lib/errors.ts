@@ -5,6 +5,8 @@ export type ApiErrorCode =
   | 'no_credits'
   | 'forbidden'
   | 'not_found'
+  | 'seats_full'
+  | 'license_inactive'
   | 'rate_limited'
   | 'internal_error'
 

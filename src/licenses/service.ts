@@ -19,7 +19,7 @@ import type {
   UpdateLicenseResponse,
 } from './model'
 
-type LicenseRow = typeof licenses.$inferSelect
+export type LicenseRow = typeof licenses.$inferSelect
 
 /** A license as the Developer API shows it (create shape: no hwidList). */
 export function licenseView(row: LicenseRow): License {
@@ -48,7 +48,8 @@ const MAX_KEY_ATTEMPTS = 8
  */
 const EXPIRY_RANGE = { min: Date.UTC(1970, 0, 1), max: Date.UTC(9999, 11, 31, 23, 59, 59, 999) } as const
 
-function expiryFrom(text: string | null | undefined): Date | null {
+/** An expiry from a request: null for null or absent; 400 when not ISO 8601 or out of range. */
+export function expiryFrom(text: string | null | undefined): Date | null {
   if (text === undefined || text === null) return null
   const date = parseIsoTimestamp(text)
   if (!date) throw badRequest('expiresAt must be an ISO 8601 timestamp or null')
@@ -250,7 +251,8 @@ function checkUpdateInput(input: UpdateLicenseBody): void {
   }
 }
 
-async function lockLicense(tx: Tx, licenseKey: string): Promise<LicenseRow> {
+/** Reads the license under a row lock, for a change that depends on what it holds; 404 when deleted meanwhile. */
+export async function lockLicense(tx: Tx, licenseKey: string): Promise<LicenseRow> {
   const [row] = await tx.select().from(licenses).where(eq(licenses.key, licenseKey)).for('update')
   // Deleted between the ownership check and the lock.
   if (!row) throw notFound(`No license ${licenseKey}`)

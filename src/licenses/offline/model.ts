@@ -1,0 +1,82 @@
+import { t } from 'elysia'
+import { ErrorBody, StrictBody, Text } from '../../lib/model'
+
+const isoDate = (description: string) => t.String({ format: 'date-time', description })
+const HWID_EXAMPLE = 'hwid-7f3a9c2e'
+
+/** The machines a file verifies on, as its payload's `hwid` says. */
+export const OfflineHwid = t.Union(
+  [
+    t.Object({
+      mode: t.Literal('bound'),
+      hwids: t.Array(t.String(), { description: 'The HWIDs the file verifies on', examples: [[HWID_EXAMPLE]] }),
+    }),
+    t.Object({ mode: t.Literal('any') }),
+  ],
+  { description: 'bound: only on the listed machines; any: on every machine (unlimited-seat licenses)' },
+)
+
+export const MintOfflineFileBody = StrictBody({
+  hwids: t.Optional(
+    t.Array(Text({ minLength: 1, maxLength: 128, examples: [HWID_EXAMPLE] }), {
+      minItems: 1,
+      maxItems: 16,
+      description:
+        '1 to 16 HWIDs (1 to 128 characters each) the file is bound to; each one not yet bound takes a free ' +
+        "seat first (409 seats_full when there are too few, and then none is bound). Omitted: the license's " +
+        'bound HWIDs (400 when none is bound).',
+      examples: [[HWID_EXAMPLE]],
+    }),
+  ),
+  anyMachine: t.Optional(
+    t.Boolean({
+      description: 'true: the file verifies on any machine; only for unlimited-seat licenses (else 400), not with hwids',
+      examples: [false],
+    }),
+  ),
+  expiresAt: t.Optional(
+    t.Nullable(
+      Text({
+        description:
+          "ISO 8601 expiry of the file, in the future and not after the license's own (else 400); null: never " +
+          "(only for a license that never expires); omitted: the license's expiry",
+        examples: ['2027-01-01T00:00:00.000Z'],
+      }),
+    ),
+  ),
+})
+
+/** A minted file as the listing shows it: the text itself is not kept. */
+export const OfflineFileSummary = t.Object({
+  fileId: t.String({ format: 'uuid', description: "The file's id, its payload's jti" }),
+  keyId: t.String({ description: 'The signing key that signed it', examples: ['kid_4fQ2x9TmZr'] }),
+  issuedAt: isoDate('When it was minted'),
+  expiresAt: t.Nullable(isoDate('When it stops verifying; null: never')),
+  hwid: OfflineHwid,
+})
+
+export const OfflineFile = t.Composite([
+  t.Object({
+    fileId: t.String({ format: 'uuid', description: "The file's id, its payload's jti" }),
+    licenseKey: t.String({ examples: ['K7QM-3XWT-9HFP-2RDN'] }),
+    appId: t.String({ format: 'uuid' }),
+  }),
+  t.Omit(OfflineFileSummary, ['fileId']),
+  t.Object({
+    file: t.String({
+      description: 'The armored .authforge text to hand to the customer (Ed25519-signed; verified offline by the SDKs)',
+      examples: ['-----BEGIN AUTHFORGE LICENSE-----\nVersion: 1\n…\n-----END AUTHFORGE SIGNATURE-----\n'],
+    }),
+  }),
+])
+
+export const OfflineFileList = t.Object({ files: t.Array(OfflineFileSummary) })
+
+export const conflictError = {
+  409: { ...ErrorBody, description: 'seats_full: more new HWIDs than free seats; license_inactive: revoked or expired' },
+} as const
+
+export type MintOfflineFileBody = typeof MintOfflineFileBody.static
+export type OfflineFileSummary = typeof OfflineFileSummary.static
+export type OfflineFile = typeof OfflineFile.static
+export type OfflineFileList = typeof OfflineFileList.static

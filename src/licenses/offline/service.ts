@@ -1,0 +1,194 @@
+import { randomUUID } from 'node:crypto'
+import { and, desc, eq, sql } from 'drizzle-orm'
+import type { Tx } from '../../db/client'
+import { apps, licenses, offlineFiles, type OfflineHwid, signingKeys } from '../../db/schema'
+import type { Context } from '../../context'
+import { ApiError, badRequest } from '../../lib/errors'
+import { privateKeyFromPkcs8 } from '../../lib/crypto'
+import { type DomainEvent, recordEvents } from '../../delivery/outbox'
+import { expiryFrom, lockLicense, type LicenseRow, requireOwnedLicense } from '../service'
+import { armor, encodePayload, type OfflinePayload } from './armor'
+import type { MintOfflineFileBody, OfflineFile, OfflineFileList } from './model'
+
+type AppRow = typeof apps.$inferSelect
+
+/** What a mint will do to a license as it stands: the file's expiry and machines, and the HWIDs to bind. */
+interface MintPlan {
+  expiresAt: Date | null
+  hwid: OfflineHwid
+  newHwids: string[]
+}
+
+const seatsFull = (message: string) => new ApiError('seats_full', 409, message)
+
+/**
+ * Checks a mint against the license row. Run twice: on the row as read (so a request that must fail
+ * costs no credit) and on the row locked in the minting transaction (what decides).
+ */
+function planMint(row: LicenseRow, input: MintOfflineFileBody, now: Date): MintPlan {
+  if (row.status !== 'active' || (row.expiresAt && row.expiresAt <= now)) {
+    throw new ApiError('license_inactive', 409, `License ${row.key} is ${row.status === 'active' ? 'expired' : 'revoked'}`)
+  }
+  const expiresAt = input.expiresAt === undefined ? row.expiresAt : expiryFrom(input.expiresAt)
+  if (row.expiresAt && (expiresAt === null || expiresAt > row.expiresAt)) {
+    throw badRequest(`expiresAt must not be later than the license's expiry, ${row.expiresAt.toISOString()}`)
+  }
+  if (expiresAt && expiresAt <= now) throw badRequest('expiresAt must be in the future')
+  if (input.anyMachine) {
+    if (input.hwids) throw badRequest('Give hwids or anyMachine, not both')
+    if (!row.unlimitedHwidSlots) throw badRequest('anyMachine is only allowed for unlimited-seat licenses')
+    return { expiresAt, hwid: { mode: 'any' }, newHwids: [] }
+  }
+  const hwids = input.hwids ? [...new Set(input.hwids)] : row.hwids
+  if (hwids.length === 0) throw badRequest('The license has no bound HWID: give hwids')
+  // An unlimited-seat license binds nothing, as on validate.
+  const newHwids = row.unlimitedHwidSlots ? [] : hwids.filter((hwid) => !row.hwids.includes(hwid))
+  if (newHwids.length > 0 && row.hwids.length + newHwids.length > row.maxHwidSlots) {
+    throw seatsFull(`${newHwids.length} new HWIDs but ${Math.max(0, row.maxHwidSlots - row.hwids.length)} free seats`)
+  }
+  return { expiresAt, hwid: { mode: 'bound', hwids }, newHwids }
+}
+
+/**
+ * Binds the new HWIDs in one conditional UPDATE, as the seat binder does: the condition (not the row
+ * lock alone) is what keeps every instance's binds within the seats.
+ */
+async function bindSeats(tx: Tx, row: LicenseRow, newHwids: string[], now: Date): Promise<DomainEvent[]> {
+  if (newHwids.length === 0) return []
+  const list = sql`ARRAY[${sql.join(newHwids.map((h) => sql`${h}::text`), sql`, `)}]`
+  const bound = await tx
+    .update(licenses)
+    .set({ hwids: sql`${licenses.hwids} || ${list}` })
+    .where(
+      and(
+        eq(licenses.key, row.key),
+        eq(licenses.status, 'active'),
+        sql`NOT (${licenses.hwids} && ${list})`,
+        sql`cardinality(${licenses.hwids}) + ${newHwids.length}::int <= ${licenses.maxHwidSlots}`,
+      ),
+    )
+    .returning({ key: licenses.key })
+  if (bound.length === 0) throw seatsFull('The free seats were taken meanwhile')
+  return newHwids.map((hwid) => ({ event: 'license.hwid_bound', data: { licenseKey: row.key, appId: row.appId, hwid }, occurredAt: now }))
+}
+
+async function activeSigningKey(ctx: Context, tx: Tx, appId: string) {
+  const [key] = await tx
+    .select({ id: signingKeys.id, privateKeyEnc: signingKeys.privateKeyEnc })
+    .from(signingKeys)
+    .where(and(eq(signingKeys.appId, appId), eq(signingKeys.active, true)))
+    .orderBy(desc(signingKeys.version))
+    .limit(1)
+  if (!key) throw new Error(`app ${appId} has no active signing key`)
+  return { keyId: key.id, key: privateKeyFromPkcs8(ctx.sealer.open(key.privateKeyEnc)) }
+}
+
+/** One transaction: lock the license, bind its new seats, sign the file, record it and its events. */
+function mint(ctx: Context, app: AppRow, licenseKey: string, input: MintOfflineFileBody) {
+  return ctx.database.db.transaction(async (tx) => {
+    const now = new Date(ctx.clock())
+    const row = await lockLicense(tx, licenseKey)
+    const plan = planMint(row, input, now)
+    const events = await bindSeats(tx, row, plan.newHwids, now)
+    const signing = await activeSigningKey(ctx, tx, app.id)
+    const payload: OfflinePayload = {
+      appId: app.id,
+      licenseKey,
+      jti: randomUUID(),
+      kid: signing.keyId,
+      issuedAt: now,
+      expiresAt: plan.expiresAt,
+      hwid: plan.hwid,
+      label: row.label,
+      licenseExpiresAt: row.expiresAt,
+      licenseVariables: row.variables,
+      appVariables: app.variables,
+    }
+    const payloadBase64 = encodePayload(payload)
+    const signature = await ctx.signer.sign(signing.keyId, signing.key, payloadBase64)
+    await tx.insert(offlineFiles).values({
+      id: payload.jti,
+      licenseKey,
+      appId: app.id,
+      keyId: signing.keyId,
+      issuedAt: now,
+      expiresAt: plan.expiresAt,
+      hwid: plan.hwid,
+    })
+    const expiresAt = plan.expiresAt?.toISOString() ?? null
+    events.push({
+      event: 'license.offline_issued',
+      data: { licenseKey, appId: app.id, fileId: payload.jti, hwid: plan.hwid, expiresAt },
+      occurredAt: now,
+    })
+    await recordEvents(tx, events)
+    const file: OfflineFile = {
+      fileId: payload.jti,
+      licenseKey,
+      appId: app.id,
+      keyId: signing.keyId,
+      issuedAt: now.toISOString(),
+      expiresAt,
+      hwid: plan.hwid,
+      file: armor(payload, payloadBase64, signature),
+    }
+    return { file, bound: plan.newHwids.length > 0 }
+  })
+}
+
+/**
+ * Mints a signed offline license file. A billed app's account pays 1 credit, taken from the live
+ * balance before the transaction (so two instances never spend the same credit) and given back if
+ * the mint then fails.
+ */
+export async function mintOfflineFile(
+  ctx: Context,
+  accountId: string,
+  licenseKey: string,
+  input: MintOfflineFileBody,
+): Promise<OfflineFile> {
+  const owned = await requireOwnedLicense(ctx, accountId, licenseKey)
+  planMint(owned, input, new Date(ctx.clock()))
+  const [app] = await ctx.database.db.select().from(apps).where(eq(apps.id, owned.appId)).limit(1)
+  if (!app) throw new ApiError('not_found', 404, `No license ${licenseKey}`)
+  const billed = !app.sandbox
+  if (billed && !(await ctx.credits.charge(accountId, 1, ctx.clock()))) {
+    throw new ApiError('no_credits', 402, 'The account has no credits left; add credits to mint offline files')
+  }
+  let committed = false
+  try {
+    const minted = await ctx.actors.write(
+      app.id,
+      async () => {
+        const result = await mint(ctx, app, licenseKey, input)
+        committed = true
+        return result
+      },
+      ({ bound }) => ({ licenses: bound ? [licenseKey] : [], events: true }),
+    )
+    return minted.file
+  } catch (err) {
+    // A failure after the commit (publishing it) leaves the file minted: the credit stays spent.
+    if (billed && !committed) await ctx.credits.refund(accountId, 1)
+    throw err
+  }
+}
+
+/** The license's minted files, newest first. */
+export async function listOfflineFiles(ctx: Context, accountId: string, licenseKey: string): Promise<OfflineFileList> {
+  await requireOwnedLicense(ctx, accountId, licenseKey)
+  const rows = await ctx.database.db
+    .select()
+    .from(offlineFiles)
+    .where(eq(offlineFiles.licenseKey, licenseKey))
+    .orderBy(desc(offlineFiles.issuedAt), desc(offlineFiles.id))
+  return {
+    files: rows.map((row) => ({
+      fileId: row.id,
+      keyId: row.keyId,
+      issuedAt: row.issuedAt.toISOString(),
+      expiresAt: row.expiresAt?.toISOString() ?? null,
+      hwid: row.hwid,
+    })),
+  }
+}
