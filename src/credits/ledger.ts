@@ -2,7 +2,7 @@ import { randomUUID } from 'node:crypto'
 import { eq, sql } from 'drizzle-orm'
 import { accounts, creditFlushes } from '../db/schema'
 import type { Database } from '../db/client'
-import type { Store } from '../store/store'
+import type { AuthorizeInput, Store } from '../store/store'
 import { errorFields, logEvery } from '../lib/log'
 import { SingleFlight } from '../lib/single-flight'
 
@@ -21,6 +21,9 @@ import { SingleFlight } from '../lib/single-flight'
 
 /** How often pending charges move to PostgreSQL: the most a store that loses its data can lose of them. */
 export const RECONCILE_MS = 500
+
+/** An authorize call that only charges: no cached state to check, no limit, no nonce. */
+const CHARGE_ONLY: Omit<AuthorizeInput, 'nowMs' | 'generation' | 'charge'> = { epochs: [], ceiling: null, buckets: [], nonce: null, deny: false }
 
 /**
  * The credit ledger of one server: live balances in the store, reconciled ones in PostgreSQL, and
@@ -80,21 +83,14 @@ export class CreditLedger {
   /**
    * Takes `cost` credits from the live balance for a Developer API action (an offline file): the
    * authorize script's charge alone, so it is atomic with every instance's charges and never goes
-   * below zero. False when the balance is short. `nowMs` is the caller's clock, as the store's expiries use it. `refund` gives it back if the action then fails.
+   * below zero. False when the balance is short; `refund` gives it back if the action then fails.
+   * `nowMs` is the caller's clock, which the store's expiries run on.
    */
   async charge(accountId: string, cost: number, nowMs: number): Promise<boolean> {
     let { generation } = await this.#generation()
     for (let attempt = 0; attempt < 5; attempt++) {
-      const result = await this.#store.authorize({
-        nowMs,
-        generation,
-        epochs: [],
-        ceiling: null,
-        buckets: [],
-        nonce: null,
-        deny: false,
-        charge: { accountId, cost, counter: null },
-      })
+      const charge = { accountId, cost, counter: null }
+      const result = await this.#store.authorize({ ...CHARGE_ONLY, nowMs, generation, charge })
       if (result.kind === 'ok') return true
       if (result.kind === 'no_credits') return false
       if (result.kind === 'no_balance') await this.loadLiveBalance(accountId)
