@@ -9,7 +9,7 @@ import { accountRoutes } from './accounts/routes'
 import { appRoutes } from './apps/routes'
 import { clientRoutes } from './client-auth/routes'
 import { docsRoutes } from './http/docs'
-import { offlineFileRoutes } from './licenses/offline/routes'
+import { activationRequestRoutes, offlineFileRoutes } from './licenses/offline/routes'
 import { licenseRoutes } from './licenses/routes'
 import { opsRoutes } from './http/ops'
 import { securityRoutes } from './security/routes'
@@ -88,14 +88,21 @@ async function readBounded(request: Request, limit: number): Promise<Uint8Array>
   return chunks.length === 1 ? (chunks[0] as Uint8Array) : Buffer.concat(chunks, size)
 }
 
+/** Whether a request sends `text/plain` (its media type, parameters aside). */
+const isPlainText = (request: Request) =>
+  request.headers.get('content-type')?.split(';')[0]?.trim().toLowerCase() === 'text/plain'
+
 /**
- * Reads a JSON body within the route's limit; every API body is JSON whatever its Content-Type says.
- * An empty body is null, like a JSON `null`: a route that takes a body refuses both with 400.
+ * Reads a body within the route's limit. Every body is JSON whatever its Content-Type says, except a
+ * `text/plain` one on the Developer API: that is a string (an `.authforge-request` pasted as is), which
+ * a route without a text body refuses with 400. The client endpoints keep JSON only, as the SDKs send it.
+ * An empty JSON body is null, like a JSON `null`: a route that takes a body refuses both with 400.
  */
-async function parseJsonBody(request: Request, path: string): Promise<unknown> {
+async function parseBody(request: Request, path: string): Promise<unknown> {
   const limit = isPublic(path) ? AUTH_BODY_LIMIT : API_BODY_LIMIT
   const declared = Number(request.headers.get('content-length') ?? '0')
   if (declared > limit) throw new BodyTooLarge()
+  if (!isPublic(path) && isPlainText(request)) return utf8.decode(await readBounded(request, limit))
   // A declared length bounds the body already; Bun's own JSON read is ~1 µs cheaper than the copy below.
   let body: unknown
   if (declared > 0) {
@@ -191,7 +198,7 @@ export function createApp(ctx: Context) {
     .use(httpMetrics(metrics))
     .onParse(async ({ request, path }) => {
       if (request.method === 'GET' || request.method === 'HEAD') return
-      return parseJsonBody(request, path)
+      return parseBody(request, path)
     })
     .onError(({ code, error, path, route, set }) => {
       // Records the status on `set` too: the metrics hook reads it there, as a returned Response does not.
@@ -240,6 +247,7 @@ export function createApp(ctx: Context) {
     .use(docsRoutes(ctx))
     .use(licenseRoutes(ctx))
     .use(offlineFileRoutes(ctx))
+    .use(activationRequestRoutes(ctx))
     .use(accountRoutes(ctx))
     .use(appRoutes(ctx))
     .use(variableRoutes(ctx))

@@ -16,6 +16,17 @@ export const OfflineHwid = t.Union(
   { description: 'bound: only on the listed machines; any: on every machine (unlimited-seat licenses)' },
 )
 
+const FileExpiry = t.Optional(
+  t.Nullable(
+    Text({
+      description:
+        "ISO 8601 expiry of the file, in the future and not after the license's own (else 400); null: never " +
+        "(only for a license that never expires); omitted: the license's expiry",
+      examples: ['2027-01-01T00:00:00.000Z'],
+    }),
+  ),
+)
+
 export const MintOfflineFileBody = StrictBody({
   hwids: t.Optional(
     t.Array(Text({ minLength: 1, maxLength: 128, examples: [HWID_EXAMPLE] }), {
@@ -34,17 +45,33 @@ export const MintOfflineFileBody = StrictBody({
       examples: [false],
     }),
   ),
-  expiresAt: t.Optional(
-    t.Nullable(
-      Text({
-        description:
-          "ISO 8601 expiry of the file, in the future and not after the license's own (else 400); null: never " +
-          "(only for a license that never expires); omitted: the license's expiry",
-        examples: ['2027-01-01T00:00:00.000Z'],
-      }),
-    ),
-  ),
+  expiresAt: FileExpiry,
 })
+
+const REQUEST_EXAMPLE =
+  '-----BEGIN AUTHFORGE ACTIVATION REQUEST-----\nVersion: 1\nApp-Id: <appId>\nChecksum: c64d10a2fe4d54f7\n\n' +
+  'eyJ2IjoxLCJ0eXAiOiJhdXRoZm9yZ2UtYWN0aXZhdGlvbi1yZXF1ZXN0Ii…\n-----END AUTHFORGE ACTIVATION REQUEST-----\n'
+
+/** An activation request as the SDK wrote it: sent as is (text/plain) or in JSON with the mint's options. */
+export const ActivationRequestBody = t.Union([
+  Text({
+    description: 'text/plain: the `.authforge-request` text, e-mail text around it allowed',
+    examples: [REQUEST_EXAMPLE],
+  }),
+  StrictBody(
+    {
+      request: Text({ description: 'The `.authforge-request` text', examples: [REQUEST_EXAMPLE] }),
+      licenseKey: t.Optional(
+        Text({
+          description: "The license to bind the machine to when the request names none (a request's own key wins)",
+          examples: ['K7QM-3XWT-9HFP-2RDN'],
+        }),
+      ),
+      expiresAt: FileExpiry,
+    },
+    { description: 'application/json: the request text with the optional license key and file expiry' },
+  ),
+])
 
 /** A minted file as the listing shows it: the text itself is not kept. */
 export const OfflineFileSummary = t.Object({
@@ -77,6 +104,7 @@ export const conflictError = {
 } as const
 
 export type MintOfflineFileBody = typeof MintOfflineFileBody.static
+export type ActivationRequestBody = typeof ActivationRequestBody.static
 export type OfflineFileSummary = typeof OfflineFileSummary.static
 export type OfflineFile = typeof OfflineFile.static
 export type OfflineFileList = typeof OfflineFileList.static

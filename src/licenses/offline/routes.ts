@@ -2,8 +2,10 @@ import { Elysia } from 'elysia'
 import type { Context } from '../../context'
 import { apiKeyAuth } from '../../http/auth'
 import { apiErrors, noCreditsError, notFoundError } from '../../lib/model'
+import { AppIdParams } from '../../apps/model'
 import { LicenseKeyParams } from '../model'
-import { conflictError, MintOfflineFileBody, OfflineFile, OfflineFileList } from './model'
+import { answerActivationRequest } from './activation'
+import { ActivationRequestBody, conflictError, MintOfflineFileBody, OfflineFile, OfflineFileList } from './model'
 import { listOfflineFiles, mintOfflineFile } from './service'
 
 const tags = ['Offline licenses']
@@ -14,18 +16,22 @@ export const LICENSE_FILE_TYPE = 'application/x-authforge-license'
 const wantsFile = (accept: string | undefined) =>
   accept?.split(',').some((range) => range.split(';')[0]?.trim().toLowerCase() === LICENSE_FILE_TYPE) ?? false
 
+/** 201 with the minted record, or with the file itself when Accept asks for it. */
+function created(minted: OfflineFile, accept: string | undefined, set: { status?: number | string; headers: Record<string, unknown> }) {
+  set.status = 201
+  if (!wantsFile(accept)) return minted
+  set.headers['content-type'] = LICENSE_FILE_TYPE
+  set.headers['content-disposition'] = `attachment; filename="${minted.licenseKey}.authforge"`
+  return new Response(minted.file, { status: 201, headers: set.headers as Record<string, string> })
+}
+
 export const offlineFileRoutes = (ctx: Context) =>
   new Elysia({ name: 'routes-offline-files', prefix: '/v1/licenses' })
     .use(apiKeyAuth(ctx))
     .post(
       '/:licenseKey/offline-files',
       async ({ accountId, params, body, headers, set }) => {
-        const minted = await mintOfflineFile(ctx, accountId, params.licenseKey, body)
-        set.status = 201
-        if (!wantsFile(headers.accept)) return minted
-        set.headers['content-type'] = LICENSE_FILE_TYPE
-        set.headers['content-disposition'] = `attachment; filename="${minted.licenseKey}.authforge"`
-        return new Response(minted.file, { status: 201, headers: set.headers as Record<string, string> })
+        return created(await mintOfflineFile(ctx, accountId, params.licenseKey, body), headers.accept, set)
       },
       {
         apiKey: true,
@@ -60,6 +66,49 @@ export const offlineFileRoutes = (ctx: Context) =>
           description:
             'Every file minted for the license, newest first: id, signing key, dates and machines (the text is ' +
             'not kept). 404 for an absent key, 403 for a license of another account.',
+        },
+      },
+    )
+
+const REQUEST_REFUSALS =
+  'bad_request: the request has no block or is truncated, has a bad checksum, an unsupported version, a ' +
+  "malformed payload, is another app's, is a license file, has an HWID outside 1 to 128 characters, names no " +
+  "license (and the body gives none), or the license is another app's; also the mint's own 400s (expiresAt)"
+
+export const activationRequestRoutes = (ctx: Context) =>
+  new Elysia({ name: 'routes-activation-requests', prefix: '/v1/apps' })
+    .use(apiKeyAuth(ctx))
+    .post(
+      '/:appId/activation-requests',
+      async ({ accountId, params, body, headers, set }) =>
+        created(await answerActivationRequest(ctx, accountId, params.appId, body), headers.accept, set),
+      {
+        apiKey: true,
+        params: AppIdParams,
+        body: ActivationRequestBody,
+        // The body parser is the app's (src/app.ts): these only name the two body types in the OpenAPI document.
+        parse: ['json', 'text'],
+        response: {
+          201: OfflineFile,
+          ...apiErrors,
+          400: { ...apiErrors[400], description: REQUEST_REFUSALS },
+          ...noCreditsError,
+          ...notFoundError,
+          ...conflictError,
+        },
+        detail: {
+          tags,
+          summary: "Answer an air-gapped machine's activation request with a license file",
+          description:
+            'Takes the `.authforge-request` an SDK (1.4 on) wrote on a machine with no network, sent as is ' +
+            '(`Content-Type: text/plain`, e-mail text around it allowed) or as `{ request, licenseKey?, expiresAt? }` ' +
+            "JSON. The request is verified (armor, checksum, version, this app's `App-Id` and `appId`), its HWID " +
+            "takes a seat of the license (the request's own `licenseKey`, else the body's; it must be this app's) " +
+            'and a file bound to that HWID is minted exactly as `POST /v1/licenses/{licenseKey}/offline-files` ' +
+            'does: 409 seats_full or license_inactive, 1 credit on a billed app (402 no_credits), the ' +
+            'license.offline_issued event. A refused request changes nothing. 403 for an app of another ' +
+            'account, 404 for an absent license. With `Accept: application/x-authforge-license` the 201 body is ' +
+            'the file itself, as an attachment named `<licenseKey>.authforge`.',
         },
       },
     )

@@ -1,0 +1,29 @@
+import type { Context } from '../../context'
+import { badRequest } from '../../lib/errors'
+import { requireOwnedApp } from '../../apps/service'
+import { requireOwnedLicense } from '../service'
+import type { ActivationRequestBody, OfflineFile } from './model'
+import { parseActivationRequest } from './request'
+import { mintOfflineFile } from './service'
+
+/**
+ * Answers an air-gapped machine's activation request: verifies it is this app's, then mints a file
+ * bound to its HWID through the ordinary mint (its seat, credit, event and expiry rules). Every check
+ * here runs before the mint, so a refused request changes nothing.
+ */
+export async function answerActivationRequest(
+  ctx: Context,
+  accountId: string,
+  appId: string,
+  body: ActivationRequestBody,
+): Promise<OfflineFile> {
+  await requireOwnedApp(ctx, accountId, appId)
+  const options = typeof body === 'string' ? { request: body } : body
+  const request = parseActivationRequest(options.request, appId)
+  const licenseKey = request.licenseKey ?? options.licenseKey
+  if (!licenseKey) throw badRequest('Activation request refused: it names no license; give licenseKey in the body')
+  const license = await requireOwnedLicense(ctx, accountId, licenseKey)
+  if (license.appId !== appId) throw badRequest(`Activation request refused: license ${licenseKey} belongs to another app`)
+  const mint = options.expiresAt === undefined ? { hwids: [request.hwid] } : { hwids: [request.hwid], expiresAt: options.expiresAt }
+  return mintOfflineFile(ctx, accountId, licenseKey, mint)
+}

@@ -1,0 +1,74 @@
+import { createHash } from 'node:crypto'
+import { badRequest } from '../../lib/errors'
+
+/** What a verified activation request asks for: a file for this machine, of this license if it names one. */
+export interface ActivationRequest {
+  hwid: string
+  licenseKey: string | null
+}
+
+const BEGIN = '-----BEGIN AUTHFORGE ACTIVATION REQUEST-----'
+const END = '-----END AUTHFORGE ACTIVATION REQUEST-----'
+const LICENSE_BEGIN = '-----BEGIN AUTHFORGE LICENSE-----'
+const BASE64 = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/
+/** AuthForge's SDKs accept HWIDs up to 256 characters; this server's seats hold 128, as validate does. */
+const MAX_HWID = 128
+
+const refuse = (why: string) => badRequest(`Activation request refused: ${why}`)
+const optionalText = (v: unknown) => v === undefined || typeof v === 'string'
+
+/** The `Checksum` header: the first 16 hex characters of SHA-256 of the base64 payload string. */
+export const requestChecksum = (payloadBase64: string) =>
+  createHash('sha256').update(payloadBase64, 'utf8').digest('hex').slice(0, 16)
+
+/**
+ * Reads an `.authforge-request` as AuthForge's SDKs write it, tolerating what e-mail does to it (CRLF,
+ * a BOM, re-wrapped lines, text around the block), and checks it is this app's. Every refusal is a 400
+ * whose message says which check failed.
+ */
+export function parseActivationRequest(text: string, appId: string): ActivationRequest {
+  const lines = text.replace(/^\uFEFF/, '').replace(/\r\n?/g, '\n').split('\n').map((line) => line.trim())
+  const begin = lines.indexOf(BEGIN)
+  if (begin < 0) {
+    if (lines.includes(LICENSE_BEGIN)) throw refuse('this is a license file (.authforge), not an activation request')
+    throw refuse(`no ${BEGIN} block`)
+  }
+  const end = lines.indexOf(END, begin + 1)
+  if (end < 0) throw refuse('the block is truncated (no END line)')
+  const block = lines.slice(begin + 1, end)
+  const blank = block.indexOf('')
+  if (blank < 0) throw refuse('the block has no blank line between its headers and payload')
+  const headers = new Map<string, string>()
+  for (const line of block.slice(0, blank)) {
+    const colon = line.indexOf(':')
+    if (colon <= 0) throw refuse(`malformed header line ${JSON.stringify(line)}`)
+    headers.set(line.slice(0, colon).trim().toLowerCase(), line.slice(colon + 1).trim())
+  }
+  if (headers.get('version') !== '1') throw refuse(`unsupported version ${JSON.stringify(headers.get('version') ?? null)}`)
+  const payloadBase64 = block.slice(blank + 1).join('')
+  if (payloadBase64 === '' || !BASE64.test(payloadBase64)) throw refuse('the payload is truncated or not base64')
+  if (headers.get('checksum')?.toLowerCase() !== requestChecksum(payloadBase64)) {
+    throw refuse('bad checksum (the request was altered or cut)')
+  }
+  let payload: Record<string, unknown>
+  try {
+    payload = JSON.parse(Buffer.from(payloadBase64, 'base64').toString('utf8'))
+  } catch {
+    throw refuse('malformed payload (not JSON)')
+  }
+  if (typeof payload !== 'object' || payload === null || Array.isArray(payload)) throw refuse('malformed payload')
+  if (payload.v !== 1) throw refuse(`unsupported version ${JSON.stringify(payload.v ?? null)} in the payload`)
+  const shaped =
+    payload.typ === 'authforge-activation-request' &&
+    typeof payload.appId === 'string' &&
+    typeof payload.hwid === 'string' &&
+    typeof payload.createdAt === 'string' &&
+    ['machineName', 'os', 'sdk', 'licenseKey'].every((field) => optionalText(payload[field]))
+  if (!shaped) throw refuse('malformed payload (typ, appId, hwid, createdAt or an optional field is missing or wrong)')
+  if (headers.get('app-id') !== appId || payload.appId !== appId) throw refuse("it is another app's request")
+  const hwid = payload.hwid as string
+  if (hwid.length < 1 || hwid.length > MAX_HWID) {
+    throw refuse(`the HWID is ${hwid.length} characters; it must be 1 to ${MAX_HWID} (AuthForge allows 256; this server ${MAX_HWID})`)
+  }
+  return { hwid, licenseKey: (payload.licenseKey as string | undefined) || null }
+}

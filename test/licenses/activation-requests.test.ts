@@ -1,0 +1,261 @@
+import { beforeAll, describe, expect, test } from 'bun:test'
+import { createHash } from 'node:crypto'
+import { and, eq } from 'drizzle-orm'
+import { events, licenses, offlineFiles } from '../../src/db/schema'
+import { parseActivationRequest } from '../../src/licenses/offline/request'
+import { makeTestApp, type TestApp } from '../support/helpers'
+import { insertLicense } from '../support/client'
+import { verifyLicenseFile } from '../support/license-verifier'
+// AuthForge's cross-SDK conformance vectors, copied unchanged from AuthForgeCC/authforge-rust,
+// activation_request_vectors.json at commit 2fed77c7bf18331be155fe28acf167d8a206305b.
+import vectors from '../fixtures/activation_request_vectors.json'
+
+const errorBody = (error: string) => ({ error, message: expect.any(String) })
+
+describe("the parser against AuthForge's activation_request_vectors.json", () => {
+  const good = vectors.cases.filter((c) => c.expect === 'ok')
+  const bad = vectors.cases.filter((c) => c.expect !== 'ok')
+
+  test.each(good.map((c) => [c.name, c] as const))('%s is accepted', (_, c) => {
+    const inputs = 'inputs' in c && c.inputs ? c.inputs : { hwid: 'testhwid', licenseKey: undefined }
+    expect(parseActivationRequest(c.file, 'test-app')).toEqual({ hwid: inputs.hwid, licenseKey: inputs.licenseKey ?? null })
+  })
+
+  const reasons: Record<string, RegExp> = {
+    checksum_mismatch: /bad checksum/,
+    // Cut in the payload: its checksum no longer matches.
+    reject: /bad checksum|truncated/,
+    is_license_file: /license file/,
+  }
+  test.each(bad.map((c) => [c.name, c] as const))('%s is refused with its reason', (_, c) => {
+    expect(() => parseActivationRequest(c.file, 'test-app')).toThrow(reasons[c.expect]!)
+  })
+
+  test("another app's request is refused, whether the header or the payload says so", () => {
+    const file = good[0]!.file
+    expect(() => parseActivationRequest(file, 'other-app')).toThrow(/another app/)
+    expect(() => parseActivationRequest(file.replace('App-Id: test-app', 'App-Id: other-app'), 'other-app')).toThrow(/another app/)
+  })
+})
+
+// ---- A request built here from the format, as an SDK writes it.
+
+const wrap64 = (base64: string) => base64.replace(/.{64}(?=.)/g, '$&\n')
+
+function buildRequest(fields: Record<string, unknown>, opts: { version?: string; checksum?: string; appIdHeader?: string } = {}) {
+  const payload = Buffer.from(JSON.stringify(fields), 'utf8').toString('base64')
+  const checksum = opts.checksum ?? createHash('sha256').update(payload).digest('hex').slice(0, 16)
+  return [
+    '-----BEGIN AUTHFORGE ACTIVATION REQUEST-----',
+    `Version: ${opts.version ?? '1'}`,
+    `App-Id: ${opts.appIdHeader ?? fields.appId}`,
+    `Checksum: ${checksum}`,
+    '',
+    wrap64(payload),
+    '-----END AUTHFORGE ACTIVATION REQUEST-----',
+    '',
+  ].join('\n')
+}
+
+const requestFields = (appId: string, hwid: string, licenseKey?: string) => ({
+  v: 1,
+  typ: 'authforge-activation-request',
+  appId,
+  hwid,
+  createdAt: new Date().toISOString(),
+  machineName: 'lab-pc',
+  os: 'Windows 11',
+  sdk: 'rust/1.4.0',
+  ...(licenseKey ? { licenseKey } : {}),
+})
+
+/** What e-mail does to a request: a BOM, CRLF, lines re-wrapped at 20 columns, text around it. */
+const emailed = (request: string) =>
+  `\uFEFFHello, here is the request:\r\n\r\n${request
+    .replace(/^([A-Za-z0-9+/=]{21,})$/gm, (line) => line.replace(/.{20}(?=.)/g, '$&\n'))
+    .replace(/\n/g, '\r\n')}\r\nRegards,\r\nPat\r\n`
+
+let t: TestApp
+
+beforeAll(async () => {
+  t = await makeTestApp()
+})
+
+type Seeded = Awaited<ReturnType<TestApp['seed']>>
+
+const path = (appId: string) => `/v1/apps/${appId}/activation-requests`
+const post = (s: Seeded, body: unknown, opts: { appId?: string; headers?: Record<string, string> } = {}) =>
+  t.req('POST', path(opts.appId ?? s.appId), {
+    apiKey: s.apiKey,
+    body,
+    headers: typeof body === 'string' ? { 'content-type': 'text/plain; charset=utf-8', ...opts.headers } : opts.headers,
+  })
+
+const row = async (licenseKey: string) => (await t.ctx.database.db.select().from(licenses).where(eq(licenses.key, licenseKey)))[0]!
+const fileRows = (licenseKey: string) => t.ctx.database.db.select().from(offlineFiles).where(eq(offlineFiles.licenseKey, licenseKey))
+const balance = (s: Seeded) => t.ctx.credits.currentBalance(s.accountId)
+const check = (s: Seeded, file: string, machine: string) =>
+  verifyLicenseFile(file, { appId: s.appId, publicKeys: [s.publicKey], hwid: machine, nowMs: Date.now() })
+
+describe('POST /v1/apps/:appId/activation-requests', () => {
+  test('an e-mailed text/plain request mints a file bound to its HWID that verifies, taking a seat and a credit', async () => {
+    const s = await t.seed({ credits: 5 })
+    const licenseKey = await insertLicense(t.ctx, s.appId, { maxHwidSlots: 2 })
+    const machine = 'air-gapped-' + 'x'.repeat(100)
+    const res = await post(s, emailed(buildRequest(requestFields(s.appId, machine, licenseKey))))
+    expect(res.status, JSON.stringify(res.body)).toBe(201)
+    expect(res.body).toEqual({
+      fileId: expect.stringMatching(/^[0-9a-f-]{36}$/),
+      licenseKey,
+      appId: s.appId,
+      keyId: s.keyId,
+      issuedAt: expect.any(String),
+      expiresAt: null,
+      hwid: { mode: 'bound', hwids: [machine] },
+      file: expect.any(String),
+    })
+    expect(check(s, res.body.file, machine).code).toBe('ok')
+    expect(check(s, res.body.file, 'another-machine').code).toBe('hwid_mismatch')
+    expect((await row(licenseKey)).hwids).toEqual([machine])
+    expect(await fileRows(licenseKey)).toHaveLength(1)
+    expect(await balance(s)).toBe(4)
+    const issued = await t.ctx.database.db
+      .select()
+      .from(events)
+      .where(and(eq(events.event, 'license.offline_issued'), eq(events.appId, s.appId)))
+    expect(issued.map((e) => (e.data as { fileId: string }).fileId)).toEqual([res.body.fileId])
+  })
+
+  test('JSON body: the license and expiry from the body; an already bound HWID takes no new seat', async () => {
+    const s = await t.seed()
+    const licenseKey = await insertLicense(t.ctx, s.appId, { maxHwidSlots: 1, hwids: ['m1'] })
+    const expiresAt = new Date(Date.now() + 7 * 86_400_000).toISOString()
+    const res = await post(s, { request: buildRequest(requestFields(s.appId, 'm1')), licenseKey, expiresAt })
+    expect(res.status, JSON.stringify(res.body)).toBe(201)
+    expect(res.body.expiresAt).toBe(expiresAt)
+    expect(check(s, res.body.file, 'm1').code).toBe('ok')
+    expect((await row(licenseKey)).hwids).toEqual(['m1'])
+  })
+
+  test('with Accept: application/x-authforge-license the body is the file, as an attachment', async () => {
+    const s = await t.seed()
+    const licenseKey = await insertLicense(t.ctx, s.appId)
+    const res = await post(s, buildRequest(requestFields(s.appId, 'm1', licenseKey)), {
+      headers: { accept: 'application/x-authforge-license' },
+    })
+    expect(res.status).toBe(201)
+    expect(res.headers.get('content-type')).toStartWith('application/x-authforge-license')
+    expect(res.headers.get('content-disposition')).toBe(`attachment; filename="${licenseKey}.authforge"`)
+    expect(check(s, res.body, 'm1').code).toBe('ok')
+  })
+
+  test('no free seat: 409 seats_full, nothing bound, charged or minted', async () => {
+    const s = await t.seed({ credits: 5 })
+    const licenseKey = await insertLicense(t.ctx, s.appId, { maxHwidSlots: 1, hwids: ['m1'] })
+    const res = await post(s, buildRequest(requestFields(s.appId, 'm2', licenseKey)))
+    expect(res.status).toBe(409)
+    expect(res.body).toEqual(errorBody('seats_full'))
+    expect((await row(licenseKey)).hwids).toEqual(['m1'])
+    expect(await fileRows(licenseKey)).toHaveLength(0)
+    expect(await balance(s)).toBe(5)
+  })
+
+  test('a revoked license: 409 license_inactive', async () => {
+    const s = await t.seed()
+    const licenseKey = await insertLicense(t.ctx, s.appId, { status: 'revoked' })
+    const res = await post(s, buildRequest(requestFields(s.appId, 'm1', licenseKey)))
+    expect(res.status).toBe(409)
+    expect(res.body).toEqual(errorBody('license_inactive'))
+  })
+})
+
+describe('refused requests: 400 bad_request saying which, and nothing changes', () => {
+  const cases: [string, (appId: string, licenseKey: string) => unknown, RegExp][] = [
+    ['no block', () => 'Hi, I could not attach the request.', /no -----BEGIN AUTHFORGE ACTIVATION REQUEST----- block/],
+    ['truncated', (a, k) => buildRequest(requestFields(a, 'm1', k)).split('-----END')[0]!, /truncated/],
+    ['bad checksum', (a, k) => buildRequest(requestFields(a, 'm1', k), { checksum: '0123456789abcdef' }), /bad checksum/],
+    ['unsupported version', (a, k) => buildRequest(requestFields(a, 'm1', k), { version: '2' }), /unsupported version/],
+    ['malformed payload', (a, k) => buildRequest({ ...requestFields(a, 'm1', k), typ: 'something-else' }), /malformed payload/],
+    ["another app's request", (_, k) => buildRequest(requestFields(crypto.randomUUID(), 'm1', k)), /another app's request/],
+    ["another app's App-Id header", (a, k) => buildRequest(requestFields(a, 'm1', k), { appIdHeader: crypto.randomUUID() }), /another app's request/],
+    ['a license file', () => '-----BEGIN AUTHFORGE LICENSE-----\nVersion: 1\n\nQUJD\n-----END AUTHFORGE LICENSE-----\n', /license file/],
+    ['an empty HWID', (a, k) => buildRequest(requestFields(a, '', k)), /AuthForge allows 256; this server 128/],
+    ['a 129-character HWID', (a, k) => buildRequest(requestFields(a, 'h'.repeat(129), k)), /AuthForge allows 256; this server 128/],
+    ['no license key', (a) => buildRequest(requestFields(a, 'm1')), /names no license/],
+    ['a JSON body with an unknown field', (a, k) => ({ request: buildRequest(requestFields(a, 'm1', k)), hwids: ['x'] }), /body/],
+  ]
+  test.each(cases)('%s', async (_, body, reason) => {
+    const s = await t.seed({ credits: 5 })
+    const licenseKey = await insertLicense(t.ctx, s.appId, { maxHwidSlots: 3 })
+    const res = await post(s, body(s.appId, licenseKey))
+    expect(res.status, JSON.stringify(res.body)).toBe(400)
+    expect(res.body).toEqual(errorBody('bad_request'))
+    expect(res.body.message).toMatch(reason)
+    expect((await row(licenseKey)).hwids).toEqual([])
+    expect(await fileRows(licenseKey)).toHaveLength(0)
+    expect(await balance(s)).toBe(5)
+  })
+
+  test("a license of another app of the account: 400, nothing bound", async () => {
+    const s = await t.seed({ credits: 5 })
+    const otherApp = await t.req('POST', '/v1/apps', { apiKey: s.apiKey, body: { name: 'Other' } })
+    expect(otherApp.status, JSON.stringify(otherApp.body)).toBe(201)
+    const licenseKey = await insertLicense(t.ctx, otherApp.body.appId)
+    const res = await post(s, buildRequest(requestFields(s.appId, 'm1', licenseKey)))
+    expect(res.status).toBe(400)
+    expect(res.body.message).toMatch(/belongs to another app/)
+    expect((await row(licenseKey)).hwids).toEqual([])
+    expect(await fileRows(licenseKey)).toHaveLength(0)
+    expect(await balance(s)).toBe(5)
+  })
+})
+
+describe('ownership', () => {
+  test("403 for another account's app or license, 404 for an absent license, 401 without a key", async () => {
+    const s = await t.seed()
+    const stranger = await t.seed()
+    const licenseKey = await insertLicense(t.ctx, s.appId)
+    const request = buildRequest(requestFields(s.appId, 'm1', licenseKey))
+    const foreignApp = await post(stranger, request, { appId: s.appId })
+    expect(foreignApp.status).toBe(403)
+    expect(foreignApp.body).toEqual(errorBody('forbidden'))
+    const foreignLicense = await post(stranger, buildRequest(requestFields(stranger.appId, 'm1', licenseKey)))
+    expect(foreignLicense.status).toBe(403)
+    expect(foreignLicense.body).toEqual(errorBody('forbidden'))
+    const absent = await post(s, buildRequest(requestFields(s.appId, 'm1', 'ZZZZ-ZZZZ-ZZZZ-ZZZZ')))
+    expect(absent.status).toBe(404)
+    expect(absent.body).toEqual(errorBody('not_found'))
+    const anonymous = await t.req('POST', path(s.appId), { body: request, headers: { 'content-type': 'text/plain' } })
+    expect(anonymous.status).toBe(401)
+    expect((await row(licenseKey)).hwids).toEqual([])
+  })
+})
+
+describe('the body parser', () => {
+  test('a text/plain body elsewhere on /v1 is refused with 400, not parsed as JSON', async () => {
+    const s = await t.seed()
+    const licenseKey = await insertLicense(t.ctx, s.appId, { hwids: ['m1'] })
+    const res = await t.req('POST', `/v1/licenses/${licenseKey}/offline-files`, {
+      apiKey: s.apiKey,
+      body: '{}',
+      headers: { 'content-type': 'text/plain' },
+    })
+    expect(res.status).toBe(400)
+    expect(res.body).toEqual(errorBody('bad_request'))
+  })
+
+  test('a text/plain body over the /v1 limit is 413', async () => {
+    const s = await t.seed()
+    const res = await post(s, 'x'.repeat(1024 * 1024 + 1))
+    expect(res.status).toBe(413)
+    expect(res.body).toEqual(errorBody('bad_request'))
+  })
+
+  test('the OpenAPI document names both body types', async () => {
+    const res = await t.req('GET', '/docs/json')
+    const op = res.body.paths['/v1/apps/{appId}/activation-requests'].post
+    expect(Object.keys(op.requestBody.content).sort()).toEqual(['application/json', 'text/plain'])
+    expect(op.tags).toEqual(['Offline licenses'])
+    expect(Object.keys(op.responses)).toEqual(expect.arrayContaining(['201', '400', '402', '403', '404', '409']))
+  })
+})
