@@ -181,6 +181,8 @@ describe('refused requests: 400 bad_request saying which, and nothing changes', 
     ['a license file', () => '-----BEGIN AUTHFORGE LICENSE-----\nVersion: 1\n\nQUJD\n-----END AUTHFORGE LICENSE-----\n', /license file/],
     ['an empty HWID', (a, k) => buildRequest(requestFields(a, '', k)), /AuthForge allows 256; this server 128/],
     ['a 129-character HWID', (a, k) => buildRequest(requestFields(a, 'h'.repeat(129), k)), /AuthForge allows 256; this server 128/],
+    ['an HWID with a NUL (a JSON escape in the payload)', (a, k) => buildRequest(requestFields(a, 'm\u00001', k)), /NUL characters/],
+    ['an HWID with an unpaired surrogate', (a, k) => buildRequest(requestFields(a, 'm\ud8001', k)), /unpaired surrogates/],
     ['no license key', (a) => buildRequest(requestFields(a, 'm1')), /names no license/],
     ['a JSON body with an unknown field', (a, k) => ({ request: buildRequest(requestFields(a, 'm1', k)), hwids: ['x'] }), /body/],
   ]

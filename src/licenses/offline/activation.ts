@@ -17,13 +17,14 @@ export async function answerActivationRequest(
   appId: string,
   body: ActivationRequestBody,
 ): Promise<OfflineFile> {
-  await requireOwnedApp(ctx, accountId, appId)
+  // The app's id as stored: a path may spell it in upper case, the request carries the stored spelling.
+  const app = await requireOwnedApp(ctx, accountId, appId)
   const options = typeof body === 'string' ? { request: body } : body
-  const request = parseActivationRequest(options.request, appId)
+  const request = parseActivationRequest(options.request, app.id)
   const licenseKey = request.licenseKey ?? options.licenseKey
   if (!licenseKey) throw badRequest('Activation request refused: it names no license; give licenseKey in the body')
   const license = await requireOwnedLicense(ctx, accountId, licenseKey)
-  if (license.appId !== appId) throw badRequest(`Activation request refused: license ${licenseKey} belongs to another app`)
+  if (license.appId !== app.id) throw badRequest(`Activation request refused: license ${licenseKey} belongs to another app`)
   const mint = options.expiresAt === undefined ? { hwids: [request.hwid] } : { hwids: [request.hwid], expiresAt: options.expiresAt }
   return mintOfflineFile(ctx, accountId, licenseKey, mint)
 }
