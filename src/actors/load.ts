@@ -86,9 +86,9 @@ export class StateLoader {
     // random UUIDs, so an absent one cannot appear later).
     if (!UUID.test(appId)) return null
     this.loads.apps++
-    const [[row], [key], [hook]] = await Promise.all([
+    const [[row], signing, [hook]] = await Promise.all([
       this.#q.app.execute({ id: appId }),
-      this.#q.signingKey.execute({ id: appId }),
+      this.signingKey(appId),
       this.#q.validatedHook.execute({ id: appId }),
     ])
     if (!row) return null
@@ -103,9 +103,15 @@ export class StateLoader {
       hwidBlacklist: new Set(row.hwidBlacklist),
       hwidWhitelist: new Set(row.hwidWhitelist),
       variables: row.variables ?? {},
-      signing: key ? { keyId: key.id, key: privateKeyFromPkcs8(this.sealer.open(key.privateKeyEnc)) } : null,
+      signing,
       wantsValidated: hook !== undefined,
     }
+  }
+
+  /** The app's active signing key, opened; null if it has none. */
+  async signingKey(appId: string): Promise<CachedApp['signing']> {
+    const [key] = await this.#q.signingKey.execute({ id: appId })
+    return key ? { keyId: key.id, key: privateKeyFromPkcs8(this.sealer.open(key.privateKeyEnc)) } : null
   }
 
   async license(licenseKey: string): Promise<CachedLicense | null> {

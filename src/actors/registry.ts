@@ -205,6 +205,11 @@ export class AppActors {
     return this.#load.app(appId)
   }
 
+  /** The app's active signing key straight from PostgreSQL (a Developer API signature, not the cached one). */
+  loadSigningKey(appId: string): Promise<CachedApp['signing']> {
+    return this.#load.signingKey(appId)
+  }
+
   loadLicense(licenseKey: string): Promise<CachedLicense | null> {
     return this.#load.license(licenseKey)
   }

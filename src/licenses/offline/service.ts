@@ -1,10 +1,10 @@
 import { randomUUID } from 'node:crypto'
 import { and, desc, eq, sql } from 'drizzle-orm'
 import type { Tx } from '../../db/client'
-import { apps, licenses, offlineFiles, type OfflineHwid, signingKeys } from '../../db/schema'
+import type { CachedApp } from '../../actors/load'
+import { apps, licenses, offlineFiles, type OfflineHwid } from '../../db/schema'
 import type { Context } from '../../context'
 import { ApiError, badRequest } from '../../lib/errors'
-import { privateKeyFromPkcs8 } from '../../lib/crypto'
 import { type DomainEvent, recordEvents } from '../../delivery/outbox'
 import { expiryFrom, lockLicense, type LicenseRow, requireOwnedLicense } from '../service'
 import { armor, encodePayload, type OfflinePayload } from './armor'
@@ -72,25 +72,13 @@ async function bindSeats(tx: Tx, row: LicenseRow, newHwids: string[], now: Date)
   return newHwids.map((hwid) => ({ event: 'license.hwid_bound', data: { licenseKey: row.key, appId: row.appId, hwid }, occurredAt: now }))
 }
 
-async function activeSigningKey(ctx: Context, tx: Tx, appId: string) {
-  const [key] = await tx
-    .select({ id: signingKeys.id, privateKeyEnc: signingKeys.privateKeyEnc })
-    .from(signingKeys)
-    .where(and(eq(signingKeys.appId, appId), eq(signingKeys.active, true)))
-    .orderBy(desc(signingKeys.version))
-    .limit(1)
-  if (!key) throw new Error(`app ${appId} has no active signing key`)
-  return { keyId: key.id, key: privateKeyFromPkcs8(ctx.sealer.open(key.privateKeyEnc)) }
-}
-
 /** One transaction: lock the license, bind its new seats, sign the file, record it and its events. */
-function mint(ctx: Context, app: AppRow, licenseKey: string, input: MintOfflineFileBody) {
+function mint(ctx: Context, app: AppRow, signing: NonNullable<CachedApp['signing']>, licenseKey: string, input: MintOfflineFileBody) {
   return ctx.database.db.transaction(async (tx) => {
     const now = new Date(ctx.clock())
     const row = await lockLicense(tx, licenseKey)
     const plan = planMint(row, input, now)
     const events = await bindSeats(tx, row, plan.newHwids, now)
-    const signing = await activeSigningKey(ctx, tx, app.id)
     const payload: OfflinePayload = {
       appId: app.id,
       licenseKey,
@@ -160,7 +148,10 @@ export async function mintOfflineFile(
     const minted = await ctx.actors.write(
       app.id,
       async () => {
-        const result = await mint(ctx, app, licenseKey, input)
+        // Read in the app's mailbox, so a rotation in this process is either wholly before or after.
+        const signing = await ctx.actors.loadSigningKey(app.id)
+        if (!signing) throw new Error(`app ${app.id} has no active signing key`)
+        const result = await mint(ctx, app, signing, licenseKey, input)
         committed = true
         return result
       },
