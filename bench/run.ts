@@ -14,13 +14,13 @@
  * on one machine state).
  * `npm run bench:webhooks` (bench/validate-webhook.ts) is the variant with a subscribed license.validated webhook.
  */
-import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs'
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import postgres from 'postgres'
 import { setLogLevel } from '../src/lib/log'
-import { procCpu } from './proc'
 import { seedBench } from './seed'
+import { type Server, serverEntry, spawnServer } from './server'
 
 const ADMIN_URL = process.env.BENCH_PG_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
 const REDIS_URL = process.env.BENCH_REDIS_URL ?? 'redis://127.0.0.1:6379/14'
@@ -33,56 +33,10 @@ const MASTER_KEY = Buffer.alloc(32, 42).toString('hex')
 const root = join(import.meta.dir, '..')
 const work = mkdtempSync(join(tmpdir(), 'ls-bench-'))
 
-interface Server {
-  url: string
-  /** CPU seconds the server's processes have used so far (user + system, all threads). */
-  cpu(): number
-  /** CPU seconds of the processes' main threads, which run every request's JavaScript. */
-  mainCpu(): number
-  stop(): Promise<void>
-}
-
 /** Idle and total jiffies of the whole machine, from the first line of /proc/stat. */
 function machineTicks(): { idle: number; total: number } {
   const f = (readFileSync('/proc/stat', 'utf8').split('\n')[0] ?? '').trim().split(/\s+/).slice(1).map(Number)
   return { idle: (f[3] ?? 0) + (f[4] ?? 0), total: f.reduce((a, b) => a + b, 0) }
-}
-
-/** The server entry of a checkout; checkouts from before the move to feature rooms start at src/index.ts. */
-const serverEntry = (checkout: string) =>
-  [join(checkout, 'src', 'main.ts'), join(checkout, 'src', 'index.ts')].find((entry) => existsSync(entry)) as string
-
-async function spawnServer(entry: string, env: Record<string, string>, flags: string[] = []): Promise<Server> {
-  const proc = Bun.spawn([process.execPath, ...flags, entry], {
-    env: { ...process.env, HOST: '127.0.0.1', PORT: '0', LOG_LEVEL: 'info', ...env },
-    stdout: 'ignore',
-    stderr: 'pipe',
-  })
-  const reader = proc.stderr.getReader()
-  const decoder = new TextDecoder()
-  let seen = ''
-  for (;;) {
-    const { value, done } = await reader.read()
-    if (done) throw new Error(`${entry} exited before listening:\n${seen}`)
-    seen += decoder.decode(value)
-    const line = seen.split('\n').find((l) => l.includes('"listening"'))
-    if (!line) continue
-    void (async () => {
-      while (!(await reader.read()).done) {}
-    })()
-    // With SERVER_PROCESSES above 1 the first process has started the others before it logs.
-    const pids = [String(proc.pid), ...Bun.spawnSync(['pgrep', '-P', String(proc.pid)]).stdout.toString().split('\n').filter(Boolean)]
-    const sum = (path: (pid: string) => string) => pids.reduce((total, pid) => total + procCpu(path(pid)).seconds, 0)
-    return {
-      url: (JSON.parse(line) as { url: string }).url,
-      cpu: () => sum((pid) => pid),
-      mainCpu: () => sum((pid) => `${pid}/task/${pid}`),
-      async stop() {
-        proc.kill('SIGTERM')
-        await proc.exited
-      },
-    }
-  }
 }
 
 interface Result {

@@ -1,0 +1,168 @@
+/**
+ * `npm run bench:scale`: does a license the server has not cached cost what a cached one does? Seeds a
+ * 2,000-license app and a 1,000,000-license app (bench/seed.ts seedBulk, HWIDs bound), starts the real
+ * server on PostgreSQL + Redis and runs validate for licenses picked at random in each set, alternating,
+ * over several rounds of one run. Prints per scenario req/s, p50/p99, server CPU per request, the ratio
+ * 1M ÷ 2k per round and the server's RSS at the end of each round. Needs wrk.
+ *
+ * Settings (environment): BENCH_PG_ADMIN_URL, BENCH_REDIS_URL (flushed before and after; default
+ * redis://127.0.0.1:6379/13), BENCH_DURATION seconds per scenario and round (5), BENCH_ROUNDS (4),
+ * BENCH_CONNECTIONS (64), BENCH_PROCESSES (SERVER_PROCESSES, 2), BENCH_BIG (1000000), BENCH_SMALL (2000),
+ * BENCH_CACHE_MAX_MB (the server's CACHE_MAX_MB; its default when unset), BENCH_PROFILE_DIR (a CPU profile
+ * in markdown from the server's first process), BENCH_COMPARE (the root of another checkout, e.g. a
+ * `git worktree` of the commit before a change: its server runs beside this one on the same database and
+ * Redis, each scenario of both back to back, in turn first, so the two are compared in one run).
+ */
+import { mkdtempSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import postgres from 'postgres'
+import { setLogLevel } from '../src/lib/log'
+import { seedBulk } from './seed'
+import { type Server, serverEntry, spawnServer } from './server'
+
+const ADMIN_URL = process.env.BENCH_PG_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
+const REDIS_URL = process.env.BENCH_REDIS_URL ?? 'redis://127.0.0.1:6379/13'
+const DURATION = Number(process.env.BENCH_DURATION ?? 5)
+const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 4)
+const CONNECTIONS = Number(process.env.BENCH_CONNECTIONS ?? 64)
+const PROCESSES = process.env.BENCH_PROCESSES ?? '2'
+const BIG = Number(process.env.BENCH_BIG ?? 1_000_000)
+const SMALL = Number(process.env.BENCH_SMALL ?? 2_000)
+const CACHE_MAX_MB = process.env.BENCH_CACHE_MAX_MB
+const COMPARE = process.env.BENCH_COMPARE
+const root = join(import.meta.dir, '..')
+
+interface Set {
+  appId: string
+  appSecret: string
+  prefix: string
+  count: number
+}
+
+interface Result {
+  rps: number
+  p50: number
+  p99: number
+  errors: number
+  cpuUs: number
+}
+
+const toMs = (v: string, unit: string) => Number(v) * ({ us: 0.001, ms: 1, s: 1000 }[unit] ?? Number.NaN)
+let runs = 0
+
+function wrk(server: Server, set: Set, seconds: number): Result {
+  const cpu0 = server.cpu()
+  const runId = `${process.pid.toString(16)}s${(runs++).toString(16)}x`
+  const out = Bun.spawnSync([
+    'wrk', '-t2', `-c${CONNECTIONS}`, `-d${seconds}s`, '--latency', '-s', join(import.meta.dir, 'scale.lua'),
+    server.url, '--', set.appId, set.appSecret, set.prefix, String(set.count), runId,
+  ])
+  const text = out.stdout.toString()
+  if (out.exitCode !== 0) throw new Error(`wrk failed: ${out.stderr.toString()}`)
+  const pct = (p: string) => {
+    const m = new RegExp(`^\\s+${p}%\\s+([\\d.]+)(us|ms|s)\\s*$`, 'm').exec(text)
+    return m ? toMs(m[1]!, m[2]!) : Number.NaN
+  }
+  const total = Number(/(\d+) requests in/.exec(text)?.[1] ?? Number.NaN)
+  return {
+    rps: Number(/Requests\/sec:\s+([\d.]+)/.exec(text)?.[1] ?? Number.NaN),
+    p50: pct('50'),
+    p99: pct('99'),
+    errors: Number(/Non-2xx or 3xx responses:\s+(\d+)/.exec(text)?.[1] ?? 0),
+    cpuUs: ((server.cpu() - cpu0) * 1e6) / total,
+  }
+}
+
+const median = (list: number[]) => {
+  const sorted = [...list].sort((a, b) => a - b)
+  const mid = sorted.length >> 1
+  return sorted.length % 2 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2
+}
+
+async function main() {
+  setLogLevel('warn')
+  const dbName = `ls_bench_scale_${process.pid}`
+  const admin = postgres(ADMIN_URL, { max: 1, onnotice: () => {} })
+  await admin.unsafe(`CREATE DATABASE ${dbName}`)
+  const dbUrl = new URL(ADMIN_URL)
+  dbUrl.pathname = `/${dbName}`
+  const { default: Redis } = await import('ioredis')
+  const redis = new Redis(REDIS_URL)
+  await redis.flushdb()
+  const servers: Server[] = []
+  try {
+    const env: Record<string, string> = {
+      DATABASE_URL: dbUrl.toString(),
+      REDIS_URL,
+      MASTER_KEY: Buffer.alloc(32, 42).toString('hex'),
+      DATA_DIR: mkdtempSync(join(tmpdir(), 'ls-bench-scale-')),
+      SERVER_PROCESSES: PROCESSES,
+      // Limits on, at values this load never reaches: the buckets run, nothing is refused.
+      VALIDATE_LIMIT_PER_IP: '1000000000',
+      VALIDATE_LIMIT_PER_LICENSE: '1000000000',
+      ...(CACHE_MAX_MB ? { CACHE_MAX_MB } : {}),
+    }
+    const seedStart = performance.now()
+    const [small, big] = (await seedBulk(env, [
+      { prefix: 'SMAL', count: SMALL },
+      { prefix: 'BIGS', count: BIG },
+    ])) as [Set, Set]
+    console.log(`seeded ${SMALL} + ${BIG} licenses with bound HWIDs in ${((performance.now() - seedStart) / 1000).toFixed(1)} s`)
+    const profile = process.env.BENCH_PROFILE_DIR
+    const checkouts: { name: string; server: Server }[] = []
+    const mine = await spawnServer(serverEntry(root), env, profile ? ['--cpu-prof-md', `--cpu-prof-dir=${profile}`] : [])
+    servers.push(mine)
+    checkouts.push({ name: 'this checkout', server: mine })
+    if (COMPARE) {
+      const theirs = await spawnServer(serverEntry(COMPARE), env)
+      servers.push(theirs)
+      checkouts.push({ name: 'BENCH_COMPARE', server: theirs })
+    }
+    // Warm-up: JIT, connection pools, the small set into the caches, the big one to its steady state.
+    for (const { server } of checkouts) {
+      wrk(server, small, 3)
+      wrk(server, big, DURATION)
+    }
+    const samples = checkouts.map(() => ({ small: [] as Result[], big: [] as Result[], rss: [] as number[][] }))
+    for (let round = 1; round <= ROUNDS; round++) {
+      console.log(`round ${round}/${ROUNDS}`)
+      // Each scenario of every checkout back to back, in turn first: one ratio sees one machine state.
+      const steps = checkouts.flatMap(({ name, server }, i) =>
+        (['small', 'big'] as const).map((which) => () => {
+          const r = wrk(server, which === 'small' ? small : big, DURATION)
+          samples[i]![which].push(r)
+          const label = `${name}, ${which === 'small' ? `${SMALL} licenses` : `${BIG} licenses`}`
+          console.log(
+            `  ${label.padEnd(34)} ${r.rps.toFixed(0).padStart(7)} req/s  p50 ${r.p50.toFixed(2)} ms  p99 ${r.p99.toFixed(2)} ms  server CPU ${r.cpuUs.toFixed(0)} µs/req${r.errors ? `  non-2xx ${r.errors}` : ''}`,
+          )
+        }),
+      )
+      for (const step of round % 2 === 1 ? steps : steps.reverse()) step()
+      checkouts.forEach(({ server }, i) => samples[i]!.rss.push(server.rssMb()))
+      console.log(`  RSS (MB per server process): ${checkouts.map(({ name, server }) => `${name} ${server.rssMb().map((mb) => mb.toFixed(0)).join(' + ')}`).join('; ')}`)
+    }
+    console.log(`\nsummary of ${ROUNDS} rounds, ${CONNECTIONS} connections, SERVER_PROCESSES=${PROCESSES}, CACHE_MAX_MB=${CACHE_MAX_MB ?? 'default'} (medians of the rounds)`)
+    checkouts.forEach(({ name }, i) => {
+      const s = samples[i]!
+      const ratios = s.big.map((r, j) => r.rps / s.small[j]!.rps)
+      const m = (list: Result[], f: (r: Result) => number) => median(list.map(f))
+      const errors = [...s.small, ...s.big].reduce((n, r) => n + r.errors, 0)
+      console.log(`  ${name}:`)
+      for (const [label, list] of [[`${SMALL} licenses`, s.small], [`${BIG} licenses`, s.big]] as const) {
+        console.log(`    ${label.padEnd(17)} ${m(list, (r) => r.rps).toFixed(0).padStart(7)} req/s  p50 ${m(list, (r) => r.p50).toFixed(2)} ms  p99 ${m(list, (r) => r.p99).toFixed(2)} ms  server CPU ${m(list, (r) => r.cpuUs).toFixed(0)} µs/req`)
+      }
+      console.log(`    ${median(ratios) >= 0.9 ? 'ok  ' : 'MISS'} ${BIG} ÷ ${SMALL}: ${median(ratios).toFixed(2)} (rounds: ${ratios.map((r) => r.toFixed(2)).join(', ')}) (>= 0.90)`)
+      console.log(`    RSS at the end of each round, largest process: ${s.rss.map((list) => Math.max(...list).toFixed(0)).join(', ')} MB`)
+      console.log(`    ${errors === 0 ? 'ok  ' : 'MISS'} non-2xx responses: ${errors}`)
+    })
+  } finally {
+    await Promise.all(servers.map((s) => s.stop()))
+    await redis.flushdb()
+    redis.disconnect()
+    await admin.unsafe(`DROP DATABASE IF EXISTS ${dbName} WITH (FORCE)`)
+    await admin.end()
+  }
+}
+
+await main()
