@@ -4,7 +4,7 @@ import { ValidatedEventBatch } from './delivery/validated-events'
 import type { Config } from './config'
 import { deriveKey, Sealer } from './lib/crypto'
 import { EventBus } from './delivery/outbox'
-import { AppActors } from './actors/registry'
+import { ACTOR_LIMITS, AppActors } from './actors/registry'
 import { resolveMasterKey } from './signing/master-key'
 import { type Database, openDb } from './db/client'
 import { Metrics } from './lib/metrics'
@@ -65,7 +65,7 @@ type ContextBase = Omit<Context, 'actors' | 'credits' | 'sessions' | 'payloads' 
 function assembleContext(base: ContextBase): Context {
   return {
     ...base,
-    actors: new AppActors(base),
+    actors: new AppActors(base, { ...ACTOR_LIMITS, cacheBytes: base.config.cacheMaxMb * 2 ** 20 }),
     credits: new CreditLedger(base),
     sessions: new SessionTokens(base.sessionKey),
     payloads: new SignedPayloads(base.signer),

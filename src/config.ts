@@ -26,6 +26,8 @@ export interface Config {
   validateLimitPerLicense: number
   selfbanLimitPerIp: number
   selfbanLimitPerLicense: number
+  /** CACHE_MAX_MB: what the cached app and license entries may hold, as estimated per entry (the process uses more: code, pools, buffers). */
+  cacheMaxMb: number
   /** false skips the per-IP and per-license buckets of /auth/* (benchmark comparison only; the sandbox ceiling stays). */
   publicRateLimits: boolean
   sessionTtlSeconds: number
@@ -141,6 +143,7 @@ export function loadConfig(env: Env = process.env): Readonly<Config> {
     selfbanLimitPerIp: int(env, 'SELFBAN_LIMIT_PER_IP', 60, 1, 1e9),
     selfbanLimitPerLicense: int(env, 'SELFBAN_LIMIT_PER_LICENSE', 60, 1, 1e9),
     publicRateLimits: bool(env, 'PUBLIC_RATE_LIMITS', true),
+    cacheMaxMb: int(env, 'CACHE_MAX_MB', 256, 1, 1_048_576),
     sessionTtlSeconds: int(env, 'SESSION_TTL_SECONDS', 86_400, 3600, 604_800),
     tlsCertFile,
     tlsKeyFile,

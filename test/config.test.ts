@@ -30,6 +30,7 @@ describe('defaults', () => {
       selfbanLimitPerIp: 60,
       selfbanLimitPerLicense: 60,
       publicRateLimits: true,
+      cacheMaxMb: 256,
       sessionTtlSeconds: 86_400,
       tlsCertFile: null,
       tlsKeyFile: null,

@@ -1,9 +1,9 @@
 import type { Database } from '../db/client'
 import type { EventBus } from '../delivery/outbox'
 import { keys } from '../store/store'
-import type { Entry, SharedBound } from './bounded'
+import type { Entry, Held, Holder, SharedBound } from './bounded'
 import type { Invalidator } from './invalidate'
-import type { CachedApp, CachedLicense } from './load'
+import { appBytes, type CachedApp, type CachedLicense, licenseBytes, variablesChars } from './load'
 import { Mailbox } from './mailbox'
 import { SeatBinder } from './seat-binder'
 import { type SelfbanDone, type SelfbanWish, selfbanTransaction } from './selfban'
@@ -24,8 +24,8 @@ export interface ActorHost {
   bus: EventBus
   clock: () => number
   invalidator: Invalidator
-  /** Bounds the license entries of all actors together. */
-  licenseBound: SharedBound<CachedLicense>
+  /** Bounds the app and license entries of all actors together, in bytes. */
+  bound: SharedBound
 }
 
 /**
@@ -35,9 +35,10 @@ export interface ActorHost {
  * signing key, licenses) without PostgreSQL. Across processes its copies are kept honest by the
  * store's epochs, and its writes by SQL conditions and row locks, not by the mailbox.
  */
-export class AppActor {
-  /** The app as last loaded; undefined until loaded or after a change dropped it. */
-  app: Entry<CachedApp> | undefined = undefined
+export class AppActor implements Holder {
+  #app: Entry<CachedApp> | undefined = undefined
+  /** Characters of the app's variables as JSON, which every license's cached payload text repeats. */
+  #appVariablesChars = 0
   /** This app's licenses as last loaded, by key: set by `setLicense`, dropped by `forgetLicense` or by the shared bound (its oldest entry, or all of them on a new store generation). */
   readonly licenses = new Map<string, Entry<CachedLicense>>()
   readonly mailbox = new Mailbox()
@@ -55,17 +56,41 @@ export class AppActor {
     return this.mailbox.idle && this.#seats.pending === 0
   }
 
+  /** The app as last loaded; undefined until loaded or after a change or the bound dropped it. */
+  get app(): Entry<CachedApp> | undefined {
+    return this.#app
+  }
+
+  setApp(entry: Entry<CachedApp> | undefined): void {
+    const { bound } = this.host
+    bound.release(this.#app)
+    this.#app = entry && bound.hold(this, this.id, entry, entry.value ? appBytes(entry.value) : 0)
+    if (entry?.value) this.#appVariablesChars = variablesChars(entry.value.variables)
+  }
+
   setLicense(licenseKey: string, entry: Entry<CachedLicense>): void {
-    this.host.licenseBound.set(this.id, this.licenses, licenseKey, entry)
+    const { bound } = this.host
+    bound.release(this.licenses.get(licenseKey))
+    // One copy of the app's id for all its entries, not one string per row read.
+    if (entry.value?.appId === this.id) entry.value.appId = this.id
+    const bytes = entry.value ? licenseBytes(entry.value, this.#appVariablesChars) : 0
+    this.licenses.set(licenseKey, bound.hold(this, licenseKey, entry, bytes))
   }
 
   forgetLicense(licenseKey: string): void {
-    this.host.licenseBound.delete(this.id, this.licenses, licenseKey)
+    this.host.bound.release(this.licenses.get(licenseKey))
+    this.licenses.delete(licenseKey)
+  }
+
+  /** The shared bound dropped one of this actor's entries. */
+  evicted(key: string, entry: Held): void {
+    if (entry === this.#app) this.#app = undefined
+    else if (this.licenses.get(key) === entry) this.licenses.delete(key)
   }
 
   /** Drops every entry: the registry is letting the actor go. */
   forgetAll(): void {
-    this.app = undefined
+    this.setApp(undefined)
     for (const key of [...this.licenses.keys()]) this.forgetLicense(key)
   }
 
@@ -83,7 +108,7 @@ export class AppActor {
    * invalidated through the store's epochs.
    */
   async publish({ app = false, licenses = [], events = false }: Changed): Promise<void> {
-    if (app) this.app = undefined
+    if (app) this.setApp(undefined)
     for (const key of licenses) this.forgetLicense(key)
     if (events) this.host.bus.notify()
     const epochKeys = licenses.map(keys.licenseEpoch)

@@ -28,46 +28,82 @@ export interface Entry<T> {
   value: T | null
 }
 
-interface Slot<T> {
-  owner: Map<string, Entry<T>>
-  key: string
+/** Who holds entries under a SharedBound: told when the bound drops one of them. */
+export interface Holder {
+  evicted(key: string, entry: Held): void
+}
+
+/** An entry as the bound keeps it: itself, so no second object or composite key per entry. */
+export interface Held extends Entry<unknown> {
+  readonly holder: Holder
+  readonly key: string
+  readonly bytes: number
 }
 
 /**
- * The entries of many owners (each actor's license cache) under one bound, oldest out first. Entries
- * whose value is null (keys that name nothing) are bounded apart: anyone can send made-up keys, and
- * they must never push real entries out.
+ * The entries of many holders (each actor's app and licenses) under one bound in bytes, oldest out
+ * first. Entries whose value is null (keys that name nothing) are bounded apart, by count: anyone can
+ * send made-up keys, and they must never push real entries out.
  */
-export class SharedBound<T> {
-  readonly #present: BoundedMap<Slot<T>>
-  readonly #absent: BoundedMap<Slot<T>>
+export class SharedBound {
+  readonly #present = new Set<Held>()
+  readonly #absent = new Set<Held>()
+  #bytes = 0
 
-  constructor(limit: number, absentLimit: number) {
-    const evict = (slot: Slot<T>) => slot.owner.delete(slot.key)
-    this.#present = new BoundedMap(limit, evict)
-    this.#absent = new BoundedMap(absentLimit, evict)
+  constructor(
+    readonly maxBytes: number,
+    private readonly absentLimit: number,
+  ) {}
+
+  /** Bytes held by present entries (their estimates). */
+  get bytes(): number {
+    return this.#bytes
   }
 
-  /** Sets `owner`'s entry for `key`; `ownerId` tells owners apart (one key may sit in two of them). */
-  set(ownerId: string, owner: Map<string, Entry<T>>, key: string, entry: Entry<T>): void {
-    const slot = `${ownerId} ${key}`
-    const [into, other] = entry.value === null ? [this.#absent, this.#present] : [this.#present, this.#absent]
-    other.delete(slot)
-    if (!into.has(slot)) into.set(slot, { owner, key })
-    owner.set(key, entry)
+  /** Entries held, present and absent. */
+  get size(): number {
+    return this.#present.size + this.#absent.size
   }
 
-  delete(ownerId: string, owner: Map<string, Entry<T>>, key: string): void {
-    if (!owner.delete(key)) return
-    const slot = `${ownerId} ${key}`
-    this.#present.delete(slot)
-    this.#absent.delete(slot)
+  /** Wraps `entry` of `holder`'s `key`, estimated at `bytes`, and makes room for it; the caller stores what this returns. */
+  hold<T>(holder: Holder, key: string, entry: Entry<T>, bytes: number): Entry<T> {
+    const held: Held = { epoch: entry.epoch, value: entry.value, holder, key, bytes: entry.value === null ? 0 : bytes }
+    if (entry.value === null) {
+      this.#absent.add(held)
+      for (const oldest of this.#absent) {
+        if (this.#absent.size <= this.absentLimit) break
+        this.#evict(oldest)
+      }
+    } else {
+      this.#present.add(held)
+      this.#bytes += held.bytes
+      for (const oldest of this.#present) {
+        if (this.#bytes <= this.maxBytes) break
+        this.#evict(oldest)
+      }
+    }
+    return held as Entry<T>
   }
 
+  #evict(held: Held): void {
+    this.release(held)
+    held.holder.evicted(held.key, held)
+  }
+
+  /** The holder dropped `entry` itself (replaced or forgotten): its room is free again. */
+  release(entry: Entry<unknown> | undefined): void {
+    const held = entry as Held | undefined
+    if (!held) return
+    if (this.#present.delete(held)) this.#bytes -= held.bytes
+    else this.#absent.delete(held)
+  }
+
+  /** Drops every entry, telling each holder. */
   clear(): void {
-    for (const slot of this.#present.values()) slot.owner.clear()
-    for (const slot of this.#absent.values()) slot.owner.clear()
-    this.#present.clear()
-    this.#absent.clear()
+    for (const set of [this.#present, this.#absent]) {
+      for (const held of set) held.holder.evicted(held.key, held)
+      set.clear()
+    }
+    this.#bytes = 0
   }
 }

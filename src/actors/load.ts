@@ -1,5 +1,5 @@
 import type { KeyObject } from 'node:crypto'
-import { and, desc, eq, sql } from 'drizzle-orm'
+import { and, desc, eq, type InferSelectModel, sql } from 'drizzle-orm'
 import { apps, licenses, signingKeys, webhooks, type VariableMap } from '../db/schema'
 import type { Database } from '../db/client'
 import { canonicalIp } from '../lib/ip'
@@ -27,7 +27,8 @@ export interface CachedLicense {
   key: string
   appId: string
   status: 'active' | 'revoked'
-  expiresAt: Date | null
+  /** Milliseconds since the epoch: a number, not a Date object, in each of up to a million entries. */
+  expiresAt: number | null
   maxHwidSlots: number
   unlimitedHwidSlots: boolean
   hwids: readonly string[]
@@ -61,6 +62,12 @@ function prepare(database: Database) {
       .limit(1)
       .prepare('auth_app_validated_hook'),
     license: db.select().from(licenses).where(eq(licenses.key, sql.placeholder('key'))).limit(1).prepare('auth_license'),
+    // One statement for any number of keys (an IN list would be a new statement per count).
+    licenses: db
+      .select()
+      .from(licenses)
+      .where(sql`${licenses.key} = ANY(${sql.placeholder('keys')}::text[])`)
+      .prepare('auth_licenses'),
   }
 }
 
@@ -117,17 +124,58 @@ export class StateLoader {
   async license(licenseKey: string): Promise<CachedLicense | null> {
     this.loads.licenses++
     const [row] = await this.#q.license.execute({ key: licenseKey })
-    if (!row) return null
-    return {
-      key: row.key,
-      appId: row.appId,
-      status: row.status,
-      expiresAt: row.expiresAt,
-      maxHwidSlots: row.maxHwidSlots,
-      unlimitedHwidSlots: row.unlimitedHwidSlots,
-      hwids: row.hwids,
-      label: row.label,
-      variables: row.variables ?? {},
-    }
+    return row ? cachedLicense(row) : null
   }
+
+  /** Many licenses in one query, by key; a key that names none is missing from the answer. */
+  async licenses(licenseKeys: readonly string[]): Promise<Map<string, CachedLicense>> {
+    this.loads.licenses += licenseKeys.length
+    const rows = await this.#q.licenses.execute({ keys: licenseKeys })
+    return new Map(rows.map((row) => [row.key, cachedLicense(row)]))
+  }
+}
+
+const NO_VARIABLES: VariableMap = Object.freeze({})
+function cachedLicense(row: InferSelectModel<typeof licenses>): CachedLicense {
+  return {
+    key: row.key,
+    appId: row.appId,
+    status: row.status,
+    expiresAt: row.expiresAt ? row.expiresAt.getTime() : null,
+    maxHwidSlots: row.maxHwidSlots,
+    unlimitedHwidSlots: row.unlimitedHwidSlots,
+    hwids: row.hwids,
+    label: row.label,
+    variables: Object.keys(row.variables ?? {}).length === 0 ? NO_VARIABLES : row.variables,
+  }
+}
+
+/**
+ * What a license entry costs in memory, estimated on the high side. Measured with Bun 1.4 (2 × 10^5
+ * entries, RSS after a full GC): 1,437 bytes per entry holding a 19-character key and one 17-character
+ * HWID, counting its Entry, its place in the actor's Map and in the bound, and the signed-payload text
+ * cached beside it (signing/payloads.ts). Text counts twice per character (UTF-16 at worst), and the
+ * key, label, variables and app variables twice more: the payload text repeats them.
+ */
+export function licenseBytes(license: CachedLicense, appVariablesChars: number): number {
+  let chars = 2 * license.key.length + 2 * (license.label?.length ?? 0) + appVariablesChars
+  for (const hwid of license.hwids) chars += hwid.length + 24
+  chars += 2 * variablesChars(license.variables)
+  return 1_500 + 2 * chars
+}
+
+/** Characters of the app's variables as JSON: each license's payload text repeats them. */
+export const variablesChars = (variables: VariableMap) => (Object.keys(variables).length === 0 ? 0 : JSON.stringify(variables).length)
+
+/**
+ * What an app entry costs in memory, estimated on the high side: a fixed part for the row, its Sets,
+ * the secret hash and the opened signing key (measured with Bun 1.4 at about 3 KB with empty lists;
+ * 8 KB is counted), then each list entry and the variables, twice per character.
+ */
+export function appBytes(app: CachedApp): number {
+  let chars = 2 * variablesChars(app.variables)
+  for (const list of [app.ipBlacklist, app.ipWhitelist, app.hwidBlacklist, app.hwidWhitelist]) {
+    for (const item of list) chars += item.length + 40
+  }
+  return 8_192 + 2 * chars
 }

@@ -3,7 +3,8 @@ import type { EventBus } from '../delivery/outbox'
 import type { Sealer } from '../lib/crypto'
 import type { Store } from '../store/store'
 import { SingleFlight } from '../lib/single-flight'
-import { type Admission, keys, type Snapshot } from '../store/store'
+import { type Admission, keys } from '../store/store'
+import { LicenseLoads, type LicenseRead } from './license-loads'
 import { type ActorHost, AppActor, type Changed } from './app-actor'
 import { AbsentAppBudget } from './absent-app-budget'
 import { BoundedMap, type Entry, SharedBound } from './bounded'
@@ -11,17 +12,17 @@ import { Invalidator } from './invalidate'
 import { type CachedApp, type CachedLicense, StateLoader, StoreUnavailable } from './load'
 import type { SelfbanDone, SelfbanWish } from './selfban'
 
-/** How many entries the registry holds; absent ids have a bound of their own. */
+/** What the registry holds at most; absent ids have a bound of their own. */
 export interface ActorLimits {
   /** Actors, one per app. */
   apps: number
-  /** License entries of all actors together. */
-  licenses: number
-  /** Absent apps, and absent licenses, each. */
+  /** The app and license entries of all actors together, in bytes as estimated (load.ts appBytes, licenseBytes): CACHE_MAX_MB. */
+  cacheBytes: number
+  /** Absent apps, and absent licenses, each (entries, each a few hundred bytes). */
   absent: number
 }
 
-const LIMITS: ActorLimits = { apps: 10_000, licenses: 200_000, absent: 20_000 }
+export const ACTOR_LIMITS: ActorLimits = { apps: 10_000, cacheBytes: 256 * 2 ** 20, absent: 20_000 }
 const ABSENT_APPS_PER_MINUTE = 60
 
 /** What the actors of a process are built on. */
@@ -45,7 +46,8 @@ export class AppActors {
   readonly #actors = new Map<string, AppActor>()
   /** Apps that do not exist, kept apart so made-up ids never push a real app's actor out. */
   readonly #absentApps: BoundedMap<Entry<CachedApp>>
-  readonly #licenseBound: SharedBound<CachedLicense>
+  readonly #bound: SharedBound
+  readonly #licenseLoads: LicenseLoads
   readonly #host: ActorHost
   readonly #load: StateLoader
   readonly #appLoads = new SingleFlight<void>()
@@ -54,14 +56,14 @@ export class AppActors {
   generation = 0
   /** PostgreSQL reads of app and license state since start. */
   readonly loads: { readonly apps: number; readonly licenses: number }
-  readonly absentAppBudget = new AbsentAppBudget(ABSENT_APPS_PER_MINUTE, LIMITS.absent)
+  readonly absentAppBudget = new AbsentAppBudget(ABSENT_APPS_PER_MINUTE, ACTOR_LIMITS.absent)
 
   constructor(
     private readonly wiring: ActorsWiring,
-    private readonly limits: ActorLimits = LIMITS,
+    private readonly limits: ActorLimits = ACTOR_LIMITS,
   ) {
     this.#absentApps = new BoundedMap(limits.absent)
-    this.#licenseBound = new SharedBound(limits.licenses, limits.absent)
+    this.#bound = new SharedBound(limits.cacheBytes, limits.absent)
     this.invalidator = new Invalidator(wiring.store)
     this.#load = new StateLoader(wiring.database, wiring.sealer)
     this.loads = this.#load.loads
@@ -70,8 +72,21 @@ export class AppActors {
       bus: wiring.bus,
       clock: wiring.clock,
       invalidator: this.invalidator,
-      licenseBound: this.#licenseBound,
+      bound: this.#bound,
     }
+    this.#licenseLoads = new LicenseLoads({
+      store: wiring.store,
+      load: (licenseKeys) => this.#load.licenses(licenseKeys),
+      loadOne: (licenseKey) => this.#load.license(licenseKey),
+      keep: (appId, licenseKey, entry, generation) => {
+        if (this.#accepts(generation)) this.of(appId).setLicense(licenseKey, entry)
+      },
+    })
+  }
+
+  /** Bytes the cached entries are estimated to hold (ActorLimits.cacheBytes bounds them). */
+  get cachedBytes(): number {
+    return this.#bound.bytes
   }
 
   /** The app's actor, created on first use. */
@@ -136,9 +151,8 @@ export class AppActors {
   /** Drops every entry: the store answered with a newer generation than the one they were read under. */
   startOver(generation: number): void {
     if (generation < this.generation) return
-    for (const actor of this.#actors.values()) actor.app = undefined
     this.#absentApps.clear()
-    this.#licenseBound.clear()
+    this.#bound.clear()
     this.generation = generation
   }
 
@@ -151,28 +165,23 @@ export class AppActors {
     return generation === this.generation
   }
 
-  async #snapshot(epochKey: string, admission?: Admission): Promise<Snapshot> {
-    return this.wiring.store.snapshot([epochKey], admission).catch((err: unknown) => {
-      throw new StoreUnavailable(err)
-    })
-  }
-
   /** Makes sure the app is cached, reading its epoch before the load; concurrent misses share one load. */
   ensureApp(appId: string): Promise<void> {
     return this.#appLoads.run(appId, async () => {
-      const read = await this.#snapshot(keys.appEpoch(appId))
-      if (read.kind === 'ok') await this.reloadApp(appId, read.epochs[0] ?? 0, read.generation)
+      const read = await this.wiring.store.snapshot([keys.appEpoch(appId)]).catch((err: unknown) => {
+        throw new StoreUnavailable(err)
+      })
+      await this.reloadApp(appId, read.epochs[0] ?? 0, read.generation)
     })
   }
 
   /**
-   * Makes sure the license is cached, reading its epoch before the load. With `admission`, the bucket's
-   * token is taken in the same store call and nothing is loaded when it is empty ('limited').
+   * Makes sure the license is cached, reading its epoch before the load, batched with the other misses
+   * of the turn (LicenseLoads). With `admission`, the bucket's token is taken in the same store call and
+   * nothing is loaded when it is empty ('limited').
    */
-  async ensureLicense(appId: string, licenseKey: string, admission?: Admission): Promise<Snapshot> {
-    const read = await this.#snapshot(keys.licenseEpoch(licenseKey), admission)
-    if (read.kind === 'ok') await this.reloadLicense(appId, licenseKey, read.epochs[0] ?? 0, read.generation)
-    return read
+  ensureLicense(appId: string, licenseKey: string, admission?: Admission): Promise<LicenseRead> {
+    return this.#licenseLoads.ensure(appId, licenseKey, admission)
   }
 
   /** Loads from PostgreSQL and caches under `epoch` and `generation`, which the caller read before this call. */
@@ -186,7 +195,7 @@ export class AppActors {
       this.#absentApps.set(appId, { epoch, value })
       return
     }
-    actor.app = { epoch, value }
+    actor.setApp({ epoch, value })
     this.#absentApps.delete(appId)
   }
 

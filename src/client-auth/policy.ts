@@ -41,7 +41,7 @@ export function listsAllow(app: CachedApp, ip: string, hwid: string): boolean {
 export function licenseState(license: CachedLicense | null, app: CachedApp, nowMs: number): PublicErrorCode | null {
   if (!license || license.appId !== app.id) return 'invalid_key'
   if (license.status === 'revoked') return 'revoked'
-  if (license.expiresAt && license.expiresAt.getTime() <= nowMs) return 'expired'
+  if (license.expiresAt !== null && license.expiresAt <= nowMs) return 'expired'
   return null
 }
 

@@ -106,9 +106,7 @@ export class CreditLedger {
 
   // The generation the charge is made under; a charge has no cached state, so any current one will do.
   async #generation(): Promise<{ generation: number }> {
-    const snapshot = await this.#store.snapshot([])
-    if (snapshot.kind !== 'ok') throw new Error('a snapshot without admission was limited')
-    return snapshot
+    return this.#store.snapshot([])
   }
 
   /**

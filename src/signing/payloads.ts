@@ -58,7 +58,7 @@ export class SignedPayloads {
     if (!parts || parts.app !== app) {
       const head = JSON.stringify({ appId: app.id, licenseKey: license.key })
       const tail = JSON.stringify({
-        licenseExpiresAt: license.expiresAt ? license.expiresAt.toISOString() : null,
+        licenseExpiresAt: license.expiresAt === null ? null : new Date(license.expiresAt).toISOString(),
         unlimitedHwidSlots: license.unlimitedHwidSlots,
         maxHwidSlots: license.maxHwidSlots,
         hwidCount: license.hwids.length,

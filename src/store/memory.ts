@@ -3,8 +3,10 @@ import {
   type AuthorizeInput,
   type AuthorizeResult,
   type CreditState,
+  type EpochRead,
   keys,
   type Snapshot,
+  type Snapshots,
   type Store,
   type TakeResult,
 } from './store'
@@ -86,12 +88,18 @@ export class MemoryStore implements Store {
     for (const k of keys) this.set(k, ((this.get(k) as number | undefined) ?? 0) + 1)
   }
 
-  async snapshot(epochKeys: readonly string[], admission?: Admission): Promise<Snapshot> {
-    if (admission) {
-      const retryAfterMs = this.#takeBuckets([admission], admission.nowMs)
-      if (retryAfterMs > 0) return { kind: 'limited', retryAfterMs }
+  async snapshot(epochKeys: readonly string[]): Promise<Snapshot> {
+    return { generation: this.#generation, epochs: epochKeys.map((k) => this.#num(k)) }
+  }
+
+  async snapshotEach(reads: readonly EpochRead[]): Promise<Snapshots> {
+    return {
+      generation: this.#generation,
+      reads: reads.map(({ key, admission }) => {
+        const retryAfterMs = admission ? this.#takeBuckets([admission], admission.nowMs) : 0
+        return retryAfterMs > 0 ? { kind: 'limited', retryAfterMs } : { kind: 'ok', epoch: this.#num(key) }
+      }),
     }
-    return { kind: 'ok', generation: this.#generation, epochs: epochKeys.map((k) => this.#num(k)) }
   }
 
   /**

@@ -25,12 +25,15 @@ export interface Limiter {
 export interface Epochs {
   /** Current epoch of each key (0 when never bumped). */
   epochs(keys: readonly string[]): Promise<number[]>
+  /** What a cache load reads first, in one atomic step: the store's generation and each key's epoch. */
+  snapshot(keys: readonly string[]): Promise<Snapshot>
   /**
-   * What a cache load reads first, in one atomic step: the store's generation and each key's epoch.
-   * With `admission`, first takes one token from that bucket (the authorize script's rule) and reads
-   * nothing when it is empty, so a caller can limit work (a PostgreSQL lookup) before doing it.
+   * Many loads' first reads in one atomic step: the generation and, per read, first one token from its
+   * `admission` bucket when it has one (the authorize script's rule), then its epoch; a read whose
+   * bucket is empty reads nothing ('limited'), so each caller can limit its own work (a PostgreSQL
+   * lookup) before doing it without holding up the others.
    */
-  snapshot(keys: readonly string[], admission?: Admission): Promise<Snapshot>
+  snapshotEach(reads: readonly EpochRead[]): Promise<Snapshots>
   /** Increments each key's epoch, so every instance's cache entry read under the old value is stale. */
   bump(keys: readonly string[]): Promise<void>
 }
@@ -121,7 +124,22 @@ export interface Admission {
  * have lost data (restarted empty, flushed, failed over to a replica that lost writes, or only a new
  * connection that may lead to one of those). Epochs read under one generation mean nothing under another.
  */
-export type Snapshot = { kind: 'ok'; generation: number; epochs: number[] } | { kind: 'limited'; retryAfterMs: number }
+export interface Snapshot {
+  generation: number
+  epochs: number[]
+}
+
+/** One key of Epochs.snapshotEach, with the bucket that admits its read, if any. */
+export interface EpochRead {
+  key: string
+  admission?: Admission
+}
+
+/** What Epochs.snapshotEach read: the generation, and per read its epoch or its bucket's wait. */
+export interface Snapshots {
+  generation: number
+  reads: ({ kind: 'ok'; epoch: number } | { kind: 'limited'; retryAfterMs: number })[]
+}
 
 /** A balance load's view of the account: its epoch and its unfinished flush, if any. */
 export interface CreditState {

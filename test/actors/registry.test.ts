@@ -1,13 +1,19 @@
 import { expect, test } from 'bun:test'
 import { AppActors } from '../../src/actors/registry'
+import { licenseBytes } from '../../src/actors/load'
 import { generateLicenseKey } from '../../src/lib/crypto'
 import { insertLicense } from '../support/client'
 import { makeTestApp } from '../support/helpers'
 
 const t = await makeTestApp()
+/** The estimate of each license these tests insert (a 19-character key, nothing else). */
+const LICENSE_BYTES = licenseBytes(
+  { key: generateLicenseKey(), appId: '', status: 'active', expiresAt: null, maxHwidSlots: 1, unlimitedHwidSlots: false, hwids: [], label: null, variables: {} },
+  0,
+)
 
 test('the license bound holds across actors: the oldest entry of any app goes first', async () => {
-  const actors = new AppActors(t.ctx, { apps: 10, licenses: 3, absent: 2 })
+  const actors = new AppActors(t.ctx, { apps: 10, cacheBytes: 3 * LICENSE_BYTES, absent: 2 })
   const [a, b] = await Promise.all([t.seed(), t.seed()])
   const first = await insertLicense(t.ctx, a.appId)
   const others = [await insertLicense(t.ctx, b.appId), await insertLicense(t.ctx, a.appId), await insertLicense(t.ctx, b.appId)]
@@ -30,7 +36,7 @@ test('the license bound holds across actors: the oldest entry of any app goes fi
 })
 
 test('made-up license keys are bounded apart and never push a real one out', async () => {
-  const actors = new AppActors(t.ctx, { apps: 10, licenses: 2, absent: 2 })
+  const actors = new AppActors(t.ctx, { apps: 10, cacheBytes: 2 * LICENSE_BYTES, absent: 2 })
   const s = await t.seed()
   const real = await insertLicense(t.ctx, s.appId)
   await actors.ensureLicense(s.appId, real)
@@ -42,7 +48,7 @@ test('made-up license keys are bounded apart and never push a real one out', asy
 })
 
 test('made-up app ids are kept apart from the actors of real apps', async () => {
-  const actors = new AppActors(t.ctx, { apps: 2, licenses: 10, absent: 2 })
+  const actors = new AppActors(t.ctx, { apps: 2, cacheBytes: 2 ** 20, absent: 2 })
   const s = await t.seed()
   await actors.ensureApp(s.appId)
   const real = actors.of(s.appId)
@@ -55,7 +61,7 @@ test('made-up app ids are kept apart from the actors of real apps', async () => 
 })
 
 test('past the app bound the oldest idle actor goes, never one with work queued', async () => {
-  const actors = new AppActors(t.ctx, { apps: 2, licenses: 10, absent: 10 })
+  const actors = new AppActors(t.ctx, { apps: 2, cacheBytes: 2 ** 20, absent: 10 })
   const [a, b, c, d] = await Promise.all([t.seed(), t.seed(), t.seed(), t.seed()])
   for (const s of [a, b, c]) await actors.ensureApp(s.appId)
   expect(actors.cachedApp(a.appId)).toBeUndefined()
@@ -75,7 +81,7 @@ test('past the app bound the oldest idle actor goes, never one with work queued'
 })
 
 test('a Developer API change to an app no client uses leaves no actor behind, so it never pushes out an app in use', async () => {
-  const actors = new AppActors(t.ctx, { apps: 2, licenses: 10, absent: 2 })
+  const actors = new AppActors(t.ctx, { apps: 2, cacheBytes: 2 ** 20, absent: 2 })
   const [hot, b, c] = await Promise.all([t.seed(), t.seed(), t.seed()])
   const key = await insertLicense(t.ctx, hot.appId)
   await actors.ensureApp(hot.appId)
@@ -97,7 +103,7 @@ test('an app loaded under another spelling of its id gets no actor: the spelling
 })
 
 test('a write to an app no client uses never lets an app in use go, even with the registry full', async () => {
-  const actors = new AppActors(t.ctx, { apps: 1, licenses: 10, absent: 2 })
+  const actors = new AppActors(t.ctx, { apps: 1, cacheBytes: 2 ** 20, absent: 2 })
   const [hot, cold] = await Promise.all([t.seed(), t.seed()])
   await actors.ensureApp(hot.appId)
   let during: unknown

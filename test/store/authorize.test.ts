@@ -19,8 +19,7 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
   const now = Date.parse('2031-01-01T00:00:00Z')
   let generation = 0
   beforeAll(async () => {
-    const read = await store.snapshot([])
-    if (read.kind === 'ok') generation = read.generation
+    generation = (await store.snapshot([])).generation
   })
   const base = (over: Partial<AuthorizeInput> = {}): AuthorizeInput => request(generation, now, over)
   const id = () => randomUUID()
@@ -159,15 +158,23 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     expect(await store.authorize(base({ nonce }))).toEqual({ kind: 'ok', charged: 0 })
   })
 
-  test('snapshot: the admission token comes first, and an empty bucket reads nothing', async () => {
-    const ep = `ls:test:ep:${id()}`
-    await store.bump([ep])
+  test('snapshotEach: each read takes its own admission token first, and an empty bucket reads nothing of its own', async () => {
+    const [ep1, ep2] = [`ls:test:ep:${id()}`, `ls:test:ep:${id()}`]
+    await store.bump([ep1, ep2, ep2])
     const admission = { key: `ls:test:b:${id()}`, capacity: 1, refillPerSecond: 0.001, nowMs: now }
-    expect(await store.snapshot([ep], admission)).toEqual({ kind: 'ok', generation, epochs: [1] })
-    expect(await store.snapshot([ep], admission)).toEqual({ kind: 'limited', retryAfterMs: expect.any(Number) })
+    expect(await store.snapshotEach([{ key: ep1, admission }, { key: ep2 }])).toEqual({
+      generation,
+      reads: [{ kind: 'ok', epoch: 1 }, { kind: 'ok', epoch: 2 }],
+    })
+    // The bucket is empty now: its read is refused, the reads around it are not.
+    const other = { ...admission, key: `ls:test:b:${id()}` }
+    expect(await store.snapshotEach([{ key: ep2 }, { key: ep1, admission }, { key: ep2, admission: other }])).toEqual({
+      generation,
+      reads: [{ kind: 'ok', epoch: 2 }, { kind: 'limited', retryAfterMs: expect.any(Number) }, { kind: 'ok', epoch: 2 }],
+    })
     // The same bucket as the script's: a request naming it is limited too.
     expect((await store.authorize(base({ buckets: [admission] }))).kind).toBe('limited')
-    expect(await store.snapshot([ep])).toEqual({ kind: 'ok', generation, epochs: [1] })
+    expect(await store.snapshot([ep1, ep2])).toEqual({ generation, epochs: [1, 2] })
   })
 
   test('creditState reports the account epoch and the unfinished flush a seed must account for', async () => {
@@ -192,7 +199,6 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: generation', () => {
     const store = new RedisStore(TEST_REDIS_URL as string)
     try {
       const first = await store.snapshot([])
-      if (first.kind !== 'ok') throw new Error('no admission was asked for')
       const input = request(first.generation, Date.now())
       expect(await store.authorize(input)).toEqual({ kind: 'ok', charged: 0 })
       // What a restart without persistence or a FLUSHALL leaves: no ls:gen (and no epochs).
@@ -201,7 +207,7 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: generation', () => {
       expect(answer).toEqual({ kind: 'new_generation', generation: expect.any(Number) })
       const next = answer.kind === 'new_generation' ? answer.generation : 0
       expect(next).toBeGreaterThan(first.generation)
-      expect(await store.snapshot([])).toEqual({ kind: 'ok', generation: next, epochs: [] })
+      expect(await store.snapshot([])).toEqual({ generation: next, epochs: [] })
       expect(await store.authorize({ ...input, generation: next })).toEqual({ kind: 'ok', charged: 0 })
     } finally {
       await store.close()
@@ -231,7 +237,7 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: one authorize call in flight', ()
       const read = await store.snapshot([])
       const input = (): AuthorizeInput => ({
         nowMs: Date.now(),
-        generation: read.kind === 'ok' ? read.generation : 0,
+        generation: read.generation,
         epochs: [],
         ceiling: null,
         buckets: [],

@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto'
-import { type Admission, type Epochs, keys, type Snapshot } from '../store'
+import { type EpochRead, type Epochs, keys, type Snapshot, type Snapshots } from '../store'
 import type { Connection, Script } from './connection'
 
 const BUMP = `
@@ -7,31 +7,42 @@ for i = 1, #KEYS do redis.call('INCR', KEYS[i]) end
 return #KEYS
 `
 
-// KEYS: the generation key, the epoch keys, then the admission bucket when ARGV[2] is given. ARGV: a
-// fresh generation id (written when the key is missing), then the bucket's now, capacity and refill per
-// second. Answers the generation, the wait in ms (0: admitted) and, when admitted, each epoch.
+// KEYS: the generation key, then per read its epoch key and, when admitted, its bucket key. ARGV: a
+// fresh generation id (written when the key is missing), then per read three values: the bucket's now
+// ('' without a bucket), capacity and refill per second. Answers the generation, then per read its
+// epoch, or minus the wait in ms when its bucket had no token (then its epoch is not read).
 const SNAPSHOT = `
 local gen = redis.call('GET', KEYS[1])
 if not gen then
   gen = ARGV[1]
   redis.call('SET', KEYS[1], gen)
 end
-local last = #KEYS
-if ARGV[2] then
-  local now, t = tonumber(ARGV[2]), 1000 / tonumber(ARGV[4])
-  local tat = math.max(tonumber(redis.call('GET', KEYS[last])) or now, now) + t
-  local over = tat - now - tonumber(ARGV[3]) * t
-  if over > 1e-6 then return { gen, math.ceil(over) } end
-  redis.call('SET', KEYS[last], tat, 'PX', math.ceil(tat - now) + 1000)
-  last = last - 1
+local out = { gen }
+local k = 2
+for a = 2, #ARGV, 3 do
+  local now, wait = tonumber(ARGV[a]), 0
+  if now then
+    local bucket, t = KEYS[k + 1], 1000 / tonumber(ARGV[a + 2])
+    local tat = math.max(tonumber(redis.call('GET', bucket)) or now, now) + t
+    local over = tat - now - tonumber(ARGV[a + 1]) * t
+    if over > 1e-6 then
+      wait = math.ceil(over)
+    else
+      redis.call('SET', bucket, tat, 'PX', math.ceil(tat - now) + 1000)
+    end
+  end
+  if wait > 0 then
+    out[#out + 1] = -wait
+  else
+    out[#out + 1] = tonumber(redis.call('GET', KEYS[k]) or '0')
+  end
+  k = k + (now and 2 or 1)
 end
-local out = { gen, 0 }
-for i = 2, last do out[#out + 1] = tonumber(redis.call('GET', KEYS[i]) or '0') end
 return out
 `
 
 export interface EpochCommands {
-  lsSnapshot(n: number, ...keysAndArgs: (string | number)[]): Promise<[string, number, ...number[]]>
+  lsSnapshot(n: number, ...keysAndArgs: (string | number)[]): Promise<[string, ...number[]]>
   lsBump(n: number, ...keys: string[]): Promise<number>
 }
 
@@ -55,15 +66,29 @@ export class RedisEpochs implements Epochs {
     if (epochKeys.length > 0) await this.conn.redis.lsBump(epochKeys.length, ...epochKeys)
   }
 
-  async snapshot(epochKeys: readonly string[], admission?: Admission): Promise<Snapshot> {
+  async snapshot(epochKeys: readonly string[]): Promise<Snapshot> {
+    const { generation, reads } = await this.snapshotEach(epochKeys.map((key) => ({ key })))
+    return { generation, epochs: reads.map((read) => (read.kind === 'ok' ? read.epoch : 0)) }
+  }
+
+  async snapshotEach(reads: readonly EpochRead[]): Promise<Snapshots> {
     this.conn.failFastWhenLost()
     const sentAt = this.conn.generation
-    const args: (string | number)[] = [keys.generation, ...epochKeys]
-    if (admission) args.push(admission.key)
-    args.push(randomUUID())
-    if (admission) args.push(admission.nowMs, admission.capacity, admission.refillPerSecond)
-    const [seen, waitMs, ...epochs] = await this.conn.redis.lsSnapshot(epochKeys.length + (admission ? 2 : 1), ...args)
-    if (waitMs > 0) return { kind: 'limited', retryAfterMs: waitMs }
-    return { kind: 'ok', generation: this.conn.observe(seen, sentAt), epochs }
+    const keyArgs: string[] = [keys.generation]
+    const args: (string | number)[] = [randomUUID()]
+    for (const { key, admission } of reads) {
+      keyArgs.push(key)
+      if (admission) {
+        keyArgs.push(admission.key)
+        args.push(admission.nowMs, admission.capacity, admission.refillPerSecond)
+      } else {
+        args.push('', 0, 0)
+      }
+    }
+    const [seen, ...answers] = await this.conn.redis.lsSnapshot(keyArgs.length, ...keyArgs, ...args)
+    return {
+      generation: this.conn.observe(seen, sentAt),
+      reads: answers.map((n) => (n < 0 ? { kind: 'limited', retryAfterMs: -n } : { kind: 'ok', epoch: n })),
+    }
   }
 }

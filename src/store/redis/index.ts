@@ -1,5 +1,5 @@
 import { log } from '../../lib/log'
-import type { Admission, AuthorizeInput, AuthorizeResult, CreditState, Snapshot, Store, TakeResult } from '../store'
+import type { AuthorizeInput, AuthorizeResult, CreditState, EpochRead, Snapshot, Snapshots, Store, TakeResult } from '../store'
 import { type AuthorizeCommands, authorizeScripts, RedisAuthorizer } from './authorize'
 import { Connection, type RedisStoreOptions } from './connection'
 import { type CreditCommands, creditScripts, RedisCredits } from './credits'
@@ -56,8 +56,12 @@ export class RedisStore implements Store {
     return this.#epochs.bump(keys)
   }
 
-  snapshot(keys: readonly string[], admission?: Admission): Promise<Snapshot> {
-    return this.#epochs.snapshot(keys, admission)
+  snapshot(keys: readonly string[]): Promise<Snapshot> {
+    return this.#epochs.snapshot(keys)
+  }
+
+  snapshotEach(reads: readonly EpochRead[]): Promise<Snapshots> {
+    return this.#epochs.snapshotEach(reads)
   }
 
   authorize(input: AuthorizeInput): Promise<AuthorizeResult> {

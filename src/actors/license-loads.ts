@@ -1,0 +1,93 @@
+import { TurnBatcher } from '../lib/batcher'
+import type { Admission, Store } from '../store/store'
+import { keys } from '../store/store'
+import type { Entry } from './bounded'
+import { type CachedLicense, StoreUnavailable } from './load'
+
+/** What a license miss came to: cached (present or absent), or refused by its admission bucket. */
+export type LicenseRead = { kind: 'ok' } | { kind: 'limited'; retryAfterMs: number }
+
+interface Miss {
+  appId: string
+  licenseKey: string
+  admission: Admission | undefined
+  done: (read: LicenseRead) => void
+  fail: (err: unknown) => void
+}
+
+/** Where the misses' answers come from and go to (the registry). */
+export interface LicenseLoadsWiring {
+  store: Store
+  /** The licenses of `keys` from PostgreSQL, in one query. */
+  load(keys: readonly string[]): Promise<Map<string, CachedLicense>>
+  /** Loads one license alone: a batch whose query failed retries its keys one by one. */
+  loadOne(key: string): Promise<CachedLicense | null>
+  /** Caches what was read under `generation`, in the actor of `appId`. */
+  keep(appId: string, licenseKey: string, entry: Entry<CachedLicense>, generation: number): void
+}
+
+/**
+ * The license misses of one turn of the event loop, served together: one store call reads every
+ * epoch (each miss taking its own admission token first; a refused one loads nothing and does not
+ * hold up the others), then one PostgreSQL query reads every admitted row, a key asked twice once.
+ * The rule that makes caching safe holds per entry: its epoch was read before its row, and it is kept
+ * under the generation that read saw. One batch in flight: misses arriving meanwhile travel in the next.
+ */
+export class LicenseLoads {
+  readonly #batcher = new TurnBatcher<Miss>((misses) => this.#serve(misses), { oneInFlight: true })
+
+  constructor(private readonly wiring: LicenseLoadsWiring) {}
+
+  /** Caches the license (present or absent) unless `admission`'s bucket is empty. */
+  ensure(appId: string, licenseKey: string, admission?: Admission): Promise<LicenseRead> {
+    return new Promise((done, fail) => this.#batcher.add({ appId, licenseKey, admission, done, fail }))
+  }
+
+  async #serve(misses: Miss[]): Promise<void> {
+    try {
+      await this.#load(misses)
+    } catch (err) {
+      // Settles whoever is still waiting (a settled promise ignores it): no caller hangs on a bug here.
+      for (const m of misses) m.fail(err)
+    }
+  }
+
+  async #load(misses: Miss[]): Promise<void> {
+    const { store, keep } = this.wiring
+    const snapshot = await store
+      .snapshotEach(misses.map((m) => ({ key: keys.licenseEpoch(m.licenseKey), admission: m.admission })))
+      .catch((err: unknown) => {
+        throw new StoreUnavailable(err)
+      })
+    const admitted = [...new Set(misses.filter((_, i) => snapshot.reads[i]?.kind === 'ok').map((m) => m.licenseKey))]
+    const rows = await this.#rows(admitted)
+    misses.forEach((m, i) => {
+      const read = snapshot.reads[i]!
+      if (read.kind === 'limited') return m.done(read)
+      const row = rows.get(m.licenseKey)
+      if (row instanceof Error) return m.fail(row)
+      keep(m.appId, m.licenseKey, { epoch: read.epoch, value: row ?? null }, snapshot.generation)
+      m.done(read)
+    })
+  }
+
+  /** The rows of `admitted`; when the one query fails, each key alone, so one bad key fails only its own callers. */
+  async #rows(admitted: string[]): Promise<Map<string, CachedLicense | Error>> {
+    if (admitted.length === 0) return new Map()
+    try {
+      return await this.wiring.load(admitted)
+    } catch (err) {
+      if (admitted.length === 1) return new Map([[admitted[0]!, asError(err)]])
+    }
+    const alone = await Promise.allSettled(admitted.map((key) => this.wiring.loadOne(key)))
+    const rows = new Map<string, CachedLicense | Error>()
+    alone.forEach((r, i) => {
+      const key = admitted[i]!
+      if (r.status === 'rejected') rows.set(key, asError(r.reason))
+      else if (r.value) rows.set(key, r.value)
+    })
+    return rows
+  }
+}
+
+const asError = (err: unknown) => (err instanceof Error ? err : new Error(String(err)))
