@@ -78,7 +78,8 @@ export class SharedBound {
       this.#present.add(held)
       this.#bytes += held.bytes
       for (const oldest of this.#present) {
-        if (this.#bytes <= this.maxBytes) break
+        // The newest stays even alone over the bound: its caller is about to store it.
+        if (this.#bytes <= this.maxBytes || oldest === held) break
         this.#evict(oldest)
       }
     }

@@ -1,0 +1,49 @@
+import { expect, test } from 'bun:test'
+import { type Entry, type Held, type Holder, SharedBound } from '../../src/actors/bounded'
+
+/** A holder as the actors are one: a Map of entries the bound may empty. */
+function holder() {
+  const entries = new Map<string, Entry<string>>()
+  const h: Holder & { entries: typeof entries } = {
+    entries,
+    evicted(key: string, entry: Held) {
+      if (entries.get(key) === entry) entries.delete(key)
+    },
+  }
+  return h
+}
+
+const put = (bound: SharedBound, h: ReturnType<typeof holder>, key: string, value: string | null, bytes: number) =>
+  h.entries.set(key, bound.hold(h, key, { epoch: 0, value }, bytes))
+
+test('the byte bound holds across holders, the oldest entries out first however many it takes', () => {
+  const bound = new SharedBound(1_000, 10)
+  const [a, b] = [holder(), holder()]
+  put(bound, a, 'a1', 'x', 300)
+  put(bound, b, 'b1', 'x', 300)
+  put(bound, a, 'a2', 'x', 300)
+  expect(bound.bytes).toBe(900)
+  // 600 more: the two oldest go (a1, then b1), a2 stays.
+  put(bound, b, 'b2', 'x', 600)
+  expect([...a.entries.keys(), ...b.entries.keys()]).toEqual(['a2', 'b2'])
+  expect(bound.bytes).toBe(900)
+  // A replaced or released entry frees its room at once.
+  bound.release(a.entries.get('a2'))
+  a.entries.delete('a2')
+  expect(bound.bytes).toBe(600)
+  put(bound, a, 'a3', 'x', 400)
+  expect([...a.entries.keys(), ...b.entries.keys()]).toEqual(['a3', 'b2'])
+})
+
+test('absent entries are bounded apart by count and never push a present one out', () => {
+  const bound = new SharedBound(1_000, 3)
+  const h = holder()
+  put(bound, h, 'real', 'x', 1_000)
+  for (let i = 0; i < 50; i++) put(bound, h, `made-up-${i}`, null, 1_000)
+  expect(h.entries.get('real')?.value).toBe('x')
+  expect([...h.entries.keys()]).toEqual(['real', 'made-up-47', 'made-up-48', 'made-up-49'])
+  expect(bound.bytes).toBe(1_000)
+  bound.clear()
+  expect(h.entries.size).toBe(0)
+  expect(bound.bytes).toBe(0)
+})

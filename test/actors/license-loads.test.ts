@@ -1,0 +1,131 @@
+/**
+ * License misses of one turn are served together (actors/license-loads.ts): one store call, one
+ * PostgreSQL query, each miss answered on its own; and the rule that makes caching safe still holds
+ * across instances.
+ */
+import { expect, test } from 'bun:test'
+import { AppActors } from '../../src/actors/registry'
+import { generateLicenseKey } from '../../src/lib/crypto'
+import type { Store } from '../../src/store/store'
+import { hwid, insertLicense, nonce } from '../support/client'
+import { makeTestApp, sharedInfra } from '../support/helpers'
+
+const t = await makeTestApp()
+
+/** The shared store with `snapshotEach` and `authorize` calls counted, and a hook run after each snapshot and before each authorize. */
+async function watchedStore() {
+  const { store } = await sharedInfra()
+  const seen = { snapshots: 0, afterSnapshot: null as null | (() => Promise<void>), beforeAuthorize: null as null | (() => Promise<void>) }
+  const watched = new Proxy(store, {
+    get(target, prop) {
+      if (prop === 'snapshotEach') {
+        return async (...args: Parameters<Store['snapshotEach']>) => {
+          seen.snapshots++
+          const read = await target.snapshotEach(...args)
+          const hook = seen.afterSnapshot
+          seen.afterSnapshot = null
+          await hook?.()
+          return read
+        }
+      }
+      if (prop === 'authorize') {
+        return async (...args: Parameters<Store['authorize']>) => {
+          const hook = seen.beforeAuthorize
+          seen.beforeAuthorize = null
+          await hook?.()
+          return target.authorize(...args)
+        }
+      }
+      const value = Reflect.get(target, prop, target)
+      return typeof value === 'function' ? value.bind(target) : value
+    },
+  })
+  return { store: watched, seen }
+}
+
+test('the misses of one turn take one store call and one query, and one bad, limited or absent member fails none of the others', async () => {
+  const { store, seen } = await watchedStore()
+  const actors = new AppActors({ ...t.ctx, store })
+  const s = await t.seed()
+  const [real1, real2, guarded] = await Promise.all([1, 2, 3].map(() => insertLicense(t.ctx, s.appId)))
+  const absent = generateLicenseKey()
+  // A key PostgreSQL refuses as text: the batch's one query fails, and each key is then read alone.
+  const bad = 'BAD\u0000KEY'
+  const bucket = { key: `ls:rl:test:${crypto.randomUUID()}`, capacity: 1, refillPerSecond: 0.001 }
+  const nowMs = Date.now()
+  // Its one token goes first, so the guarded miss below finds the bucket empty.
+  await store.snapshotEach([{ key: 'ls:test:any', admission: { ...bucket, nowMs } }])
+  seen.snapshots = 0
+  const results = await Promise.allSettled([
+    actors.ensureLicense(s.appId, real1),
+    actors.ensureLicense(s.appId, absent),
+    actors.ensureLicense(s.appId, guarded, { ...bucket, nowMs }),
+    actors.ensureLicense(s.appId, bad),
+    actors.ensureLicense(s.appId, real2),
+  ])
+  expect(seen.snapshots).toBe(1)
+  expect(results.map((r) => (r.status === 'fulfilled' ? r.value.kind : 'failed'))).toEqual(['ok', 'ok', 'limited', 'failed', 'ok'])
+  expect(actors.cachedLicense(s.appId, real1)?.value?.key).toBe(real1)
+  expect(actors.cachedLicense(s.appId, real2)?.value?.key).toBe(real2)
+  expect(actors.cachedLicense(s.appId, absent)?.value).toBeNull()
+  // The limited member loaded nothing.
+  expect(actors.cachedLicense(s.appId, guarded)).toBeUndefined()
+  expect(actors.cachedLicense(s.appId, bad)).toBeUndefined()
+})
+
+test('concurrent misses of one key share one store call and one row read', async () => {
+  const { store, seen } = await watchedStore()
+  const actors = new AppActors({ ...t.ctx, store })
+  const s = await t.seed()
+  const key = await insertLicense(t.ctx, s.appId)
+  const before = actors.loads.licenses
+  const reads = await Promise.all(Array.from({ length: 5 }, () => actors.ensureLicense(s.appId, key)))
+  expect(reads.every((r) => r.kind === 'ok')).toBe(true)
+  expect(seen.snapshots).toBe(1)
+  expect(actors.loads.licenses - before).toBe(1)
+})
+
+test('a store that cannot be reached fails the batch as unavailable, and the next batch is served', async () => {
+  const { store } = await sharedInfra()
+  let down = true
+  const flaky = new Proxy(store, {
+    get(target, prop) {
+      if (prop === 'snapshotEach' && down) return async () => Promise.reject(new Error('connection lost'))
+      const value = Reflect.get(target, prop, target)
+      return typeof value === 'function' ? value.bind(target) : value
+    },
+  })
+  const actors = new AppActors({ ...t.ctx, store: flaky })
+  const s = await t.seed()
+  const key = await insertLicense(t.ctx, s.appId)
+  await expect(actors.ensureLicense(s.appId, key)).rejects.toThrow('store unavailable')
+  down = false
+  expect(await actors.ensureLicense(s.appId, key)).toMatchObject({ kind: 'ok' })
+  expect(actors.cachedLicense(s.appId, key)?.value?.key).toBe(key)
+})
+
+// Two instances on one database and one store, as two server processes are: B revokes, A must never
+// answer from the row it read before, wherever the revoke falls in A's batched miss.
+for (const when of ['between the epoch read and the row read', 'between the row read and its use'] as const) {
+  test(`a revoke by another instance ${when} is never served stale`, async () => {
+    const { store, seen } = await watchedStore()
+    const a = await makeTestApp({ store })
+    const b = await makeTestApp()
+    const s = await b.seed()
+    const h = hwid()
+    const licenseKey = await insertLicense(b.ctx, s.appId, { hwids: [h] })
+    const validate = () => a.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: h, nonce: nonce() } })
+    // The app is cached first, so the next miss is the license's alone.
+    await a.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey: generateLicenseKey(), hwid: h, nonce: nonce() } })
+    const revoke = async () => {
+      const put = await b.req('PUT', `/v1/licenses/${licenseKey}`, { apiKey: s.apiKey, body: { action: 'revoke' } })
+      expect(put.status).toBe(200)
+    }
+    if (when === 'between the epoch read and the row read') seen.afterSnapshot = revoke
+    else seen.beforeAuthorize = revoke
+    const reply = await validate()
+    expect(seen.afterSnapshot ?? seen.beforeAuthorize).toBeNull()
+    expect(reply.body.error).toBe('revoked')
+    expect((await validate()).body.error).toBe('revoked')
+  })
+}
