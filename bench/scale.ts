@@ -18,6 +18,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import postgres from 'postgres'
 import { setLogLevel } from '../src/lib/log'
+import { procCpu } from './proc'
 import { seedBulk } from './seed'
 import { type Server, serverEntry, spawnServer } from './server'
 
@@ -46,12 +47,18 @@ interface Result {
   p99: number
   errors: number
   cpuUs: number
+  /** CPU of the PostgreSQL backends serving this bench's database, per request. */
+  pgUs: number
 }
+
+/** CPU seconds of the PostgreSQL backends connected to `dbName` (this bench's alone, not the other users of the server). */
+let pgCpu: () => Promise<number> = async () => 0
 
 const toMs = (v: string, unit: string) => Number(v) * ({ us: 0.001, ms: 1, s: 1000 }[unit] ?? Number.NaN)
 let runs = 0
 
-function wrk(server: Server, set: Set, seconds: number): Result {
+async function wrk(server: Server, set: Set, seconds: number): Promise<Result> {
+  const pg0 = await pgCpu()
   const cpu0 = server.cpu()
   const runId = `${process.pid.toString(16)}s${(runs++).toString(16)}x`
   const out = Bun.spawnSync([
@@ -71,6 +78,7 @@ function wrk(server: Server, set: Set, seconds: number): Result {
     p99: pct('99'),
     errors: Number(/Non-2xx or 3xx responses:\s+(\d+)/.exec(text)?.[1] ?? 0),
     cpuUs: ((server.cpu() - cpu0) * 1e6) / total,
+    pgUs: (((await pgCpu()) - pg0) * 1e6) / total,
   }
 }
 
@@ -91,6 +99,10 @@ async function main() {
   const redis = new Redis(REDIS_URL)
   await redis.flushdb()
   const servers: Server[] = []
+  pgCpu = async () => {
+    const rows = await admin<{ pid: number }[]>`SELECT pid FROM pg_stat_activity WHERE datname = ${dbName}`
+    return rows.reduce((total, { pid }) => total + procCpu(String(pid)).seconds, 0)
+  }
   try {
     const env: Record<string, string> = {
       DATABASE_URL: dbUrl.toString(),
@@ -121,24 +133,24 @@ async function main() {
     }
     // Warm-up: JIT, connection pools, the small set into the caches, the big one to its steady state.
     for (const { server } of checkouts) {
-      wrk(server, small, 3)
-      wrk(server, big, DURATION)
+      await wrk(server, small, 3)
+      await wrk(server, big, DURATION)
     }
     const samples = checkouts.map(() => ({ small: [] as Result[], big: [] as Result[], rss: [] as number[][] }))
     for (let round = 1; round <= ROUNDS; round++) {
       console.log(`round ${round}/${ROUNDS}`)
       // Each scenario of every checkout back to back, in turn first: one ratio sees one machine state.
       const steps = checkouts.flatMap(({ name, server }, i) =>
-        (['small', 'big'] as const).map((which) => () => {
-          const r = wrk(server, which === 'small' ? small : big, DURATION)
+        (['small', 'big'] as const).map((which) => async () => {
+          const r = await wrk(server, which === 'small' ? small : big, DURATION)
           samples[i]![which].push(r)
           const label = `${name}, ${which === 'small' ? `${SMALL} licenses` : `${BIG} licenses`}`
           console.log(
-            `  ${label.padEnd(34)} ${r.rps.toFixed(0).padStart(7)} req/s  p50 ${r.p50.toFixed(2)} ms  p99 ${r.p99.toFixed(2)} ms  server CPU ${r.cpuUs.toFixed(0)} µs/req${r.errors ? `  non-2xx ${r.errors}` : ''}`,
+            `  ${label.padEnd(34)} ${r.rps.toFixed(0).padStart(7)} req/s  p50 ${r.p50.toFixed(2)} ms  p99 ${r.p99.toFixed(2)} ms  server CPU ${r.cpuUs.toFixed(0)} µs/req, PostgreSQL ${r.pgUs.toFixed(0)}${r.errors ? `  non-2xx ${r.errors}` : ''}`,
           )
         }),
       )
-      for (const step of round % 2 === 1 ? steps : steps.reverse()) step()
+      for (const step of round % 2 === 1 ? steps : steps.reverse()) await step()
       checkouts.forEach(({ server }, i) => samples[i]!.rss.push(server.rssMb()))
       console.log(`  RSS (MB per server process): ${checkouts.map(({ name, server }) => `${name} ${server.rssMb().map((mb) => mb.toFixed(0)).join(' + ')}`).join('; ')}`)
     }
@@ -150,7 +162,7 @@ async function main() {
       const errors = [...s.small, ...s.big].reduce((n, r) => n + r.errors, 0)
       console.log(`  ${name}:`)
       for (const [label, list] of [[`${SMALL} licenses`, s.small], [`${BIG} licenses`, s.big]] as const) {
-        console.log(`    ${label.padEnd(17)} ${m(list, (r) => r.rps).toFixed(0).padStart(7)} req/s  p50 ${m(list, (r) => r.p50).toFixed(2)} ms  p99 ${m(list, (r) => r.p99).toFixed(2)} ms  server CPU ${m(list, (r) => r.cpuUs).toFixed(0)} µs/req`)
+        console.log(`    ${label.padEnd(17)} ${m(list, (r) => r.rps).toFixed(0).padStart(7)} req/s  p50 ${m(list, (r) => r.p50).toFixed(2)} ms  p99 ${m(list, (r) => r.p99).toFixed(2)} ms  server CPU ${m(list, (r) => r.cpuUs).toFixed(0)} µs/req, PostgreSQL ${m(list, (r) => r.pgUs).toFixed(0)}`)
       }
       console.log(`    ${median(ratios) >= 0.9 ? 'ok  ' : 'MISS'} ${BIG} ÷ ${SMALL}: ${median(ratios).toFixed(2)} (rounds: ${ratios.map((r) => r.toFixed(2)).join(', ')}) (>= 0.90)`)
       console.log(`    RSS at the end of each round, largest process: ${s.rss.map((list) => Math.max(...list).toFixed(0)).join(', ')} MB`)

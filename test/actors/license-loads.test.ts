@@ -47,7 +47,7 @@ test('the misses of one turn take one store call and one query, and one bad, lim
   const { store, seen } = await watchedStore()
   const actors = new AppActors({ ...t.ctx, store })
   const s = await t.seed()
-  const [real1, real2, guarded] = await Promise.all([1, 2, 3].map(() => insertLicense(t.ctx, s.appId)))
+  const [real1, real2, guarded] = (await Promise.all([1, 2, 3].map(() => insertLicense(t.ctx, s.appId)))) as [string, string, string]
   const absent = generateLicenseKey()
   // A key PostgreSQL refuses as text: the batch's one query fails, and each key is then read alone.
   const bad = 'BAD\u0000KEY'
