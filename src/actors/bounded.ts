@@ -38,6 +38,58 @@ export interface Held extends Entry<unknown> {
   readonly holder: Holder
   readonly key: string
   readonly bytes: number
+  /** Released by its holder or evicted: its place in the queue is skipped. */
+  gone: boolean
+}
+
+/**
+ * Entries oldest first. An array, not a Set or Map: taking the oldest of a Set from which many were
+ * deleted walks past every deleted slot until the table is rebuilt (measured at ~12 µs per eviction
+ * with 10^4 entries churning). Gone entries are skipped when reached, and swept out once they
+ * outnumber the live ones, so the array stays within twice the live entries.
+ */
+class Queue {
+  #items: (Held | undefined)[] = []
+  #head = 0
+  #gone = 0
+  /** Entries not gone. */
+  size = 0
+
+  push(held: Held): void {
+    this.#items.push(held)
+    this.size++
+  }
+
+  /** The oldest entry not gone, taken out; undefined when none is left. */
+  shift(): Held | undefined {
+    while (this.#head < this.#items.length) {
+      const held = this.#items[this.#head]
+      this.#items[this.#head++] = undefined
+      if (held && !held.gone) {
+        this.size--
+        return held
+      }
+      this.#gone--
+    }
+    return undefined
+  }
+
+  /** `held`, still queued, is gone. */
+  left(): void {
+    this.size--
+    if (++this.#gone > 1024 && this.#gone > this.size) {
+      this.#items = this.#items.filter((held) => held !== undefined && !held.gone)
+      this.#head = 0
+      this.#gone = 0
+    }
+  }
+
+  *[Symbol.iterator](): Generator<Held> {
+    for (let i = this.#head; i < this.#items.length; i++) {
+      const held = this.#items[i]
+      if (held && !held.gone) yield held
+    }
+  }
 }
 
 /**
@@ -46,8 +98,8 @@ export interface Held extends Entry<unknown> {
  * send made-up keys, and they must never push real entries out.
  */
 export class SharedBound {
-  readonly #present = new Set<Held>()
-  readonly #absent = new Set<Held>()
+  #present = new Queue()
+  #absent = new Queue()
   #bytes = 0
 
   constructor(
@@ -65,46 +117,44 @@ export class SharedBound {
     return this.#present.size + this.#absent.size
   }
 
-  /** Wraps `entry` of `holder`'s `key`, estimated at `bytes`, and makes room for it; the caller stores what this returns. */
+  /**
+   * Wraps `entry` of `holder`'s `key`, estimated at `bytes`, and makes room for it, oldest out first;
+   * the caller stores what this returns. The newest stays even alone over the bound.
+   */
   hold<T>(holder: Holder, key: string, entry: Entry<T>, bytes: number): Entry<T> {
-    const held: Held = { epoch: entry.epoch, value: entry.value, holder, key, bytes: entry.value === null ? 0 : bytes }
-    if (entry.value === null) {
-      this.#absent.add(held)
-      for (const oldest of this.#absent) {
-        if (this.#absent.size <= this.absentLimit) break
-        this.#evict(oldest)
-      }
-    } else {
-      this.#present.add(held)
-      this.#bytes += held.bytes
-      for (const oldest of this.#present) {
-        // The newest stays even alone over the bound: its caller is about to store it.
-        if (this.#bytes <= this.maxBytes || oldest === held) break
-        this.#evict(oldest)
-      }
+    const absent = entry.value === null
+    const held: Held = { epoch: entry.epoch, value: entry.value, holder, key, bytes: absent ? 0 : bytes, gone: false }
+    const queue = absent ? this.#absent : this.#present
+    queue.push(held)
+    this.#bytes += held.bytes
+    while (queue.size > 1 && (absent ? queue.size > this.absentLimit : this.#bytes > this.maxBytes)) {
+      const oldest = queue.shift()!
+      oldest.gone = true
+      this.#bytes -= oldest.bytes
+      oldest.holder.evicted(oldest.key, oldest)
     }
     return held as Entry<T>
-  }
-
-  #evict(held: Held): void {
-    this.release(held)
-    held.holder.evicted(held.key, held)
   }
 
   /** The holder dropped `entry` itself (replaced or forgotten): its room is free again. */
   release(entry: Entry<unknown> | undefined): void {
     const held = entry as Held | undefined
-    if (!held) return
-    if (this.#present.delete(held)) this.#bytes -= held.bytes
-    else this.#absent.delete(held)
+    if (!held || held.gone || held.holder === undefined) return
+    held.gone = true
+    this.#bytes -= held.bytes
+    ;(held.value === null ? this.#absent : this.#present).left()
   }
 
   /** Drops every entry, telling each holder. */
   clear(): void {
-    for (const set of [this.#present, this.#absent]) {
-      for (const held of set) held.holder.evicted(held.key, held)
-      set.clear()
+    for (const queue of [this.#present, this.#absent]) {
+      for (const held of queue) {
+        held.gone = true
+        held.holder.evicted(held.key, held)
+      }
     }
+    this.#present = new Queue()
+    this.#absent = new Queue()
     this.#bytes = 0
   }
 }

@@ -47,3 +47,25 @@ test('absent entries are bounded apart by count and never push a present one out
   expect(h.entries.size).toBe(0)
   expect(bound.bytes).toBe(0)
 })
+
+test('entries replaced again and again keep the count and the order right: the oldest live one goes next', () => {
+  const bound = new SharedBound(1_000, 10)
+  const h = holder()
+  for (let i = 0; i < 10; i++) put(bound, h, `k${i}`, 'x', 100)
+  // Every entry but k0 reloaded many times over (each reload goes to the back of the line).
+  for (let round = 0; round < 2_000; round++) {
+    const key = `k${1 + (round % 9)}`
+    bound.release(h.entries.get(key))
+    put(bound, h, key, 'x', 100)
+  }
+  expect(bound.bytes).toBe(1_000)
+  expect(bound.size).toBe(10)
+  put(bound, h, 'new', 'x', 100)
+  expect(h.entries.has('k0')).toBe(false)
+  put(bound, h, 'newer', 'x', 100)
+  // The last reloads went k3, k4, …, k9, k1, k2 (rounds 1991 to 1999): k3 is the oldest now.
+  expect(h.entries.has('k3')).toBe(false)
+  expect(h.entries.has('k4')).toBe(true)
+  expect(h.entries.size).toBe(10)
+  expect(bound.bytes).toBe(1_000)
+})
