@@ -62,7 +62,8 @@ export class AppActors {
     private readonly limits: ActorLimits = ACTOR_LIMITS,
   ) {
     this.#absentApps = new BoundedMap(limits.absent)
-    this.#bound = new SharedBound(limits.cacheBytes, limits.absent)
+    // Asks for a full collection in the background (concurrent marking), without blocking this thread.
+    this.#bound = new SharedBound(limits.cacheBytes, limits.absent, () => Bun.gc(false))
     this.invalidator = new Invalidator(wiring.store)
     this.#load = new StateLoader(wiring.database, wiring.sealer)
     this.loads = this.#load.loads
