@@ -9,7 +9,8 @@ export interface Config {
   port: number
   /**
    * Server processes sharing the listener (SO_REUSEPORT): 1, or more on a machine with as many cores;
-   * more than 1 needs DATABASE_URL and REDIS_URL, the state every instance shares.
+   * more than 1 needs DATABASE_URL and REDIS_URL, the state every instance shares, and with both set
+   * it is one per core unless SERVER_PROCESSES says otherwise.
    */
   serverProcesses: number
   /** postgres://… or null for the embedded PGlite under dataDir. */
@@ -116,9 +117,12 @@ export function loadConfig(env: Env = process.env): Readonly<Config> {
   }
   const databaseUrl = url(env, 'DATABASE_URL', ['postgres:', 'postgresql:'])
   const redisUrl = url(env, 'REDIS_URL', ['redis:', 'rediss:'])
-  const serverProcesses =
-    str(env, 'SERVER_PROCESSES', '1').trim() === 'auto' ? availableParallelism() : int(env, 'SERVER_PROCESSES', 1, 1, 256)
-  if (serverProcesses > 1 && (databaseUrl === null || redisUrl === null)) {
+  // Unset, a server with the shared database and store runs one process per core: one Bun process
+  // serves HTTP on one thread, and the second core would otherwise only sign. Without them, one.
+  const shared = databaseUrl !== null && redisUrl !== null
+  const processesSetting = str(env, 'SERVER_PROCESSES', shared ? 'auto' : '1').trim()
+  const serverProcesses = processesSetting === 'auto' ? availableParallelism() : int(env, 'SERVER_PROCESSES', 1, 1, 256)
+  if (serverProcesses > 1 && !shared) {
     throw new ConfigError('SERVER_PROCESSES above 1 needs DATABASE_URL and REDIS_URL: the embedded database and store belong to one process')
   }
   const logLevel = str(env, 'LOG_LEVEL', 'info')

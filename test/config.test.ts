@@ -90,6 +90,15 @@ describe('each setting is parsed', () => {
     expect(loadConfig({ SERVER_PROCESSES: '1' }).serverProcesses).toBe(1)
   })
 
+  test('SERVER_PROCESSES unset: one per core with the shared database and store, else one', () => {
+    const shared = { DATABASE_URL: 'postgres://db/ls', REDIS_URL: 'redis://cache' }
+    expect(loadConfig(shared).serverProcesses).toBe(availableParallelism())
+    expect(loadConfig({ ...shared, SERVER_PROCESSES: '' }).serverProcesses).toBe(availableParallelism())
+    expect(loadConfig({ ...shared, SERVER_PROCESSES: '1' }).serverProcesses).toBe(1)
+    expect(loadConfig({ DATABASE_URL: shared.DATABASE_URL }).serverProcesses).toBe(1)
+    expect(loadConfig({ REDIS_URL: shared.REDIS_URL }).serverProcesses).toBe(1)
+  })
+
   test('TLS_CERT_FILE and TLS_KEY_FILE together', () => {
     const config = loadConfig({ TLS_CERT_FILE: certFile, TLS_KEY_FILE: keyFile })
     expect([config.tlsCertFile, config.tlsKeyFile]).toEqual([certFile, keyFile])
