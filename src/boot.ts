@@ -37,7 +37,7 @@ export interface ContextOverrides {
 export async function buildContext(config: Readonly<Config>, overrides: ContextOverrides = {}): Promise<Context> {
   const masterKey = overrides.masterKey ?? resolveMasterKey(config.masterKey, config.dataDir)
   const database = overrides.database ?? (await openDb({ databaseUrl: config.databaseUrl, dataDir: config.dataDir }))
-  const store = overrides.store ?? (await openStore(config.redisUrl))
+  const store = overrides.store ?? (await openStore(config.redisUrl, config.redisClusterShards))
   const embedded = overrides.embedded ?? false
   return assembleContext({
     config,

@@ -4,8 +4,8 @@ import { createApiKey, revokeApiKey } from '../../src/accounts/service'
 import { generateLicenseKey } from '../../src/lib/crypto'
 import { createLicenses } from '../../src/licenses/service'
 import { events, licenses } from '../../src/db/schema'
-import { keys } from '../../src/store/store'
 import { makeTestApp, type TestApp } from '../support/helpers'
+import { licenseEpochKey } from '../support/client'
 
 const KEY_SHAPE = /^[A-HJ-NP-Z2-9]{4}-[A-HJ-NP-Z2-9]{4}-[A-HJ-NP-Z2-9]{4}-[A-HJ-NP-Z2-9]{4}$/
 const errorBody = (error: string) => ({ error, message: expect.any(String) })
@@ -44,7 +44,7 @@ function eventsOf(licenseKey: string) {
 }
 
 async function epochOf(licenseKey: string) {
-  const [epoch] = await t.ctx.store.epochs([keys.licenseEpoch(licenseKey)])
+  const [epoch] = await t.ctx.store.epochs([await licenseEpochKey(t.ctx, licenseKey)])
   return epoch ?? 0
 }
 

@@ -6,6 +6,10 @@ import { type AuthorizeInput, keys, type Store } from '../../src/store/store'
 import { TEST_REDIS_URL } from '../support/helpers'
 import { request } from './request'
 
+/** The one shard of a single Redis and of the in-process store; PROBE names it to a snapshot. */
+const S = '{s0}'
+const PROBE = `ls:${S}:test:probe`
+
 // The same cases against both twins; Redis runs whenever the pass has one (the PostgreSQL + Redis pass).
 const stores: [string, () => Store][] = [['memory', () => new MemoryStore()]]
 if (TEST_REDIS_URL) {
@@ -19,15 +23,15 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
   const now = Date.parse('2031-01-01T00:00:00Z')
   let generation = 0
   beforeAll(async () => {
-    const read = await store.snapshot([])
+    const read = await store.snapshot([PROBE])
     if (read.kind === 'ok') generation = read.generation
   })
   const base = (over: Partial<AuthorizeInput> = {}): AuthorizeInput => request(generation, now, over)
   const id = () => randomUUID()
 
   test('stale epochs change nothing and report the current values', async () => {
-    const ep = `ls:test:ep:${id()}`
-    const nonceKey = `ls:test:n:${id()}`
+    const ep = `ls:{s0}:test:ep:${id()}`
+    const nonceKey = `ls:{s0}:test:n:${id()}`
     await store.bump([ep, ep])
     const r = await store.authorize(base({ epochs: [{ key: ep, expected: 0 }], nonce: { key: nonceKey, ttlSeconds: 60 } }))
     expect(r).toEqual({ kind: 'stale', epochs: [2] })
@@ -36,14 +40,14 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
   })
 
   test('nonce: claimed once; a denied request still claims it', async () => {
-    const nonceKey = `ls:test:n:${id()}`
+    const nonceKey = `ls:{s0}:test:n:${id()}`
     expect(await store.authorize(base({ nonce: { key: nonceKey, ttlSeconds: 60 }, deny: true }))).toEqual({ kind: 'denied' })
     expect(await store.authorize(base({ nonce: { key: nonceKey, ttlSeconds: 60 } }))).toEqual({ kind: 'replay' })
   })
 
   test('buckets are taken all or none and refill continuously', async () => {
-    const a = { key: `ls:test:b:${id()}`, capacity: 2, refillPerSecond: 1 }
-    const b = { key: `ls:test:b:${id()}`, capacity: 1, refillPerSecond: 1 }
+    const a = { key: `ls:{s0}:test:b:${id()}`, capacity: 2, refillPerSecond: 1 }
+    const b = { key: `ls:{s0}:test:b:${id()}`, capacity: 1, refillPerSecond: 1 }
     expect((await store.authorize(base({ buckets: [a, b] }))).kind).toBe('ok')
     expect(await store.authorize(base({ buckets: [a, b] }))).toEqual({ kind: 'limited', retryAfterMs: 1000 })
     // `a` kept its second token: the refused call took nothing.
@@ -53,8 +57,8 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
   })
 
   test('the ceiling counts before the buckets and limits', async () => {
-    const ceiling = { key: `ls:test:d:${id()}`, limit: 2, ttlSeconds: 60 }
-    const bucket = { key: `ls:test:b:${id()}`, capacity: 1, refillPerSecond: 0.001 }
+    const ceiling = { key: `ls:{s0}:test:d:${id()}`, limit: 2, ttlSeconds: 60 }
+    const bucket = { key: `ls:{s0}:test:b:${id()}`, capacity: 1, refillPerSecond: 0.001 }
     expect((await store.authorize(base({ ceiling, buckets: [bucket] }))).kind).toBe('ok')
     expect((await store.authorize(base({ ceiling, buckets: [bucket] }))).kind).toBe('limited')
     expect((await store.authorize(base({ ceiling, buckets: [bucket] }))).kind).toBe('quota')
@@ -88,7 +92,7 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
   test('heartbeat counter: every n-th call is charged, a refused charge is rolled back', async () => {
     const acct = id()
     await store.loadBalance(acct, { epoch: 0, flushId: null }, 1, false)
-    const charge = { accountId: acct, cost: 1, counter: { key: `ls:test:hb:${id()}`, every: 3 } }
+    const charge = { accountId: acct, cost: 1, counter: { key: `ls:{s0}:test:hb:${id()}`, every: 3 } }
     const kinds: string[] = []
     for (let i = 0; i < 7; i++) {
       const r = await store.authorize(base({ charge }))
@@ -108,10 +112,10 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
 
   test('requests issued together are each checked in order and each get their own answer', async () => {
     // Multi-byte characters: each key must be cut at its UTF-8 length, not its JavaScript length.
-    const nonceKey = `ls:test:n:${id()}:é€😀`
-    const ep = `ls:test:ep:${id()}`
+    const nonceKey = `ls:{s0}:test:n:${id()}:é€😀`
+    const ep = `ls:{s0}:test:ep:${id()}`
     await store.bump([ep])
-    const bucket = { key: `ls:test:b:${id()}`, capacity: 2, refillPerSecond: 0.001 }
+    const bucket = { key: `ls:{s0}:test:b:${id()}`, capacity: 2, refillPerSecond: 0.001 }
     const replies = await Promise.all([
       store.authorize(base({ nonce: { key: nonceKey, ttlSeconds: 60 }, buckets: [bucket] })),
       store.authorize(base({ epochs: [{ key: ep, expected: 0 }] })),
@@ -132,8 +136,8 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     const acct = id()
     await store.loadBalance(acct, { epoch: 0, flushId: null }, 2, false)
     const charge = { accountId: acct, cost: 1, counter: null }
-    const counted = { accountId: acct, cost: 1, counter: { key: `ls:test:hb:${id()}`, every: 2 } }
-    const bucket = { key: `ls:test:b:${id()}`, capacity: 4, refillPerSecond: 0.001 }
+    const counted = { accountId: acct, cost: 1, counter: { key: `ls:{s0}:test:hb:${id()}`, every: 2 } }
+    const bucket = { key: `ls:{s0}:test:b:${id()}`, capacity: 4, refillPerSecond: 0.001 }
     const replies = await Promise.all([
       store.authorize(base({ charge, buckets: [bucket] })),
       store.authorize(base({ charge: counted, buckets: [bucket] })),
@@ -154,15 +158,15 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
   })
 
   test('a request read under another generation changes nothing and learns the current one', async () => {
-    const nonce = { key: `ls:test:n:${id()}`, ttlSeconds: 60 }
+    const nonce = { key: `ls:{s0}:test:n:${id()}`, ttlSeconds: 60 }
     expect(await store.authorize(base({ generation: generation + 1000, nonce }))).toEqual({ kind: 'new_generation', generation })
     expect(await store.authorize(base({ nonce }))).toEqual({ kind: 'ok', charged: 0 })
   })
 
   test('snapshot: the admission token comes first, and an empty bucket reads nothing', async () => {
-    const ep = `ls:test:ep:${id()}`
+    const ep = `ls:{s0}:test:ep:${id()}`
     await store.bump([ep])
-    const admission = { key: `ls:test:b:${id()}`, capacity: 1, refillPerSecond: 0.001, nowMs: now }
+    const admission = { key: `ls:{s0}:test:b:${id()}`, capacity: 1, refillPerSecond: 0.001, nowMs: now }
     expect(await store.snapshot([ep], admission)).toEqual({ kind: 'ok', generation, epochs: [1] })
     expect(await store.snapshot([ep], admission)).toEqual({ kind: 'limited', retryAfterMs: expect.any(Number) })
     // The same bucket as the script's: a request naming it is limited too.
@@ -183,25 +187,25 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
   })
 
   test('key names stay distinct per account', () => {
-    expect(new Set([keys.balance('a'), keys.pendingCharges('a'), keys.flushing('a'), keys.accountEpoch('a')]).size).toBe(4)
+    expect(new Set([keys.balance(S, 'a'), keys.pendingCharges(S, 'a'), keys.flushing(S, 'a'), keys.accountEpoch(S, 'a')]).size).toBe(4)
   })
 })
 
 describe.skipIf(!TEST_REDIS_URL)('redis store: generation', () => {
-  test('a lost ls:gen makes the next call answer a new generation, and reads then carry it', async () => {
+  test('a lost generation key makes the next call answer a new generation, and reads then carry it', async () => {
     const store = new RedisStore(TEST_REDIS_URL as string)
     try {
-      const first = await store.snapshot([])
+      const first = await store.snapshot([PROBE])
       if (first.kind !== 'ok') throw new Error('no admission was asked for')
       const input = request(first.generation, Date.now())
       expect(await store.authorize(input)).toEqual({ kind: 'ok', charged: 0 })
-      // What a restart without persistence or a FLUSHALL leaves: no ls:gen (and no epochs).
-      await store.redis.del(keys.generation)
+      // What a restart without persistence or a FLUSHALL leaves: no generation key (and no epochs).
+      await store.redis.del(keys.generation(S))
       const answer = await store.authorize(input)
       expect(answer).toEqual({ kind: 'new_generation', generation: expect.any(Number) })
       const next = answer.kind === 'new_generation' ? answer.generation : 0
       expect(next).toBeGreaterThan(first.generation)
-      expect(await store.snapshot([])).toEqual({ kind: 'ok', generation: next, epochs: [] })
+      expect(await store.snapshot([PROBE])).toEqual({ kind: 'ok', generation: next, epochs: [0] })
       expect(await store.authorize({ ...input, generation: next })).toEqual({ kind: 'ok', charged: 0 })
     } finally {
       await store.close()
@@ -217,9 +221,9 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: one authorize call in flight', ()
       const sizes: number[] = []
       let inFlight = 0
       let mostInFlight = 0
-      store.redis.lsAuthorize = async (packed: Buffer, generation: string, fresh: string) => {
+      store.redis.lsAuthorize = async (generationKey: string, packed: Buffer, generation: string, fresh: string) => {
         mostInFlight = Math.max(mostInFlight, ++inFlight)
-        const call = original(packed, generation, fresh)
+        const call = original(generationKey, packed, generation, fresh)
         // The call's argument starts with its key count; each request here has one key, its nonce.
         sizes.push(packed.readUInt32LE(0))
         try {
@@ -228,14 +232,15 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: one authorize call in flight', ()
           inFlight--
         }
       }
-      const read = await store.snapshot([])
+      const read = await store.snapshot([PROBE])
       const input = (): AuthorizeInput => ({
         nowMs: Date.now(),
+        shard: S,
         generation: read.kind === 'ok' ? read.generation : 0,
         epochs: [],
         ceiling: null,
         buckets: [],
-        nonce: { key: `ls:test:n:${randomUUID()}`, ttlSeconds: 60 },
+        nonce: { key: `ls:{s0}:test:n:${randomUUID()}`, ttlSeconds: 60 },
         deny: false,
         charge: null,
       })

@@ -1,5 +1,5 @@
 import { log } from '../../lib/log'
-import type { Admission, AuthorizeInput, AuthorizeResult, CreditState, Snapshot, Store, TakeResult } from '../store'
+import type { Admission, AuthorizeInput, AuthorizeResult, CreditState, Shard, Snapshot, Store, TakeResult } from '../store'
 import { type AuthorizeCommands, authorizeScripts, RedisAuthorizer } from './authorize'
 import { Connection, type RedisStoreOptions } from './connection'
 import { type CreditCommands, creditScripts, RedisCredits } from './credits'
@@ -33,6 +33,14 @@ export class RedisStore implements Store {
     this.#epochs = new RedisEpochs(this.#conn)
     this.#credits = new RedisCredits(this.#conn)
     this.#authorizer = new RedisAuthorizer(this.#conn, this.#credits)
+  }
+
+  get shards(): number {
+    return this.#conn.shards
+  }
+
+  shardOf(accountId: string): Shard {
+    return this.#conn.shardOf(accountId)
   }
 
   /** The client, with the scripts as commands (tests reach past the Store with it). */
@@ -109,11 +117,12 @@ export class RedisStore implements Store {
   }
 }
 
-export async function openStore(redisUrl: string | null): Promise<Store> {
+/** The store the settings name: Redis, a Redis Cluster (`clusterShards`), or the in-process twin without REDIS_URL. */
+export async function openStore(redisUrl: string | null, clusterShards: number | null = null): Promise<Store> {
   if (!redisUrl) {
     const { MemoryStore } = await import('../memory')
     log.info('REDIS_URL is not set: rate-limit, nonce and session state is kept in this process (one instance only)')
     return new MemoryStore()
   }
-  return new RedisStore(redisUrl)
+  return new RedisStore(redisUrl, { cluster: clusterShards === null ? null : { shards: clusterShards } })
 }
