@@ -55,10 +55,13 @@ export class Connection<Commands extends object = object> {
 
   constructor(url: string, options: RedisStoreOptions, scripts: { [name in keyof Commands]: Script }) {
     const named = Object.entries(scripts) as [string, Script][]
+    // A cluster client places an auto-pipelined command by its first argument, which is the key count
+    // for a script that takes its count first: those go on their own, placed by their first key.
+    const alone = ([, s]: [string, Script]) => s.pipelined === false || (!!options.cluster && s.numberOfKeys === undefined)
     const common = {
       lazyConnect: false,
       enableAutoPipelining: true,
-      autoPipeliningIgnoredCommands: named.filter(([, s]) => s.pipelined === false).map(([name]) => name),
+      autoPipeliningIgnoredCommands: named.filter(alone).map(([name]) => name),
       connectTimeout: options.connectTimeoutMs ?? 2000,
       // Fail a command fast while Redis is down instead of queueing it for ever; reconnect in the background.
       maxRetriesPerRequest: 1,
