@@ -73,7 +73,7 @@ describe('POST /auth/heartbeat and /auth/selfban', async () => {
 
     const d = await login()
     await t.ctx.database.db.delete(licenses).where(eq(licenses.key, d.licenseKey))
-    await t.ctx.store.bump([await licenseEpochKey(t.ctx, d.licenseKey)])
+    await t.ctx.store.bump([await licenseEpochKey(t.ctx, s.appId, d.licenseKey)])
     expect((await beat(d.token, d.hwid)).body.error).toBe('invalid_key')
   })
 

@@ -18,7 +18,9 @@ export async function insertLicense(
 
 /** Changes a license row behind the actors' back and bumps its epoch after commit, as another process's publish would. */
 export async function updateLicense(ctx: Context, key: string, set: Partial<typeof licenses.$inferInsert>) {
-  const epochKey = await licenseEpochKey(ctx, key)
+  const [row] = await ctx.database.db.select({ appId: licenses.appId }).from(licenses).where(eq(licenses.key, key))
+  if (!row) throw new Error(`no license ${key}`)
+  const epochKey = await licenseEpochKey(ctx, row.appId, key)
   await ctx.database.db.update(licenses).set(set).where(eq(licenses.key, key))
   await ctx.store.bump([epochKey])
 }
@@ -28,11 +30,9 @@ export async function appEpochKey(ctx: Context, appId: string): Promise<string> 
   return keys.appEpoch((await ctx.actors.shardOfApp(appId)) as string, appId)
 }
 
-/** The epoch key of a license, in its app's account's shard. */
-export async function licenseEpochKey(ctx: Context, key: string): Promise<string> {
-  const [row] = await ctx.database.db.select({ appId: licenses.appId }).from(licenses).where(eq(licenses.key, key))
-  if (!row) throw new Error(`no license ${key}`)
-  return keys.licenseEpoch((await ctx.actors.shardOfApp(row.appId)) as string, key)
+/** The epoch key of a license of the app, in its account's shard. */
+export async function licenseEpochKey(ctx: Context, appId: string, key: string): Promise<string> {
+  return keys.licenseEpoch((await ctx.actors.shardOfApp(appId)) as string, key)
 }
 
 export const nonce = () => randomBytes(16).toString('hex')

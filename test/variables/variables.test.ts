@@ -32,7 +32,7 @@ const targets: [string, (s: Seeded) => Promise<Target>][] = [
     'license',
     async (s) => {
       const key = await newLicense(s)
-      return { path: `/v1/licenses/${key}/variables`, epochKey: await licenseEpochKey(t.ctx, key) }
+      return { path: `/v1/licenses/${key}/variables`, epochKey: await licenseEpochKey(t.ctx, s.appId, key) }
     },
   ],
 ]
