@@ -190,6 +190,8 @@ export const keys = {
   flushing: (shard: Shard, accountId: string) => `ls:${shard}:crf:${accountId}`,
   /** The shard's accounts with pending charges. */
   dirtyAccounts: (shard: Shard) => `ls:${shard}:crdirty`,
+  /** The shard count the store's keys were written with (openStore). */
+  shardCount: 'ls:shards',
   /** A random id written when missing: a shard that lost its data comes back without it (Snapshot). */
   generation: (shard: Shard) => `ls:${shard}:gen`,
 }

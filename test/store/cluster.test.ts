@@ -6,7 +6,7 @@
 import { afterAll, describe, expect, test } from 'bun:test'
 import { eq } from 'drizzle-orm'
 import { accounts, licenses } from '../../src/db/schema'
-import { RedisStore } from '../../src/store/redis'
+import { openStore, RedisStore } from '../../src/store/redis'
 import { allShards, keys, shardOfKey } from '../../src/store/store'
 import { decode, hwid, insertLicense, nonce } from '../support/client'
 import { makeTestApp, MODE, type TestApp } from '../support/helpers'
@@ -45,6 +45,12 @@ if (MODE === 'postgres') {
       return (slot: number) => cluster.ports.indexOf(ranges.find(([from, to]) => slot >= from && slot <= to)![2][1])
     }
     const nodeOf = async (key: string) => (await slotOwners())(Number(await cluster.nodes[0]!.cluster('KEYSLOT', key)))
+
+    test('an instance with another shard count than the store was written with refuses to start', async () => {
+      const opened = await openStore(cluster.url, SHARDS)
+      await opened.close()
+      await expect(openStore(cluster.url, SHARDS / 2)).rejects.toThrow(`written with ${SHARDS} shard(s) and this instance uses ${SHARDS / 2}`)
+    })
 
     test('the default shards spread evenly over 3 masters', async () => {
       const owner = await slotOwners()
@@ -126,7 +132,8 @@ if (MODE === 'postgres') {
         const names = await node.keys('ls:*')
         expect(names.length).toBeGreaterThan(0)
         for (const name of names) {
-          if (name.startsWith('ls:rl:api:')) continue
+          // The two kinds of key no client request touches: the Developer API limits, the shard count.
+          if (name.startsWith('ls:rl:api:') || name === keys.shardCount) continue
           const shard = shardOfKey(name)
           expect(shard).not.toBeNull()
           nodesOfShard.set(shard!, (nodesOfShard.get(shard!) ?? new Set()).add(i))
