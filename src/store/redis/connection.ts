@@ -28,6 +28,8 @@ function clusterClient(urls: string, options: RedisOptions & { enableAutoPipelin
     {
       enableAutoPipelining,
       autoPipeliningIgnoredCommands,
+      // Every read from the masters: a replica may lag behind an epoch bump or a charge.
+      scaleReads: 'master',
       redisOptions: {
         ...redisOptions,
         username: decodeURIComponent(first.username) || undefined,
