@@ -39,7 +39,7 @@ export async function buildContext(config: Readonly<Config>, overrides: ContextO
   const database =
     overrides.database ??
     (await openDb({ databaseUrl: config.databaseUrl, dataDir: config.dataDir, poolSize: poolSizePerProcess(config.serverProcesses) }))
-  const store = overrides.store ?? (await openStore(config.redisUrl))
+  const store = overrides.store ?? (await openStore(config.redisUrl, config.redisClusterShards))
   const embedded = overrides.embedded ?? false
   return assembleContext({
     config,

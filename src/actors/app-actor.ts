@@ -1,6 +1,6 @@
 import type { Database } from '../db/client'
 import type { EventBus } from '../delivery/outbox'
-import { keys } from '../store/store'
+import { keys, type Shard } from '../store/store'
 import type { Entry, SharedBound } from './bounded'
 import type { Invalidator } from './invalidate'
 import type { CachedApp, CachedLicense } from './load'
@@ -26,6 +26,8 @@ export interface ActorHost {
   invalidator: Invalidator
   /** Bounds the license entries of all actors together. */
   licenseBound: SharedBound<CachedLicense>
+  /** The shard of the app's keys (AppActors.shardOfApp). */
+  shardOfApp(appId: string): Promise<Shard | null>
 }
 
 /**
@@ -86,8 +88,12 @@ export class AppActor {
     if (app) this.app = undefined
     for (const key of licenses) this.forgetLicense(key)
     if (events) this.host.bus.notify()
-    const epochKeys = licenses.map(keys.licenseEpoch)
-    if (app) epochKeys.push(keys.appEpoch(this.id))
+    if (!app && licenses.length === 0) return
+    // Null only for an app that does not exist, whose keys no process reads.
+    const shard = await this.host.shardOfApp(this.id)
+    if (shard === null) return
+    const epochKeys = licenses.map((key) => keys.licenseEpoch(shard, key))
+    if (app) epochKeys.push(keys.appEpoch(shard, this.id))
     await this.host.invalidator.bump(epochKeys)
   }
 

@@ -3,7 +3,7 @@ import type { EventBus } from '../delivery/outbox'
 import type { Sealer } from '../lib/crypto'
 import type { Store } from '../store/store'
 import { SingleFlight } from '../lib/single-flight'
-import { type Admission, keys, type Snapshot } from '../store/store'
+import { type Admission, keys, type Shard, type Snapshot } from '../store/store'
 import { type ActorHost, AppActor, type Changed } from './app-actor'
 import { AbsentAppBudget } from './absent-app-budget'
 import { BoundedMap, type Entry, SharedBound } from './bounded'
@@ -49,6 +49,8 @@ export class AppActors {
   readonly #host: ActorHost
   readonly #load: StateLoader
   readonly #appLoads = new SingleFlight<void>()
+  /** The shard of each app seen (on a cluster): an app's account never changes. */
+  readonly #appShards: BoundedMap<Shard>
   readonly invalidator: Invalidator
   /** The store generation every entry was read under; 0 before the first read. */
   generation = 0
@@ -61,6 +63,7 @@ export class AppActors {
     private readonly limits: ActorLimits = LIMITS,
   ) {
     this.#absentApps = new BoundedMap(limits.absent)
+    this.#appShards = new BoundedMap(limits.apps)
     this.#licenseBound = new SharedBound(limits.licenses, limits.absent)
     this.invalidator = new Invalidator(wiring.store)
     this.#load = new StateLoader(wiring.database, wiring.sealer)
@@ -71,7 +74,24 @@ export class AppActors {
       clock: wiring.clock,
       invalidator: this.invalidator,
       licenseBound: this.#licenseBound,
+      shardOfApp: (appId) => this.shardOfApp(appId),
     }
+  }
+
+  /**
+   * The shard of the app's keys (its account's), null when there is no such app. On a cluster an app
+   * not seen yet costs one indexed PostgreSQL read, before its epoch can be read; one shard needs none.
+   */
+  async shardOfApp(appId: string): Promise<Shard | null> {
+    const { store } = this.wiring
+    if (store.shards === 1) return store.shardOf(appId)
+    const known = this.#appShards.get(appId)
+    if (known !== undefined) return known
+    const accountId = this.#actors.get(appId)?.app?.value?.accountId ?? (await this.#load.accountOf(appId))
+    if (accountId === null) return null
+    const shard = store.shardOf(accountId)
+    this.#appShards.set(appId, shard)
+    return shard
   }
 
   /** The app's actor, created on first use. */
@@ -160,7 +180,11 @@ export class AppActors {
   /** Makes sure the app is cached, reading its epoch before the load; concurrent misses share one load. */
   ensureApp(appId: string): Promise<void> {
     return this.#appLoads.run(appId, async () => {
-      const read = await this.#snapshot(keys.appEpoch(appId))
+      const shard = await this.shardOfApp(appId)
+      // No such app (a cluster asks PostgreSQL first): absent, with no epoch to watch, as app ids are
+      // random UUIDs that never come into being later.
+      if (shard === null) return this.#cacheApp(appId, { epoch: 0, value: null })
+      const read = await this.#snapshot(keys.appEpoch(shard, appId))
       if (read.kind === 'ok') await this.reloadApp(appId, read.epochs[0] ?? 0, read.generation)
     })
   }
@@ -170,7 +194,9 @@ export class AppActors {
    * token is taken in the same store call and nothing is loaded when it is empty ('limited').
    */
   async ensureLicense(appId: string, licenseKey: string, admission?: Admission): Promise<Snapshot> {
-    const read = await this.#snapshot(keys.licenseEpoch(licenseKey), admission)
+    const shard = await this.shardOfApp(appId)
+    if (shard === null) throw new Error('a license was looked up under an app that does not exist')
+    const read = await this.#snapshot(keys.licenseEpoch(shard, licenseKey), admission)
     if (read.kind === 'ok') await this.reloadLicense(appId, licenseKey, read.epochs[0] ?? 0, read.generation)
     return read
   }
@@ -180,13 +206,16 @@ export class AppActors {
     const loaded = await this.loadApp(appId)
     // Only under the app's own spelling of its id (see client-auth's canonicalAppId): one actor per app.
     const value = loaded?.id === appId ? loaded : null
-    if (!this.#accepts(generation)) return
-    const actor = value ? this.of(appId) : this.#actors.get(appId)
+    if (this.#accepts(generation)) this.#cacheApp(appId, { epoch, value })
+  }
+
+  #cacheApp(appId: string, entry: Entry<CachedApp>): void {
+    const actor = entry.value ? this.of(appId) : this.#actors.get(appId)
     if (!actor) {
-      this.#absentApps.set(appId, { epoch, value })
+      this.#absentApps.set(appId, entry)
       return
     }
-    actor.app = { epoch, value }
+    actor.app = entry
     this.#absentApps.delete(appId)
   }
 

@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto'
-import { type Admission, type Epochs, keys, type Snapshot } from '../store'
+import { type Admission, type Epochs, keys, shardOfKey, type Snapshot } from '../store'
 import type { Connection, Script } from './connection'
 
 const BUMP = `
@@ -7,9 +7,10 @@ for i = 1, #KEYS do redis.call('INCR', KEYS[i]) end
 return #KEYS
 `
 
-// KEYS: the generation key, the epoch keys, then the admission bucket when ARGV[2] is given. ARGV: a
-// fresh generation id (written when the key is missing), then the bucket's now, capacity and refill per
-// second. Answers the generation, the wait in ms (0: admitted) and, when admitted, each epoch.
+// KEYS: the shard's generation key, the epoch keys, then the admission bucket when ARGV[2] is given,
+// all of one shard. ARGV: a fresh generation id (written when the key is missing), then the bucket's
+// now, capacity and refill per second. Answers the generation, the wait in ms (0: admitted) and, when
+// admitted, each epoch.
 const SNAPSHOT = `
 local gen = redis.call('GET', KEYS[1])
 if not gen then
@@ -40,30 +41,49 @@ export const epochScripts: { [name in keyof EpochCommands]: Script } = {
   lsBump: { lua: BUMP },
 }
 
+/** Keys grouped by shard, each group a call of its own on a cluster (one group on a single Redis). */
+function byShard(epochKeys: readonly string[]): string[][] {
+  const groups = new Map<string, string[]>()
+  for (const key of epochKeys) {
+    const shard = shardOfKey(key)
+    const group = groups.get(shard)
+    if (group) group.push(key)
+    else groups.set(shard, [key])
+  }
+  return [...groups.values()]
+}
+
 export class RedisEpochs implements Epochs {
   constructor(private readonly conn: Connection<EpochCommands>) {}
 
   async epochs(epochKeys: readonly string[]): Promise<number[]> {
     if (epochKeys.length === 0) return []
     this.conn.failFastWhenLost()
-    const values = await this.conn.redis.mget(...epochKeys)
-    return values.map((v) => (v === null ? 0 : Number(v)))
+    const found = new Map<string, number>()
+    await Promise.all(
+      byShard(epochKeys).map(async (group) => {
+        const values = await this.conn.redis.mget(...group)
+        group.forEach((key, i) => found.set(key, Number(values[i] ?? 0)))
+      }),
+    )
+    return epochKeys.map((key) => found.get(key) ?? 0)
   }
 
   async bump(epochKeys: readonly string[]): Promise<void> {
     this.conn.failFastWhenLost()
-    if (epochKeys.length > 0) await this.conn.redis.lsBump(epochKeys.length, ...epochKeys)
+    await Promise.all(byShard(epochKeys).map((group) => this.conn.redis.lsBump(group.length, ...group)))
   }
 
   async snapshot(epochKeys: readonly string[], admission?: Admission): Promise<Snapshot> {
     this.conn.failFastWhenLost()
+    const shard = shardOfKey(epochKeys[0] ?? admission?.key ?? '')
     const sentAt = this.conn.generation
-    const args: (string | number)[] = [keys.generation, ...epochKeys]
+    const args: (string | number)[] = [keys.generation(shard), ...epochKeys]
     if (admission) args.push(admission.key)
     args.push(randomUUID())
     if (admission) args.push(admission.nowMs, admission.capacity, admission.refillPerSecond)
     const [seen, waitMs, ...epochs] = await this.conn.redis.lsSnapshot(epochKeys.length + (admission ? 2 : 1), ...args)
     if (waitMs > 0) return { kind: 'limited', retryAfterMs: waitMs }
-    return { kind: 'ok', generation: this.conn.observe(seen, sentAt), epochs }
+    return { kind: 'ok', generation: this.conn.observe(shard, seen, sentAt), epochs }
   }
 }
