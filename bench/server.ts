@@ -5,6 +5,8 @@ import { procCpu } from './proc'
 /** A server under test, as the benches start it: its URL, its processes' CPU and memory, and a stop. */
 export interface Server {
   url: string
+  /** Server processes sharing the port, as the first one logs it (the baseline logs none: 1). */
+  processes: number
   /** CPU seconds the server's processes have used so far (user + system, all threads). */
   cpu(): number
   /** CPU seconds of the processes' main threads, which run every request's JavaScript. */
@@ -29,8 +31,10 @@ function rssMb(pid: string): number {
 
 /** Starts `entry` with `env` on a free port and resolves once it logs that it listens. */
 export async function spawnServer(entry: string, env: Record<string, string>, flags: string[] = []): Promise<Server> {
+  // A SERVER_PROCESSES of the shell running the bench must not leak into the default configuration.
+  const { SERVER_PROCESSES: _, ...inherited } = process.env
   const proc = Bun.spawn([process.execPath, ...flags, entry], {
-    env: { ...process.env, HOST: '127.0.0.1', PORT: '0', LOG_LEVEL: 'info', ...env },
+    env: { ...inherited, HOST: '127.0.0.1', PORT: '0', LOG_LEVEL: 'info', ...env },
     stdout: 'ignore',
     stderr: 'pipe',
   })
@@ -49,8 +53,10 @@ export async function spawnServer(entry: string, env: Record<string, string>, fl
     // With SERVER_PROCESSES above 1 the first process has started the others before it logs.
     const pids = [String(proc.pid), ...Bun.spawnSync(['pgrep', '-P', String(proc.pid)]).stdout.toString().split('\n').filter(Boolean)]
     const sum = (path: (pid: string) => string) => pids.reduce((total, pid) => total + procCpu(path(pid)).seconds, 0)
+    const listening = JSON.parse(line) as { url: string; processes?: number }
     return {
-      url: (JSON.parse(line) as { url: string }).url,
+      url: listening.url,
+      processes: listening.processes ?? 1,
       cpu: () => sum((pid) => pid),
       mainCpu: () => sum((pid) => `${pid}/task/${pid}`),
       rssMb: () => pids.map(rssMb),

@@ -1,4 +1,6 @@
 import { ValueErrorType } from '@sinclair/typebox/errors'
+import type { TSchema } from '@sinclair/typebox'
+import { Value } from '@sinclair/typebox/value'
 import { Elysia } from 'elysia'
 import type { Context } from './context'
 import { ApiError, PublicError } from './lib/errors'
@@ -132,6 +134,8 @@ interface SchemaLike {
   maximum?: number
   minLength?: number
   maxLength?: number
+  minItems?: number
+  maxItems?: number
   enum?: unknown[]
   const?: unknown
   pattern?: string
@@ -164,7 +168,7 @@ function expected(schema: SchemaLike | undefined): string | null {
     case 'boolean':
       return 'true or false'
     case 'array':
-      return 'an array'
+      return `an array${range(schema.minItems, schema.maxItems, ' items')}`
     case 'object':
       return 'an object'
     default:
@@ -172,10 +176,30 @@ function expected(schema: SchemaLike | undefined): string | null {
   }
 }
 
+interface ValidationIssue {
+  type?: number
+  path?: string
+  message?: string
+  schema?: SchemaLike
+  value?: unknown
+}
+
+/**
+ * An object sent where a union (text or object) is expected failed the union as a whole; what the
+ * client needs is the object member's own complaint (the field it lacks or should not have).
+ */
+function objectMemberIssue(issue: ValidationIssue | undefined): ValidationIssue | undefined {
+  const member = issue?.schema?.anyOf?.find((s) => s.type === 'object')
+  const value = issue?.value
+  if (!member || typeof value !== 'object' || value === null || Array.isArray(value)) return issue
+  const inner = Value.Errors(member as TSchema, value).First()
+  return inner ? { ...inner, path: `${issue?.path ?? ''}${inner.path}`, schema: inner.schema as SchemaLike } : issue
+}
+
 /** Turns Elysia's validation error into a short message naming the field, never the whole schema. */
 function validationMessage(error: unknown): string {
-  const e = error as { all?: { type?: number; path?: string; message?: string; schema?: SchemaLike }[]; type?: string }
-  const first = e.all?.[0]
+  const e = error as { all?: ValidationIssue[]; type?: string }
+  const first = objectMemberIssue(e.all?.[0])
   const where = first?.path ? first.path.replace(/^\//, '').replaceAll('/', '.') : (e.type ?? 'request')
   // JSON-quoted: a field name may be anything a client sent, NUL included.
   if (first?.type === ValueErrorType.ObjectAdditionalProperties) return `Unknown field ${JSON.stringify(where)}`
@@ -193,8 +217,10 @@ export function createApp(ctx: Context) {
   const { metrics } = ctx
   // normalize off: Elysia would silently drop unknown body fields; the schemas refuse them instead
   // (StrictBody on /v1, /auth bodies admit them explicitly), and a response that carries a field its
-  // schema lacks is an error (500) rather than trimmed.
-  return new Elysia({ name: 'license-service', normalize: false })
+  // schema lacks is an error (500) rather than trimmed. strictPath: a trailing slash would otherwise
+  // reach the parent route, and clients collapse a `.` or `..` path segment (an HWID being released) into
+  // one: `DELETE /v1/licenses/K/hwids/..` must not become `DELETE /v1/licenses/K`.
+  return new Elysia({ name: 'license-service', normalize: false, strictPath: true })
     .use(httpMetrics(metrics))
     .onParse(async ({ request, path }) => {
       if (request.method === 'GET' || request.method === 'HEAD') return

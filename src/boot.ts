@@ -6,7 +6,7 @@ import { deriveKey, Sealer } from './lib/crypto'
 import { EventBus } from './delivery/outbox'
 import { ACTOR_LIMITS, AppActors } from './actors/registry'
 import { resolveMasterKey } from './signing/master-key'
-import { type Database, openDb } from './db/client'
+import { type Database, openDb, poolSizePerProcess } from './db/client'
 import { Metrics } from './lib/metrics'
 import { serverProcessIndex } from './server-processes'
 import { Signer } from './signing/signer'
@@ -36,8 +36,10 @@ export interface ContextOverrides {
 /** Opens storage (applying migrations) and builds the dependencies the server, the CLI and the tests share. */
 export async function buildContext(config: Readonly<Config>, overrides: ContextOverrides = {}): Promise<Context> {
   const masterKey = overrides.masterKey ?? resolveMasterKey(config.masterKey, config.dataDir)
-  const database = overrides.database ?? (await openDb({ databaseUrl: config.databaseUrl, dataDir: config.dataDir }))
-  const store = overrides.store ?? (await openStore(config.redisUrl))
+  const database =
+    overrides.database ??
+    (await openDb({ databaseUrl: config.databaseUrl, dataDir: config.dataDir, poolSize: poolSizePerProcess(config.serverProcesses) }))
+  const store = overrides.store ?? (await openStore(config.redisUrl, config.redisClusterShards))
   const embedded = overrides.embedded ?? false
   return assembleContext({
     config,

@@ -9,14 +9,17 @@ export interface Config {
   port: number
   /**
    * Server processes sharing the listener (SO_REUSEPORT): 1, or more on a machine with as many cores;
-   * more than 1 needs DATABASE_URL and REDIS_URL, the state every instance shares.
+   * more than 1 needs DATABASE_URL and REDIS_URL, the state every instance shares, and with both set
+   * it is one per core unless SERVER_PROCESSES says otherwise.
    */
   serverProcesses: number
   /** postgres://… or null for the embedded PGlite under dataDir. */
   databaseUrl: string | null
   dataDir: string
-  /** redis://… or null for the in-process store. */
+  /** redis://… or null for the in-process store; with redisClusterShards, the cluster's seed nodes, comma-separated. */
   redisUrl: string | null
+  /** REDIS_CLUSTER: the shards (hash tags) the accounts are spread over on a Redis Cluster; null: not a cluster. */
+  redisClusterShards: number | null
   trustedProxies: readonly Cidr[]
   webhookAllowPrivateTargets: boolean
   /** NODE_EXTRA_CA_CERTS: also handed to webhook deliveries explicitly, so in-process tests can trust a CA. */
@@ -85,6 +88,34 @@ function url(env: Env, name: string, protocols: string[]): string | null {
   return raw
 }
 
+/**
+ * REDIS_URL, or with REDIS_CLUSTER=true the seed nodes of a cluster (one or more URLs, comma-separated;
+ * credentials and TLS from the first). A cluster has database 0 only.
+ */
+function redisSettings(env: Env): Pick<Config, 'redisUrl' | 'redisClusterShards'> {
+  const cluster = bool(env, 'REDIS_CLUSTER', false)
+  const raw = optional(env, 'REDIS_URL')
+  if (raw === null) {
+    if (cluster) throw new ConfigError('REDIS_CLUSTER=true needs REDIS_URL naming one or more of the cluster\'s nodes')
+    return { redisUrl: null, redisClusterShards: null }
+  }
+  const nodes = raw.split(',').map((u) => u.trim())
+  if (nodes.length > 1 && !cluster) {
+    throw new ConfigError('REDIS_URL names several nodes: set REDIS_CLUSTER=true for a Redis Cluster, or name one Redis')
+  }
+  for (const node of nodes) {
+    if (node === '') throw new ConfigError('REDIS_URL has an empty entry between commas')
+    const { pathname } = new URL(url({ REDIS_URL: node }, 'REDIS_URL', ['redis:', 'rediss:']) as string)
+    if (cluster && !['', '/', '/0'].includes(pathname)) {
+      throw new ConfigError(`REDIS_URL names database ${pathname.slice(1)}: a Redis Cluster has database 0 only`)
+    }
+  }
+  return {
+    redisUrl: nodes.join(','),
+    redisClusterShards: cluster ? int(env, 'REDIS_CLUSTER_SHARDS', 64, 1, 16_384) : null,
+  }
+}
+
 function masterKey(env: Env): Buffer | null {
   const raw = optional(env, 'MASTER_KEY')
   if (raw === null) return null
@@ -117,10 +148,13 @@ export function loadConfig(env: Env = process.env): Readonly<Config> {
     throw new ConfigError(`HOST must be an IP address or a host name, got "${host}"`)
   }
   const databaseUrl = url(env, 'DATABASE_URL', ['postgres:', 'postgresql:'])
-  const redisUrl = url(env, 'REDIS_URL', ['redis:', 'rediss:'])
-  const serverProcesses =
-    str(env, 'SERVER_PROCESSES', '1').trim() === 'auto' ? availableParallelism() : int(env, 'SERVER_PROCESSES', 1, 1, 256)
-  if (serverProcesses > 1 && (databaseUrl === null || redisUrl === null)) {
+  const { redisUrl, redisClusterShards } = redisSettings(env)
+  // Unset, a server with the shared database and store runs one process per core: one Bun process
+  // serves HTTP on one thread, and the second core would otherwise only sign. Without them, one.
+  const shared = databaseUrl !== null && redisUrl !== null
+  const processesSetting = str(env, 'SERVER_PROCESSES', shared ? 'auto' : '1').trim()
+  const serverProcesses = processesSetting === 'auto' ? availableParallelism() : int(env, 'SERVER_PROCESSES', 1, 1, 256)
+  if (serverProcesses > 1 && !shared) {
     throw new ConfigError('SERVER_PROCESSES above 1 needs DATABASE_URL and REDIS_URL: the embedded database and store belong to one process')
   }
   const logLevel = str(env, 'LOG_LEVEL', 'info')
@@ -134,6 +168,7 @@ export function loadConfig(env: Env = process.env): Readonly<Config> {
     databaseUrl,
     dataDir: str(env, 'DATA_DIR', './data'),
     redisUrl,
+    redisClusterShards,
     trustedProxies: Object.freeze(proxies),
     webhookAllowPrivateTargets: bool(env, 'WEBHOOK_ALLOW_PRIVATE_TARGETS', false),
     webhookExtraCaFile: optional(env, 'NODE_EXTRA_CA_CERTS'),

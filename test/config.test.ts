@@ -21,6 +21,7 @@ describe('defaults', () => {
       databaseUrl: null,
       dataDir: './data',
       redisUrl: null,
+      redisClusterShards: null,
       trustedProxies: [],
       webhookAllowPrivateTargets: false,
       webhookExtraCaFile: null,
@@ -91,6 +92,25 @@ describe('each setting is parsed', () => {
     expect(loadConfig({ SERVER_PROCESSES: '1' }).serverProcesses).toBe(1)
   })
 
+  test('SERVER_PROCESSES unset: one per core with the shared database and store, else one', () => {
+    const shared = { DATABASE_URL: 'postgres://db/ls', REDIS_URL: 'redis://cache' }
+    expect(loadConfig(shared).serverProcesses).toBe(availableParallelism())
+    expect(loadConfig({ ...shared, SERVER_PROCESSES: '' }).serverProcesses).toBe(availableParallelism())
+    expect(loadConfig({ ...shared, SERVER_PROCESSES: '1' }).serverProcesses).toBe(1)
+    expect(loadConfig({ DATABASE_URL: shared.DATABASE_URL }).serverProcesses).toBe(1)
+    expect(loadConfig({ REDIS_URL: shared.REDIS_URL }).serverProcesses).toBe(1)
+  })
+
+  test('REDIS_CLUSTER: the seed nodes of REDIS_URL, comma-separated, and the shards (64 unless REDIS_CLUSTER_SHARDS)', () => {
+    const seeds = 'redis://:secret@node-a:7000, redis://node-b:7001'
+    expect(loadConfig({ REDIS_URL: seeds, REDIS_CLUSTER: 'true' })).toMatchObject({
+      redisUrl: 'redis://:secret@node-a:7000,redis://node-b:7001',
+      redisClusterShards: 64,
+    })
+    expect(loadConfig({ REDIS_URL: 'rediss://node-a/0', REDIS_CLUSTER: 'true', REDIS_CLUSTER_SHARDS: '12' }).redisClusterShards).toBe(12)
+    expect(loadConfig({ REDIS_URL: 'redis://cache', REDIS_CLUSTER: 'false' }).redisClusterShards).toBeNull()
+  })
+
   test('TLS_CERT_FILE and TLS_KEY_FILE together', () => {
     const config = loadConfig({ TLS_CERT_FILE: certFile, TLS_KEY_FILE: keyFile })
     expect([config.tlsCertFile, config.tlsKeyFile]).toEqual([certFile, keyFile])
@@ -128,6 +148,19 @@ describe('a bad value is a ConfigError naming the setting', () => {
     if (name === 'TLS_CERT_FILE') env.TLS_KEY_FILE = keyFile
     expect(() => loadConfig(env)).toThrow(ConfigError)
     expect(() => loadConfig(env)).toThrow(name)
+  })
+
+  test.each([
+    [{ REDIS_CLUSTER: 'true' }, /REDIS_CLUSTER=true needs REDIS_URL/],
+    [{ REDIS_CLUSTER: 'yes please', REDIS_URL: 'redis://a' }, /REDIS_CLUSTER must be true or false/],
+    [{ REDIS_URL: 'redis://a:7000,redis://b:7001' }, /REDIS_URL names several nodes: set REDIS_CLUSTER=true/],
+    [{ REDIS_CLUSTER: 'true', REDIS_URL: 'redis://a:7000,,redis://b' }, /REDIS_URL has an empty entry/],
+    [{ REDIS_CLUSTER: 'true', REDIS_URL: 'redis://a:7000,http://b' }, /REDIS_URL must start with redis:\/\/ or rediss:\/\//],
+    [{ REDIS_CLUSTER: 'true', REDIS_URL: 'redis://a:7000/3' }, /REDIS_URL names database 3: a Redis Cluster has database 0 only/],
+    [{ REDIS_CLUSTER: 'true', REDIS_URL: 'redis://a', REDIS_CLUSTER_SHARDS: '0' }, /REDIS_CLUSTER_SHARDS must be between 1 and 16384/],
+  ])('Redis Cluster settings: %o', (env, message) => {
+    expect(() => loadConfig(env)).toThrow(ConfigError)
+    expect(() => loadConfig(env)).toThrow(message)
   })
 
   test('TLS_CERT_FILE without TLS_KEY_FILE', () => {

@@ -1,4 +1,5 @@
 import { afterAll, describe, expect, test } from 'bun:test'
+import { availableParallelism } from 'node:os'
 import { decode, hwid, insertLicense, nonce, verifySigned } from './support/client'
 import { makeTestApp, MODE, TEST_DATABASE_URL, TEST_REDIS_URL } from './support/helpers'
 import { type ServerProcess, startServer } from './support/server-process'
@@ -26,8 +27,38 @@ async function until<T>(probe: () => T | undefined, timeoutMs = 10_000): Promise
   }
 }
 
+// A new connection per request, so the kernel picks a process each time.
+const freshFetch = (server: ServerProcess, path: string, init: RequestInit = {}) =>
+  fetch(`${server.url}${path}`, { ...init, keepalive: false, headers: { ...init.headers, connection: 'close' } })
+
+/** The process labels scrapes on fresh connections show, scraping until `enough` or 60 scrapes. */
+async function processLabelsSeen(server: ServerProcess, enough: (seen: Set<string>) => boolean): Promise<Set<string>> {
+  const seen = new Set<string>()
+  for (let i = 0; i < 60 && !enough(seen); i++) {
+    const text = await (await freshFetch(server, '/metrics')).text()
+    for (const m of text.matchAll(/process="(\d+)"/g)) seen.add(m[1]!)
+    await Bun.sleep(20)
+  }
+  return seen
+}
+
 // Several processes share the port only with the shared database and store: PostgreSQL mode only.
 if (MODE === 'postgres') {
+  // What a production install gets from DATABASE_URL and REDIS_URL alone.
+  test('SERVER_PROCESSES unset: one process per core serves the port', async () => {
+    const cores = availableParallelism()
+    const server = await startServer({ DATABASE_URL: TEST_DATABASE_URL!, REDIS_URL: TEST_REDIS_URL!, SERVER_PROCESSES: '' })
+    try {
+      expect(server.log()).toContain(`"processes":${cores}`)
+      expect(childrenOf(server.pid)).toHaveLength(cores - 1)
+      const seen = await processLabelsSeen(server, (labels) => labels.size === cores)
+      // One process labels nothing: its metrics are the server's.
+      expect(seen.size).toBe(cores > 1 ? cores : 0)
+    } finally {
+      await server.stop()
+    }
+  })
+
   describe('SERVER_PROCESSES=2', async () => {
     const t = await makeTestApp()
     const server: ServerProcess = await startServer({
@@ -38,19 +69,8 @@ if (MODE === 'postgres') {
     afterAll(async () => {
       if (alive(server.pid)) await server.stop()
     })
-    // A new connection per request, so the kernel picks a process each time.
-    const fresh = (path: string, init: RequestInit = {}) =>
-      fetch(`${server.url}${path}`, { ...init, keepalive: false, headers: { ...init.headers, connection: 'close' } })
-    /** The process labels scrapes on fresh connections show, scraping until `enough` or 60 scrapes. */
-    const labelsSeen = async (enough: (seen: Set<string>) => boolean) => {
-      const seen = new Set<string>()
-      for (let i = 0; i < 60 && !enough(seen); i++) {
-        const text = await (await fresh('/metrics')).text()
-        for (const m of text.matchAll(/process="(\d+)"/g)) seen.add(m[1]!)
-        await Bun.sleep(20)
-      }
-      return seen
-    }
+    const fresh = (path: string, init: RequestInit = {}) => freshFetch(server, path, init)
+    const labelsSeen = (enough: (seen: Set<string>) => boolean) => processLabelsSeen(server, enough)
 
     test('both processes serve the port, each labelling its own metrics', async () => {
       expect(childrenOf(server.pid)).toHaveLength(1)

@@ -1,6 +1,6 @@
 import type { Database } from '../db/client'
 import type { EventBus } from '../delivery/outbox'
-import { keys } from '../store/store'
+import { keys, type Shard } from '../store/store'
 import type { Entry, Held, Holder, SharedBound } from './bounded'
 import type { Invalidator } from './invalidate'
 import { appBytes, type CachedApp, type CachedLicense, licenseBytes, variablesChars } from './load'
@@ -26,6 +26,8 @@ export interface ActorHost {
   invalidator: Invalidator
   /** Bounds the app and license entries of all actors together, in bytes. */
   bound: SharedBound
+  /** The shard of the app's keys (AppActors.shardOfApp). */
+  shardOfApp(appId: string): Promise<Shard | null>
 }
 
 /**
@@ -111,8 +113,12 @@ export class AppActor implements Holder {
     if (app) this.setApp(undefined)
     for (const key of licenses) this.forgetLicense(key)
     if (events) this.host.bus.notify()
-    const epochKeys = licenses.map(keys.licenseEpoch)
-    if (app) epochKeys.push(keys.appEpoch(this.id))
+    if (!app && licenses.length === 0) return
+    // Null only for an app that does not exist, whose keys no process reads.
+    const shard = await this.host.shardOfApp(this.id)
+    if (shard === null) return
+    const epochKeys = licenses.map((key) => keys.licenseEpoch(shard, key))
+    if (app) epochKeys.push(keys.appEpoch(shard, this.id))
     await this.host.invalidator.bump(epochKeys)
   }
 

@@ -1,5 +1,5 @@
 import { TurnBatcher } from '../lib/batcher'
-import type { Admission, Store } from '../store/store'
+import type { Admission, Shard, Store } from '../store/store'
 import { keys } from '../store/store'
 import type { Entry } from './bounded'
 import { type CachedLicense, StoreUnavailable } from './load'
@@ -9,6 +9,8 @@ export type LicenseRead = { kind: 'ok' } | { kind: 'limited'; retryAfterMs: numb
 
 interface Miss {
   appId: string
+  /** The app's shard, which its license's epoch key carries. */
+  shard: Shard
   licenseKey: string
   admission: Admission | undefined
   done: (read: LicenseRead) => void
@@ -39,8 +41,8 @@ export class LicenseLoads {
   constructor(private readonly wiring: LicenseLoadsWiring) {}
 
   /** Caches the license (present or absent) unless `admission`'s bucket is empty. */
-  ensure(appId: string, licenseKey: string, admission?: Admission): Promise<LicenseRead> {
-    return new Promise((done, fail) => this.#batcher.add({ appId, licenseKey, admission, done, fail }))
+  ensure(appId: string, shard: Shard, licenseKey: string, admission?: Admission): Promise<LicenseRead> {
+    return new Promise((done, fail) => this.#batcher.add({ appId, shard, licenseKey, admission, done, fail }))
   }
 
   async #serve(misses: Miss[]): Promise<void> {
@@ -55,7 +57,7 @@ export class LicenseLoads {
   async #load(misses: Miss[]): Promise<void> {
     const { store, keep } = this.wiring
     const snapshot = await store
-      .snapshotEach(misses.map((m) => ({ key: keys.licenseEpoch(m.licenseKey), admission: m.admission })))
+      .snapshotEach(misses.map((m) => ({ key: keys.licenseEpoch(m.shard, m.licenseKey), admission: m.admission })))
       .catch((err: unknown) => {
         throw new StoreUnavailable(err)
       })

@@ -61,6 +61,7 @@ function prepare(database: Database) {
       .where(and(eq(webhooks.appId, id), eq(webhooks.enabled, true), sql`'license.validated' = ANY(${webhooks.events})`))
       .limit(1)
       .prepare('auth_app_validated_hook'),
+    appAccount: db.select({ accountId: apps.accountId }).from(apps).where(eq(apps.id, id)).limit(1).prepare('auth_app_account'),
     license: db.select().from(licenses).where(eq(licenses.key, sql.placeholder('key'))).limit(1).prepare('auth_license'),
     // One statement for any number of keys (an IN list would be a new statement per count).
     licenses: db
@@ -113,6 +114,13 @@ export class StateLoader {
       signing,
       wantsValidated: hook !== undefined,
     }
+  }
+
+  /** The account of an app, null when there is no such app (one primary-key read; none for an id not shaped like one). */
+  async accountOf(appId: string): Promise<string | null> {
+    if (!UUID.test(appId)) return null
+    const [row] = await this.#q.appAccount.execute({ id: appId })
+    return row?.accountId ?? null
   }
 
   /** The app's active signing key, opened; null if it has none. */

@@ -3,7 +3,7 @@ import type { EventBus } from '../delivery/outbox'
 import type { Sealer } from '../lib/crypto'
 import type { Store } from '../store/store'
 import { SingleFlight } from '../lib/single-flight'
-import { type Admission, keys } from '../store/store'
+import { type Admission, keys, type Shard } from '../store/store'
 import { LicenseLoads, type LicenseRead } from './license-loads'
 import { type ActorHost, AppActor, type Changed } from './app-actor'
 import { AbsentAppBudget, BoundedMap, type Entry, SharedBound } from './bounded'
@@ -50,6 +50,8 @@ export class AppActors {
   readonly #host: ActorHost
   readonly #load: StateLoader
   readonly #appLoads = new SingleFlight<void>()
+  /** The shard of each app seen (on a cluster): an app's account never changes. */
+  readonly #appShards: BoundedMap<Shard>
   readonly invalidator: Invalidator
   /** The store generation every entry was read under; 0 before the first read. */
   generation = 0
@@ -62,6 +64,7 @@ export class AppActors {
     private readonly limits: ActorLimits = ACTOR_LIMITS,
   ) {
     this.#absentApps = new BoundedMap(limits.absent)
+    this.#appShards = new BoundedMap(limits.apps)
     // Asks for a full collection in the background (concurrent marking), without blocking this thread.
     this.#bound = new SharedBound(limits.cacheBytes, limits.absent, () => Bun.gc(false))
     this.invalidator = new Invalidator(wiring.store)
@@ -73,6 +76,7 @@ export class AppActors {
       clock: wiring.clock,
       invalidator: this.invalidator,
       bound: this.#bound,
+      shardOfApp: (appId) => this.shardOfApp(appId),
     }
     this.#licenseLoads = new LicenseLoads({
       store: wiring.store,
@@ -87,6 +91,22 @@ export class AppActors {
   /** Bytes the cached entries are estimated to hold (ActorLimits.cacheBytes bounds them). */
   get cachedBytes(): number {
     return this.#bound.bytes
+  }
+
+  /**
+   * The shard of the app's keys (its account's), null when there is no such app. On a cluster an app
+   * not seen yet costs one indexed PostgreSQL read, before its epoch can be read; one shard needs none.
+   */
+  async shardOfApp(appId: string): Promise<Shard | null> {
+    const { store } = this.wiring
+    if (store.shards === 1) return store.shardOf(appId)
+    const known = this.#appShards.get(appId)
+    if (known !== undefined) return known
+    const accountId = this.#actors.get(appId)?.app?.value?.accountId ?? (await this.#load.accountOf(appId))
+    if (accountId === null) return null
+    const shard = store.shardOf(accountId)
+    this.#appShards.set(appId, shard)
+    return shard
   }
 
   /** The app's actor, created on first use. */
@@ -168,7 +188,11 @@ export class AppActors {
   /** Makes sure the app is cached, reading its epoch before the load; concurrent misses share one load. */
   ensureApp(appId: string): Promise<void> {
     return this.#appLoads.run(appId, async () => {
-      const read = await this.wiring.store.snapshot([keys.appEpoch(appId)]).catch((err: unknown) => {
+      const shard = await this.shardOfApp(appId)
+      // No such app (a cluster asks PostgreSQL first): absent, with no epoch to watch, as app ids are
+      // random UUIDs that never come into being later.
+      if (shard === null) return this.#cacheApp(appId, { epoch: 0, value: null })
+      const read = await this.wiring.store.snapshot([keys.appEpoch(shard, appId)]).catch((err: unknown) => {
         throw new StoreUnavailable(err)
       })
       await this.reloadApp(appId, read.epochs[0] ?? 0, read.generation)
@@ -180,8 +204,10 @@ export class AppActors {
    * of the turn (LicenseLoads). With `admission`, the bucket's token is taken in the same store call and
    * nothing is loaded when it is empty ('limited').
    */
-  ensureLicense(appId: string, licenseKey: string, admission?: Admission): Promise<LicenseRead> {
-    return this.#licenseLoads.ensure(appId, licenseKey, admission)
+  async ensureLicense(appId: string, licenseKey: string, admission?: Admission): Promise<LicenseRead> {
+    const shard = await this.shardOfApp(appId)
+    if (shard === null) throw new Error('a license was looked up under an app that does not exist')
+    return this.#licenseLoads.ensure(appId, shard, licenseKey, admission)
   }
 
   /** Loads from PostgreSQL and caches under `epoch` and `generation`, which the caller read before this call. */
@@ -189,13 +215,16 @@ export class AppActors {
     const loaded = await this.loadApp(appId)
     // Only under the app's own spelling of its id (see client-auth's canonicalAppId): one actor per app.
     const value = loaded?.id === appId ? loaded : null
-    if (!this.#accepts(generation)) return
-    const actor = value ? this.of(appId) : this.#actors.get(appId)
+    if (this.#accepts(generation)) this.#cacheApp(appId, { epoch, value })
+  }
+
+  #cacheApp(appId: string, entry: Entry<CachedApp>): void {
+    const actor = entry.value ? this.of(appId) : this.#actors.get(appId)
     if (!actor) {
-      this.#absentApps.set(appId, { epoch, value })
+      this.#absentApps.set(appId, entry)
       return
     }
-    actor.setApp({ epoch, value })
+    actor.setApp(entry)
     this.#absentApps.delete(appId)
   }
 

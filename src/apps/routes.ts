@@ -10,6 +10,7 @@ import {
 } from './service'
 import type { Context } from '../context'
 import { apiKeyAuth } from '../http/auth'
+import { noBody } from '../http/no-body'
 import { accountErrors, apiErrors } from '../lib/model'
 import {
   AppIdParams,
@@ -26,6 +27,7 @@ import {
 export const appRoutes = (ctx: Context) =>
   new Elysia({ name: 'routes-apps', prefix: '/v1' })
     .use(apiKeyAuth(ctx))
+    .use(noBody)
     .post(
       '/apps',
       async ({ accountId, body, set }) => {
@@ -78,6 +80,7 @@ export const appRoutes = (ctx: Context) =>
       },
       {
         apiKey: true,
+        noBody: true,
         params: AppIdParams,
         response: { 201: RotatedKeyResponse, ...apiErrors },
         detail: {
@@ -111,6 +114,7 @@ export const appRoutes = (ctx: Context) =>
       },
       {
         apiKey: true,
+        noBody: true,
         params: AppIdParams,
         response: { 201: AppSecretResponse, ...apiErrors },
         detail: {

@@ -13,7 +13,7 @@ const MAX_ATTEMPTS = 5
  * made without the license that fails with `invalid_key` means the license decides: only then is it
  * looked up, after `ipBucket` (also one of `buckets`) gave a token.
  */
-export type Plan = Omit<AuthorizeInput, 'nowMs' | 'generation' | 'epochs' | 'deny'> & { outcome: Outcome; ipBucket: Bucket | null }
+export type Plan = Omit<AuthorizeInput, 'nowMs' | 'shard' | 'generation' | 'epochs' | 'deny'> & { outcome: Outcome; ipBucket: Bucket | null }
 
 /** Each endpoint's rules: what a request with this app and license gets, and what it costs. */
 export type Planner = (app: CachedApp | null, license: CachedLicense | null, nowMs: number) => Plan
@@ -79,15 +79,16 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
       }
       const license = licenseEntry?.value ?? null
       if (!app) throw new PublicError('invalid_app')
-      const epochs = [{ key: keys.appEpoch(appId), expected: appEntry.epoch }]
-      if (licenseKey !== null && licenseEntry) epochs.push({ key: keys.licenseEpoch(licenseKey), expected: licenseEntry.epoch })
+      const shard = ctx.store.shardOf(app.accountId)
+      const epochs = [{ key: keys.appEpoch(shard, appId), expected: appEntry.epoch }]
+      if (licenseKey !== null && licenseEntry) epochs.push({ key: keys.licenseEpoch(shard, licenseKey), expected: licenseEntry.epoch })
       const { outcome, ipBucket: _, ...rest } = p
       if (!ctx.config.publicRateLimits) rest.buckets = []
       else if (admitted) rest.buckets = rest.buckets.filter((b) => b.key !== admitted!.key)
       const generation = actors.generation
       let result: AuthorizeResult
       try {
-        result = await ctx.store.authorize({ ...rest, nowMs, generation, epochs, deny: !outcome.ok })
+        result = await ctx.store.authorize({ ...rest, nowMs, shard, generation, epochs, deny: !outcome.ok })
       } catch (err) {
         throw new StoreUnavailable(err)
       }

@@ -22,16 +22,17 @@ export async function heartbeat(ctx: Context, input: HeartbeatInput, ip: string)
       else if (!license!.unlimitedHwidSlots && !license!.hwids.includes(input.hwid)) outcome = fail('session_expired')
       else outcome = { ok: true, bind: false }
     }
-    const ipBucket = app?.sandbox ? bucket('h:ip', app.id, ip, SANDBOX.heartbeatIp) : null
+    const shard = app ? ctx.store.shardOf(app.accountId) : ''
+    const ipBucket = app?.sandbox ? bucket(shard, 'h:ip', app.id, ip, SANDBOX.heartbeatIp) : null
     return {
       outcome,
-      ceiling: app ? ceiling(ctx.config, app, nowMs) : null,
+      ceiling: app ? ceiling(ctx.config, app, shard, nowMs) : null,
       ipBucket,
       buckets: ipBucket ? [ipBucket] : [],
       nonce: null,
       charge:
         outcome.ok && app && !app.sandbox && session
-          ? { accountId: app.accountId, cost: 1, counter: { key: keys.heartbeats(session.lic), every: HEARTBEATS_PER_CREDIT } }
+          ? { accountId: app.accountId, cost: 1, counter: { key: keys.heartbeats(shard, session.lic), every: HEARTBEATS_PER_CREDIT } }
           : null,
     }
   })

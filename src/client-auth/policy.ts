@@ -2,7 +2,7 @@ import { createHash, timingSafeEqual } from 'node:crypto'
 import type { CachedApp, CachedLicense } from '../actors/load'
 import type { Config } from '../config'
 import { PublicError, type PublicErrorCode } from '../lib/errors'
-import { type AuthorizeInput, keys } from '../store/store'
+import { type AuthorizeInput, keys, type Shard } from '../store/store'
 import { MAX_SESSION_TTL } from '../signing/session'
 
 /** The spec's sandbox limits (per minute) and the contract's heartbeat pricing. */
@@ -46,20 +46,21 @@ export function licenseState(license: CachedLicense | null, app: CachedApp, nowM
 }
 
 /** A sandbox app's daily ceiling; billed apps have none. */
-export function ceiling(config: Pick<Config, 'sandboxDailyCeiling'>, app: CachedApp, nowMs: number): AuthorizeInput['ceiling'] {
+export function ceiling(config: Pick<Config, 'sandboxDailyCeiling'>, app: CachedApp, shard: Shard, nowMs: number): AuthorizeInput['ceiling'] {
   if (!app.sandbox) return null
   const day = new Date(nowMs).toISOString().slice(0, 10)
   const nextMidnight = Date.parse(`${day}T00:00:00.000Z`) + 86_400_000
   // Kept an hour past midnight: the key names its day, so the next day starts from zero regardless.
   return {
-    key: keys.daily(app.id, day),
+    key: keys.daily(shard, app.id, day),
     limit: config.sandboxDailyCeiling,
     ttlSeconds: Math.ceil((nextMidnight - nowMs) / 1000) + 3600,
   }
 }
 
-export const bucket = (scope: string, appId: string, id: string, perMinute: number): Bucket => ({
-  key: keys.bucket(`${scope}:${appId}`, id),
+/** A bucket of the app's shard (`shard`: its account's). */
+export const bucket = (shard: Shard, scope: string, appId: string, id: string, perMinute: number): Bucket => ({
+  key: keys.bucket(shard, `${scope}:${appId}`, id),
   capacity: perMinute,
   refillPerSecond: perMinute / 60,
 })

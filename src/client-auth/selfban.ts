@@ -30,13 +30,14 @@ export async function selfban(ctx: Context, input: SelfbanInput, ip: string): Pr
     const sandbox = app?.sandbox ?? false
     const perIp = sandbox ? SANDBOX.selfbanIp : ctx.config.selfbanLimitPerIp
     const perLicense = sandbox ? SANDBOX.selfbanLicense : ctx.config.selfbanLimitPerLicense
-    const ipBucket = app ? bucket('s:ip', app.id, ip, perIp) : null
+    const shard = app ? ctx.store.shardOf(app.accountId) : ''
+    const ipBucket = app ? bucket(shard, 's:ip', app.id, ip, perIp) : null
     return {
       outcome,
-      ceiling: app ? ceiling(ctx.config, app, nowMs) : null,
+      ceiling: app ? ceiling(ctx.config, app, shard, nowMs) : null,
       ipBucket,
-      buckets: !ipBucket ? [] : secretOk && licenseKey ? [ipBucket, bucket('s:lic', app!.id, licenseKey, perLicense)] : [ipBucket],
-      nonce: !post && secretOk ? { key: keys.nonce(appId, input.nonce!), ttlSeconds: NONCE_TTL_SECONDS } : null,
+      buckets: !ipBucket ? [] : secretOk && licenseKey ? [ipBucket, bucket(shard, 's:lic', app!.id, licenseKey, perLicense)] : [ipBucket],
+      nonce: !post && secretOk ? { key: keys.nonce(shard, appId, input.nonce!), ttlSeconds: NONCE_TTL_SECONDS } : null,
       charge: null,
     }
   })

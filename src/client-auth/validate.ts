@@ -36,20 +36,21 @@ export async function validate(ctx: Context, input: ValidateInput, ip: string): 
       else outcome = { ok: true, bind: true }
     }
     const sandbox = app?.sandbox ?? false
-    const ipBucket = app ? bucket('v:ip', app.id, ip, sandbox ? SANDBOX.validateIp : ctx.config.validateLimitPerIp) : null
+    const shard = app ? ctx.store.shardOf(app.accountId) : ''
+    const ipBucket = app ? bucket(shard, 'v:ip', app.id, ip, sandbox ? SANDBOX.validateIp : ctx.config.validateLimitPerIp) : null
     return {
       outcome,
-      ceiling: app ? ceiling(ctx.config, app, nowMs) : null,
+      ceiling: app ? ceiling(ctx.config, app, shard, nowMs) : null,
       ipBucket,
       // Only a caller holding the app secret counts against a license's limit: anyone who merely names
       // a key (and random keys would each leave a bucket in the store) spends their IP's tokens alone.
       buckets: !ipBucket
         ? []
         : secretOk
-          ? [ipBucket, bucket('v:lic', app!.id, licenseKey, sandbox ? SANDBOX.validateLicense : ctx.config.validateLimitPerLicense)]
+          ? [ipBucket, bucket(shard, 'v:lic', app!.id, licenseKey, sandbox ? SANDBOX.validateLicense : ctx.config.validateLimitPerLicense)]
           : [ipBucket],
       // A nonce is consumed by any validate that passes app authentication (the contract).
-      nonce: secretOk ? { key: keys.nonce(appId, input.nonce), ttlSeconds: NONCE_TTL_SECONDS } : null,
+      nonce: secretOk ? { key: keys.nonce(shard, appId, input.nonce), ttlSeconds: NONCE_TTL_SECONDS } : null,
       charge: outcome.ok && !sandbox && app ? { accountId: app.accountId, cost: 1, counter: null } : null,
     }
   })

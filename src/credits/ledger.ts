@@ -2,7 +2,7 @@ import { randomUUID } from 'node:crypto'
 import { eq, sql } from 'drizzle-orm'
 import { accounts, creditFlushes } from '../db/schema'
 import type { Database } from '../db/client'
-import type { AuthorizeInput, Store } from '../store/store'
+import { type AuthorizeInput, keys, type Shard, type Store } from '../store/store'
 import { errorFields, logEvery } from '../lib/log'
 import { SingleFlight } from '../lib/single-flight'
 
@@ -23,7 +23,7 @@ import { SingleFlight } from '../lib/single-flight'
 export const RECONCILE_MS = 500
 
 /** An authorize call that only charges: no cached state to check, no limit, no nonce. */
-const CHARGE_ONLY: Omit<AuthorizeInput, 'nowMs' | 'generation' | 'charge'> = { epochs: [], ceiling: null, buckets: [], nonce: null, deny: false }
+const CHARGE_ONLY: Omit<AuthorizeInput, 'nowMs' | 'shard' | 'generation' | 'charge'> = { epochs: [], ceiling: null, buckets: [], nonce: null, deny: false }
 
 /**
  * The credit ledger of one server: live balances in the store, reconciled ones in PostgreSQL, and
@@ -87,10 +87,11 @@ export class CreditLedger {
    * `nowMs` is the caller's clock, which the store's expiries run on.
    */
   async charge(accountId: string, cost: number, nowMs: number): Promise<boolean> {
-    let { generation } = await this.#generation()
+    const shard = this.#store.shardOf(accountId)
+    let { generation } = await this.#generation(shard, accountId)
     for (let attempt = 0; attempt < 5; attempt++) {
       const charge = { accountId, cost, counter: null }
-      const result = await this.#store.authorize({ ...CHARGE_ONLY, nowMs, generation, charge })
+      const result = await this.#store.authorize({ ...CHARGE_ONLY, nowMs, shard, generation, charge })
       if (result.kind === 'ok') return true
       if (result.kind === 'no_credits') return false
       if (result.kind === 'no_balance') await this.loadLiveBalance(accountId)
@@ -105,8 +106,9 @@ export class CreditLedger {
   }
 
   // The generation the charge is made under; a charge has no cached state, so any current one will do.
-  async #generation(): Promise<{ generation: number }> {
-    return this.#store.snapshot([])
+  // Read in the account's shard, by its epoch key: a snapshot names its shard by its keys.
+  async #generation(shard: Shard, accountId: string): Promise<{ generation: number }> {
+    return this.#store.snapshot([keys.accountEpoch(shard, accountId)])
   }
 
   /**

@@ -28,7 +28,22 @@ export interface OpenDbOptions {
   databaseUrl: string | null
   /** PGlite directory; null keeps the embedded database in memory (tests). */
   dataDir: string | null
+  /** Connections of the request pool (postgres://… only); REQUEST_POOL_SIZE unless given. */
+  poolSize?: number
 }
+
+/** The request pool of a server: shared out among its processes, so the server holds about as many. */
+export const REQUEST_POOL_SIZE = 16
+/** A process's share still runs a few queries at once (the mailboxes of several apps, the API). */
+const MIN_POOL_SHARE = 4
+
+/**
+ * Each process's request pool when `serverProcesses` share the port: one per core is the default,
+ * and sixteen connections on each of many cores would pass PostgreSQL's default max_connections
+ * (100). The warm client endpoints run no query at all, so the share costs them nothing.
+ */
+export const poolSizePerProcess = (serverProcesses: number) =>
+  Math.max(MIN_POOL_SHARE, Math.ceil(REQUEST_POOL_SIZE / serverProcesses))
 
 /**
  * postgres.js settings of every pool that serves requests or deliveries. Its default back-off grows
@@ -49,7 +64,7 @@ export async function openDb(options: OpenDbOptions): Promise<Database> {
     const { default: postgres } = await import('postgres')
     const { drizzle } = await import('drizzle-orm/postgres-js')
     const { migrate } = await import('drizzle-orm/postgres-js/migrator')
-    const client = postgres(options.databaseUrl, { ...POOL_OPTIONS, max: 16 })
+    const client = postgres(options.databaseUrl, { ...POOL_OPTIONS, max: options.poolSize ?? REQUEST_POOL_SIZE })
     const db = drizzle({ client, schema })
     // Two processes starting at once must not both run a migration: a session lock on one connection.
     const lockConn = postgres(options.databaseUrl, { max: 1, onnotice: () => {} })

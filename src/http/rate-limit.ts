@@ -16,7 +16,7 @@ export async function takeApiToken(ctx: Context, keyHash: string): Promise<Recor
   let result
   try {
     result = await ctx.store.take(
-      keys.bucket('api', keyHash),
+      keys.apiBucket(keyHash),
       API_BURST,
       API_REFILL_PER_SECOND,
       ctx.clock(),

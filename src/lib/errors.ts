@@ -7,6 +7,8 @@ export type ApiErrorCode =
   | 'not_found'
   | 'seats_full'
   | 'license_inactive'
+  | 'app_disabled'
+  | 'hwid_blocked'
   | 'rate_limited'
   | 'internal_error'
 

@@ -9,6 +9,7 @@ import {
 } from './service'
 import type { Context } from '../context'
 import { apiKeyAuth } from '../http/auth'
+import { noBody } from '../http/no-body'
 import { apiErrors, noCreditsError, notFoundError, OkBody } from '../lib/model'
 import {
   CreateLicensesBody,
@@ -27,6 +28,7 @@ const tags = ['Licenses']
 export const licenseRoutes = (ctx: Context) =>
   new Elysia({ name: 'routes-licenses', prefix: '/v1/licenses' })
     .use(apiKeyAuth(ctx))
+    .use(noBody)
     .post(
       '',
       async ({ accountId, body, set }) => {
@@ -98,6 +100,7 @@ export const licenseRoutes = (ctx: Context) =>
       ({ accountId, params }) => deleteLicense(ctx, accountId, params.licenseKey),
       {
         apiKey: true,
+        noBody: true,
         params: LicenseKeyParams,
         response: { 200: OkBody, ...apiErrors, ...notFoundError },
         detail: {
@@ -112,6 +115,7 @@ export const licenseRoutes = (ctx: Context) =>
       ({ accountId, params }) => releaseHwid(ctx, accountId, params.licenseKey, params.hwid),
       {
         apiKey: true,
+        noBody: true,
         params: LicenseHwidParams,
         response: { 200: LicenseDetail, ...apiErrors, ...notFoundError },
         detail: {
@@ -121,7 +125,8 @@ export const licenseRoutes = (ctx: Context) =>
             "Frees that device's seat and returns the license as GET does. The device's sessions fail " +
             'their next heartbeat with session_expired; its next validate binds it again if a seat is free. ' +
             'No webhook event. 404 when the HWID is not bound (or the key is absent), 403 for a license of ' +
-            'another account.',
+            'another account. An HWID of `.` or `..` cannot be named in a URL (clients collapse such a path ' +
+            'segment); reset-hwid releases it.',
         },
       },
     )

@@ -5,11 +5,15 @@ import {
   type CreditState,
   type EpochRead,
   keys,
+  type Shard,
+  shardOf,
   type Snapshot,
   type Snapshots,
   type Store,
   type TakeResult,
 } from './store'
+
+const ONE_SHARD = shardOf('', 1)
 
 interface Entry {
   value: unknown
@@ -23,12 +27,18 @@ interface Entry {
  */
 export class MemoryStore implements Store {
   readonly kind = 'memory' as const
+  readonly shards = 1
   readonly #data = new Map<string, Entry>()
   #sweepAt = 0
   /** Snapshot.generation: the data is lost only by close(), which starts a new one. */
   #generation = 1
 
   constructor(private readonly clock: () => number = Date.now) {}
+
+  /** One process, one shard. */
+  shardOf(accountId: string): Shard {
+    return shardOf(accountId, 1)
+  }
 
   protected get(key: string, now = this.clock()): unknown {
     const entry = this.#data.get(key)
@@ -128,7 +138,7 @@ export class MemoryStore implements Store {
     const now = a.nowMs
     const current = a.epochs.map((e) => this.#num(e.key, now))
     if (a.epochs.some((e, i) => current[i] !== e.expected)) return { kind: 'stale', epochs: current }
-    if (a.charge && this.get(keys.balance(a.charge.accountId), now) === undefined) return { kind: 'no_balance' }
+    if (a.charge && this.get(keys.balance(a.shard, a.charge.accountId), now) === undefined) return { kind: 'no_balance' }
     if (a.ceiling) {
       const count = this.#num(a.ceiling.key, now) + 1
       const entry = this.get(a.ceiling.key, now) === undefined ? a.ceiling.ttlSeconds * 1000 : this.#ttl(a.ceiling.key, now)
@@ -151,7 +161,7 @@ export class MemoryStore implements Store {
       if (n % counter.every !== 0) cost = 0
     }
     if (cost > 0) {
-      const balanceKey = keys.balance(a.charge.accountId)
+      const balanceKey = keys.balance(a.shard, a.charge.accountId)
       const balance = this.#num(balanceKey, now)
       if (balance < cost) {
         if (counter) this.set(counter.key, this.#num(counter.key, now) - 1, Infinity, now)
@@ -173,48 +183,48 @@ export class MemoryStore implements Store {
   }
 
   #dirty(now = this.clock()): Set<string> {
-    let set = this.get(keys.dirtyAccounts, now) as Set<string> | undefined
+    let set = this.get(keys.dirtyAccounts(ONE_SHARD), now) as Set<string> | undefined
     if (!set) {
       set = new Set()
-      this.set(keys.dirtyAccounts, set, Infinity, now)
+      this.set(keys.dirtyAccounts(ONE_SHARD), set, Infinity, now)
     }
     return set
   }
 
   #addPending(accountId: string, n: number, now = this.clock()): void {
-    this.set(keys.pendingCharges(accountId), this.#num(keys.pendingCharges(accountId), now) + n, Infinity, now)
+    this.set(keys.pendingCharges(ONE_SHARD, accountId), this.#num(keys.pendingCharges(ONE_SHARD, accountId), now) + n, Infinity, now)
     this.#dirty(now).add(accountId)
   }
 
   async loadBalance(accountId: string, seen: CreditState, reconciled: number, flushCommitted: boolean): Promise<'ok' | 'stale'> {
-    if (this.#num(keys.accountEpoch(accountId)) !== seen.epoch) return 'stale'
-    if (this.get(keys.balance(accountId)) !== undefined) return 'ok'
-    const flushing = this.get(keys.flushing(accountId)) as { id: string; amount: number } | undefined
+    if (this.#num(keys.accountEpoch(ONE_SHARD, accountId)) !== seen.epoch) return 'stale'
+    if (this.get(keys.balance(ONE_SHARD, accountId)) !== undefined) return 'ok'
+    const flushing = this.get(keys.flushing(ONE_SHARD, accountId)) as { id: string; amount: number } | undefined
     if ((flushing?.id ?? null) !== seen.flushId) return 'stale'
     const inflight = flushCommitted ? 0 : (flushing?.amount ?? 0)
-    const live = reconciled - this.#num(keys.pendingCharges(accountId)) - inflight
-    this.set(keys.balance(accountId), Math.max(0, live))
+    const live = reconciled - this.#num(keys.pendingCharges(ONE_SHARD, accountId)) - inflight
+    this.set(keys.balance(ONE_SHARD, accountId), Math.max(0, live))
     return 'ok'
   }
 
   async creditState(accountId: string): Promise<CreditState> {
-    const flushing = this.get(keys.flushing(accountId)) as { id: string } | undefined
-    return { epoch: this.#num(keys.accountEpoch(accountId)), flushId: flushing?.id ?? null }
+    const flushing = this.get(keys.flushing(ONE_SHARD, accountId)) as { id: string } | undefined
+    return { epoch: this.#num(keys.accountEpoch(ONE_SHARD, accountId)), flushId: flushing?.id ?? null }
   }
 
   async balance(accountId: string): Promise<number | null> {
-    return (this.get(keys.balance(accountId)) as number | undefined) ?? null
+    return (this.get(keys.balance(ONE_SHARD, accountId)) as number | undefined) ?? null
   }
 
   async creditsAdded(accountId: string, n: number): Promise<void> {
-    this.set(keys.accountEpoch(accountId), this.#num(keys.accountEpoch(accountId)) + 1)
-    const live = this.get(keys.balance(accountId)) as number | undefined
-    if (live !== undefined) this.set(keys.balance(accountId), Math.max(0, live + n))
+    this.set(keys.accountEpoch(ONE_SHARD, accountId), this.#num(keys.accountEpoch(ONE_SHARD, accountId)) + 1)
+    const live = this.get(keys.balance(ONE_SHARD, accountId)) as number | undefined
+    if (live !== undefined) this.set(keys.balance(ONE_SHARD, accountId), Math.max(0, live + n))
   }
 
   async refund(accountId: string, n: number): Promise<void> {
-    const live = this.get(keys.balance(accountId)) as number | undefined
-    if (live !== undefined) this.set(keys.balance(accountId), live + n)
+    const live = this.get(keys.balance(ONE_SHARD, accountId)) as number | undefined
+    if (live !== undefined) this.set(keys.balance(ONE_SHARD, accountId), live + n)
     this.#addPending(accountId, -n)
   }
 
@@ -223,20 +233,20 @@ export class MemoryStore implements Store {
   }
 
   async beginFlush(accountId: string, newId: string): Promise<{ id: string; amount: number } | null> {
-    const unfinished = this.get(keys.flushing(accountId)) as { id: string; amount: number } | undefined
+    const unfinished = this.get(keys.flushing(ONE_SHARD, accountId)) as { id: string; amount: number } | undefined
     if (unfinished) return unfinished
-    const pending = this.#num(keys.pendingCharges(accountId))
+    const pending = this.#num(keys.pendingCharges(ONE_SHARD, accountId))
     if (pending === 0) return null
-    this.set(keys.pendingCharges(accountId), 0)
+    this.set(keys.pendingCharges(ONE_SHARD, accountId), 0)
     const record = { id: newId, amount: pending }
-    this.set(keys.flushing(accountId), record)
+    this.set(keys.flushing(ONE_SHARD, accountId), record)
     return record
   }
 
   async endFlush(accountId: string, id: string): Promise<void> {
-    const unfinished = this.get(keys.flushing(accountId)) as { id: string; amount: number } | undefined
-    if (unfinished?.id === id) this.delete(keys.flushing(accountId))
-    if (this.#num(keys.pendingCharges(accountId)) === 0) this.#dirty().delete(accountId)
+    const unfinished = this.get(keys.flushing(ONE_SHARD, accountId)) as { id: string; amount: number } | undefined
+    if (unfinished?.id === id) this.delete(keys.flushing(ONE_SHARD, accountId))
+    if (this.#num(keys.pendingCharges(ONE_SHARD, accountId)) === 0) this.#dirty().delete(accountId)
   }
 
   async ping(): Promise<boolean> {

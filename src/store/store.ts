@@ -6,6 +6,10 @@
  */
 export interface Store extends Limiter, Epochs, Credits, Authorizer {
   readonly kind: 'redis' | 'memory'
+  /** How many shards the accounts are spread over: 1 but on a Redis Cluster. */
+  readonly shards: number
+  /** The shard of an account: the tag every key of its requests carries (see `keys`). */
+  shardOf(accountId: string): Shard
   ping(): Promise<boolean>
   close(): Promise<void>
 }
@@ -25,16 +29,17 @@ export interface Limiter {
 export interface Epochs {
   /** Current epoch of each key (0 when never bumped). */
   epochs(keys: readonly string[]): Promise<number[]>
-  /** What a cache load reads first, in one atomic step: the store's generation and each key's epoch. */
+  /** What a cache load reads first, in one atomic step: the generation of the keys' shard (they are of one shard, the first key's) and each key's epoch. */
   snapshot(keys: readonly string[]): Promise<Snapshot>
   /**
-   * Many loads' first reads in one atomic step: the generation and, per read, first one token from its
-   * `admission` bucket when it has one (the authorize script's rule), then its epoch; a read whose
-   * bucket is empty reads nothing ('limited'), so each caller can limit its own work (a PostgreSQL
-   * lookup) before doing it without holding up the others.
+   * Many loads' first reads in one atomic step per shard: the shard's generation and, per read, first
+   * one token from its `admission` bucket when it has one (the authorize script's rule), then its
+   * epoch; a read whose bucket is empty reads nothing ('limited'), so each caller can limit its own
+   * work (a PostgreSQL lookup) before doing it without holding up the others. A read's key and bucket
+   * are of one shard; reads of several shards make one call per shard.
    */
   snapshotEach(reads: readonly EpochRead[]): Promise<Snapshots>
-  /** Increments each key's epoch, so every instance's cache entry read under the old value is stale. */
+  /** Increments each key's epoch (of any shards), so every instance's cache entry read under the old value is stale. */
   bump(keys: readonly string[]): Promise<void>
 }
 
@@ -84,6 +89,8 @@ export interface Credits {
  */
 export interface AuthorizeInput {
   nowMs: number
+  /** The shard of the charged account's app: every key below carries its tag. */
+  shard: Shard
   /** The generation the caller's epochs were read under (Snapshot); any other answers 'new_generation'. */
   generation: number
   epochs: { key: string; expected: number }[]
@@ -120,9 +127,10 @@ export interface Admission {
 }
 
 /**
- * `generation` names the store's contents as this process sees them: it changes whenever the store may
- * have lost data (restarted empty, flushed, failed over to a replica that lost writes, or only a new
- * connection that may lead to one of those). Epochs read under one generation mean nothing under another.
+ * `generation` names the store's contents as this process sees them: it changes whenever the store (any
+ * shard of it) may have lost data (restarted empty, flushed, failed over to a replica that lost writes, or
+ * only a new connection that may lead to one of those). Epochs read under one generation mean nothing
+ * under another.
  */
 export interface Snapshot {
   generation: number
@@ -154,23 +162,66 @@ export interface TakeResult {
   retryAfterMs: number
 }
 
-/** Key names, in one place so both implementations and every caller agree. */
+/**
+ * An account's shard, as the hash tag its keys carry ("{s12}"): Redis Cluster places a key by the text
+ * between its first braces, so every key of one account (its apps' and licenses' epochs, their limits,
+ * nonces and counters, its credits) and its shard's generation and dirty set share one slot, and one
+ * script call touches one slot. On a single Redis there is one shard, `''`, whose keys carry no tag: they
+ * are the names every earlier version wrote, so an upgrade or a rolling restart finds the live
+ * balances, pending charges and epochs where the running instances keep them.
+ */
+export type Shard = string
+
+/** `ls:` and the shard's tag: what every key of the shard starts with. */
+export const shardPrefix = (shard: Shard) => (shard === '' ? 'ls:' : `ls:${shard}:`)
+
+/**
+ * The shard of `accountId` among `shards`: FNV-1a of its UTF-16 code units, so every process and
+ * every version agrees; changing the shard count moves accounts (see README, Redis Cluster).
+ */
+export function shardOf(accountId: string, shards: number): Shard {
+  if (shards === 1) return ''
+  let h = 0x811c9dc5
+  for (let i = 0; i < accountId.length; i++) h = Math.imul(h ^ accountId.charCodeAt(i), 0x01000193)
+  return `{s${(h >>> 0) % shards}}`
+}
+
+/** Every shard among `shards`, for what reads all of them (the credit reconciler). */
+export const allShards = (shards: number): Shard[] => (shards === 1 ? [''] : Array.from({ length: shards }, (_, i) => `{s${i}}`))
+
+/**
+ * Key names, in one place so both implementations and every caller agree. Each one a client request
+ * touches starts with its shard's prefix (`ls:{s12}:` on a cluster, `ls:` on one Redis), the tag ahead of anything a caller supplies, so no nonce or key
+ * can move it to another slot; the Developer API limiter's keys stand alone (single-key scripts).
+ */
 export const keys = {
-  appEpoch: (appId: string) => `ls:ep:app:${appId}`,
-  licenseEpoch: (licenseKey: string) => `ls:ep:lic:${licenseKey}`,
-  accountEpoch: (accountId: string) => `ls:ep:acct:${accountId}`,
-  bucket: (scope: string, id: string) => `ls:rl:${scope}:${id}`,
-  nonce: (appId: string, nonce: string) => `ls:nonce:${appId}:${nonce}`,
+  appEpoch: (shard: Shard, appId: string) => `${shardPrefix(shard)}ep:app:${appId}`,
+  licenseEpoch: (shard: Shard, licenseKey: string) => `${shardPrefix(shard)}ep:lic:${licenseKey}`,
+  accountEpoch: (shard: Shard, accountId: string) => `${shardPrefix(shard)}ep:acct:${accountId}`,
+  bucket: (shard: Shard, scope: string, id: string) => `${shardPrefix(shard)}rl:${scope}:${id}`,
+  /** The Developer API limit of one API key (by its hash). */
+  apiBucket: (keyHash: string) => `ls:rl:api:${keyHash}`,
+  nonce: (shard: Shard, appId: string, nonce: string) => `${shardPrefix(shard)}nonce:${appId}:${nonce}`,
   /** Sandbox daily ceiling counter; `day` is YYYY-MM-DD in UTC. */
-  daily: (appId: string, day: string) => `ls:day:${appId}:${day}`,
-  heartbeats: (licenseKey: string) => `ls:hb:${licenseKey}`,
+  daily: (shard: Shard, appId: string, day: string) => `${shardPrefix(shard)}day:${appId}:${day}`,
+  heartbeats: (shard: Shard, licenseKey: string) => `${shardPrefix(shard)}hb:${licenseKey}`,
   /** Live credit balance of an account while loaded. */
-  balance: (accountId: string) => `ls:cr:${accountId}`,
+  balance: (shard: Shard, accountId: string) => `${shardPrefix(shard)}cr:${accountId}`,
   /** Charges taken from the live balance and not yet subtracted in PostgreSQL. */
-  pendingCharges: (accountId: string) => `ls:crp:${accountId}`,
+  pendingCharges: (shard: Shard, accountId: string) => `${shardPrefix(shard)}crp:${accountId}`,
   /** The flush in progress: "<flush id>:<amount>". */
-  flushing: (accountId: string) => `ls:crf:${accountId}`,
-  dirtyAccounts: 'ls:crdirty',
-  /** A random id written when missing: a store that lost its data comes back without it (Snapshot). */
-  generation: 'ls:gen',
+  flushing: (shard: Shard, accountId: string) => `${shardPrefix(shard)}crf:${accountId}`,
+  /** The shard's accounts with pending charges. */
+  dirtyAccounts: (shard: Shard) => `${shardPrefix(shard)}crdirty`,
+  /** The shard count the store's keys were written with (openStore). */
+  shardCount: 'ls:shards',
+  /** A random id written when missing: a shard that lost its data comes back without it (Snapshot). */
+  generation: (shard: Shard) => `${shardPrefix(shard)}gen`,
+}
+
+/** The shard tag a key starts with after `ls:`; '' (the single Redis's one shard) for a key with none. */
+export function shardOfKey(key: string): Shard {
+  if (!key.startsWith('ls:{')) return ''
+  const end = key.indexOf('}', 4)
+  return end < 0 ? '' : key.slice(3, end + 1)
 }

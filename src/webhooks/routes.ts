@@ -2,6 +2,7 @@ import { Elysia } from 'elysia'
 import { createWebhook, deleteWebhook, listWebhooks, sendTestPing, updateWebhook } from './service'
 import type { Context } from '../context'
 import { apiKeyAuth } from '../http/auth'
+import { noBody } from '../http/no-body'
 import { apiErrors, notFoundError, OkBody } from '../lib/model'
 import {
   AppParams,
@@ -18,6 +19,7 @@ const tags = ['Webhooks']
 export const webhookRoutes = (ctx: Context) =>
   new Elysia({ name: 'routes-webhooks' })
     .use(apiKeyAuth(ctx))
+    .use(noBody)
     .post(
       '/v1/apps/:appId/webhooks',
       async ({ accountId, params, body, set }) => {
@@ -83,6 +85,7 @@ export const webhookRoutes = (ctx: Context) =>
       },
       {
         apiKey: true,
+        noBody: true,
         params: WebhookParams,
         response: { 200: OkBody, ...apiErrors, ...notFoundError },
         detail: {
@@ -97,6 +100,7 @@ export const webhookRoutes = (ctx: Context) =>
       ({ accountId, params }) => sendTestPing(ctx, accountId, params.appId, params.webhookId),
       {
         apiKey: true,
+        noBody: true,
         params: WebhookParams,
         response: { 200: TestPingResponse, ...apiErrors, ...notFoundError },
         detail: {

@@ -1,8 +1,7 @@
 import { expect, test } from 'bun:test'
 import { eq } from 'drizzle-orm'
 import { apps, licenses } from '../../src/db/schema'
-import { keys } from '../../src/store/store'
-import { hwid, insertLicense, nonce } from '../support/client'
+import { hwid, insertLicense, licenseEpochKey, nonce } from '../support/client'
 import { makeTestApp } from '../support/helpers'
 
 const t = await makeTestApp()
@@ -78,12 +77,12 @@ test('a license change drops that license from its actor and moves its epoch', a
   const licenseKey = await insertLicense(t.ctx, s.appId)
   await t.ctx.actors.ensureLicense(s.appId, licenseKey)
   expect(t.ctx.actors.cachedLicense(s.appId, licenseKey)?.value?.status).toBe('active')
-  const [epoch] = await t.ctx.store.epochs([keys.licenseEpoch(licenseKey)])
+  const [epoch] = await t.ctx.store.epochs([await licenseEpochKey(t.ctx, s.appId, licenseKey)])
 
   const put = await t.req('PUT', `/v1/licenses/${licenseKey}`, { apiKey: s.apiKey, body: { action: 'revoke' } })
   expect(put.status).toBe(200)
   expect(t.ctx.actors.cachedLicense(s.appId, licenseKey)).toBeUndefined()
-  expect((await t.ctx.store.epochs([keys.licenseEpoch(licenseKey)]))[0]).toBe((epoch ?? 0) + 1)
+  expect((await t.ctx.store.epochs([await licenseEpochKey(t.ctx, s.appId, licenseKey)]))[0]).toBe((epoch ?? 0) + 1)
   await t.ctx.actors.ensureLicense(s.appId, licenseKey)
   expect(t.ctx.actors.cachedLicense(s.appId, licenseKey)?.value?.status).toBe('revoked')
 })

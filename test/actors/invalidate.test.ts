@@ -16,18 +16,18 @@ test('a committed change answers 200 while the store is down, and its invalidati
   const store = new FlakyStore()
   const { req, seed } = await makeTestApp({ store })
   const s = await seed()
-  const before = (await store.epochs([keys.appEpoch(s.appId)]))[0]
+  const before = (await store.epochs([keys.appEpoch(store.shardOf(s.accountId), s.appId)]))[0]
   store.down = true
   const put = await req('PUT', `/v1/apps/${s.appId}/variables`, { apiKey: s.apiKey, body: { tier: 'pro' } })
   expect(put.status, JSON.stringify(put.body)).toBe(200)
   const stored = await req('GET', `/v1/apps/${s.appId}/variables`, { apiKey: s.apiKey })
   expect(stored.body).toEqual({ tier: 'pro' })
-  expect((await store.epochs([keys.appEpoch(s.appId)]))[0]).toBe(before)
+  expect((await store.epochs([keys.appEpoch(store.shardOf(s.accountId), s.appId)]))[0]).toBe(before)
 
   store.down = false
   const deadline = Date.now() + 5000
-  while ((await store.epochs([keys.appEpoch(s.appId)]))[0] === before && Date.now() < deadline) {
+  while ((await store.epochs([keys.appEpoch(store.shardOf(s.accountId), s.appId)]))[0] === before && Date.now() < deadline) {
     await Bun.sleep(50)
   }
-  expect((await store.epochs([keys.appEpoch(s.appId)]))[0]).toBe((before ?? 0) + 1)
+  expect((await store.epochs([keys.appEpoch(store.shardOf(s.accountId), s.appId)]))[0]).toBe((before ?? 0) + 1)
 })

@@ -138,12 +138,19 @@ describe('POST /v1/apps/:appId/secret', () => {
     expect(JSON.stringify(listed.body)).not.toContain(appSecret)
   })
 
-  test('a body is ignored; nothing else of the app changes', async () => {
+  test('a body with a field is 400 naming it, and the secret is not rotated; an empty object rotates it', async () => {
     const s = await t.seed()
     const before = await appRow(s.appId)
-    const res = await t.req('POST', `/v1/apps/${s.appId}/secret`, { apiKey: s.apiKey, body: { appSecret: 'mine' } })
+    for (const body of [{ appSecret: 'mine' }, [1], 'text']) {
+      const res = await t.req('POST', `/v1/apps/${s.appId}/secret`, { apiKey: s.apiKey, body })
+      expect(res.status).toBe(400)
+      expect(res.body).toEqual(errorBody('bad_request'))
+    }
+    const named = await t.req('POST', `/v1/apps/${s.appId}/secret`, { apiKey: s.apiKey, body: { appSecret: 'mine' } })
+    expect(named.body.message).toContain('"appSecret"')
+    expect(await appRow(s.appId)).toEqual(before)
+    const res = await t.req('POST', `/v1/apps/${s.appId}/secret`, { apiKey: s.apiKey, body: {} })
     expect(res.status).toBe(201)
-    expect(res.body.appSecret).not.toBe('mine')
     const { secretHash: _after, ...rest } = await appRow(s.appId)
     const { secretHash: _before, ...restBefore } = before
     expect(rest).toEqual(restBefore)
@@ -224,6 +231,30 @@ describe('DELETE /v1/licenses/:licenseKey/hwids/:hwid', () => {
     const res = await release(s, licenseKey, device)
     expect(res.status, JSON.stringify(res.body)).toBe(200)
     expect((await licenseRow(licenseKey)).hwids).toEqual(['other'])
+  })
+
+  test('an HWID of `..` or `.` is never released through its parent path: strict paths make it a 404, the license stays', async () => {
+    const s = await t.seed()
+    const licenseKey = await insertLicense(t.ctx, s.appId, { hwids: ['..', '.', 'keep'], maxHwidSlots: 3 })
+    for (const device of ['..', '.']) {
+      // The URL parser collapses the segment: this is DELETE /v1/licenses/<key>/ on the wire.
+      const res = await release(s, licenseKey, device)
+      expect(res.status, device).toBe(404)
+    }
+    const slash = await t.req('DELETE', `/v1/licenses/${licenseKey}/`, { apiKey: s.apiKey })
+    expect(slash.status).toBe(404)
+    expect((await licenseRow(licenseKey)).hwids).toEqual(['..', '.', 'keep'])
+  })
+
+  test('a DELETE with a body field is 400 naming it, and nothing is released or deleted', async () => {
+    const s = await t.seed()
+    const licenseKey = await insertLicense(t.ctx, s.appId, { hwids: ['bound'] })
+    const released = await t.req('DELETE', `/v1/licenses/${licenseKey}/hwids/bound`, { apiKey: s.apiKey, body: { all: true } })
+    expect(released.status).toBe(400)
+    expect(released.body.message).toContain('"all"')
+    const deleted = await t.req('DELETE', `/v1/licenses/${licenseKey}`, { apiKey: s.apiKey, body: { force: true } })
+    expect(deleted.status).toBe(400)
+    expect((await licenseRow(licenseKey)).hwids).toEqual(['bound'])
   })
 
   test('404 not_found for an HWID that is not bound, and nothing changes', async () => {

@@ -2,8 +2,8 @@ import { beforeAll, describe, expect, test } from 'bun:test'
 import { eq } from 'drizzle-orm'
 import { createApiKey, revokeApiKey } from '../../src/accounts/service'
 import { apps } from '../../src/db/schema'
-import { keys } from '../../src/store/store'
 import { makeTestApp, type TestApp } from '../support/helpers'
+import { appEpochKey } from '../support/client'
 
 const errorBody = (error: string) => ({ error, message: expect.any(String) })
 const ISO_MS = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$/
@@ -116,13 +116,13 @@ describe('/v1/apps/:appId/signing-keys', () => {
       ],
     })
 
-    const [epochBefore] = await t.ctx.store.epochs([keys.appEpoch(s.appId)])
+    const [epochBefore] = await t.ctx.store.epochs([await appEpochKey(t.ctx, s.appId)])
     const rotated = await t.req('POST', `/v1/apps/${s.appId}/signing-keys`, { apiKey: s.apiKey })
     expect(rotated.status).toBe(201)
     expect(rotated.body).toEqual({ keyId: expect.any(String), publicKey: expect.any(String) })
     expect(rotated.body.keyId).not.toBe(s.keyId)
     expect(Buffer.from(rotated.body.publicKey, 'base64')).toHaveLength(32)
-    const [epochAfter] = await t.ctx.store.epochs([keys.appEpoch(s.appId)])
+    const [epochAfter] = await t.ctx.store.epochs([await appEpochKey(t.ctx, s.appId)])
     expect(epochAfter ?? 0).toBeGreaterThan(epochBefore ?? 0)
 
     const after = await t.req('GET', `/v1/apps/${s.appId}/signing-keys`, { apiKey: s.apiKey })

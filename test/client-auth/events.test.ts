@@ -1,9 +1,8 @@
 import { expect, test } from 'bun:test'
 import { and, eq, sql } from 'drizzle-orm'
 import { events, webhooks } from '../../src/db/schema'
-import { keys } from '../../src/store/store'
 import { makeTestApp } from '../support/helpers'
-import { hwid, insertLicense, nonce } from '../support/client'
+import { appEpochKey, hwid, insertLicense, nonce } from '../support/client'
 
 test('validate emits license.hwid_bound for a new HWID, and license.validated only for a subscribed app', async () => {
   const t = await makeTestApp()
@@ -34,7 +33,7 @@ test('validate emits license.hwid_bound for a new HWID, and license.validated on
     events: ['license.validated'],
     secretEnc: t.ctx.sealer.seal('whsec_test'),
   })
-  await t.ctx.store.bump([keys.appEpoch(s.appId)])
+  await t.ctx.store.bump([await appEpochKey(t.ctx, s.appId)])
   expect((await login()).status).toBe(200)
   const validated = await of('license.validated')
   expect(validated).toHaveLength(1)

@@ -4,9 +4,8 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { eq } from 'drizzle-orm'
 import { apps } from '../../src/db/schema'
-import { keys } from '../../src/store/store'
 import { makeTestApp, MODE, TEST_DATABASE_URL, TEST_REDIS_URL } from '../support/helpers'
-import { hwid, insertLicense } from '../support/client'
+import { appEpochKey, hwid, insertLicense } from '../support/client'
 import { SdkLikeClient } from '../support/sdk-client'
 import { startServer } from '../support/server-process'
 
@@ -47,7 +46,7 @@ test('an SDK-style client logs in over HTTPS, reads variables, heartbeats and se
   expect(baseUrl.startsWith('https://')).toBe(true)
   const s = await t.seed()
   await t.ctx.database.db.update(apps).set({ variables: { motd: 'hello', beta: true } }).where(eq(apps.id, s.appId))
-  await t.ctx.store.bump([keys.appEpoch(s.appId)])
+  await t.ctx.store.bump([await appEpochKey(t.ctx, s.appId)])
   const licenseKey = await insertLicense(t.ctx, s.appId, { variables: { seats: 3 } })
   const client = new SdkLikeClient({ baseUrl, appId: s.appId, appSecret: s.appSecret, publicKey: s.publicKey, hwid: hwid(), ca })
 

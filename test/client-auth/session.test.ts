@@ -1,9 +1,8 @@
 import { describe, expect, test } from 'bun:test'
 import { eq } from 'drizzle-orm'
 import { apps, licenses } from '../../src/db/schema'
-import { keys } from '../../src/store/store'
 import { makeTestApp } from '../support/helpers'
-import { decode, hwid, insertLicense, nonce, tokenExp, updateLicense, verifySigned } from '../support/client'
+import { appEpochKey, decode, hwid, insertLicense, licenseEpochKey, nonce, tokenExp, updateLicense, verifySigned } from '../support/client'
 
 describe('POST /auth/heartbeat and /auth/selfban', async () => {
   const t = await makeTestApp()
@@ -74,7 +73,7 @@ describe('POST /auth/heartbeat and /auth/selfban', async () => {
 
     const d = await login()
     await t.ctx.database.db.delete(licenses).where(eq(licenses.key, d.licenseKey))
-    await t.ctx.store.bump([keys.licenseEpoch(d.licenseKey)])
+    await t.ctx.store.bump([await licenseEpochKey(t.ctx, s.appId, d.licenseKey)])
     expect((await beat(d.token, d.hwid)).body.error).toBe('invalid_key')
   })
 
@@ -91,7 +90,7 @@ describe('POST /auth/heartbeat and /auth/selfban', async () => {
     const session = await login()
     const setLists = async (set: Partial<typeof apps.$inferInsert>) => {
       await t.ctx.database.db.update(apps).set(set).where(eq(apps.id, s.appId))
-      await t.ctx.store.bump([keys.appEpoch(s.appId)])
+      await t.ctx.store.bump([await appEpochKey(t.ctx, s.appId)])
     }
     // In-process requests have no socket peer: the client IP is the unknown address 0.0.0.0.
     await setLists({ hwidBlacklist: [session.hwid] })

@@ -169,6 +169,40 @@ describe('POST /v1/apps/:appId/activation-requests', () => {
   })
 })
 
+describe("the app's side", () => {
+  test('an App-Id in upper case (as an SDK may be configured) is the same app: it validates, so it activates', async () => {
+    const s = await t.seed({ credits: 5 })
+    const licenseKey = await insertLicense(t.ctx, s.appId, { maxHwidSlots: 2 })
+    const upper = s.appId.toUpperCase()
+    const res = await post(s, buildRequest(requestFields(upper, 'lab-upper', licenseKey)))
+    expect(res.status, JSON.stringify(res.body)).toBe(201)
+    expect(check(s, res.body.file, 'lab-upper').code).toBe('ok')
+  })
+
+  test("an HWID the app's blacklist names: 409 hwid_blocked, nothing bound, charged or minted", async () => {
+    const s = await t.seed({ credits: 5 })
+    const licenseKey = await insertLicense(t.ctx, s.appId, { maxHwidSlots: 2 })
+    await t.req('PUT', `/v1/apps/${s.appId}/security`, { apiKey: s.apiKey, body: { hwidBlacklist: ['lab-banned'] } })
+    const res = await post(s, buildRequest(requestFields(s.appId, 'lab-banned', licenseKey)))
+    expect(res.status).toBe(409)
+    expect(res.body).toEqual(errorBody('hwid_blocked'))
+    expect((await row(licenseKey)).hwids).toEqual([])
+    expect(await fileRows(licenseKey)).toHaveLength(0)
+    expect(await balance(s)).toBe(5)
+  })
+
+  test('a JSON body that lacks or mistypes request: 400 naming request', async () => {
+    const s = await t.seed()
+    for (const body of [{}, { request: null }, { request: 5 }]) {
+      const res = await post(s, body)
+      expect(res.status).toBe(400)
+      expect(res.body.message).toContain('request')
+    }
+    const unknown = await post(s, { request: 'x', extra: 1 })
+    expect(unknown.body.message).toBe('Unknown field "extra"')
+  })
+})
+
 describe('refused requests: 400 bad_request saying which, and nothing changes', () => {
   const cases: [string, (appId: string, licenseKey: string) => unknown, RegExp][] = [
     ['no block', () => 'Hi, I could not attach the request.', /no -----BEGIN AUTHFORGE ACTIVATION REQUEST----- block/],
@@ -184,7 +218,7 @@ describe('refused requests: 400 bad_request saying which, and nothing changes', 
     ['an HWID with a NUL (a JSON escape in the payload)', (a, k) => buildRequest(requestFields(a, 'm\u00001', k)), /NUL characters/],
     ['an HWID with an unpaired surrogate', (a, k) => buildRequest(requestFields(a, 'm\ud8001', k)), /unpaired surrogates/],
     ['no license key', (a) => buildRequest(requestFields(a, 'm1')), /names no license/],
-    ['a JSON body with an unknown field', (a, k) => ({ request: buildRequest(requestFields(a, 'm1', k)), hwids: ['x'] }), /body/],
+    ['a JSON body with an unknown field', (a, k) => ({ request: buildRequest(requestFields(a, 'm1', k)), hwids: ['x'] }), /Unknown field "hwids"/],
   ]
   test.each(cases)('%s', async (_, body, reason) => {
     const s = await t.seed({ credits: 5 })

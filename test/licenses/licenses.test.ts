@@ -4,8 +4,8 @@ import { createApiKey, revokeApiKey } from '../../src/accounts/service'
 import { generateLicenseKey } from '../../src/lib/crypto'
 import { createLicenses } from '../../src/licenses/service'
 import { events, licenses } from '../../src/db/schema'
-import { keys } from '../../src/store/store'
 import { makeTestApp, type TestApp } from '../support/helpers'
+import { licenseEpochKey } from '../support/client'
 
 const KEY_SHAPE = /^[A-HJ-NP-Z2-9]{4}-[A-HJ-NP-Z2-9]{4}-[A-HJ-NP-Z2-9]{4}-[A-HJ-NP-Z2-9]{4}$/
 const errorBody = (error: string) => ({ error, message: expect.any(String) })
@@ -43,8 +43,8 @@ function eventsOf(licenseKey: string) {
     .orderBy(asc(events.id))
 }
 
-async function epochOf(licenseKey: string) {
-  const [epoch] = await t.ctx.store.epochs([keys.licenseEpoch(licenseKey)])
+async function epochOf(s: Seeded, licenseKey: string) {
+  const [epoch] = await t.ctx.store.epochs([await licenseEpochKey(t.ctx, s.appId, licenseKey)])
   return epoch ?? 0
 }
 
@@ -126,7 +126,7 @@ describe('POST /v1/licenses', () => {
   test('bumps the cache epoch of each new key', async () => {
     const s = await t.seed()
     const license = await createOne(s)
-    expect(await epochOf(license.licenseKey)).toBeGreaterThan(0)
+    expect(await epochOf(s, license.licenseKey)).toBeGreaterThan(0)
   })
 
   describe.each([
@@ -422,7 +422,7 @@ describe('PUT /v1/licenses/:licenseKey', () => {
   test('revoke, then revoke again (no-op), then activate, then activate again (no-op)', async () => {
     const s = await t.seed()
     const { licenseKey } = await createOne(s)
-    const before = await epochOf(licenseKey)
+    const before = await epochOf(s, licenseKey)
 
     const revoked = await put(s, licenseKey, { action: 'revoke' })
     expect(revoked.status).toBe(200)
@@ -434,14 +434,14 @@ describe('PUT /v1/licenses/:licenseKey', () => {
       'license.created',
       'license.revoked',
     ])
-    const afterRevoke = await epochOf(licenseKey)
+    const afterRevoke = await epochOf(s, licenseKey)
     expect(afterRevoke).toBeGreaterThan(before)
 
     const again = await put(s, licenseKey, { action: 'revoke' })
     expect(again.status).toBe(200)
     expect(again.body.license.status).toBe('revoked')
     expect(await eventsOf(licenseKey)).toHaveLength(2)
-    expect(await epochOf(licenseKey)).toBe(afterRevoke)
+    expect(await epochOf(s, licenseKey)).toBe(afterRevoke)
 
     const activated = await put(s, licenseKey, { action: 'activate' })
     expect(activated.body.license.status).toBe('active')
@@ -562,7 +562,7 @@ describe('DELETE /v1/licenses/:licenseKey', () => {
   test('removes the license permanently and emits license.deleted', async () => {
     const s = await t.seed()
     const { licenseKey } = await createOne(s)
-    const before = await epochOf(licenseKey)
+    const before = await epochOf(s, licenseKey)
     const res = await t.req('DELETE', `/v1/licenses/${licenseKey}`, { apiKey: s.apiKey })
     expect(res.status).toBe(200)
     expect(res.body).toEqual({ ok: true })
@@ -572,7 +572,7 @@ describe('DELETE /v1/licenses/:licenseKey', () => {
     const evs = await eventsOf(licenseKey)
     expect(evs.map((e) => e.event)).toEqual(['license.created', 'license.deleted'])
     expect(evs[1]?.data).toMatchObject({ licenseKey, appId: s.appId })
-    expect(await epochOf(licenseKey)).toBeGreaterThan(before)
+    expect(await epochOf(s, licenseKey)).toBeGreaterThan(before)
     const again = await t.req('DELETE', `/v1/licenses/${licenseKey}`, { apiKey: s.apiKey })
     expect(again.status).toBe(404)
     expect(again.body).toEqual(errorBody('not_found'))

@@ -270,6 +270,58 @@ describe('expiry and license state', () => {
   })
 })
 
+describe("the app's side, as a validate would see it", () => {
+  const security = (s: Seeded, body: Record<string, string[]>) =>
+    t.req('PUT', `/v1/apps/${s.appId}/security`, { apiKey: s.apiKey, body })
+
+  test('a disabled app: 409 app_disabled, nothing bound, charged or minted; enabled again, it mints', async () => {
+    const s = await t.seed({ credits: 5 })
+    const licenseKey = await insertLicense(t.ctx, s.appId, { maxHwidSlots: 3, hwids: ['m1'] })
+    expect((await t.req('PATCH', `/v1/apps/${s.appId}`, { apiKey: s.apiKey, body: { disabled: true } })).status).toBe(200)
+    // The other instance too: the app state is read where the file is minted, not from one process's cache.
+    for (const on of [t, other]) {
+      const res = await mint(s, licenseKey, { hwids: ['m2'] }, on)
+      expect(res.status).toBe(409)
+      expect(res.body).toEqual(errorBody('app_disabled'))
+    }
+    expect((await row(licenseKey)).hwids).toEqual(['m1'])
+    expect(await fileRows(licenseKey)).toHaveLength(0)
+    expect(await balance(s)).toBe(5)
+    await t.req('PATCH', `/v1/apps/${s.appId}`, { apiKey: s.apiKey, body: { disabled: false } })
+    await minted(s, licenseKey, { hwids: ['m2'] })
+  })
+
+  test("an HWID the app's blacklist names, or its whitelist leaves out: 409 hwid_blocked, nothing changed", async () => {
+    const s = await t.seed({ credits: 5 })
+    const licenseKey = await insertLicense(t.ctx, s.appId, { maxHwidSlots: 4, hwids: ['m1'] })
+    expect((await security(s, { hwidBlacklist: ['evil'] })).status).toBe(200)
+    for (const hwids of [['evil'], ['m2', 'evil']]) {
+      const res = await mint(s, licenseKey, { hwids }, other)
+      expect(res.status).toBe(409)
+      expect(res.body).toEqual(errorBody('hwid_blocked'))
+    }
+    // An HWID bound before it was blacklisted: a validate would refuse it, so is a file.
+    await security(s, { hwidBlacklist: ['m1'] })
+    expect((await mint(s, licenseKey)).body).toEqual(errorBody('hwid_blocked'))
+    await security(s, { hwidBlacklist: [], hwidWhitelist: ['m1', 'm2'] })
+    expect((await mint(s, licenseKey, { hwids: ['m3'] })).body).toEqual(errorBody('hwid_blocked'))
+    expect((await row(licenseKey)).hwids).toEqual(['m1'])
+    expect(await fileRows(licenseKey)).toHaveLength(0)
+    expect(await balance(s)).toBe(5)
+    await minted(s, licenseKey, { hwids: ['m1', 'm2'] })
+  })
+
+  test('hwids outside 1 to 16 items: 400 saying so', async () => {
+    const s = await t.seed()
+    const licenseKey = await insertLicense(t.ctx, s.appId, { hwids: ['m1'] })
+    for (const hwids of [[], Array.from({ length: 17 }, (_, i) => `m${i}`)]) {
+      const res = await mint(s, licenseKey, { hwids })
+      expect(res.status).toBe(400)
+      expect(res.body.message).toBe('hwids must be an array from 1 to 16 items')
+    }
+  })
+})
+
 describe('credits', () => {
   test('1 credit a file on a billed app; 402 no_credits at 0 and nothing minted or bound', async () => {
     const s = await t.seed({ credits: 2 })

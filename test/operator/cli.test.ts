@@ -184,7 +184,7 @@ describe('operator CLI beside a running server', () => {
       expect(list.status).toBe(200)
       expect(await list.json()).toEqual({ licenses: [], cursor: null })
       // The account made before the server started is there too.
-      const epoch = keys.accountEpoch(first.accountId)
+      const epoch = keys.accountEpoch((await sharedStore()).shardOf(first.accountId), first.accountId)
       const [epochBefore = 0] =
         MODE === 'postgres' ? await (await sharedStore()).epochs([epoch]) : [0]
       const before = expectOk(

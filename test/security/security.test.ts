@@ -1,7 +1,7 @@
 import { beforeAll, describe, expect, test } from 'bun:test'
 import { createApiKey, revokeApiKey } from '../../src/accounts/service'
-import { keys } from '../../src/store/store'
 import { makeTestApp, type TestApp } from '../support/helpers'
+import { appEpochKey } from '../support/client'
 
 const errorBody = (error: string) => ({ error, message: expect.any(String) })
 const empty = { hwidBlacklist: [], hwidWhitelist: [], ipBlacklist: [], ipWhitelist: [] }
@@ -24,7 +24,7 @@ const entry = (
 ) => t.req(method, `/v1/apps/${s.appId}/security/${list}`, { apiKey: s.apiKey, body })
 
 async function appEpoch(s: Seeded) {
-  const [epoch] = await t.ctx.store.epochs([keys.appEpoch(s.appId)])
+  const [epoch] = await t.ctx.store.epochs([await appEpochKey(t.ctx, s.appId)])
   return epoch ?? 0
 }
 

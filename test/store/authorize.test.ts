@@ -6,6 +6,10 @@ import { type AuthorizeInput, keys, type Store } from '../../src/store/store'
 import { TEST_REDIS_URL } from '../support/helpers'
 import { request } from './request'
 
+/** The one shard of a single Redis and of the in-process store; PROBE names it to a snapshot. */
+const S = ''
+const PROBE = `ls:${S}:test:probe`
+
 // The same cases against both twins; Redis runs whenever the pass has one (the PostgreSQL + Redis pass).
 const stores: [string, () => Store][] = [['memory', () => new MemoryStore()]]
 if (TEST_REDIS_URL) {
@@ -19,7 +23,7 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
   const now = Date.parse('2031-01-01T00:00:00Z')
   let generation = 0
   beforeAll(async () => {
-    generation = (await store.snapshot([])).generation
+    generation = (await store.snapshot([PROBE])).generation
   })
   const base = (over: Partial<AuthorizeInput> = {}): AuthorizeInput => request(generation, now, over)
   const id = () => randomUUID()
@@ -190,24 +194,24 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
   })
 
   test('key names stay distinct per account', () => {
-    expect(new Set([keys.balance('a'), keys.pendingCharges('a'), keys.flushing('a'), keys.accountEpoch('a')]).size).toBe(4)
+    expect(new Set([keys.balance(S, 'a'), keys.pendingCharges(S, 'a'), keys.flushing(S, 'a'), keys.accountEpoch(S, 'a')]).size).toBe(4)
   })
 })
 
 describe.skipIf(!TEST_REDIS_URL)('redis store: generation', () => {
-  test('a lost ls:gen makes the next call answer a new generation, and reads then carry it', async () => {
+  test('a lost generation key makes the next call answer a new generation, and reads then carry it', async () => {
     const store = new RedisStore(TEST_REDIS_URL as string)
     try {
-      const first = await store.snapshot([])
+      const first = await store.snapshot([PROBE])
       const input = request(first.generation, Date.now())
       expect(await store.authorize(input)).toEqual({ kind: 'ok', charged: 0 })
-      // What a restart without persistence or a FLUSHALL leaves: no ls:gen (and no epochs).
-      await store.redis.del(keys.generation)
+      // What a restart without persistence or a FLUSHALL leaves: no generation key (and no epochs).
+      await store.redis.del(keys.generation(S))
       const answer = await store.authorize(input)
       expect(answer).toEqual({ kind: 'new_generation', generation: expect.any(Number) })
       const next = answer.kind === 'new_generation' ? answer.generation : 0
       expect(next).toBeGreaterThan(first.generation)
-      expect(await store.snapshot([])).toEqual({ generation: next, epochs: [] })
+      expect(await store.snapshot([PROBE])).toEqual({ generation: next, epochs: [0] })
       expect(await store.authorize({ ...input, generation: next })).toEqual({ kind: 'ok', charged: 0 })
     } finally {
       await store.close()
@@ -223,9 +227,9 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: one authorize call in flight', ()
       const sizes: number[] = []
       let inFlight = 0
       let mostInFlight = 0
-      store.redis.lsAuthorize = async (packed: Buffer, generation: string, fresh: string) => {
+      store.redis.lsAuthorize = async (generationKey: string, packed: Buffer, generation: string, fresh: string) => {
         mostInFlight = Math.max(mostInFlight, ++inFlight)
-        const call = original(packed, generation, fresh)
+        const call = original(generationKey, packed, generation, fresh)
         // The call's argument starts with its key count; each request here has one key, its nonce.
         sizes.push(packed.readUInt32LE(0))
         try {
@@ -234,9 +238,10 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: one authorize call in flight', ()
           inFlight--
         }
       }
-      const read = await store.snapshot([])
+      const read = await store.snapshot([PROBE])
       const input = (): AuthorizeInput => ({
         nowMs: Date.now(),
+        shard: S,
         generation: read.generation,
         epochs: [],
         ceiling: null,

@@ -26,9 +26,9 @@ const expected = (a: AuthorizeInput): Expected => ({
     nonceKey: a.nonce?.key ?? null,
     nonceTtl: a.nonce?.ttlSeconds ?? 0,
     account: a.charge?.accountId ?? null,
-    balanceKey: a.charge ? keys.balance(a.charge.accountId) : null,
-    pendingKey: a.charge ? keys.pendingCharges(a.charge.accountId) : null,
-    dirtyKey: a.charge ? keys.dirtyAccounts : null,
+    balanceKey: a.charge ? keys.balance(a.shard, a.charge.accountId) : null,
+    pendingKey: a.charge ? keys.pendingCharges(a.shard, a.charge.accountId) : null,
+    dirtyKey: a.charge ? keys.dirtyAccounts(a.shard) : null,
     cost: a.charge?.cost ?? 0,
     counterKey: a.charge?.counter?.key ?? null,
     counterEvery: a.charge?.counter?.every ?? 0,
@@ -37,34 +37,36 @@ const expected = (a: AuthorizeInput): Expected => ({
   buckets: a.buckets.map((b) => ({ key: b.key, capacity: b.capacity, refillPerSecond: b.refillPerSecond })),
 })
 
+const S = '{s7}'
 const full: AuthorizeInput = {
   nowMs: 1_924_992_000_123.5,
+  shard: S,
   generation: 1,
   epochs: [
-    { key: keys.appEpoch('app-1'), expected: 4 },
-    { key: keys.licenseEpoch('KEY-1'), expected: 0 },
+    { key: keys.appEpoch(S, 'app-1'), expected: 4 },
+    { key: keys.licenseEpoch(S, 'KEY-1'), expected: 0 },
   ],
-  ceiling: { key: keys.daily('app-1', '2031-01-01'), limit: 500, ttlSeconds: 90_000 },
-  buckets: [{ key: keys.bucket('ip', '203.0.113.9'), capacity: 30, refillPerSecond: 0.5 }],
-  nonce: { key: keys.nonce('app-1', 'n-1'), ttlSeconds: 300 },
+  ceiling: { key: keys.daily(S, 'app-1', '2031-01-01'), limit: 500, ttlSeconds: 90_000 },
+  buckets: [{ key: keys.bucket(S, 'ip', '203.0.113.9'), capacity: 30, refillPerSecond: 0.5 }],
+  nonce: { key: keys.nonce(S, 'app-1', 'n-1'), ttlSeconds: 300 },
   deny: true,
-  charge: { accountId: 'acct-1', cost: 2, counter: { key: keys.heartbeats('KEY-1'), every: 10 } },
+  charge: { accountId: 'acct-1', cost: 2, counter: { key: keys.heartbeats(S, 'KEY-1'), every: 10 } },
 }
-const bare = request(1, 1_924_992_000_200)
+const bare = request(1, 1_924_992_000_200, { shard: S })
 // Shares the account and the app epoch with `full`: their keys travel once.
 const sharing: AuthorizeInput = {
   ...bare,
-  epochs: [{ key: keys.appEpoch('app-1'), expected: 4 }],
+  epochs: [{ key: keys.appEpoch(S, 'app-1'), expected: 4 }],
   buckets: [
-    { key: keys.bucket('ip', '198.51.100.7'), capacity: 10, refillPerSecond: 2 },
-    { key: keys.bucket('app', 'app-1'), capacity: 1000, refillPerSecond: 100 },
+    { key: keys.bucket(S, 'ip', '198.51.100.7'), capacity: 10, refillPerSecond: 2 },
+    { key: keys.bucket(S, 'app', 'app-1'), capacity: 1000, refillPerSecond: 100 },
   ],
   charge: { accountId: 'acct-1', cost: 1, counter: null },
 }
 const inputs = [full, bare, sharing]
 
 const packOf = (batch: AuthorizeInput[]) => {
-  const args = new AuthorizeArgs()
+  const args = new AuthorizeArgs(S)
   for (const a of batch) args.add(a)
   return args.packed()
 }
@@ -132,12 +134,24 @@ describe('authorize wire: packing', () => {
   test('a key shared by requests of one call travels once', () => {
     const { names } = decode(packOf(inputs))
     expect(new Set(names).size).toBe(names.length)
-    expect(names.filter((n) => n === keys.appEpoch('app-1'))).toHaveLength(1)
-    expect(names.filter((n) => n === keys.balance('acct-1'))).toHaveLength(1)
+    expect(names.filter((n) => n === keys.appEpoch(S, 'app-1'))).toHaveLength(1)
+    expect(names.filter((n) => n === keys.balance(S, 'acct-1'))).toHaveLength(1)
+  })
+
+  test('a request of another shard, or with a key of another, is refused and leaves the call as it was', () => {
+    const args = new AuthorizeArgs(S)
+    args.add(bare)
+    const before = args.packed()
+    expect(() => args.add({ ...bare, shard: '{s8}' })).toThrow('a request of shard {s8} in a call of shard {s7}')
+    // The foreign key comes after fields already written: they are taken back.
+    const foreign = { ...full, buckets: [{ key: keys.bucket('{s8}', 'ip', '203.0.113.9'), capacity: 1, refillPerSecond: 1 }] }
+    expect(() => args.add(foreign)).toThrow('a key of another shard than {s7}')
+    expect(() => args.add({ ...bare, nonce: { key: 'ls:nonce:untagged', ttlSeconds: 5 } })).toThrow('another shard')
+    expect(decode(args.packed()).requests).toEqual(decode(before).requests)
   })
 
   test('keys outside ASCII keep their bytes', () => {
-    const a = { ...bare, nonce: { key: keys.nonce('app-1', 'nonce-é-ü-漢'), ttlSeconds: 5 } }
+    const a = { ...bare, nonce: { key: keys.nonce(S, 'app-1', 'nonce-é-ü-漢'), ttlSeconds: 5 } }
     expect(decode(packOf([a])).requests[0]?.head.nonceKey).toBe(a.nonce.key)
   })
 

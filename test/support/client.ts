@@ -18,8 +18,21 @@ export async function insertLicense(
 
 /** Changes a license row behind the actors' back and bumps its epoch after commit, as another process's publish would. */
 export async function updateLicense(ctx: Context, key: string, set: Partial<typeof licenses.$inferInsert>) {
+  const [row] = await ctx.database.db.select({ appId: licenses.appId }).from(licenses).where(eq(licenses.key, key))
+  if (!row) throw new Error(`no license ${key}`)
+  const epochKey = await licenseEpochKey(ctx, row.appId, key)
   await ctx.database.db.update(licenses).set(set).where(eq(licenses.key, key))
-  await ctx.store.bump([keys.licenseEpoch(key)])
+  await ctx.store.bump([epochKey])
+}
+
+/** The epoch key of an app, in its account's shard. */
+export async function appEpochKey(ctx: Context, appId: string): Promise<string> {
+  return keys.appEpoch((await ctx.actors.shardOfApp(appId)) as string, appId)
+}
+
+/** The epoch key of a license of the app, in its account's shard. */
+export async function licenseEpochKey(ctx: Context, appId: string, key: string): Promise<string> {
+  return keys.licenseEpoch((await ctx.actors.shardOfApp(appId)) as string, key)
 }
 
 export const nonce = () => randomBytes(16).toString('hex')

@@ -1,7 +1,7 @@
 import { beforeAll, describe, expect, test } from 'bun:test'
 import { createApiKey, revokeApiKey } from '../../src/accounts/service'
-import { keys } from '../../src/store/store'
 import { makeTestApp, type TestApp } from '../support/helpers'
+import { appEpochKey, licenseEpochKey } from '../support/client'
 
 const errorBody = (error: string) => ({ error, message: expect.any(String) })
 
@@ -26,13 +26,13 @@ async function newLicense(s: Seeded): Promise<string> {
 const targets: [string, (s: Seeded) => Promise<Target>][] = [
   [
     'app',
-    async (s) => ({ path: `/v1/apps/${s.appId}/variables`, epochKey: keys.appEpoch(s.appId) }),
+    async (s) => ({ path: `/v1/apps/${s.appId}/variables`, epochKey: await appEpochKey(t.ctx, s.appId) }),
   ],
   [
     'license',
     async (s) => {
       const key = await newLicense(s)
-      return { path: `/v1/licenses/${key}/variables`, epochKey: keys.licenseEpoch(key) }
+      return { path: `/v1/licenses/${key}/variables`, epochKey: await licenseEpochKey(t.ctx, s.appId, key) }
     },
   ],
 ]

@@ -1,9 +1,9 @@
 import { describe, expect, test } from 'bun:test'
 import { eq } from 'drizzle-orm'
 import { webhooks } from '../../src/db/schema'
-import { keys } from '../../src/store/store'
 import { isPublicAddress } from '../../src/delivery/target'
 import { makeTestApp, sharedInfra } from '../support/helpers'
+import { appEpochKey } from '../support/client'
 
 // Opening the shared database (and migrating it) takes seconds on a busy machine: do it before any test's clock starts.
 await sharedInfra()
@@ -194,7 +194,7 @@ describe('webhook management', () => {
   test("every change bumps the app's cache epoch so validate re-reads its subscribers", async () => {
     const { req, seed, ctx } = await makeTestApp()
     const s = await seed()
-    const epoch = async () => (await ctx.store.epochs([keys.appEpoch(s.appId)]))[0] ?? 0
+    const epoch = async () => (await ctx.store.epochs([await appEpochKey(ctx, s.appId)]))[0] ?? 0
     const e0 = await epoch()
     const created = await req('POST', `/v1/apps/${s.appId}/webhooks`, { apiKey: s.apiKey, body: newHook() })
     const e1 = await epoch()

@@ -100,7 +100,12 @@ export const OfflineFile = t.Composite([
 export const OfflineFileList = t.Object({ files: t.Array(OfflineFileSummary) })
 
 export const conflictError = {
-  409: { ...ErrorBody, description: 'seats_full: more new HWIDs than free seats; license_inactive: revoked or expired' },
+  409: {
+    ...ErrorBody,
+    description:
+      'seats_full: more new HWIDs than free seats; license_inactive: revoked or expired; app_disabled: the app is ' +
+      "disabled; hwid_blocked: an HWID of the file is refused by the app's HWID blacklist or whitelist",
+  },
 } as const
 
 export type MintOfflineFileBody = typeof MintOfflineFileBody.static

@@ -69,7 +69,9 @@ export function parseActivationRequest(text: string, appId: string): ActivationR
     typeof payload.createdAt === 'string' &&
     ['machineName', 'os', 'sdk', 'licenseKey'].every((field) => optionalText(payload[field]))
   if (!shaped) throw refuse('malformed payload (typ, appId, hwid, createdAt or an optional field is missing or wrong)')
-  if (headers.get('app-id') !== appId || payload.appId !== appId) throw refuse("it is another app's request")
+  // App ids are UUIDs, read under any spelling as validate reads them (canonicalAppId).
+  const sameApp = (id: unknown) => typeof id === 'string' && id.toLowerCase() === appId
+  if (!sameApp(headers.get('app-id')) || !sameApp(payload.appId)) throw refuse("it is another app's request")
   const hwid = payload.hwid as string
   if (hwid.length < 1 || hwid.length > MAX_HWID) {
     throw refuse(`the HWID is ${hwid.length} characters; it must be 1 to ${MAX_HWID} (AuthForge allows 256; this server ${MAX_HWID})`)

@@ -46,7 +46,8 @@ export const offlineFileRoutes = (ctx: Context) =>
             "the app's active signing key, bound to `hwids` (new ones take free seats first, atomically; 409 " +
             "seats_full and nothing bound when there are too few), to the license's bound HWIDs when omitted, or to " +
             'any machine (`anyMachine`, unlimited-seat licenses only). 1 credit on a billed app (402 no_credits), ' +
-            'free on a sandbox app. 409 license_inactive for a revoked or expired license. Emits ' +
+            'free on a sandbox app. 409 license_inactive for a revoked or expired license, app_disabled for a ' +
+            "disabled app, hwid_blocked for an HWID the app's HWID lists refuse (as a validate would). Emits " +
             'license.offline_issued. With `Accept: application/x-authforge-license` the 201 body is the file itself, ' +
             'as an attachment named `<licenseKey>.authforge`. A delivered file cannot be revoked: give short ' +
             'expiries.',
@@ -105,7 +106,7 @@ export const activationRequestRoutes = (ctx: Context) =>
             "JSON. The request is verified (armor, checksum, version, this app's `App-Id` and `appId`), its HWID " +
             "takes a seat of the license (the request's own `licenseKey`, else the body's; it must be this app's) " +
             'and a file bound to that HWID is minted exactly as `POST /v1/licenses/{licenseKey}/offline-files` ' +
-            'does: 409 seats_full or license_inactive, 1 credit on a billed app (402 no_credits), the ' +
+            'does: 409 seats_full, license_inactive, app_disabled or hwid_blocked, 1 credit on a billed app (402 no_credits), the ' +
             'license.offline_issued event. A refused request changes nothing. 403 for an app of another ' +
             'account, 404 for an absent license. With `Accept: application/x-authforge-license` the 201 body is ' +
             'the file itself, as an attachment named `<licenseKey>.authforge`.',

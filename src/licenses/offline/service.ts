@@ -22,6 +22,21 @@ interface MintPlan {
 const seatsFull = (message: string) => new ApiError('seats_full', 409, message)
 
 /**
+ * What a validate would refuse on the app's side is refused here too: a file minted for a disabled app
+ * or a blocked machine would verify offline for as long as it lasts. Run on the app row as read (before
+ * the charge) and as locked in the minting transaction.
+ */
+function checkApp(app: AppRow, hwids: readonly string[]): void {
+  if (app.disabled) throw new ApiError('app_disabled', 409, 'The app is disabled: enable it to mint offline files')
+  const blocked = hwids.findIndex(
+    (hwid) => app.hwidBlacklist.includes(hwid) || (app.hwidWhitelist.length > 0 && !app.hwidWhitelist.includes(hwid)),
+  )
+  if (blocked >= 0) {
+    throw new ApiError('hwid_blocked', 409, `HWID ${blocked + 1} of the file is refused by the app's HWID blacklist or whitelist`)
+  }
+}
+
+/**
  * Checks a mint against the license row. Run twice: on the row as read (so a request that must fail
  * costs no credit) and on the row locked in the minting transaction (what decides).
  */
@@ -48,6 +63,8 @@ function planMint(row: LicenseRow, input: MintOfflineFileBody, now: Date): MintP
   }
   return { expiresAt, hwid: { mode: 'bound', hwids }, newHwids }
 }
+
+const fileHwids = (plan: MintPlan) => (plan.hwid.mode === 'bound' ? plan.hwid.hwids : [])
 
 /**
  * Binds the new HWIDs in one conditional UPDATE, as the seat binder does: the condition (not the row
@@ -76,8 +93,11 @@ async function bindSeats(tx: Tx, row: LicenseRow, newHwids: string[], now: Date)
 function mint(ctx: Context, app: AppRow, signing: NonNullable<CachedApp['signing']>, licenseKey: string, input: MintOfflineFileBody) {
   return ctx.database.db.transaction(async (tx) => {
     const now = new Date(ctx.clock())
+    // FOR SHARE: a disable or a list change committing meanwhile waits for this file, or this sees it.
+    const [locked] = await tx.select().from(apps).where(eq(apps.id, app.id)).for('share')
     const row = await lockLicense(tx, licenseKey)
     const plan = planMint(row, input, now)
+    if (locked) checkApp(locked, fileHwids(plan))
     const events = await bindSeats(tx, row, plan.newHwids, now)
     const payload: OfflinePayload = {
       appId: app.id,
@@ -136,9 +156,10 @@ export async function mintOfflineFile(
   input: MintOfflineFileBody,
 ): Promise<OfflineFile> {
   const owned = await requireOwnedLicense(ctx, accountId, licenseKey)
-  planMint(owned, input, new Date(ctx.clock()))
+  const plan = planMint(owned, input, new Date(ctx.clock()))
   const [app] = await ctx.database.db.select().from(apps).where(eq(apps.id, owned.appId)).limit(1)
   if (!app) throw new ApiError('not_found', 404, `No license ${licenseKey}`)
+  checkApp(app, fileHwids(plan))
   const billed = !app.sandbox
   if (billed && !(await ctx.credits.charge(accountId, 1, ctx.clock()))) {
     throw new ApiError('no_credits', 402, 'The account has no credits left; add credits to mint offline files')

@@ -1,4 +1,3 @@
-import { keys } from '../store'
 import { luaConstants, luaUnpack } from './wire'
 
 // The public requests of one call (see authorize.ts), each checked in order (AuthorizeInput in
@@ -6,18 +5,22 @@ import { luaConstants, luaUnpack } from './wire'
 // The script works on the batch, not on each request: every key is read once by one MGET, each
 // request sees the changes of those before it in a Lua table, and each bucket or balance is written
 // once at the end, so the ones many requests share (the caller's IP, the account) cost one write per
-// call; nonces, counters and ceilings are written as each request goes. First of all the script checks
-// the store generation (ARGV[2], the ls:gen value this process read its epochs under; ARGV[3] is
-// written when the key is missing): on any other value it answers -1 and the current value and runs
-// nothing, since epochs that restarted after a data loss would make old cache entries look fresh.
+// call; nonces, counters and ceilings are written as each request goes.
+// KEYS[1] is the generation key of the call's shard, the one key declared: a cluster runs the call on
+// its slot, and every key in ARGV[1] carries the same shard tag (wire.ts checks it; Redis refuses a
+// script that reaches another slot). First of all the script checks that generation against ARGV[2],
+// the value this process read its epochs under, '' for a shard it has not read yet (then none of its
+// entries came from it); ARGV[3] is written when the key is missing. On any other value it answers -1
+// and the current value and runs nothing, since epochs that restarted after a data loss would make old
+// cache entries look fresh. Otherwise the answer is the generation, then each request's (REPLIES).
 // ARGV[1] is the batch in the wire format of wire.ts, whose tables name every h[...] read here.
 export const AUTHORIZE = `${luaConstants}
-local gen = redis.call('GET', '${keys.generation}')
+local gen = redis.call('GET', KEYS[1])
 if not gen then
   gen = ARGV[3]
-  redis.call('SET', '${keys.generation}', gen)
+  redis.call('SET', KEYS[1], gen)
 end
-if gen ~= ARGV[2] then return { -1, gen } end
+if ARGV[2] ~= '' and gen ~= ARGV[2] then return { -1, gen } end
 ${luaUnpack}
 local val = {}
 local bucket_px = {}
@@ -46,7 +49,7 @@ for from = 1, #reads, 500 do
 end
 
 -- One request's answer, appended to out as integers (REPLIES in wire.ts).
-local out = {}
+local out = { gen }
 local function put(x) out[#out + 1] = x end
 local function one(h)
   local now, ne, nb = h[F_NOW], h[F_EPOCH_COUNT], h[F_BUCKET_COUNT]

@@ -1,18 +1,19 @@
 import { randomUUID } from 'node:crypto'
 import { TurnBatcher } from '../../lib/batcher'
 import { errorFields, log } from '../../lib/log'
-import type { AuthorizeInput, AuthorizeResult, Authorizer, Credits } from '../store'
+import { type AuthorizeInput, type AuthorizeResult, type Authorizer, type Credits, keys, type Shard } from '../store'
 import { AUTHORIZE } from './authorize-script'
 import type { Connection, Script } from './connection'
 import { AuthorizeArgs, authorizeResult } from './wire'
 
 export interface AuthorizeCommands {
-  lsAuthorize(packed: Buffer, generation: string, fresh: string): Promise<number[] | [-1, string]>
+  /** [-1, the generation] when it is not the one expected, else [the generation, ...each request's answer]. */
+  lsAuthorize(generationKey: string, packed: Buffer, generation: string, fresh: string): Promise<[string, ...number[]] | [-1, string]>
 }
 
 export const authorizeScripts: { [name in keyof AuthorizeCommands]: Script } = {
   // Already one call per round trip: auto-pipelining would only hold it for a setImmediate.
-  lsAuthorize: { numberOfKeys: 0, lua: AUTHORIZE, pipelined: false },
+  lsAuthorize: { numberOfKeys: 1, lua: AUTHORIZE, pipelined: false },
 }
 
 interface PendingAuthorize {
@@ -22,15 +23,16 @@ interface PendingAuthorize {
 }
 
 /**
- * The public requests that arrived while the previous call was in flight go out together as one
- * script call (authorize-script.ts), answered as one array. One call per round trip instead of one per
- * request saves a command, a Lua call and a share of the loopback writes and wake-ups each; under load
- * a call carries 10 to 20.
+ * The public requests of one shard that arrived while its previous call was in flight go out together
+ * as one script call (authorize-script.ts), answered as one array. One call per round trip instead of
+ * one per request saves a command, a Lua call and a share of the loopback writes and wake-ups each;
+ * under load a call carries 10 to 20. A call runs on one shard's slot, so each shard has its own
+ * batch and its own call in flight (one of each on a single Redis).
  */
 export class RedisAuthorizer implements Authorizer {
   // The first request after a quiet spell goes at once (a microtask); later ones wait for the call in
-  // flight to come back.
-  readonly #batcher = new TurnBatcher<PendingAuthorize>((batch) => this.#send(batch), { oneInFlight: true })
+  // flight to come back. At most one batcher per shard.
+  readonly #batchers = new Map<Shard, TurnBatcher<PendingAuthorize>>()
 
   constructor(
     private readonly conn: Connection<AuthorizeCommands>,
@@ -44,7 +46,14 @@ export class RedisAuthorizer implements Authorizer {
       return Promise.reject(err)
     }
     if (input.generation !== this.conn.generation) return Promise.resolve(this.#newGeneration())
-    return new Promise((resolve, reject) => this.#batcher.add({ input, resolve, reject }))
+    const { shard } = input
+    let batcher = this.#batchers.get(shard)
+    if (!batcher) {
+      batcher = new TurnBatcher<PendingAuthorize>((batch) => this.#send(shard, batch), { oneInFlight: true })
+      this.#batchers.set(shard, batcher)
+    }
+    const queue = batcher
+    return new Promise((resolve, reject) => queue.add({ input, resolve, reject }))
   }
 
   #newGeneration(): AuthorizeResult {
@@ -52,7 +61,7 @@ export class RedisAuthorizer implements Authorizer {
   }
 
   /** Sends one call; the promise it returns settles when the reply is in, before the callers are answered. */
-  #send(queued: PendingAuthorize[]): Promise<unknown> | undefined {
+  #send(shard: Shard, queued: PendingAuthorize[]): Promise<unknown> | undefined {
     const sentAt = this.conn.generation
     let batch = queued
     // The generation moved while some of them waited for the call in flight (rare: no copy otherwise).
@@ -61,33 +70,51 @@ export class RedisAuthorizer implements Authorizer {
       for (const p of queued) if (p.input.generation !== sentAt) p.resolve(this.#newGeneration())
       if (batch.length === 0) return undefined
     }
-    const call = new AuthorizeArgs()
-    for (const p of batch) call.add(p.input)
-    const reply = this.conn.redis.lsAuthorize(call.packed(), this.conn.storeGeneration, randomUUID())
+    const call = new AuthorizeArgs(shard)
+    const sent: PendingAuthorize[] = []
+    for (const p of batch) {
+      try {
+        call.add(p.input)
+        sent.push(p)
+      } catch (err) {
+        p.reject(err)
+      }
+    }
+    if (sent.length === 0) return undefined
+    const reply = this.conn.redis.lsAuthorize(keys.generation(shard), call.packed(), this.conn.storeGeneration(shard), randomUUID())
     // Registered before the batcher's own callback on the same promise, so the batcher sends what
     // queued meanwhile right after this runs and before the callers' continuations: Redis works on the
     // next batch while this one's requests go on.
     reply.then(
-      (replies) => this.#settle(batch, sentAt, replies, null),
-      (err: unknown) => this.#settle(batch, sentAt, null, err),
+      (replies) => this.#settle(sent, shard, sentAt, replies, null),
+      (err: unknown) => this.#settle(sent, shard, sentAt, null, err),
     )
     return reply
   }
 
-  #settle(batch: PendingAuthorize[], sentAt: number, reply: number[] | [-1, string] | null, err: unknown): void {
+  #settle(
+    batch: PendingAuthorize[],
+    shard: Shard,
+    sentAt: number,
+    reply: [string, ...number[]] | [-1, string] | null,
+    err: unknown,
+  ): void {
     let replies = reply as number[] | null
+    if (reply) this.conn.observe(shard, String(reply[0] === -1 ? reply[1] : reply[0]), sentAt)
     if (reply?.[0] === -1) {
-      // Nothing ran: the store's generation is not the one these requests' epochs were read under.
-      this.conn.storeChanged(String(reply[1]), sentAt)
+      // Nothing ran: the shard's generation is not the one these requests' epochs were read under.
       replies = null
     } else if (replies && sentAt !== this.conn.generation) {
-      // ioredis re-sent the call on a new connection, where ls:gen may have survived a loss of
-      // later writes (a failover): its verdicts cannot be trusted, and its charges are given back.
+      // ioredis re-sent the call on a new connection, where the shard's generation key may have
+      // survived a loss of later writes (a failover), or the reply showed that key changed after a
+      // call sent before this process had read it: its verdicts cannot be trusted, and its charges
+      // are given back.
       err = new Error('redis connection was replaced during the call')
       this.#refundAll(batch, replies)
       replies = null
     }
-    let at = 0
+    // Each request's answer follows the generation.
+    let at = 1
     for (const p of batch) {
       if (!replies) {
         if (err) p.reject(err)
@@ -105,7 +132,7 @@ export class RedisAuthorizer implements Authorizer {
   }
 
   #refundAll(batch: PendingAuthorize[], replies: number[]): void {
-    let at = 0
+    let at = 1
     for (const p of batch) {
       const [result, next] = authorizeResult(replies, at)
       at = next

@@ -1,80 +1,118 @@
-import Redis from 'ioredis'
+import { Cluster, Redis, type RedisOptions } from 'ioredis'
 import { errorFields, log } from '../../lib/log'
+import { type Shard, shardOf } from '../store'
 
 /** A Lua script sent as a named command (EVALSHA, with one EVAL fallback after a Redis restart). */
 export interface Script {
   lua: string
   /** Leading arguments that are keys; omitted when the caller passes the count first. */
   numberOfKeys?: number
-  /** False for a command that is already one call per round trip: auto-pipelining would hold it for a setImmediate. */
+  /** False for a command that is already one call per round trip: auto-pipelining would only hold it for a setImmediate. */
   pipelined?: boolean
 }
 
-/** Options for tests: a short connect timeout and no retry storm against a stopped Redis. */
 export interface RedisStoreOptions {
+  /** Tests: a short connect timeout and no retry storm against a stopped Redis. */
   connectTimeoutMs?: number
+  /** A Redis Cluster reached through the seed nodes of the URL(s), its accounts spread over this many shards. */
+  cluster?: { shards: number } | null
+}
+
+/** Cluster seed nodes: one or more comma-separated URLs; credentials and TLS from the first. */
+function clusterClient(urls: string, options: RedisOptions & { enableAutoPipelining: boolean; autoPipeliningIgnoredCommands: string[] }) {
+  const seeds = urls.split(',').map((u) => new URL(u.trim()))
+  const first = seeds[0] as URL
+  const { enableAutoPipelining, autoPipeliningIgnoredCommands, ...redisOptions } = options
+  return new Cluster(
+    seeds.map((u) => ({ host: u.hostname, port: Number(u.port || 6379) })),
+    {
+      enableAutoPipelining,
+      autoPipeliningIgnoredCommands,
+      // Every read from the masters: a replica may lag behind an epoch bump or a charge.
+      scaleReads: 'master',
+      redisOptions: {
+        ...redisOptions,
+        username: decodeURIComponent(first.username) || undefined,
+        password: decodeURIComponent(first.password) || undefined,
+        tls: first.protocol === 'rediss:' ? {} : undefined,
+      },
+      clusterRetryStrategy: (times) => Math.min(times * 200, 2000),
+    },
+  )
 }
 
 /**
- * The one ioredis connection of a RedisStore, with its scripts as commands, and what every concern of
- * the store shares about it: the store generation and failing fast while the connection is lost.
+ * The one ioredis client of a RedisStore (a connection, or a Redis Cluster client with one per node),
+ * with its scripts as commands, and what every concern of the store shares about it: the shards, the
+ * store generation and failing fast while the connection is lost.
  */
 export class Connection<Commands extends object = object> {
-  readonly redis: Redis & Commands
+  readonly redis: (Redis | Cluster) & Commands
+  /** How many shards the accounts are spread over: 1 on a single Redis. */
+  readonly shards: number
   /** Snapshot.generation: this process's name for the store contents its callers' epochs were read from. */
   #generation = 1
-  /** The ls:gen value read under #generation; null until one is read on the current connection. */
-  #storeGeneration: string | null = null
+  /** Each shard's ls:{sN}:gen value read under #generation; a shard is missing until read on the current connections. */
+  readonly #seen = new Map<Shard, string>()
 
   constructor(url: string, options: RedisStoreOptions, scripts: { [name in keyof Commands]: Script }) {
     const named = Object.entries(scripts) as [string, Script][]
-    const redis = new Redis(url, {
+    // A cluster client places an auto-pipelined command by its first argument, which is the key count
+    // for a script that takes its count first: those go on their own, placed by their first key.
+    const alone = ([, s]: [string, Script]) => s.pipelined === false || (!!options.cluster && s.numberOfKeys === undefined)
+    const common = {
       lazyConnect: false,
       enableAutoPipelining: true,
-      autoPipeliningIgnoredCommands: named.filter(([, s]) => s.pipelined === false).map(([name]) => name),
+      autoPipeliningIgnoredCommands: named.filter(alone).map(([name]) => name),
       connectTimeout: options.connectTimeoutMs ?? 2000,
       // Fail a command fast while Redis is down instead of queueing it for ever; reconnect in the background.
       maxRetriesPerRequest: 1,
-      retryStrategy: (times) => Math.min(times * 200, 2000),
-    })
+    }
+    this.shards = options.cluster?.shards ?? 1
+    const redis = options.cluster
+      ? clusterClient(url, common)
+      : new Redis(url, { ...common, retryStrategy: (times) => Math.min(times * 200, 2000) })
     redis.on('error', (err: Error) => log.debug('redis connection error', errorFields(err)))
     // A new connection may reach a server that restarted with older data or a replica that lost writes
-    // while keeping ls:gen: whatever was read before it is suspect.
-    redis.on('close', () => {
+    // while keeping its generation key: whatever was read before it is suspect. A cluster client drops a
+    // node's connection ('-node') when it fails or leaves; it closes when it has none left.
+    const lost = () => {
       this.#generation++
-      this.#storeGeneration = null
-    })
+      this.#seen.clear()
+    }
+    redis.on('close', lost)
+    if (redis instanceof Cluster) redis.on('-node', lost)
     for (const [name, { lua, numberOfKeys }] of named) redis.defineCommand(name, { lua, numberOfKeys })
-    this.redis = redis as Redis & Commands
+    this.redis = redis as (Redis | Cluster) & Commands
+  }
+
+  shardOf(accountId: string): Shard {
+    return shardOf(accountId, this.shards)
   }
 
   get generation(): number {
     return this.#generation
   }
 
-  /** What a call checked against ls:gen sends as the value it expects ('' before the first read). */
-  get storeGeneration(): string {
-    return this.#storeGeneration ?? ''
+  /** What a call checked against the shard's generation key sends as the value it expects ('' before the first read). */
+  storeGeneration(shard: Shard): string {
+    return this.#seen.get(shard) ?? ''
   }
 
   /**
-   * The generation a read of ls:gen belongs to. A reply to a call sent before the connection dropped
-   * keeps its old generation, which callers no longer accept; a changed value starts a new one.
+   * The generation a read of a shard's generation key belongs to. A reply to a call sent before a
+   * connection dropped keeps its old generation, which callers no longer accept. A shard read for the
+   * first time changes nothing (nothing was read from it before); a changed value starts a new
+   * generation for the whole process, since the registry's entries are not kept per shard.
    */
-  observe(seen: string, sentAt: number): number {
+  observe(shard: Shard, seen: string, sentAt: number): number {
     if (sentAt !== this.#generation) return sentAt
-    if (this.#storeGeneration !== seen) {
-      if (this.#storeGeneration !== null) this.#generation++
-      this.#storeGeneration = seen
+    const known = this.#seen.get(shard)
+    if (known !== seen) {
+      if (known !== undefined) this.#generation++
+      this.#seen.set(shard, seen)
     }
     return this.#generation
-  }
-
-  /** A call sent under `sentAt` found ls:gen at `seen`, not the value expected: a new generation starts. */
-  storeChanged(seen: string, sentAt: number): void {
-    if (sentAt !== this.#generation) return
-    this.#generation++
-    this.#storeGeneration = seen
   }
 
   /**

@@ -1,4 +1,4 @@
-import { type CreditState, type Credits, keys } from '../store'
+import { allShards, type CreditState, type Credits, keys } from '../store'
 import type { Connection, Script } from './connection'
 
 // KEYS: balance, pending, flushing, account epoch. ARGV: expected epoch, expected flush id ('' for
@@ -80,16 +80,29 @@ export const creditScripts: { [name in keyof CreditCommands]: Script } = {
 /** The id of a flush record "<flush id>:<amount>". */
 const flushIdOf = (record: string) => record.slice(0, record.lastIndexOf(':'))
 
+/** An account's credit keys, all in its shard, as each script takes them. */
+function accountKeys(conn: Connection, accountId: string) {
+  const shard = conn.shardOf(accountId)
+  return {
+    balance: keys.balance(shard, accountId),
+    pending: keys.pendingCharges(shard, accountId),
+    flushing: keys.flushing(shard, accountId),
+    epoch: keys.accountEpoch(shard, accountId),
+    dirty: keys.dirtyAccounts(shard),
+  }
+}
+
 export class RedisCredits implements Credits {
   constructor(private readonly conn: Connection<CreditCommands>) {}
 
   async loadBalance(accountId: string, seen: CreditState, reconciled: number, flushCommitted: boolean): Promise<'ok' | 'stale'> {
     this.conn.failFastWhenLost()
+    const k = accountKeys(this.conn, accountId)
     const done = await this.conn.redis.lsLoadBalance(
-      keys.balance(accountId),
-      keys.pendingCharges(accountId),
-      keys.flushing(accountId),
-      keys.accountEpoch(accountId),
+      k.balance,
+      k.pending,
+      k.flushing,
+      k.epoch,
       seen.epoch,
       seen.flushId ?? '',
       flushCommitted ? '1' : '0',
@@ -100,46 +113,47 @@ export class RedisCredits implements Credits {
 
   async creditState(accountId: string): Promise<CreditState> {
     this.conn.failFastWhenLost()
-    const [epoch, flushing] = await this.conn.redis.mget(keys.accountEpoch(accountId), keys.flushing(accountId))
+    const k = accountKeys(this.conn, accountId)
+    const [epoch, flushing] = await this.conn.redis.mget(k.epoch, k.flushing)
     return { epoch: Number(epoch ?? 0), flushId: flushing ? flushIdOf(flushing) : null }
   }
 
   async balance(accountId: string): Promise<number | null> {
     this.conn.failFastWhenLost()
-    const v = await this.conn.redis.get(keys.balance(accountId))
+    const v = await this.conn.redis.get(accountKeys(this.conn, accountId).balance)
     return v === null ? null : Number(v)
   }
 
   async creditsAdded(accountId: string, n: number): Promise<void> {
     this.conn.failFastWhenLost()
-    await this.conn.redis.lsCreditsAdded(keys.balance(accountId), keys.accountEpoch(accountId), n)
+    const k = accountKeys(this.conn, accountId)
+    await this.conn.redis.lsCreditsAdded(k.balance, k.epoch, n)
   }
 
   async refund(accountId: string, n: number): Promise<void> {
     this.conn.failFastWhenLost()
-    await this.conn.redis.lsRefund(keys.balance(accountId), keys.pendingCharges(accountId), keys.dirtyAccounts, accountId, n)
+    const k = accountKeys(this.conn, accountId)
+    await this.conn.redis.lsRefund(k.balance, k.pending, k.dirty, accountId, n)
   }
 
+  /** Every shard's set (one read on a single Redis; on a cluster the reads of one node share a pipeline). */
   async dirtyAccounts(): Promise<string[]> {
     this.conn.failFastWhenLost()
-    return this.conn.redis.smembers(keys.dirtyAccounts)
+    const sets = await Promise.all(allShards(this.conn.shards).map((shard) => this.conn.redis.smembers(keys.dirtyAccounts(shard))))
+    return sets.flat()
   }
 
   async beginFlush(accountId: string, newId: string): Promise<{ id: string; amount: number } | null> {
     this.conn.failFastWhenLost()
-    const record = await this.conn.redis.lsBeginFlush(keys.pendingCharges(accountId), keys.flushing(accountId), newId)
+    const k = accountKeys(this.conn, accountId)
+    const record = await this.conn.redis.lsBeginFlush(k.pending, k.flushing, newId)
     if (!record) return null
     return { id: flushIdOf(record), amount: Number(record.slice(record.lastIndexOf(':') + 1)) }
   }
 
   async endFlush(accountId: string, id: string): Promise<void> {
     this.conn.failFastWhenLost()
-    await this.conn.redis.lsEndFlush(
-      keys.flushing(accountId),
-      keys.pendingCharges(accountId),
-      keys.dirtyAccounts,
-      id,
-      accountId,
-    )
+    const k = accountKeys(this.conn, accountId)
+    await this.conn.redis.lsEndFlush(k.flushing, k.pending, k.dirty, id, accountId)
   }
 }

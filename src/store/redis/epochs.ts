@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto'
-import { type EpochRead, type Epochs, keys, type Snapshot, type Snapshots } from '../store'
+import { type EpochRead, type Epochs, keys, shardOfKey, type Snapshot, type Snapshots } from '../store'
 import type { Connection, Script } from './connection'
 
 const BUMP = `
@@ -7,10 +7,10 @@ for i = 1, #KEYS do redis.call('INCR', KEYS[i]) end
 return #KEYS
 `
 
-// KEYS: the generation key, then per read its epoch key and, when admitted, its bucket key. ARGV: a
-// fresh generation id (written when the key is missing), then per read three values: the bucket's now
-// ('' without a bucket), capacity and refill per second. Answers the generation, then per read its
-// epoch, or minus the wait in ms when its bucket had no token (then its epoch is not read).
+// KEYS: the shard's generation key, then per read its epoch key and, when admitted, its bucket key,
+// all of one shard. ARGV: a fresh generation id (written when the key is missing), then per read three
+// values: the bucket's now ('' without a bucket), capacity and refill per second. Answers the generation,
+// then per read its epoch, or minus the wait in ms when its bucket had no token (then its epoch is not read).
 const SNAPSHOT = `
 local gen = redis.call('GET', KEYS[1])
 if not gen then
@@ -51,19 +51,37 @@ export const epochScripts: { [name in keyof EpochCommands]: Script } = {
   lsBump: { lua: BUMP },
 }
 
+/** Keys grouped by shard, each group a call of its own on a cluster (one group on a single Redis). */
+function byShard(epochKeys: readonly string[]): string[][] {
+  const groups = new Map<string, string[]>()
+  for (const key of epochKeys) {
+    const shard = shardOfKey(key)
+    const group = groups.get(shard)
+    if (group) group.push(key)
+    else groups.set(shard, [key])
+  }
+  return [...groups.values()]
+}
+
 export class RedisEpochs implements Epochs {
   constructor(private readonly conn: Connection<EpochCommands>) {}
 
   async epochs(epochKeys: readonly string[]): Promise<number[]> {
     if (epochKeys.length === 0) return []
     this.conn.failFastWhenLost()
-    const values = await this.conn.redis.mget(...epochKeys)
-    return values.map((v) => (v === null ? 0 : Number(v)))
+    const found = new Map<string, number>()
+    await Promise.all(
+      byShard(epochKeys).map(async (group) => {
+        const values = await this.conn.redis.mget(...group)
+        group.forEach((key, i) => found.set(key, Number(values[i] ?? 0)))
+      }),
+    )
+    return epochKeys.map((key) => found.get(key) ?? 0)
   }
 
   async bump(epochKeys: readonly string[]): Promise<void> {
     this.conn.failFastWhenLost()
-    if (epochKeys.length > 0) await this.conn.redis.lsBump(epochKeys.length, ...epochKeys)
+    await Promise.all(byShard(epochKeys).map((group) => this.conn.redis.lsBump(group.length, ...group)))
   }
 
   async snapshot(epochKeys: readonly string[]): Promise<Snapshot> {
@@ -71,24 +89,41 @@ export class RedisEpochs implements Epochs {
     return { generation, epochs: reads.map((read) => (read.kind === 'ok' ? read.epoch : 0)) }
   }
 
+  /** One call per shard of the reads (one on a single Redis); the generation answered is the lowest of the calls'. */
   async snapshotEach(reads: readonly EpochRead[]): Promise<Snapshots> {
     this.conn.failFastWhenLost()
-    const sentAt = this.conn.generation
-    const keyArgs: string[] = [keys.generation]
-    const args: (string | number)[] = [randomUUID()]
-    for (const { key, admission } of reads) {
-      keyArgs.push(key)
-      if (admission) {
-        keyArgs.push(admission.key)
-        args.push(admission.nowMs, admission.capacity, admission.refillPerSecond)
-      } else {
-        args.push('', 0, 0)
-      }
-    }
-    const [seen, ...answers] = await this.conn.redis.lsSnapshot(keyArgs.length, ...keyArgs, ...args)
-    return {
-      generation: this.conn.observe(seen, sentAt),
-      reads: answers.map((n) => (n < 0 ? { kind: 'limited', retryAfterMs: -n } : { kind: 'ok', epoch: n })),
-    }
+    const groups = new Map<string, number[]>()
+    reads.forEach(({ key }, i) => {
+      const shard = shardOfKey(key)
+      const group = groups.get(shard)
+      if (group) group.push(i)
+      else groups.set(shard, [i])
+    })
+    if (groups.size === 0) groups.set('', [])
+    const answers: Snapshots['reads'] = new Array(reads.length)
+    const generations = await Promise.all(
+      [...groups].map(async ([shard, indexes]) => {
+        const sentAt = this.conn.generation
+        const keyArgs: string[] = [keys.generation(shard)]
+        const args: (string | number)[] = [randomUUID()]
+        for (const i of indexes) {
+          const { key, admission } = reads[i]!
+          keyArgs.push(key)
+          if (admission) {
+            keyArgs.push(admission.key)
+            args.push(admission.nowMs, admission.capacity, admission.refillPerSecond)
+          } else {
+            args.push('', 0, 0)
+          }
+        }
+        const [seen, ...found] = await this.conn.redis.lsSnapshot(keyArgs.length, ...keyArgs, ...args)
+        indexes.forEach((i, j) => {
+          const n = found[j] ?? 0
+          answers[i] = n < 0 ? { kind: 'limited', retryAfterMs: -n } : { kind: 'ok', epoch: n }
+        })
+        return this.conn.observe(shard, seen, sentAt)
+      }),
+    )
+    return { generation: Math.min(...generations), reads: answers }
   }
 }

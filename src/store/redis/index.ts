@@ -1,5 +1,5 @@
-import { log } from '../../lib/log'
-import type { AuthorizeInput, AuthorizeResult, CreditState, EpochRead, Snapshot, Snapshots, Store, TakeResult } from '../store'
+import { errorFields, log } from '../../lib/log'
+import { type AuthorizeInput, type AuthorizeResult, type CreditState, type EpochRead, keys, type Shard, type Snapshot, type Snapshots, type Store, type TakeResult } from '../store'
 import { type AuthorizeCommands, authorizeScripts, RedisAuthorizer } from './authorize'
 import { Connection, type RedisStoreOptions } from './connection'
 import { type CreditCommands, creditScripts, RedisCredits } from './credits'
@@ -33,6 +33,14 @@ export class RedisStore implements Store {
     this.#epochs = new RedisEpochs(this.#conn)
     this.#credits = new RedisCredits(this.#conn)
     this.#authorizer = new RedisAuthorizer(this.#conn, this.#credits)
+  }
+
+  get shards(): number {
+    return this.#conn.shards
+  }
+
+  shardOf(accountId: string): Shard {
+    return this.#conn.shardOf(accountId)
   }
 
   /** The client, with the scripts as commands (tests reach past the Store with it). */
@@ -113,11 +121,37 @@ export class RedisStore implements Store {
   }
 }
 
-export async function openStore(redisUrl: string | null): Promise<Store> {
+/** The store the settings name: Redis, a Redis Cluster (`clusterShards`), or the in-process twin without REDIS_URL. */
+export async function openStore(redisUrl: string | null, clusterShards: number | null = null): Promise<Store> {
   if (!redisUrl) {
     const { MemoryStore } = await import('../memory')
     log.info('REDIS_URL is not set: rate-limit, nonce and session state is kept in this process (one instance only)')
     return new MemoryStore()
   }
-  return new RedisStore(redisUrl)
+  const store = new RedisStore(redisUrl, { cluster: clusterShards === null ? null : { shards: clusterShards } })
+  await checkShardCount(store)
+  return store
+}
+
+/**
+ * Refuses to start beside instances that spread accounts over another number of shards: their keys of
+ * one account would not meet (a nonce claimed twice, two balances). The first instance records its
+ * count; an unreachable store is not a reason to refuse (the server starts and fails over as usual).
+ */
+async function checkShardCount(store: RedisStore): Promise<void> {
+  const mine = String(store.shards)
+  let recorded: string | null
+  try {
+    await store.redis.set(keys.shardCount, mine, 'NX')
+    recorded = await store.redis.get(keys.shardCount)
+  } catch (err) {
+    log.warn('redis unreachable at start: the shard count is not checked', errorFields(err))
+    return
+  }
+  if (recorded !== null && recorded !== mine) {
+    await store.close()
+    throw new Error(
+      `this store's keys were written with ${recorded} shard(s) and this instance uses ${mine} (REDIS_CLUSTER, REDIS_CLUSTER_SHARDS): every instance must use the same`,
+    )
+  }
 }

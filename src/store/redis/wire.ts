@@ -1,4 +1,4 @@
-import { type AuthorizeInput, type AuthorizeResult, keys } from '../store'
+import { type AuthorizeInput, type AuthorizeResult, keys, type Shard, shardPrefix } from '../store'
 
 /**
  * The authorize script's wire format, defined once: the TypeScript packing below writes each number
@@ -115,28 +115,49 @@ while pos <= #packed do
 end
 `
 
-/** One authorize call's single argument: each distinct key once, then the numbers of every request. */
+/**
+ * One authorize call's single argument: each distinct key once, then the numbers of every request. The
+ * call runs on its shard's slot (authorize-script.ts), so a request with a key of another shard is
+ * refused here before any of it is written.
+ */
 export class AuthorizeArgs {
   readonly #keys: string[] = []
   readonly #positions = new Map<string, number>()
   readonly #numbers: number[] = []
+  readonly #prefix: string
 
-  /** The key's position among the keys (1-based), sending it only the first time. */
-  #key(name: string): number {
+  constructor(readonly shard: Shard) {
+    this.#prefix = shardPrefix(shard)
+  }
+
+  /** The name's position among the keys (1-based), sending it only the first time; `key`: a Redis key, of the call's shard. */
+  #key(name: string, key = true): number {
     let at = this.#positions.get(name)
     if (at === undefined) {
+      if (key && !name.startsWith(this.#prefix)) throw new Error(`a key of another shard than ${this.shard} in one authorize call`)
       at = this.#keys.push(name)
       this.#positions.set(name, at)
     }
     return at
   }
 
+  /** Appends one request; throws, adding nothing, when it names a key of another shard. */
   add(a: AuthorizeInput): void {
-    const { ceiling, nonce, charge } = a
+    const at = this.#numbers.length
+    try {
+      this.#add(a, at)
+    } catch (err) {
+      this.#numbers.length = at
+      throw err
+    }
+  }
+
+  #add(a: AuthorizeInput, at: number): void {
+    const { ceiling, nonce, charge, shard } = a
+    if (shard !== this.shard) throw new Error(`a request of shard ${shard} in a call of shard ${this.shard}`)
     const counter = charge?.counter
     const n = this.#numbers
     // n[at] is the count, n[at + i] the script's h[i]. Written in the table's order, each write appends.
-    const at = n.length
     n[at] = 0
     n[at + F.now] = a.nowMs
     n[at + F.epochCount] = a.epochs.length
@@ -147,10 +168,10 @@ export class AuthorizeArgs {
     n[at + F.ceilingTtl] = ceiling ? ceiling.ttlSeconds : 0
     n[at + F.nonceKey] = nonce ? this.#key(nonce.key) : 0
     n[at + F.nonceTtl] = nonce ? nonce.ttlSeconds : 0
-    n[at + F.account] = charge ? this.#key(charge.accountId) : 0
-    n[at + F.balanceKey] = charge ? this.#key(keys.balance(charge.accountId)) : 0
-    n[at + F.pendingKey] = charge ? this.#key(keys.pendingCharges(charge.accountId)) : 0
-    n[at + F.dirtyKey] = charge ? this.#key(keys.dirtyAccounts) : 0
+    n[at + F.account] = charge ? this.#key(charge.accountId, false) : 0
+    n[at + F.balanceKey] = charge ? this.#key(keys.balance(shard, charge.accountId)) : 0
+    n[at + F.pendingKey] = charge ? this.#key(keys.pendingCharges(shard, charge.accountId)) : 0
+    n[at + F.dirtyKey] = charge ? this.#key(keys.dirtyAccounts(shard)) : 0
     n[at + F.cost] = charge ? charge.cost : 0
     n[at + F.counterKey] = counter ? this.#key(counter.key) : 0
     n[at + F.counterEvery] = counter ? counter.every : 0

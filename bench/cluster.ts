@@ -1,0 +1,166 @@
+/**
+ * `npm run bench:cluster`: what a 3-master Redis Cluster costs against one Redis. The same server code
+ * runs twice on one PostgreSQL database, once on one Redis and once on a cluster this bench starts on
+ * its own ports (test/support/redis-cluster.ts); validate and heartbeat at 64 connections are measured
+ * against both in alternating rounds, so each ratio is read within one run. Needs wrk.
+ *
+ * The licenses belong to one app of one account, so on the cluster every request goes to the one master
+ * of that account's shard: this measures the cost per request, not what spreading accounts over the
+ * masters gains.
+ *
+ * Settings (environment): BENCH_PG_ADMIN_URL (default postgres://postgres@127.0.0.1:5432/postgres; a
+ * database ls_bench_cluster_<pid> is created there and dropped at the end), BENCH_REDIS_URL (the one
+ * Redis, default redis://127.0.0.1:6379/5; flushed before and after), BENCH_DURATION seconds per
+ * scenario and round (5), BENCH_LICENSES (1000), BENCH_ROUNDS (3), BENCH_PROCESSES (SERVER_PROCESSES, 1).
+ */
+import { mkdtempSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import postgres from 'postgres'
+import { setLogLevel } from '../src/lib/log'
+import { ownRedisCluster } from '../test/support/redis-cluster'
+import { seedBench } from './seed'
+
+const ADMIN_URL = process.env.BENCH_PG_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
+const REDIS_URL = process.env.BENCH_REDIS_URL ?? 'redis://127.0.0.1:6379/5'
+const DURATION = Number(process.env.BENCH_DURATION ?? 5)
+const LICENSES = Number(process.env.BENCH_LICENSES ?? 1000)
+const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3)
+const PROCESSES = process.env.BENCH_PROCESSES ?? '1'
+const work = mkdtempSync(join(tmpdir(), 'ls-bench-cluster-'))
+
+interface Server {
+  url: string
+  stop(): Promise<void>
+}
+
+/** Starts src/main.ts with `env` on a free port; resolves once it logs that it listens. */
+async function spawnServer(env: Record<string, string>): Promise<Server> {
+  const proc = Bun.spawn([process.execPath, join(import.meta.dir, '..', 'src', 'main.ts')], {
+    env: { ...process.env, HOST: '127.0.0.1', PORT: '0', LOG_LEVEL: 'info', ...env },
+    stdout: 'ignore',
+    stderr: 'pipe',
+  })
+  const reader = proc.stderr.getReader()
+  let seen = ''
+  for (;;) {
+    const { value, done } = await reader.read()
+    if (done) throw new Error(`the server exited before listening:\n${seen}`)
+    seen += new TextDecoder().decode(value)
+    const line = seen.split('\n').find((l) => l.includes('"listening"'))
+    if (!line) continue
+    void (async () => {
+      while (!(await reader.read()).done) {}
+    })()
+    return {
+      url: (JSON.parse(line) as { url: string }).url,
+      async stop() {
+        proc.kill('SIGTERM')
+        await proc.exited
+      },
+    }
+  }
+}
+
+interface Result {
+  rps: number
+  p50: number
+  p99: number
+  errors: number
+}
+
+let runs = 0
+function wrk(server: Server, mode: string, connections: number, seconds: number): Result {
+  const runId = `${process.pid.toString(16)}c${(runs++).toString(16)}x`
+  const out = Bun.spawnSync([
+    'wrk', '-t2', `-c${connections}`, `-d${seconds}s`, '--latency',
+    '-s', join(import.meta.dir, 'auth.lua'), server.url, '--', mode, join(work, 'data.txt'), runId,
+  ])
+  if (out.exitCode !== 0) throw new Error(`wrk failed: ${out.stderr.toString()}`)
+  const text = out.stdout.toString()
+  const ms = (p: string) => {
+    const m = new RegExp(`^\\s+${p}%\\s+([\\d.]+)(us|ms|s)\\s*$`, 'm').exec(text)
+    return m ? Number(m[1]) * ({ us: 0.001, ms: 1, s: 1000 }[m[2] as string] ?? Number.NaN) : Number.NaN
+  }
+  return {
+    rps: Number(/Requests\/sec:\s+([\d.]+)/.exec(text)?.[1] ?? Number.NaN),
+    p50: ms('50'),
+    p99: ms('99'),
+    errors: Number(/Non-2xx or 3xx responses:\s+(\d+)/.exec(text)?.[1] ?? 0),
+  }
+}
+
+const median = (list: number[]) => {
+  const sorted = [...list].sort((x, y) => x - y)
+  const mid = sorted.length >> 1
+  return sorted.length % 2 ? (sorted[mid] as number) : ((sorted[mid - 1] as number) + (sorted[mid] as number)) / 2
+}
+
+async function main() {
+  setLogLevel('warn')
+  const dbName = `ls_bench_cluster_${process.pid}`
+  const admin = postgres(ADMIN_URL, { max: 1, onnotice: () => {} })
+  await admin.unsafe(`CREATE DATABASE ${dbName}`)
+  const dbUrl = new URL(ADMIN_URL)
+  dbUrl.pathname = `/${dbName}`
+  const { default: Redis } = await import('ioredis')
+  const redis = new Redis(REDIS_URL)
+  await redis.flushdb()
+  const cluster = await ownRedisCluster()
+  const servers: Server[] = []
+  try {
+    const env = {
+      DATABASE_URL: dbUrl.toString(),
+      REDIS_URL,
+      MASTER_KEY: Buffer.alloc(32, 42).toString('hex'),
+      DATA_DIR: work,
+      SERVER_PROCESSES: PROCESSES,
+      // Limits on, at values this load never reaches: the buckets run, nothing is refused.
+      VALIDATE_LIMIT_PER_IP: '1000000000',
+      VALIDATE_LIMIT_PER_LICENSE: '1000000000',
+    }
+    console.log(`seeding ${LICENSES} licenses with bound HWIDs…`)
+    const seeded = await seedBench(env, LICENSES)
+    const lines = seeded.licenses.map((l) => `${l.key} ${l.hwid} ${l.token}`)
+    writeFileSync(join(work, 'data.txt'), `${seeded.appId} ${seeded.appSecret}\n${lines.join('\n')}\n`)
+    const single = await spawnServer(env)
+    servers.push(single)
+    const clustered = await spawnServer({ ...env, REDIS_URL: cluster.url, REDIS_CLUSTER: 'true' })
+    servers.push(clustered)
+    for (const server of servers) for (const mode of ['validate', 'heartbeat']) wrk(server, mode, 16, 3)
+
+    const samples: Record<string, Result[]> = {}
+    const run = (name: string, server: Server, mode: string) => {
+      const r = wrk(server, mode, 64, DURATION)
+      ;(samples[`${mode} ${name}`] ??= []).push(r)
+      console.log(`  ${mode.padEnd(9)} ${name.padEnd(13)} ${r.rps.toFixed(0).padStart(7)} req/s  p50 ${r.p50.toFixed(2)} ms  p99 ${r.p99.toFixed(2)} ms${r.errors ? `  non-2xx ${r.errors}` : ''}`)
+    }
+    for (let round = 1; round <= ROUNDS; round++) {
+      console.log(`round ${round}/${ROUNDS}`)
+      for (const mode of ['validate', 'heartbeat']) {
+        const pair = [() => run('one Redis', single, mode), () => run('3-node cluster', clustered, mode)]
+        for (const step of round % 2 === 1 ? pair : pair.reverse()) step()
+      }
+    }
+    console.log(`\nsummary, 64 connections, SERVER_PROCESSES=${PROCESSES}, ${ROUNDS} rounds (medians; ratio: median of each round's cluster ÷ one Redis)`)
+    for (const mode of ['validate', 'heartbeat']) {
+      const one = samples[`${mode} one Redis`] as Result[]
+      const many = samples[`${mode} 3-node cluster`] as Result[]
+      const show = (list: Result[]) =>
+        `${median(list.map((r) => r.rps)).toFixed(0)} req/s, p50 ${median(list.map((r) => r.p50)).toFixed(2)} ms, p99 ${median(list.map((r) => r.p99)).toFixed(2)} ms`
+      const ratio = median(many.map((r, i) => r.rps / (one[i] as Result).rps))
+      console.log(`  ${mode.padEnd(9)} one Redis ${show(one)}; cluster ${show(many)}; cluster ÷ one Redis ${ratio.toFixed(2)}`)
+    }
+    const errors = Object.values(samples).flat().reduce((n, r) => n + r.errors, 0)
+    console.log(`  non-2xx responses: ${errors}`)
+  } finally {
+    await Promise.all(servers.map((s) => s.stop()))
+    await cluster.stop()
+    await redis.flushdb()
+    redis.disconnect()
+    await admin.unsafe(`DROP DATABASE IF EXISTS ${dbName} WITH (FORCE)`)
+    await admin.end()
+  }
+}
+
+await main()

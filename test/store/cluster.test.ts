@@ -1,0 +1,165 @@
+/**
+ * Two service instances on one PostgreSQL and a 3-master Redis Cluster of the test's own: every
+ * cross-instance invariant holds with the accounts' keys spread over the masters, and a master that
+ * loses its data is noticed.
+ */
+import { afterAll, describe, expect, test } from 'bun:test'
+import { eq } from 'drizzle-orm'
+import { accounts, licenses } from '../../src/db/schema'
+import { openStore, RedisStore } from '../../src/store/redis'
+import { allShards, keys, shardOfKey } from '../../src/store/store'
+import { decode, hwid, insertLicense, nonce } from '../support/client'
+import { makeTestApp, MODE, type TestApp } from '../support/helpers'
+import { ownRedisCluster } from '../support/redis-cluster'
+
+const SHARDS = 64
+
+// A cluster of the test's own and two instances on the shared PostgreSQL: the PostgreSQL pass only.
+if (MODE === 'postgres') {
+  describe('two instances on a 3-master Redis Cluster', async () => {
+    const cluster = await ownRedisCluster()
+    const stores: RedisStore[] = []
+    const instance = async (env: Record<string, string> = {}): Promise<TestApp> => {
+      const store = new RedisStore(cluster.url, { cluster: { shards: SHARDS } })
+      stores.push(store)
+      return makeTestApp({ store, env })
+    }
+    const [a, b] = [await instance(), await instance()]
+    afterAll(async () => {
+      for (const store of stores) await store.close()
+      await cluster.stop()
+    })
+    const on = [a, b]
+    const validate = (i: number, body: Record<string, unknown>) => on[i % 2]!.req('POST', '/auth/validate', { body })
+    const body = (s: { appId: string; appSecret: string }, licenseKey: string, h = hwid()) => ({
+      appId: s.appId,
+      appSecret: s.appSecret,
+      licenseKey,
+      hwid: h,
+      nonce: nonce(),
+    })
+
+    /** The master serving a key's slot, by its index in cluster.nodes. */
+    const slotOwners = async () => {
+      const ranges = (await cluster.nodes[0]!.cluster('SLOTS')) as unknown as [number, number, [string, number]][]
+      return (slot: number) => cluster.ports.indexOf(ranges.find(([from, to]) => slot >= from && slot <= to)![2][1])
+    }
+    const nodeOf = async (key: string) => (await slotOwners())(Number(await cluster.nodes[0]!.cluster('KEYSLOT', key)))
+
+    test('an instance with another shard count than the store was written with refuses to start', async () => {
+      const opened = await openStore(cluster.url, SHARDS)
+      await opened.close()
+      await expect(openStore(cluster.url, SHARDS / 2)).rejects.toThrow(`written with ${SHARDS} shard(s) and this instance uses ${SHARDS / 2}`)
+    })
+
+    test('the default shards spread evenly over 3 masters', async () => {
+      const owner = await slotOwners()
+      const perNode = [0, 0, 0]
+      for (const shard of allShards(SHARDS)) perNode[owner(Number(await cluster.nodes[0]!.cluster('KEYSLOT', keys.generation(shard))))]!++
+      expect(Math.min(...perNode)).toBeGreaterThanOrEqual(18)
+    })
+
+    test('40 HWIDs racing at a 3-seat key through both instances bind exactly 3', async () => {
+      const s = await a.seed({ credits: 1000 })
+      const licenseKey = await insertLicense(a.ctx, s.appId, { maxHwidSlots: 3 })
+      const results = await Promise.all(Array.from({ length: 40 }, (_, i) => validate(i, body(s, licenseKey))))
+      expect(results.filter((r) => r.status === 200)).toHaveLength(3)
+      expect(results.filter((r) => r.body.error === 'hwid_mismatch')).toHaveLength(37)
+      const [row] = await a.ctx.database.db.select().from(licenses).where(eq(licenses.key, licenseKey))
+      expect(row?.hwids).toHaveLength(3)
+    })
+
+    test('N credits pay for exactly N validates across instances, and the reconciler moves them to PostgreSQL', async () => {
+      const s = await a.seed({ credits: 7 })
+      const licenseKey = await insertLicense(a.ctx, s.appId, { unlimitedHwidSlots: true })
+      const results = await Promise.all(Array.from({ length: 20 }, (_, i) => validate(i, body(s, licenseKey))))
+      expect(results.filter((r) => r.status === 200)).toHaveLength(7)
+      expect(results.filter((r) => r.body.error === 'no_credits')).toHaveLength(13)
+      expect(await a.ctx.store.balance(s.accountId)).toBe(0)
+      expect(await b.ctx.store.dirtyAccounts()).toContain(s.accountId)
+      await b.ctx.credits.flush()
+      const [row] = await a.ctx.database.db.select({ credits: accounts.credits }).from(accounts).where(eq(accounts.id, s.accountId))
+      expect(row?.credits).toBe(0)
+      expect(await a.ctx.store.dirtyAccounts()).not.toContain(s.accountId)
+      expect((await validate(0, body(s, licenseKey))).body.error).toBe('no_credits')
+    })
+
+    test('a nonce used on one instance is a replay on the other', async () => {
+      const s = await a.seed()
+      const licenseKey = await insertLicense(a.ctx, s.appId, { unlimitedHwidSlots: true })
+      const once = body(s, licenseKey)
+      expect((await validate(0, once)).status).toBe(200)
+      expect((await validate(1, once)).body.error).toBe('replay_detected')
+    })
+
+    test('the per-license limit is one bucket for both instances', async () => {
+      const env = { VALIDATE_LIMIT_PER_LICENSE: '5' }
+      const limited = [await instance(env), await instance(env)]
+      const s = await a.seed()
+      const licenseKey = await insertLicense(a.ctx, s.appId, { unlimitedHwidSlots: true })
+      const statuses: number[] = []
+      for (let i = 0; i < 8; i++) statuses.push((await limited[i % 2]!.req('POST', '/auth/validate', { body: body(s, licenseKey) })).status)
+      expect(statuses).toEqual([200, 200, 200, 200, 200, 429, 429, 429])
+    })
+
+    test('a revoke on one instance is refused on the other at its next request', async () => {
+      const s = await a.seed()
+      const licenseKey = await insertLicense(a.ctx, s.appId)
+      const h = hwid()
+      const v = await validate(1, body(s, licenseKey, h))
+      expect(v.status).toBe(200)
+      const token = decode(v.body.payload).sessionToken
+      const beat = () => b.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken: token, hwid: h } })
+      expect((await beat()).status).toBe(200)
+      const put = await a.req('PUT', `/v1/licenses/${licenseKey}`, { apiKey: s.apiKey, body: { action: 'revoke' } })
+      expect(put.status).toBe(200)
+      expect((await beat()).body.error).toBe('revoked')
+      expect((await validate(1, body(s, licenseKey, h))).body.error).toBe('revoked')
+    })
+
+    test("the keys of many accounts spread over all 3 masters, each account's keys on one of them", async () => {
+      const seen = new Set<number>()
+      for (let i = 0; i < 60 && seen.size < 3; i++) {
+        const s = await a.seed()
+        const licenseKey = await insertLicense(a.ctx, s.appId, { unlimitedHwidSlots: true })
+        expect((await validate(i, body(s, licenseKey))).status).toBe(200)
+        seen.add(await nodeOf(keys.balance(a.ctx.store.shardOf(s.accountId), s.accountId)))
+      }
+      expect(seen.size).toBe(3)
+      // Every client-request key of every node carries a shard tag, and a tag's keys live on one node.
+      const nodesOfShard = new Map<string, Set<number>>()
+      for (const [i, node] of cluster.nodes.entries()) {
+        const names = await node.keys('ls:*')
+        expect(names.length).toBeGreaterThan(0)
+        for (const name of names) {
+          // The two kinds of key no client request touches: the Developer API limits, the shard count.
+          if (name.startsWith('ls:rl:api:') || name === keys.shardCount) continue
+          const shard = shardOfKey(name)
+          expect(shard).not.toBeNull()
+          nodesOfShard.set(shard!, (nodesOfShard.get(shard!) ?? new Set()).add(i))
+        }
+      }
+      for (const nodes of nodesOfShard.values()) expect(nodes.size).toBe(1)
+    })
+
+    test('a master that loses its data is noticed: every cached entry goes, nothing stale is served', async () => {
+      const s = await a.seed()
+      const licenseKey = await insertLicense(a.ctx, s.appId, { unlimitedHwidSlots: true })
+      const h = hwid()
+      expect((await a.req('POST', '/auth/validate', { body: body(s, licenseKey, h) })).status).toBe(200)
+      const other = await b.seed()
+      const otherKey = await insertLicense(b.ctx, other.appId, { unlimitedHwidSlots: true })
+      expect((await a.req('POST', '/auth/validate', { body: body(other, otherKey) })).status).toBe(200)
+      const before = a.ctx.actors.generation
+      // The license's epoch was never bumped (0, as after a loss): only the shard's generation tells
+      // that the entry cached above may predate a change whose bump the lost data held.
+      await cluster.nodes[await nodeOf(keys.generation(a.ctx.store.shardOf(s.accountId)))]!.flushall()
+      await a.ctx.database.db.update(licenses).set({ status: 'revoked' }).where(eq(licenses.key, licenseKey))
+      expect((await a.req('POST', '/auth/validate', { body: body(s, licenseKey, h) })).body.error).toBe('revoked')
+      expect(a.ctx.actors.generation).toBeGreaterThan(before)
+      // The whole registry started over, the other account's entries with it.
+      expect(a.ctx.actors.cachedLicense(other.appId, otherKey)).toBeUndefined()
+      expect((await b.req('POST', '/auth/validate', { body: body(s, licenseKey, h) })).body.error).toBe('revoked')
+    })
+  })
+}

@@ -1,0 +1,81 @@
+/**
+ * A Redis Cluster of a test's (or a bench's) own: masters without replicas or persistence, on free
+ * ports of a range, in a temporary directory that `stop` removes with the processes.
+ */
+import { mkdtempSync, rmSync } from 'node:fs'
+import { createServer } from 'node:net'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import Redis from 'ioredis'
+import { until } from './servers'
+
+export interface OwnRedisCluster {
+  /** The seed nodes as REDIS_URL takes them with REDIS_CLUSTER=true. */
+  url: string
+  ports: number[]
+  /** A plain connection to each master, in port order (FLUSHALL, DBSIZE, CLUSTER … on one node). */
+  nodes: Redis[]
+  /** Kills the servers and removes their directory. */
+  stop(): Promise<void>
+}
+
+const canListen = (port: number) =>
+  new Promise<boolean>((resolve) => {
+    const srv = createServer()
+    srv.once('error', () => resolve(false))
+    srv.listen(port, '127.0.0.1', () => srv.close(() => resolve(true)))
+  })
+
+/** `count` ports of [first, last] that are free, each with its cluster bus port (+10000) free too. */
+async function freePorts(count: number, first: number, last: number): Promise<number[]> {
+  const ports: number[] = []
+  const start = first + Math.floor(Math.random() * (last - first + 1))
+  for (let i = 0; i <= last - first && ports.length < count; i++) {
+    const port = first + ((start - first + i) % (last - first + 1))
+    if ((await canListen(port)) && (await canListen(port + 10_000))) ports.push(port)
+  }
+  if (ports.length < count) throw new Error(`fewer than ${count} free ports in ${first}-${last}`)
+  return ports
+}
+
+/** Starts `masters` redis-servers on ports of [first, last], joins them as one cluster and waits until it serves every slot. */
+export async function ownRedisCluster({ masters = 3, first = 7101, last = 7199 } = {}): Promise<OwnRedisCluster> {
+  const dir = mkdtempSync(join(tmpdir(), 'ls-redis-cluster-'))
+  const ports = await freePorts(masters, first, last)
+  const procs = ports.map((port) =>
+    Bun.spawn(
+      [
+        'redis-server', '--port', String(port), '--bind', '127.0.0.1', '--dir', dir,
+        '--cluster-enabled', 'yes', '--cluster-config-file', join(dir, `nodes-${port}.conf`),
+        '--save', '', '--appendonly', 'no', '--daemonize', 'no',
+      ],
+      { stdout: 'ignore', stderr: 'ignore' },
+    ),
+  )
+  const nodes = ports.map((port) => new Redis(port, '127.0.0.1', { maxRetriesPerRequest: 1, lazyConnect: true }))
+  for (const node of nodes) node.on('error', () => {})
+  const stop = async () => {
+    for (const node of nodes) node.disconnect()
+    for (const proc of procs) proc.kill('SIGKILL')
+    await Promise.all(procs.map((proc) => proc.exited))
+    rmSync(dir, { recursive: true, force: true })
+  }
+  try {
+    for (const node of nodes) {
+      const up = await until(() => node.ping().catch(() => null), (pong) => pong === 'PONG')
+      if (up !== 'PONG') throw new Error('a cluster node did not start')
+    }
+    const create = Bun.spawnSync([
+      'redis-cli', '--cluster', 'create', ...ports.map((port) => `127.0.0.1:${port}`), '--cluster-replicas', '0', '--cluster-yes',
+    ])
+    if (create.exitCode !== 0) throw new Error(`redis-cli --cluster create failed: ${create.stdout.toString()}${create.stderr.toString()}`)
+    for (const node of nodes) {
+      const info = await until(() => node.cluster('INFO'), (text) => text.includes('cluster_state:ok'), 20_000)
+      if (!info.includes('cluster_state:ok')) throw new Error('the cluster did not reach cluster_state:ok')
+    }
+  } catch (err) {
+    await stop()
+    throw err
+  }
+  return { url: ports.map((port) => `redis://127.0.0.1:${port}`).join(','), ports, nodes, stop }
+}
