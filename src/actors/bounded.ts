@@ -101,19 +101,10 @@ export class SharedBound {
   #present = new Queue()
   #absent = new Queue()
   #bytes = 0
-  /** Bytes evicted since `collect` was last called. */
-  #churned = 0
 
-  /**
-   * `collect` is called each time evicted entries add up to a quarter of `maxBytes`: left to itself the
-   * collector lets that garbage pile up to about the live heap again before a full collection, so a
-   * cache churning at its bound would hold up to twice its bytes (measured: 529 MB RSS for a 256 MB
-   * bound without it).
-   */
   constructor(
     readonly maxBytes: number,
     private readonly absentLimit: number,
-    private readonly collect: () => void = () => {},
   ) {}
 
   /** Bytes held by present entries (their estimates). */
@@ -141,11 +132,6 @@ export class SharedBound {
       oldest.gone = true
       this.#bytes -= oldest.bytes
       oldest.holder.evicted(oldest.key, oldest)
-      this.#churned += oldest.bytes
-    }
-    if (this.#churned > this.maxBytes / 4) {
-      this.#churned = 0
-      this.collect()
     }
     return held as Entry<T>
   }

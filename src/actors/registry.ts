@@ -65,8 +65,7 @@ export class AppActors {
   ) {
     this.#absentApps = new BoundedMap(limits.absent)
     this.#appShards = new BoundedMap(limits.apps)
-    // Asks for a full collection in the background (concurrent marking), without blocking this thread.
-    this.#bound = new SharedBound(limits.cacheBytes, limits.absent, () => Bun.gc(false))
+    this.#bound = new SharedBound(limits.cacheBytes, limits.absent)
     this.invalidator = new Invalidator(wiring.store)
     this.#load = new StateLoader(wiring.database, wiring.sealer)
     this.loads = this.#load.loads

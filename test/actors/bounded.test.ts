@@ -69,16 +69,3 @@ test('entries replaced again and again keep the count and the order right: the o
   expect(h.entries.size).toBe(10)
   expect(bound.bytes).toBe(1_000)
 })
-
-test('evictions adding up to a quarter of the bound ask for a collection, so garbage does not pile up beside a full cache', () => {
-  let collections = 0
-  const bound = new SharedBound(1_000, 10, () => collections++)
-  const h = holder()
-  for (let i = 0; i < 10; i++) put(bound, h, `k${i}`, 'x', 100)
-  expect(collections).toBe(0)
-  // Each new entry now evicts one of 100 bytes: the third eviction passes 250.
-  for (let i = 10; i < 13; i++) put(bound, h, `k${i}`, 'x', 100)
-  expect(collections).toBe(1)
-  for (let i = 13; i < 16; i++) put(bound, h, `k${i}`, 'x', 100)
-  expect(collections).toBe(2)
-})
