@@ -26,8 +26,8 @@ export interface ActorHost {
   invalidator: Invalidator
   /** Bounds the app and license entries of all actors together, in bytes. */
   bound: SharedBound
-  /** The shard of the app's keys (AppActors.shardOfApp). */
-  shardOfApp(appId: string): Promise<Shard | null>
+  /** The shards whose epochs a committed change of the app bumps (AppActors.shardsToBump). */
+  shardsToBump(appId: string): Promise<Shard[]>
 }
 
 /**
@@ -114,11 +114,11 @@ export class AppActor implements Holder {
     for (const key of licenses) this.forgetLicense(key)
     if (events) this.host.bus.notify()
     if (!app && licenses.length === 0) return
-    // Null only for an app that does not exist, whose keys no process reads.
-    const shard = await this.host.shardOfApp(this.id)
-    if (shard === null) return
-    const epochKeys = licenses.map((key) => keys.licenseEpoch(shard, key))
-    if (app) epochKeys.push(keys.appEpoch(shard, this.id))
+    const epochKeys: string[] = []
+    for (const shard of await this.host.shardsToBump(this.id)) {
+      for (const key of licenses) epochKeys.push(keys.licenseEpoch(shard, key))
+      if (app) epochKeys.push(keys.appEpoch(shard, this.id))
+    }
     await this.host.invalidator.bump(epochKeys)
   }
 

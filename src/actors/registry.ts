@@ -3,7 +3,8 @@ import type { EventBus } from '../delivery/outbox'
 import type { Sealer } from '../lib/crypto'
 import type { Store } from '../store/store'
 import { SingleFlight } from '../lib/single-flight'
-import { type Admission, keys, type Shard } from '../store/store'
+import { type Admission, allShards, keys, type Shard } from '../store/store'
+import { errorFields, logEvery } from '../lib/log'
 import { LicenseLoads, type LicenseRead } from './license-loads'
 import { type ActorHost, AppActor, type Changed } from './app-actor'
 import { AbsentAppBudget, BoundedMap, type Entry, SharedBound } from './bounded'
@@ -75,7 +76,7 @@ export class AppActors {
       clock: wiring.clock,
       invalidator: this.invalidator,
       bound: this.#bound,
-      shardOfApp: (appId) => this.shardOfApp(appId),
+      shardsToBump: (appId) => this.shardsToBump(appId),
     }
     this.#licenseLoads = new LicenseLoads({
       store: wiring.store,
@@ -106,6 +107,22 @@ export class AppActors {
     const shard = store.shardOf(accountId)
     this.#appShards.set(appId, shard)
     return shard
+  }
+
+  /**
+   * The shards a committed change of the app bumps: its own; none for an app that does not exist (no
+   * process reads its keys); every shard when PostgreSQL cannot say which (a cluster's first sight of
+   * the app during an outage), since a committed change must neither turn into an error, which a
+   * client would retry and duplicate, nor leave another process's copy looking fresh.
+   */
+  async shardsToBump(appId: string): Promise<Shard[]> {
+    try {
+      const shard = await this.shardOfApp(appId)
+      return shard === null ? [] : [shard]
+    } catch (err) {
+      logEvery('warn', "cannot read an app's shard: a change is published to every shard", () => errorFields(err))
+      return allShards(this.wiring.store.shards)
+    }
   }
 
   /** The app's actor, created on first use. */
