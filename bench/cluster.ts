@@ -16,10 +16,10 @@
 import { mkdtempSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import postgres from 'postgres'
 import { setLogLevel } from '../src/lib/log'
 import { ownRedisCluster } from '../test/support/redis-cluster'
 import { seedBench } from './seed'
+import { benchStores, median } from './stores'
 
 const ADMIN_URL = process.env.BENCH_PG_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
 const REDIS_URL = process.env.BENCH_REDIS_URL ?? 'redis://127.0.0.1:6379/5'
@@ -90,27 +90,15 @@ function wrk(server: Server, mode: string, connections: number, seconds: number)
   }
 }
 
-const median = (list: number[]) => {
-  const sorted = [...list].sort((x, y) => x - y)
-  const mid = sorted.length >> 1
-  return sorted.length % 2 ? (sorted[mid] as number) : ((sorted[mid - 1] as number) + (sorted[mid] as number)) / 2
-}
 
 async function main() {
   setLogLevel('warn')
-  const dbName = `ls_bench_cluster_${process.pid}`
-  const admin = postgres(ADMIN_URL, { max: 1, onnotice: () => {} })
-  await admin.unsafe(`CREATE DATABASE ${dbName}`)
-  const dbUrl = new URL(ADMIN_URL)
-  dbUrl.pathname = `/${dbName}`
-  const { default: Redis } = await import('ioredis')
-  const redis = new Redis(REDIS_URL)
-  await redis.flushdb()
+  const stores = await benchStores(ADMIN_URL, REDIS_URL, `ls_bench_cluster_${process.pid}`)
   const cluster = await ownRedisCluster()
   const servers: Server[] = []
   try {
     const env = {
-      DATABASE_URL: dbUrl.toString(),
+      DATABASE_URL: stores.databaseUrl,
       REDIS_URL,
       MASTER_KEY: Buffer.alloc(32, 42).toString('hex'),
       DATA_DIR: work,
@@ -156,10 +144,7 @@ async function main() {
   } finally {
     await Promise.all(servers.map((s) => s.stop()))
     await cluster.stop()
-    await redis.flushdb()
-    redis.disconnect()
-    await admin.unsafe(`DROP DATABASE IF EXISTS ${dbName} WITH (FORCE)`)
-    await admin.end()
+    await stores.close()
   }
 }
 

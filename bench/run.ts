@@ -17,10 +17,10 @@
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import postgres from 'postgres'
 import { setLogLevel } from '../src/lib/log'
 import { seedBench } from './seed'
 import { type Server, serverEntry, spawnServer } from './server'
+import { benchStores, median } from './stores'
 
 const ADMIN_URL = process.env.BENCH_PG_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
 const REDIS_URL = process.env.BENCH_REDIS_URL ?? 'redis://127.0.0.1:6379/14'
@@ -105,18 +105,11 @@ function wrk(name: string, server: Server, mode: string, connections: number, se
 
 async function main() {
   setLogLevel('warn')
-  const dbName = `ls_bench_${process.pid}`
-  const admin = postgres(ADMIN_URL, { max: 1, onnotice: () => {} })
-  await admin.unsafe(`CREATE DATABASE ${dbName}`)
-  const dbUrl = new URL(ADMIN_URL)
-  dbUrl.pathname = `/${dbName}`
-  const { default: Redis } = await import('ioredis')
-  const redis = new Redis(REDIS_URL)
-  await redis.flushdb()
+  const stores = await benchStores(ADMIN_URL, REDIS_URL, `ls_bench_${process.pid}`)
   const servers: Server[] = []
   try {
     const env = {
-      DATABASE_URL: dbUrl.toString(),
+      DATABASE_URL: stores.databaseUrl,
       REDIS_URL,
       MASTER_KEY,
       DATA_DIR: work,
@@ -203,11 +196,6 @@ async function main() {
     const [base64, val64, hb64, off64] = [best(samples.base!), best(samples.val!), best(samples.hb!), best(samples.off!)]
 
     const check = (ok: boolean) => (ok ? 'ok  ' : 'MISS')
-    const median = (list: number[]) => {
-      const sorted = [...list].sort((a, b) => a - b)
-      const mid = sorted.length >> 1
-      return sorted.length % 2 ? (sorted[mid] as number) : ((sorted[mid - 1] as number) + (sorted[mid] as number)) / 2
-    }
     // Each round's ratio to the baseline of the same round: a burst of outside load (this machine's
     // baseline varies by half between runs) then moves both sides of one ratio, not one side of all.
     const perRoundRatios = (list: Result[]) => list.map((r, i) => r.rps / (samples.base![i] as Result).rps)
@@ -239,10 +227,7 @@ async function main() {
     console.log(`  ${check(errors === 0)} non-2xx responses on the auth routes: ${errors}`)
   } finally {
     await Promise.all(servers.map((s) => s.stop()))
-    await redis.flushdb()
-    redis.disconnect()
-    await admin.unsafe(`DROP DATABASE IF EXISTS ${dbName} WITH (FORCE)`)
-    await admin.end()
+    await stores.close()
   }
 }
 

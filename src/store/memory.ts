@@ -27,7 +27,7 @@ interface Entry {
  */
 export class MemoryStore implements Store {
   readonly kind = 'memory' as const
-  readonly shards = 1
+  readonly shards: number = 1
   readonly #data = new Map<string, Entry>()
   #sweepAt = 0
   /** Snapshot.generation: the data is lost only by close(), which starts a new one. */
