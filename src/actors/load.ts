@@ -43,6 +43,19 @@ export class StoreUnavailable extends Error {
   }
 }
 
+/** The columns a cached license holds: not created_at, a Date per row read for nothing. */
+const LICENSE_COLUMNS = {
+  key: licenses.key,
+  appId: licenses.appId,
+  status: licenses.status,
+  expiresAt: licenses.expiresAt,
+  maxHwidSlots: licenses.maxHwidSlots,
+  unlimitedHwidSlots: licenses.unlimitedHwidSlots,
+  hwids: licenses.hwids,
+  label: licenses.label,
+  variables: licenses.variables,
+}
+
 function prepare(database: Database) {
   const { db } = database
   const id = sql.placeholder('id')
@@ -62,10 +75,10 @@ function prepare(database: Database) {
       .limit(1)
       .prepare('auth_app_validated_hook'),
     appAccount: db.select({ accountId: apps.accountId }).from(apps).where(eq(apps.id, id)).limit(1).prepare('auth_app_account'),
-    license: db.select().from(licenses).where(eq(licenses.key, sql.placeholder('key'))).limit(1).prepare('auth_license'),
+    license: db.select(LICENSE_COLUMNS).from(licenses).where(eq(licenses.key, sql.placeholder('key'))).limit(1).prepare('auth_license'),
     // One statement for any number of keys (an IN list would be a new statement per count).
     licenses: db
-      .select()
+      .select(LICENSE_COLUMNS)
       .from(licenses)
       .where(sql`${licenses.key} = ANY(${sql.placeholder('keys')}::text[])`)
       .prepare('auth_licenses'),
@@ -144,7 +157,7 @@ export class StateLoader {
 }
 
 const NO_VARIABLES: VariableMap = Object.freeze({})
-function cachedLicense(row: InferSelectModel<typeof licenses>): CachedLicense {
+function cachedLicense(row: Omit<InferSelectModel<typeof licenses>, 'createdAt'>): CachedLicense {
   return {
     key: row.key,
     appId: row.appId,
