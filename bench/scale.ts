@@ -135,11 +135,13 @@ async function main() {
       servers.push(theirs)
       checkouts.push({ name: 'BENCH_COMPARE', server: theirs })
     }
+    const rssLine = (when: string) =>
+      console.log(`RSS ${when} (MB per server process): ${checkouts.map(({ name, server }) => `${name} ${server.rssMb().map((mb) => mb.toFixed(0)).join(' + ')}`).join('; ')}`)
+    rssLine('at start')
     // Warm-up: JIT, connection pools, the small set into the caches, the big one to its steady state.
-    for (const { server } of checkouts) {
-      await wrk(server, small, 3)
-      await wrk(server, big, DURATION)
-    }
+    for (const { server } of checkouts) await wrk(server, small, 3)
+    rssLine(`after the ${SMALL} licenses' warm-up`)
+    for (const { server } of checkouts) await wrk(server, big, DURATION)
     const samples = checkouts.map(() => ({ small: [] as Result[], big: [] as Result[], rss: [] as number[][] }))
     for (let round = 1; round <= ROUNDS; round++) {
       console.log(`round ${round}/${ROUNDS}`)
@@ -156,7 +158,7 @@ async function main() {
       )
       for (const step of round % 2 === 1 ? steps : steps.reverse()) await step()
       checkouts.forEach(({ server }, i) => samples[i]!.rss.push(server.rssMb()))
-      console.log(`  RSS (MB per server process): ${checkouts.map(({ name, server }) => `${name} ${server.rssMb().map((mb) => mb.toFixed(0)).join(' + ')}`).join('; ')}`)
+      rssLine('at the end of the round')
     }
     console.log(`\nsummary of ${ROUNDS} rounds, ${CONNECTIONS} connections, SERVER_PROCESSES=${PROCESSES}, CACHE_MAX_MB=${CACHE_MAX_MB ?? 'default'} (medians of the rounds)`)
     checkouts.forEach(({ name }, i) => {
