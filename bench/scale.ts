@@ -47,6 +47,8 @@ interface Result {
   p99: number
   errors: number
   cpuUs: number
+  /** Of cpuUs, the main threads' share (the JavaScript of every request); the rest is mostly the collector's threads. */
+  mainUs: number
   /** CPU of the PostgreSQL backends serving this bench's database, per request. */
   pgUs: number
 }
@@ -60,6 +62,7 @@ let runs = 0
 async function wrk(server: Server, set: Set, seconds: number): Promise<Result> {
   const pg0 = await pgCpu()
   const cpu0 = server.cpu()
+  const main0 = server.mainCpu()
   const runId = `${process.pid.toString(16)}s${(runs++).toString(16)}x`
   const out = Bun.spawnSync([
     'wrk', '-t2', `-c${CONNECTIONS}`, `-d${seconds}s`, '--latency', '-s', join(import.meta.dir, 'scale.lua'),
@@ -78,6 +81,7 @@ async function wrk(server: Server, set: Set, seconds: number): Promise<Result> {
     p99: pct('99'),
     errors: Number(/Non-2xx or 3xx responses:\s+(\d+)/.exec(text)?.[1] ?? 0),
     cpuUs: ((server.cpu() - cpu0) * 1e6) / total,
+    mainUs: ((server.mainCpu() - main0) * 1e6) / total,
     pgUs: (((await pgCpu()) - pg0) * 1e6) / total,
   }
 }
@@ -131,11 +135,13 @@ async function main() {
       servers.push(theirs)
       checkouts.push({ name: 'BENCH_COMPARE', server: theirs })
     }
+    const rssLine = (when: string) =>
+      console.log(`RSS ${when} (MB per server process): ${checkouts.map(({ name, server }) => `${name} ${server.rssMb().map((mb) => mb.toFixed(0)).join(' + ')}`).join('; ')}`)
+    rssLine('at start')
     // Warm-up: JIT, connection pools, the small set into the caches, the big one to its steady state.
-    for (const { server } of checkouts) {
-      await wrk(server, small, 3)
-      await wrk(server, big, DURATION)
-    }
+    for (const { server } of checkouts) await wrk(server, small, 3)
+    rssLine(`after the ${SMALL} licenses' warm-up`)
+    for (const { server } of checkouts) await wrk(server, big, DURATION)
     const samples = checkouts.map(() => ({ small: [] as Result[], big: [] as Result[], rss: [] as number[][] }))
     for (let round = 1; round <= ROUNDS; round++) {
       console.log(`round ${round}/${ROUNDS}`)
@@ -146,13 +152,13 @@ async function main() {
           samples[i]![which].push(r)
           const label = `${name}, ${which === 'small' ? `${SMALL} licenses` : `${BIG} licenses`}`
           console.log(
-            `  ${label.padEnd(34)} ${r.rps.toFixed(0).padStart(7)} req/s  p50 ${r.p50.toFixed(2)} ms  p99 ${r.p99.toFixed(2)} ms  server CPU ${r.cpuUs.toFixed(0)} µs/req, PostgreSQL ${r.pgUs.toFixed(0)}${r.errors ? `  non-2xx ${r.errors}` : ''}`,
+            `  ${label.padEnd(34)} ${r.rps.toFixed(0).padStart(7)} req/s  p50 ${r.p50.toFixed(2)} ms  p99 ${r.p99.toFixed(2)} ms  server CPU ${r.cpuUs.toFixed(0)} µs/req (main threads ${r.mainUs.toFixed(0)}), PostgreSQL ${r.pgUs.toFixed(0)}${r.errors ? `  non-2xx ${r.errors}` : ''}`,
           )
         }),
       )
       for (const step of round % 2 === 1 ? steps : steps.reverse()) await step()
       checkouts.forEach(({ server }, i) => samples[i]!.rss.push(server.rssMb()))
-      console.log(`  RSS (MB per server process): ${checkouts.map(({ name, server }) => `${name} ${server.rssMb().map((mb) => mb.toFixed(0)).join(' + ')}`).join('; ')}`)
+      rssLine('at the end of the round')
     }
     console.log(`\nsummary of ${ROUNDS} rounds, ${CONNECTIONS} connections, SERVER_PROCESSES=${PROCESSES}, CACHE_MAX_MB=${CACHE_MAX_MB ?? 'default'} (medians of the rounds)`)
     checkouts.forEach(({ name }, i) => {
@@ -162,7 +168,7 @@ async function main() {
       const errors = [...s.small, ...s.big].reduce((n, r) => n + r.errors, 0)
       console.log(`  ${name}:`)
       for (const [label, list] of [[`${SMALL} licenses`, s.small], [`${BIG} licenses`, s.big]] as const) {
-        console.log(`    ${label.padEnd(17)} ${m(list, (r) => r.rps).toFixed(0).padStart(7)} req/s  p50 ${m(list, (r) => r.p50).toFixed(2)} ms  p99 ${m(list, (r) => r.p99).toFixed(2)} ms  server CPU ${m(list, (r) => r.cpuUs).toFixed(0)} µs/req, PostgreSQL ${m(list, (r) => r.pgUs).toFixed(0)}`)
+        console.log(`    ${label.padEnd(17)} ${m(list, (r) => r.rps).toFixed(0).padStart(7)} req/s  p50 ${m(list, (r) => r.p50).toFixed(2)} ms  p99 ${m(list, (r) => r.p99).toFixed(2)} ms  server CPU ${m(list, (r) => r.cpuUs).toFixed(0)} µs/req (main threads ${m(list, (r) => r.mainUs).toFixed(0)}), PostgreSQL ${m(list, (r) => r.pgUs).toFixed(0)}`)
       }
       console.log(`    ${median(ratios) >= 0.9 ? 'ok  ' : 'MISS'} ${BIG} ÷ ${SMALL}: ${median(ratios).toFixed(2)} (rounds: ${ratios.map((r) => r.toFixed(2)).join(', ')}) (>= 0.90)`)
       console.log(`    RSS at the end of each round, largest process: ${s.rss.map((list) => Math.max(...list).toFixed(0)).join(', ')} MB`)

@@ -3,7 +3,7 @@ import type { EventBus } from '../delivery/outbox'
 import { keys, type Shard } from '../store/store'
 import type { Entry, Held, Holder, SharedBound } from './bounded'
 import type { Invalidator } from './invalidate'
-import { appBytes, type CachedApp, type CachedLicense, licenseBytes, variablesChars } from './load'
+import { appBytes, type CachedApp, type CachedLicense, licenseBytes } from './load'
 import { Mailbox } from './mailbox'
 import { SeatBinder } from './seat-binder'
 import { type SelfbanDone, type SelfbanWish, selfbanTransaction } from './selfban'
@@ -39,8 +39,6 @@ export interface ActorHost {
  */
 export class AppActor implements Holder {
   #app: Entry<CachedApp> | undefined = undefined
-  /** Characters of the app's variables as JSON, which every license's cached payload text repeats. */
-  #appVariablesChars = 0
   /** This app's licenses as last loaded, by key: set by `setLicense`, dropped by `forgetLicense` or by the shared bound (its oldest entry, or all of them on a new store generation). */
   readonly licenses = new Map<string, Entry<CachedLicense>>()
   readonly mailbox = new Mailbox()
@@ -67,15 +65,16 @@ export class AppActor implements Holder {
     const { bound } = this.host
     bound.release(this.#app)
     this.#app = entry && bound.hold(this, this.id, entry, entry.value ? appBytes(entry.value) : 0)
-    if (entry?.value) this.#appVariablesChars = variablesChars(entry.value.variables)
   }
 
   setLicense(licenseKey: string, entry: Entry<CachedLicense>): void {
     const { bound } = this.host
     bound.release(this.licenses.get(licenseKey))
-    // One copy of the app's id for all its entries, not one string per row read.
+    // One copy of the app's id for all its entries, and of the key for the entry, its Map and its bound,
+    // not one string per row read.
     if (entry.value?.appId === this.id) entry.value.appId = this.id
-    const bytes = entry.value ? licenseBytes(entry.value, this.#appVariablesChars) : 0
+    if (entry.value?.key === licenseKey) entry.value.key = licenseKey
+    const bytes = entry.value ? licenseBytes(entry.value) : 0
     this.licenses.set(licenseKey, bound.hold(this, licenseKey, entry, bytes))
   }
 

@@ -43,6 +43,19 @@ export class StoreUnavailable extends Error {
   }
 }
 
+/** The columns a cached license holds: not created_at, a Date per row read for nothing. */
+const LICENSE_COLUMNS = {
+  key: licenses.key,
+  appId: licenses.appId,
+  status: licenses.status,
+  expiresAt: licenses.expiresAt,
+  maxHwidSlots: licenses.maxHwidSlots,
+  unlimitedHwidSlots: licenses.unlimitedHwidSlots,
+  hwids: licenses.hwids,
+  label: licenses.label,
+  variables: licenses.variables,
+}
+
 function prepare(database: Database) {
   const { db } = database
   const id = sql.placeholder('id')
@@ -62,10 +75,10 @@ function prepare(database: Database) {
       .limit(1)
       .prepare('auth_app_validated_hook'),
     appAccount: db.select({ accountId: apps.accountId }).from(apps).where(eq(apps.id, id)).limit(1).prepare('auth_app_account'),
-    license: db.select().from(licenses).where(eq(licenses.key, sql.placeholder('key'))).limit(1).prepare('auth_license'),
+    license: db.select(LICENSE_COLUMNS).from(licenses).where(eq(licenses.key, sql.placeholder('key'))).limit(1).prepare('auth_license'),
     // One statement for any number of keys (an IN list would be a new statement per count).
     licenses: db
-      .select()
+      .select(LICENSE_COLUMNS)
       .from(licenses)
       .where(sql`${licenses.key} = ANY(${sql.placeholder('keys')}::text[])`)
       .prepare('auth_licenses'),
@@ -144,7 +157,7 @@ export class StateLoader {
 }
 
 const NO_VARIABLES: VariableMap = Object.freeze({})
-function cachedLicense(row: InferSelectModel<typeof licenses>): CachedLicense {
+function cachedLicense(row: Omit<InferSelectModel<typeof licenses>, 'createdAt'>): CachedLicense {
   return {
     key: row.key,
     appId: row.appId,
@@ -159,21 +172,23 @@ function cachedLicense(row: InferSelectModel<typeof licenses>): CachedLicense {
 }
 
 /**
- * What a license entry costs in memory, estimated on the high side. Measured with Bun 1.4 (2 × 10^5
- * entries, RSS after a full GC): 1,437 bytes per entry holding a 19-character key and one 17-character
- * HWID, counting its Entry, its place in the actor's Map and in the bound, and the signed-payload text
- * cached beside it (signing/payloads.ts). Text counts twice per character (UTF-16 at worst), and the
- * key, label, variables and app variables twice more: the payload text repeats them.
+ * What a license entry costs in memory, estimated on the high side. Measured with Bun 1.4 (10^4
+ * entries loaded through the registry and answered for, JavaScript heap after a full collection:
+ * test/actors/load.test.ts): ~680 bytes per entry holding a 19-character key and one 17-character
+ * HWID (1,375 while each kept its payload text), counting its row, its Entry and its place in the
+ * actor's Map and in the bound. Text counts twice per character (UTF-16 at worst).
  */
-export function licenseBytes(license: CachedLicense, appVariablesChars: number): number {
-  let chars = 2 * license.key.length + 2 * (license.label?.length ?? 0) + appVariablesChars
+export function licenseBytes(license: CachedLicense): number {
+  let chars = license.key.length + (license.label?.length ?? 0) + variablesChars(license.variables)
   for (const hwid of license.hwids) chars += hwid.length + 24
-  chars += 2 * variablesChars(license.variables)
-  return 1_500 + 2 * chars
+  return LICENSE_ENTRY_BYTES + 2 * chars
 }
 
-/** Characters of the app's variables as JSON: each license's payload text repeats them. */
-export const variablesChars = (variables: VariableMap) => (Object.keys(variables).length === 0 ? 0 : JSON.stringify(variables).length)
+/** Measured ~560 plus the characters; the rest is room for the heap's own overhead around them. */
+const LICENSE_ENTRY_BYTES = 800
+
+/** Characters of variables as JSON. */
+const variablesChars = (variables: VariableMap) => (Object.keys(variables).length === 0 ? 0 : JSON.stringify(variables).length)
 
 /**
  * What an app entry costs in memory, estimated on the high side: a fixed part for the row, its Sets,

@@ -7,10 +7,17 @@ import { makeTestApp } from '../support/helpers'
 
 const t = await makeTestApp()
 /** The estimate of each license these tests insert (a 19-character key, nothing else). */
-const LICENSE_BYTES = licenseBytes(
-  { key: generateLicenseKey(), appId: '', status: 'active', expiresAt: null, maxHwidSlots: 1, unlimitedHwidSlots: false, hwids: [], label: null, variables: {} },
-  0,
-)
+const LICENSE_BYTES = licenseBytes({
+  key: generateLicenseKey(),
+  appId: '',
+  status: 'active',
+  expiresAt: null,
+  maxHwidSlots: 1,
+  unlimitedHwidSlots: false,
+  hwids: [],
+  label: null,
+  variables: {},
+})
 
 test('the license bound holds across actors: the oldest entry of any app goes first', async () => {
   const actors = new AppActors(t.ctx, { apps: 10, cacheBytes: 3 * LICENSE_BYTES, absent: 2 })

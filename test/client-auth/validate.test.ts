@@ -38,6 +38,25 @@ describe('POST /auth/validate', async () => {
     expect(new Date(p.sessionExpiresAt).getTime()).toBe(p.expiresIn * 1000)
   })
 
+  test("the payload carries the app's variables as last set, written as JSON.stringify writes them", async () => {
+    const other = await t.seed()
+    const key = await insertLicense(t.ctx, other.appId)
+    const h = hwid()
+    const send = () => t.req('POST', '/auth/validate', { body: { ...body(key, h), appId: other.appId, appSecret: other.appSecret } })
+    for (const variables of [{}, { 'q"': 'ü\n', n: 2 }, { n: 3 }]) {
+      const put = await t.req('PUT', `/v1/apps/${other.appId}/variables`, { apiKey: other.apiKey, body: variables })
+      expect(put.status, JSON.stringify(put.body)).toBe(200)
+      // Twice: the second answer comes from the cached app entry.
+      for (let i = 0; i < 2; i++) {
+        const res = await send()
+        expect(res.status, JSON.stringify(res.body)).toBe(200)
+        const text = Buffer.from(res.body.payload, 'base64').toString('utf8')
+        expect(JSON.parse(text).appVariables).toEqual(variables)
+        expect(JSON.stringify(JSON.parse(text))).toBe(text)
+      }
+    }
+  })
+
   test('the payload is plain JSON in the fixed field order, escaping what the client sent', async () => {
     const expiresAt = new Date('2031-02-03T04:05:06.789Z')
     const key = await insertLicense(t.ctx, s.appId, { label: 'Q"\\é', variables: { 'a"b': 'ü\n', n: 1 }, expiresAt })
