@@ -16,11 +16,11 @@
 import { mkdtempSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import postgres from 'postgres'
 import { setLogLevel } from '../src/lib/log'
 import { procCpu } from './proc'
 import { seedBulk } from './seed'
 import { type Server, serverEntry, spawnServer } from './server'
+import { benchStores, median } from './stores'
 
 const ADMIN_URL = process.env.BENCH_PG_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
 const REDIS_URL = process.env.BENCH_REDIS_URL ?? 'redis://127.0.0.1:6379/13'
@@ -86,22 +86,11 @@ async function wrk(server: Server, set: Set, seconds: number): Promise<Result> {
   }
 }
 
-const median = (list: number[]) => {
-  const sorted = [...list].sort((a, b) => a - b)
-  const mid = sorted.length >> 1
-  return sorted.length % 2 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2
-}
-
 async function main() {
   setLogLevel('warn')
   const dbName = `ls_bench_scale_${process.pid}`
-  const admin = postgres(ADMIN_URL, { max: 1, onnotice: () => {} })
-  await admin.unsafe(`CREATE DATABASE ${dbName}`)
-  const dbUrl = new URL(ADMIN_URL)
-  dbUrl.pathname = `/${dbName}`
-  const { default: Redis } = await import('ioredis')
-  const redis = new Redis(REDIS_URL)
-  await redis.flushdb()
+  const stores = await benchStores(ADMIN_URL, REDIS_URL, dbName)
+  const { admin } = stores
   const servers: Server[] = []
   pgCpu = async () => {
     const rows = await admin<{ pid: number }[]>`SELECT pid FROM pg_stat_activity WHERE datname = ${dbName}`
@@ -109,7 +98,7 @@ async function main() {
   }
   try {
     const env: Record<string, string> = {
-      DATABASE_URL: dbUrl.toString(),
+      DATABASE_URL: stores.databaseUrl,
       REDIS_URL,
       MASTER_KEY: Buffer.alloc(32, 42).toString('hex'),
       DATA_DIR: mkdtempSync(join(tmpdir(), 'ls-bench-scale-')),
@@ -176,10 +165,7 @@ async function main() {
     })
   } finally {
     await Promise.all(servers.map((s) => s.stop()))
-    await redis.flushdb()
-    redis.disconnect()
-    await admin.unsafe(`DROP DATABASE IF EXISTS ${dbName} WITH (FORCE)`)
-    await admin.end()
+    await stores.close()
   }
 }
 
