@@ -112,7 +112,8 @@ function redisSettings(env: Env): Pick<Config, 'redisUrl' | 'redisClusterShards'
   }
   return {
     redisUrl: nodes.join(','),
-    redisClusterShards: cluster ? int(env, 'REDIS_CLUSTER_SHARDS', 64, 1, 16_384) : null,
+    // At least 2: one shard means untagged keys (the single Redis's names), which a cluster scatters over slots.
+    redisClusterShards: cluster ? int(env, 'REDIS_CLUSTER_SHARDS', 64, 2, 16_384) : null,
   }
 }
 
@@ -123,6 +124,9 @@ function masterKey(env: Env): Buffer | null {
   if (key.length !== 32) throw new ConfigError('MASTER_KEY must be 32 bytes, as 64 hex characters or base64')
   return key
 }
+
+/** Server processes a shared-store server runs when SERVER_PROCESSES is unset, at most. */
+export const DEFAULT_PROCESSES_CAP = 4
 
 export function loadConfig(env: Env = process.env): Readonly<Config> {
   const proxies = str(env, 'TRUSTED_PROXIES', '')
@@ -149,11 +153,20 @@ export function loadConfig(env: Env = process.env): Readonly<Config> {
   }
   const databaseUrl = url(env, 'DATABASE_URL', ['postgres:', 'postgresql:'])
   const { redisUrl, redisClusterShards } = redisSettings(env)
-  // Unset, a server with the shared database and store runs one process per core: one Bun process
-  // serves HTTP on one thread, and the second core would otherwise only sign. Without them, one.
+  // Unset, a server with the shared database and store runs one process per core, up to
+  // DEFAULT_PROCESSES_CAP: one Bun process serves HTTP on one thread, and the second core would otherwise
+  // only sign; the cap keeps a large host (or a container whose CPU quota the core count does not show)
+  // from opening a pool and a cache per core by default. Without them, one.
   const shared = databaseUrl !== null && redisUrl !== null
-  const processesSetting = str(env, 'SERVER_PROCESSES', shared ? 'auto' : '1').trim()
-  const serverProcesses = processesSetting === 'auto' ? availableParallelism() : int(env, 'SERVER_PROCESSES', 1, 1, 256)
+  const processesSetting = str(env, 'SERVER_PROCESSES', '').trim()
+  const serverProcesses =
+    processesSetting === 'auto'
+      ? availableParallelism()
+      : processesSetting === ''
+        ? shared
+          ? Math.min(availableParallelism(), DEFAULT_PROCESSES_CAP)
+          : 1
+        : int(env, 'SERVER_PROCESSES', 1, 1, 256)
   if (serverProcesses > 1 && !shared) {
     throw new ConfigError('SERVER_PROCESSES above 1 needs DATABASE_URL and REDIS_URL: the embedded database and store belong to one process')
   }

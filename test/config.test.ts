@@ -2,7 +2,7 @@ import { describe, expect, test } from 'bun:test'
 import { mkdtempSync, writeFileSync } from 'node:fs'
 import { availableParallelism, tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { ConfigError, loadConfig } from '../src/config'
+import { ConfigError, DEFAULT_PROCESSES_CAP, loadConfig } from '../src/config'
 import { parseCidr } from '../src/lib/ip'
 import { runToExit } from './support/server-process'
 
@@ -92,10 +92,12 @@ describe('each setting is parsed', () => {
     expect(loadConfig({ SERVER_PROCESSES: '1' }).serverProcesses).toBe(1)
   })
 
-  test('SERVER_PROCESSES unset: one per core with the shared database and store, else one', () => {
+  test('SERVER_PROCESSES unset: one per core (at most DEFAULT_PROCESSES_CAP) with the shared database and store, else one; auto: every core', () => {
     const shared = { DATABASE_URL: 'postgres://db/ls', REDIS_URL: 'redis://cache' }
-    expect(loadConfig(shared).serverProcesses).toBe(availableParallelism())
-    expect(loadConfig({ ...shared, SERVER_PROCESSES: '' }).serverProcesses).toBe(availableParallelism())
+    const byDefault = Math.min(availableParallelism(), DEFAULT_PROCESSES_CAP)
+    expect(loadConfig(shared).serverProcesses).toBe(byDefault)
+    expect(loadConfig({ ...shared, SERVER_PROCESSES: '' }).serverProcesses).toBe(byDefault)
+    expect(loadConfig({ ...shared, SERVER_PROCESSES: 'auto' }).serverProcesses).toBe(availableParallelism())
     expect(loadConfig({ ...shared, SERVER_PROCESSES: '1' }).serverProcesses).toBe(1)
     expect(loadConfig({ DATABASE_URL: shared.DATABASE_URL }).serverProcesses).toBe(1)
     expect(loadConfig({ REDIS_URL: shared.REDIS_URL }).serverProcesses).toBe(1)
@@ -157,7 +159,9 @@ describe('a bad value is a ConfigError naming the setting', () => {
     [{ REDIS_CLUSTER: 'true', REDIS_URL: 'redis://a:7000,,redis://b' }, /REDIS_URL has an empty entry/],
     [{ REDIS_CLUSTER: 'true', REDIS_URL: 'redis://a:7000,http://b' }, /REDIS_URL must start with redis:\/\/ or rediss:\/\//],
     [{ REDIS_CLUSTER: 'true', REDIS_URL: 'redis://a:7000/3' }, /REDIS_URL names database 3: a Redis Cluster has database 0 only/],
-    [{ REDIS_CLUSTER: 'true', REDIS_URL: 'redis://a', REDIS_CLUSTER_SHARDS: '0' }, /REDIS_CLUSTER_SHARDS must be between 1 and 16384/],
+    [{ REDIS_CLUSTER: 'true', REDIS_URL: 'redis://a', REDIS_CLUSTER_SHARDS: '0' }, /REDIS_CLUSTER_SHARDS must be between 2 and 16384/],
+    // One shard would leave the keys untagged, scattered over a cluster's slots.
+    [{ REDIS_CLUSTER: 'true', REDIS_URL: 'redis://a', REDIS_CLUSTER_SHARDS: '1' }, /REDIS_CLUSTER_SHARDS must be between 2 and 16384/],
   ])('Redis Cluster settings: %o', (env, message) => {
     expect(() => loadConfig(env)).toThrow(ConfigError)
     expect(() => loadConfig(env)).toThrow(message)
