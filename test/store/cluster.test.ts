@@ -135,11 +135,50 @@ if (MODE === 'postgres') {
           // The two kinds of key no client request touches: the Developer API limits, the shard count.
           if (name.startsWith('ls:rl:api:') || name === keys.shardCount) continue
           const shard = shardOfKey(name)
-          expect(shard).not.toBeNull()
+          expect(shard).not.toBe('')
           nodesOfShard.set(shard!, (nodesOfShard.get(shard!) ?? new Set()).add(i))
         }
       }
       for (const nodes of nodesOfShard.values()) expect(nodes.size).toBe(1)
+    })
+
+    test('an authorize call that meets its slot being migrated fails before it writes anything', async () => {
+      const store = a.ctx.store
+      const shard = store.shardOf('acct-migrating')
+      const appEpoch = keys.appEpoch(shard, 'app-migrating')
+      // Every key the script read before its first write exists on the source: only the new nonce does not.
+      await store.bump([appEpoch])
+      const { generation } = await store.snapshot([appEpoch])
+      const ceiling = { key: keys.daily(shard, 'app-migrating', '2030-01-01'), limit: 1000, ttlSeconds: 3600 }
+      const request = (n: string) => ({
+        nowMs: Date.now(),
+        shard,
+        generation,
+        epochs: [{ key: appEpoch, expected: 1 }],
+        ceiling,
+        buckets: [{ key: keys.bucket(shard, 'v:ip:app-migrating', '10.0.0.9'), capacity: 100, refillPerSecond: 10 }],
+        nonce: { key: keys.nonce(shard, 'app-migrating', n), ttlSeconds: 60 },
+        deny: false,
+        charge: null,
+      })
+      expect((await store.authorize(request('first'))).kind).toBe('ok')
+      const slot = Number(await cluster.nodes[0]!.cluster('KEYSLOT', appEpoch))
+      const from = cluster.nodes[await nodeOf(appEpoch)]!
+      const to = cluster.nodes.find((node) => node !== from)!
+      const [fromId, toId] = [String(await from.cluster('MYID')), String(await to.cluster('MYID'))]
+      await to.cluster('SETSLOT', slot, 'IMPORTING', fromId)
+      await from.cluster('SETSLOT', slot, 'MIGRATING', toId)
+      try {
+        // The new nonce key is not on the source any more as far as Redis knows: the call fails as a whole.
+        await expect(store.authorize(request('during'))).rejects.toThrow()
+        expect(await from.get(ceiling.key)).toBe('1')
+      } finally {
+        await to.cluster('SETSLOT', slot, 'STABLE')
+        await from.cluster('SETSLOT', slot, 'STABLE')
+      }
+      expect(await from.exists(keys.nonce(shard, 'app-migrating', 'during'))).toBe(0)
+      expect((await store.authorize(request('after'))).kind).toBe('ok')
+      expect(await from.get(ceiling.key)).toBe('2')
     })
 
     test('a master that loses its data is noticed: every cached entry goes, nothing stale is served', async () => {

@@ -34,8 +34,16 @@ local function read(i)
     reads[#reads + 1] = i
   end
 end
+-- Every key of the call is read here, the ones only written later too: on a cluster a key this node
+-- does not serve (a slot being migrated) fails this MGET, before anything is written, instead of a
+-- write half-way through that Redis would keep.
 for _, h in ipairs(reqs) do
   read(h[F_BALANCE_KEY])
+  read(h[F_PENDING_KEY])
+  read(h[F_DIRTY_KEY])
+  read(h[F_CEILING_KEY])
+  read(h[F_NONCE_KEY])
+  read(h[F_COUNTER_KEY])
   local p = HEAD_WIDTH + 1
   for _ = 1, h[F_EPOCH_COUNT] do read(h[p + EPOCH_KEY]); p = p + EPOCH_WIDTH end
   for _ = 1, h[F_BUCKET_COUNT] do read(h[p + BUCKET_KEY]); p = p + BUCKET_WIDTH end
