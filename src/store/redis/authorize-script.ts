@@ -13,7 +13,8 @@ import { luaConstants, luaUnpack } from './wire'
 // entries came from it); ARGV[3] is written when the key is missing. On any other value it answers -1
 // and the current value and runs nothing, since epochs that restarted after a data loss would make old
 // cache entries look fresh. Otherwise the answer is the generation, then each request's (REPLIES).
-// ARGV[1] is the batch in the wire format of wire.ts, whose tables name every h[...] read here.
+// ARGV[1] is the batch in the wire format of wire.ts, whose tables name every h[...] read here; ARGV[4]
+// is '1' on a cluster.
 export const AUTHORIZE = `${luaConstants}
 local gen = redis.call('GET', KEYS[1])
 if not gen then
@@ -34,16 +35,19 @@ local function read(i)
     reads[#reads + 1] = i
   end
 end
--- Every key of the call is read here, the ones only written later too: on a cluster a key this node
--- does not serve (a slot being migrated) fails this MGET, before anything is written, instead of a
--- write half-way through that Redis would keep.
+-- On a cluster (ARGV[4] is '1') every key of the call is read here, the ones only written later too: a
+-- key this node does not serve (a slot being migrated) then fails this MGET, before anything is
+-- written, instead of a write half-way through that Redis would keep. One Redis has no such keys.
+local every_key = ARGV[4] == '1'
 for _, h in ipairs(reqs) do
   read(h[F_BALANCE_KEY])
-  read(h[F_PENDING_KEY])
-  read(h[F_DIRTY_KEY])
-  read(h[F_CEILING_KEY])
-  read(h[F_NONCE_KEY])
-  read(h[F_COUNTER_KEY])
+  if every_key then
+    read(h[F_PENDING_KEY])
+    read(h[F_DIRTY_KEY])
+    read(h[F_CEILING_KEY])
+    read(h[F_NONCE_KEY])
+    read(h[F_COUNTER_KEY])
+  end
   local p = HEAD_WIDTH + 1
   for _ = 1, h[F_EPOCH_COUNT] do read(h[p + EPOCH_KEY]); p = p + EPOCH_WIDTH end
   for _ = 1, h[F_BUCKET_COUNT] do read(h[p + BUCKET_KEY]); p = p + BUCKET_WIDTH end

@@ -8,7 +8,7 @@ import { AuthorizeArgs, authorizeResult } from './wire'
 
 export interface AuthorizeCommands {
   /** [-1, the generation] when it is not the one expected, else [the generation, ...each request's answer]. */
-  lsAuthorize(generationKey: string, packed: Buffer, generation: string, fresh: string): Promise<[string, ...number[]] | [-1, string]>
+  lsAuthorize(generationKey: string, packed: Buffer, generation: string, fresh: string, cluster: '1' | '0'): Promise<[string, ...number[]] | [-1, string]>
 }
 
 export const authorizeScripts: { [name in keyof AuthorizeCommands]: Script } = {
@@ -81,7 +81,8 @@ export class RedisAuthorizer implements Authorizer {
       }
     }
     if (sent.length === 0) return undefined
-    const reply = this.conn.redis.lsAuthorize(keys.generation(shard), call.packed(), this.conn.storeGeneration(shard), randomUUID())
+    const cluster = this.conn.shards > 1 ? '1' : '0'
+    const reply = this.conn.redis.lsAuthorize(keys.generation(shard), call.packed(), this.conn.storeGeneration(shard), randomUUID(), cluster)
     // Registered before the batcher's own callback on the same promise, so the batcher sends what
     // queued meanwhile right after this runs and before the callers' continuations: Redis works on the
     // next batch while this one's requests go on.
