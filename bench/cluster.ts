@@ -19,6 +19,7 @@ import { join } from 'node:path'
 import { setLogLevel } from '../src/lib/log'
 import { ownRedisCluster } from '../test/support/redis-cluster'
 import { seedBench } from './seed'
+import { runWrk, type Server, serverEntry, spawnServer } from './server'
 import { benchStores, median } from './stores'
 
 const ADMIN_URL = process.env.BENCH_PG_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
@@ -28,39 +29,7 @@ const LICENSES = Number(process.env.BENCH_LICENSES ?? 1000)
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3)
 const PROCESSES = process.env.BENCH_PROCESSES ?? '1'
 const work = mkdtempSync(join(tmpdir(), 'ls-bench-cluster-'))
-
-interface Server {
-  url: string
-  stop(): Promise<void>
-}
-
-/** Starts src/main.ts with `env` on a free port; resolves once it logs that it listens. */
-async function spawnServer(env: Record<string, string>): Promise<Server> {
-  const proc = Bun.spawn([process.execPath, join(import.meta.dir, '..', 'src', 'main.ts')], {
-    env: { ...process.env, HOST: '127.0.0.1', PORT: '0', LOG_LEVEL: 'info', ...env },
-    stdout: 'ignore',
-    stderr: 'pipe',
-  })
-  const reader = proc.stderr.getReader()
-  let seen = ''
-  for (;;) {
-    const { value, done } = await reader.read()
-    if (done) throw new Error(`the server exited before listening:\n${seen}`)
-    seen += new TextDecoder().decode(value)
-    const line = seen.split('\n').find((l) => l.includes('"listening"'))
-    if (!line) continue
-    void (async () => {
-      while (!(await reader.read()).done) {}
-    })()
-    return {
-      url: (JSON.parse(line) as { url: string }).url,
-      async stop() {
-        proc.kill('SIGTERM')
-        await proc.exited
-      },
-    }
-  }
-}
+const root = join(import.meta.dir, '..')
 
 interface Result {
   rps: number
@@ -72,22 +41,11 @@ interface Result {
 let runs = 0
 function wrk(server: Server, mode: string, connections: number, seconds: number): Result {
   const runId = `${process.pid.toString(16)}c${(runs++).toString(16)}x`
-  const out = Bun.spawnSync([
-    'wrk', '-t2', `-c${connections}`, `-d${seconds}s`, '--latency',
+  const { rps, p50, p99, errors } = runWrk([
+    '-t2', `-c${connections}`, `-d${seconds}s`,
     '-s', join(import.meta.dir, 'auth.lua'), server.url, '--', mode, join(work, 'data.txt'), runId,
   ])
-  if (out.exitCode !== 0) throw new Error(`wrk failed: ${out.stderr.toString()}`)
-  const text = out.stdout.toString()
-  const ms = (p: string) => {
-    const m = new RegExp(`^\\s+${p}%\\s+([\\d.]+)(us|ms|s)\\s*$`, 'm').exec(text)
-    return m ? Number(m[1]) * ({ us: 0.001, ms: 1, s: 1000 }[m[2] as string] ?? Number.NaN) : Number.NaN
-  }
-  return {
-    rps: Number(/Requests\/sec:\s+([\d.]+)/.exec(text)?.[1] ?? Number.NaN),
-    p50: ms('50'),
-    p99: ms('99'),
-    errors: Number(/Non-2xx or 3xx responses:\s+(\d+)/.exec(text)?.[1] ?? 0),
-  }
+  return { rps, p50, p99, errors }
 }
 
 
@@ -111,9 +69,9 @@ async function main() {
     const seeded = await seedBench(env, LICENSES)
     const lines = seeded.licenses.map((l) => `${l.key} ${l.hwid} ${l.token}`)
     writeFileSync(join(work, 'data.txt'), `${seeded.appId} ${seeded.appSecret}\n${lines.join('\n')}\n`)
-    const single = await spawnServer(env)
+    const single = await spawnServer(serverEntry(root), env)
     servers.push(single)
-    const clustered = await spawnServer({ ...env, REDIS_URL: cluster.url, REDIS_CLUSTER: 'true' })
+    const clustered = await spawnServer(serverEntry(root), { ...env, REDIS_URL: cluster.url, REDIS_CLUSTER: 'true' })
     servers.push(clustered)
     for (const server of servers) for (const mode of ['validate', 'heartbeat']) wrk(server, mode, 16, 3)
 

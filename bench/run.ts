@@ -19,7 +19,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { setLogLevel } from '../src/lib/log'
 import { seedBench } from './seed'
-import { type Server, serverEntry, spawnServer } from './server'
+import { runWrk, type Server, serverEntry, spawnServer } from './server'
 import { benchStores, median } from './stores'
 
 const ADMIN_URL = process.env.BENCH_PG_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
@@ -58,7 +58,6 @@ interface Result {
   wrkUs: number
 }
 
-const toMs = (v: string, unit: string) => Number(v) * ({ us: 0.001, ms: 1, s: 1000 }[unit] ?? Number.NaN)
 
 /** CPU seconds the Redis server has used (INFO cpu), read with redis-cli so no client sits in this process. */
 function redisCpu(): number {
@@ -81,26 +80,17 @@ function wrk(name: string, server: Server, mode: string, connections: number, se
   const ticks0 = machineTicks()
   const runId = `${process.pid.toString(16)}r${(runCounter++).toString(16)}x`
   const threads = Math.min(2, connections)
-  const out = Bun.spawnSync([
-    'wrk', `-t${threads}`, `-c${connections}`, `-d${seconds}s`, '--latency',
+  const { rps, p50, p99, errors, total, cpuUs: wrkCpuUs } = runWrk([
+    `-t${threads}`, `-c${connections}`, `-d${seconds}s`,
     '-s', join(import.meta.dir, 'auth.lua'), url, '--', mode, join(work, 'data.txt'), runId,
   ])
-  const text = out.stdout.toString()
-  if (out.exitCode !== 0) throw new Error(`wrk failed: ${out.stderr.toString()}`)
-  const pct = (p: string) => {
-    const m = new RegExp(`^\\s+${p}%\\s+([\\d.]+)(us|ms|s)\\s*$`, 'm').exec(text)
-    return m ? toMs(m[1]!, m[2]!) : Number.NaN
-  }
-  const rps = Number(/Requests\/sec:\s+([\d.]+)/.exec(text)?.[1] ?? Number.NaN)
-  const errors = Number(/Non-2xx or 3xx responses:\s+(\d+)/.exec(text)?.[1] ?? 0)
-  const total = Number(/(\d+) requests in/.exec(text)?.[1] ?? Number.NaN)
   const cpuUs = ((server.cpu() - cpu0) * 1e6) / total
   const mainUs = ((server.mainCpu() - main0) * 1e6) / total
   const ticks = machineTicks()
   const idlePct = (100 * (ticks.idle - ticks0.idle)) / (ticks.total - ticks0.total)
   const redisUs = ((redisCpu() - redis0) * 1e6) / total
-  const wrkUs = Number(out.resourceUsage?.cpuTime.total ?? Number.NaN) / total
-  return { name, connections, rps, p50: pct('50'), p99: pct('99'), errors, cpuUs, mainUs, idlePct, redisUs, wrkUs }
+  const wrkUs = wrkCpuUs / total
+  return { name, connections, rps, p50, p99, errors, cpuUs, mainUs, idlePct, redisUs, wrkUs }
 }
 
 async function main() {

@@ -19,7 +19,7 @@ import { join } from 'node:path'
 import { setLogLevel } from '../src/lib/log'
 import { procCpu } from './proc'
 import { seedBulk } from './seed'
-import { type Server, serverEntry, spawnServer } from './server'
+import { runWrk, type Server, serverEntry, spawnServer } from './server'
 import { benchStores, median } from './stores'
 
 const ADMIN_URL = process.env.BENCH_PG_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
@@ -34,7 +34,7 @@ const CACHE_MAX_MB = process.env.BENCH_CACHE_MAX_MB
 const COMPARE = process.env.BENCH_COMPARE
 const root = join(import.meta.dir, '..')
 
-interface Set {
+interface LicenseSet {
   appId: string
   appSecret: string
   prefix: string
@@ -56,30 +56,22 @@ interface Result {
 /** CPU seconds of the PostgreSQL backends connected to `dbName` (this bench's alone, not the other users of the server). */
 let pgCpu: () => Promise<number> = async () => 0
 
-const toMs = (v: string, unit: string) => Number(v) * ({ us: 0.001, ms: 1, s: 1000 }[unit] ?? Number.NaN)
 let runs = 0
 
-async function wrk(server: Server, set: Set, seconds: number): Promise<Result> {
+async function wrk(server: Server, set: LicenseSet, seconds: number): Promise<Result> {
   const pg0 = await pgCpu()
   const cpu0 = server.cpu()
   const main0 = server.mainCpu()
   const runId = `${process.pid.toString(16)}s${(runs++).toString(16)}x`
-  const out = Bun.spawnSync([
-    'wrk', '-t2', `-c${CONNECTIONS}`, `-d${seconds}s`, '--latency', '-s', join(import.meta.dir, 'scale.lua'),
+  const { rps, p50, p99, errors, total } = runWrk([
+    '-t2', `-c${CONNECTIONS}`, `-d${seconds}s`, '-s', join(import.meta.dir, 'scale.lua'),
     server.url, '--', set.appId, set.appSecret, set.prefix, String(set.count), runId,
   ])
-  const text = out.stdout.toString()
-  if (out.exitCode !== 0) throw new Error(`wrk failed: ${out.stderr.toString()}`)
-  const pct = (p: string) => {
-    const m = new RegExp(`^\\s+${p}%\\s+([\\d.]+)(us|ms|s)\\s*$`, 'm').exec(text)
-    return m ? toMs(m[1]!, m[2]!) : Number.NaN
-  }
-  const total = Number(/(\d+) requests in/.exec(text)?.[1] ?? Number.NaN)
   return {
-    rps: Number(/Requests\/sec:\s+([\d.]+)/.exec(text)?.[1] ?? Number.NaN),
-    p50: pct('50'),
-    p99: pct('99'),
-    errors: Number(/Non-2xx or 3xx responses:\s+(\d+)/.exec(text)?.[1] ?? 0),
+    rps,
+    p50,
+    p99,
+    errors,
     cpuUs: ((server.cpu() - cpu0) * 1e6) / total,
     mainUs: ((server.mainCpu() - main0) * 1e6) / total,
     pgUs: (((await pgCpu()) - pg0) * 1e6) / total,
@@ -112,7 +104,7 @@ async function main() {
     const [small, big] = (await seedBulk(env, [
       { prefix: 'SMAL', count: SMALL },
       { prefix: 'BIGS', count: BIG },
-    ])) as [Set, Set]
+    ])) as [LicenseSet, LicenseSet]
     console.log(`seeded ${SMALL} + ${BIG} licenses with bound HWIDs in ${((performance.now() - seedStart) / 1000).toFixed(1)} s`)
     const profile = process.env.BENCH_PROFILE_DIR
     const checkouts: { name: string; server: Server }[] = []

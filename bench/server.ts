@@ -67,3 +67,35 @@ export async function spawnServer(entry: string, env: Record<string, string>, fl
     }
   }
 }
+
+/** What one wrk run (with --latency) printed: req/s, p50/p99 in ms, non-2xx responses, requests made. */
+export interface WrkFigures {
+  rps: number
+  p50: number
+  p99: number
+  errors: number
+  total: number
+  /** wrk's own CPU time, from its process's resource usage (µs). */
+  cpuUs: number
+}
+
+const toMs = (v: string, unit: string) => Number(v) * ({ us: 0.001, ms: 1, s: 1000 }[unit] ?? Number.NaN)
+
+/** Runs wrk with `args` (after `--latency`) and reads its figures; throws when wrk fails. */
+export function runWrk(args: string[]): WrkFigures {
+  const out = Bun.spawnSync(['wrk', '--latency', ...args])
+  if (out.exitCode !== 0) throw new Error(`wrk failed: ${out.stderr.toString()}`)
+  const text = out.stdout.toString()
+  const pct = (p: string) => {
+    const m = new RegExp(`^\\s+${p}%\\s+([\\d.]+)(us|ms|s)\\s*$`, 'm').exec(text)
+    return m ? toMs(m[1]!, m[2]!) : Number.NaN
+  }
+  return {
+    rps: Number(/Requests\/sec:\s+([\d.]+)/.exec(text)?.[1] ?? Number.NaN),
+    p50: pct('50'),
+    p99: pct('99'),
+    errors: Number(/Non-2xx or 3xx responses:\s+(\d+)/.exec(text)?.[1] ?? 0),
+    total: Number(/(\d+) requests in/.exec(text)?.[1] ?? Number.NaN),
+    cpuUs: Number(out.resourceUsage?.cpuTime.total ?? Number.NaN),
+  }
+}

@@ -10,7 +10,7 @@ export interface Config {
   /**
    * Server processes sharing the listener (SO_REUSEPORT): 1, or more on a machine with as many cores;
    * more than 1 needs DATABASE_URL and REDIS_URL, the state every instance shares, and with both set
-   * it is one per core unless SERVER_PROCESSES says otherwise.
+   * it is one per core, at most DEFAULT_PROCESSES_CAP, unless SERVER_PROCESSES says otherwise.
    */
   serverProcesses: number
   /** postgres://… or null for the embedded PGlite under dataDir. */

@@ -26,7 +26,7 @@ export interface Context {
   bus: EventBus
   /** Worker threads that send webhook deliveries (started lazily, closed at shutdown). */
   webhookPool: DeliveryPool
-  /** Ed25519 signatures, on a worker thread unless the server runs a process per core. */
+  /** Ed25519 signatures, on a worker thread when the server runs one process, else on the calling thread. */
   signer: Signer
   /** Prometheus counters of this process, served at /metrics. */
   metrics: Metrics

@@ -74,7 +74,7 @@ class Queue {
     return undefined
   }
 
-  /** `held`, still queued, is gone. */
+  /** One entry still queued is gone (released by its holder): the sweep counts it. */
   left(): void {
     this.size--
     if (++this.#gone > 1024 && this.#gone > this.size) {

@@ -26,3 +26,11 @@ export async function appendEntry(db: DbOrTx, appId: string, name: ListName, val
     .returning({ id: apps.id })
   return rows.length > 0
 }
+
+/**
+ * The HWID half of an app's lists, as a validate and an offline mint apply it: not blacklisted, and
+ * whitelisted when the whitelist has entries.
+ */
+export function hwidListsAllow(blacklist: ReadonlySet<string>, whitelist: ReadonlySet<string>, hwid: string): boolean {
+  return !blacklist.has(hwid) && (whitelist.size === 0 || whitelist.has(hwid))
+}

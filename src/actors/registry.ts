@@ -99,7 +99,8 @@ export class AppActors {
    */
   async shardOfApp(appId: string): Promise<Shard | null> {
     const { store } = this.wiring
-    if (store.shards === 1) return store.shardOf(appId)
+    // One shard holds every account: no read needed to name it.
+    if (store.shards === 1) return allShards(1)[0]!
     const known = this.#appShards.get(appId)
     if (known !== undefined) return known
     const accountId = this.#actors.get(appId)?.app?.value?.accountId ?? (await this.#load.accountOf(appId))

@@ -1,5 +1,6 @@
 import { createHash, timingSafeEqual } from 'node:crypto'
 import type { CachedApp, CachedLicense } from '../actors/load'
+import { hwidListsAllow } from '../actors/list-append'
 import type { Config } from '../config'
 import { PublicError, type PublicErrorCode } from '../lib/errors'
 import { type AuthorizeInput, keys, type Shard } from '../store/store'
@@ -33,9 +34,7 @@ export function secretMatches(presented: string, hash: Buffer): boolean {
 export function listsAllow(app: CachedApp, ip: string, hwid: string): boolean {
   if (app.ipBlacklist.has(ip)) return false
   if (app.ipWhitelist.size > 0 && !app.ipWhitelist.has(ip)) return false
-  if (app.hwidBlacklist.has(hwid)) return false
-  if (app.hwidWhitelist.size > 0 && !app.hwidWhitelist.has(hwid)) return false
-  return true
+  return hwidListsAllow(app.hwidBlacklist, app.hwidWhitelist, hwid)
 }
 
 export function licenseState(license: CachedLicense | null, app: CachedApp, nowMs: number): PublicErrorCode | null {

@@ -24,8 +24,9 @@ const MAX_WORKER_KEYS = 4096
  * request, and the HTTP work of every request runs on the one main thread: handing a turn's
  * signatures over in one message costs that thread ~1 µs each instead, and the second core signs.
  * If the worker fails, its pending texts are signed here and a new worker starts with the next batch.
- * A server running one process per core signs on the calling thread instead (start): every core
- * already runs a process's requests, so the hand-off would only add the messages and wake-ups.
+ * A server running several processes signs on the calling thread instead (start): on this project's
+ * usual hosts (up to 4 cores, the default process count's cap) every core already runs a process's
+ * requests, so the hand-off would only add the messages and wake-ups.
  */
 export class Signer {
   #worker: Worker | null = null

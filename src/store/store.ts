@@ -29,7 +29,7 @@ export interface Limiter {
 export interface Epochs {
   /** Current epoch of each key (0 when never bumped). */
   epochs(keys: readonly string[]): Promise<number[]>
-  /** What a cache load reads first, in one atomic step: the generation of the keys' shard (they are of one shard, the first key's) and each key's epoch. */
+  /** What a cache load reads first: each key's epoch and the generation of its shard, one atomic call per shard. */
   snapshot(keys: readonly string[]): Promise<Snapshot>
   /**
    * Many loads' first reads in one atomic step per shard: the shard's generation and, per read, first

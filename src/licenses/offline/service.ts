@@ -6,6 +6,7 @@ import { apps, licenses, offlineFiles, type OfflineHwid } from '../../db/schema'
 import type { Context } from '../../context'
 import { ApiError, badRequest } from '../../lib/errors'
 import { type DomainEvent, recordEvents } from '../../delivery/outbox'
+import { hwidListsAllow } from '../../actors/list-append'
 import { expiryFrom, lockLicense, type LicenseRow, requireOwnedLicense } from '../service'
 import { armor, encodePayload, type OfflinePayload } from './armor'
 import type { MintOfflineFileBody, OfflineFile, OfflineFileList } from './model'
@@ -28,9 +29,8 @@ const seatsFull = (message: string) => new ApiError('seats_full', 409, message)
  */
 function checkApp(app: AppRow, hwids: readonly string[]): void {
   if (app.disabled) throw new ApiError('app_disabled', 409, 'The app is disabled: enable it to mint offline files')
-  const blocked = hwids.findIndex(
-    (hwid) => app.hwidBlacklist.includes(hwid) || (app.hwidWhitelist.length > 0 && !app.hwidWhitelist.includes(hwid)),
-  )
+  const [blacklist, whitelist] = [new Set(app.hwidBlacklist), new Set(app.hwidWhitelist)]
+  const blocked = hwids.findIndex((hwid) => !hwidListsAllow(blacklist, whitelist, hwid))
   if (blocked >= 0) {
     throw new ApiError('hwid_blocked', 409, `HWID ${blocked + 1} of the file is refused by the app's HWID blacklist or whitelist`)
   }

@@ -52,7 +52,7 @@ export class Connection<Commands extends object = object> {
   readonly shards: number
   /** Snapshot.generation: this process's name for the store contents its callers' epochs were read from. */
   #generation = 1
-  /** Each shard's ls:{sN}:gen value read under #generation; a shard is missing until read on the current connections. */
+  /** Each shard's generation value (keys.generation) read under #generation; a shard is missing until read on the current connections. */
   readonly #seen = new Map<Shard, string>()
 
   constructor(url: string, options: RedisStoreOptions, scripts: { [name in keyof Commands]: Script }) {

@@ -7,7 +7,7 @@ for i = 1, #KEYS do redis.call('INCR', KEYS[i]) end
 return #KEYS
 `
 
-// KEYS: the shard's generation key, then per read its epoch key and, when admitted, its bucket key,
+// KEYS: the shard's generation key, then per read its epoch key and, when it has an admission bucket, its bucket key,
 // all of one shard. ARGV: a fresh generation id (written when the key is missing), then per read three
 // values: the bucket's now ('' without a bucket), capacity and refill per second. Answers the generation,
 // then per read its epoch, or minus the wait in ms when its bucket had no token (then its epoch is not read).
