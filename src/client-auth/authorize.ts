@@ -46,7 +46,7 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
   const { ip, appId, licenseKey } = request
   const { actors } = ctx
   const nowMs = ctx.clock()
-  // Set once the IP token was taken to admit the license lookup; the script then leaves that bucket out.
+  // Set once an IP token was taken to admit a license lookup; the script then leaves that bucket out.
   let admitted: Bucket | null = null
   try {
     for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
@@ -69,10 +69,11 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
         // The app secret (or session), the app's state and its lists passed: only now may the key reach
         // PostgreSQL, and only with a token of the caller's IP limit, so unauthenticated traffic and a
         // flood of made-up keys stop before the database.
-        const token: Bucket | null = ctx.config.publicRateLimits && !admitted ? p.ipBucket : null
+        // A token for every lookup, a retry's too (its entry went before use): reads never outnumber tokens.
+        const token: Bucket | null = ctx.config.publicRateLimits ? p.ipBucket : null
         const read = await actors.ensureLicense(appId, licenseKey, token ? { ...token, nowMs } : undefined)
         if (read.kind === 'limited') throw rateLimited(read.retryAfterMs)
-        admitted ??= token
+        admitted = token
         licenseEntry = actors.cachedLicense(appId, licenseKey)
         if (!licenseEntry) continue
         p = plan(app, licenseEntry.value, nowMs)

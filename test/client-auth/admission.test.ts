@@ -3,7 +3,7 @@
  * token of the caller's IP limit come before any license lookup, and made-up keys never push real
  * licenses out of the cache.
  */
-import { expect, test } from 'bun:test'
+import { expect, spyOn, test } from 'bun:test'
 import { randomBytes } from 'node:crypto'
 import { AppActors } from '../../src/actors/registry'
 import { generateLicenseKey } from '../../src/lib/crypto'
@@ -45,6 +45,29 @@ test('a flood of absent keys with the right secret from one IP is limited before
   // Another IP still gets through: the limit is the caller's, not the app's.
   const real = await insertLicense(t.ctx, s.appId)
   expect((await validate({ appId: s.appId, appSecret: s.appSecret, licenseKey: real }, '203.0.113.8')).status).toBe(200)
+})
+
+test("a lookup whose entry is gone before use (a store generation flip, a full absent bound) takes a token again: reads never outnumber the IP's tokens", async () => {
+  const s = await t.seed()
+  const ip = '203.0.113.9'
+  const before = t.ctx.actors.loads.licenses
+  const actors = t.ctx.actors
+  // The entry just read is dropped before its use, as a generation flip or a full absent bound would.
+  const gone = spyOn(actors, 'cachedLicense').mockImplementation((appId, licenseKey) => {
+    actors.forgetLicense(appId, licenseKey)
+    return undefined
+  })
+  try {
+    // Every attempt finds its entry gone: the request gives up after its attempts, each one a read.
+    await validate({ appId: s.appId, appSecret: s.appSecret, licenseKey: generateLicenseKey() }, ip)
+  } finally {
+    gone.mockRestore()
+  }
+  const reads = t.ctx.actors.loads.licenses - before
+  expect(reads).toBeGreaterThan(1)
+  let admittedAfter = 0
+  while ((await validate({ appId: s.appId, appSecret: s.appSecret, licenseKey: generateLicenseKey() }, ip)).status === 401) admittedAfter++
+  expect(reads + admittedAfter).toBe(PER_IP)
 })
 
 test('absent keys never evict a cached license', async () => {
