@@ -2,7 +2,7 @@ import { type CachedApp, type CachedLicense, StoreUnavailable } from '../actors/
 import type { Context } from '../context'
 import { PublicError } from '../lib/errors'
 import { errorFields, log, logEvery } from '../lib/log'
-import type { AuthorizeInput, AuthorizeResult } from '../store/store'
+import type { AuthorizeInput, AuthorizeResult, Shard } from '../store/store'
 import { keys } from '../store/store'
 import { type Bucket, type Outcome, rateLimited } from './policy'
 
@@ -15,8 +15,11 @@ const MAX_ATTEMPTS = 5
  */
 export type Plan = Omit<AuthorizeInput, 'nowMs' | 'shard' | 'generation' | 'epochs' | 'deny'> & { outcome: Outcome; ipBucket: Bucket | null }
 
-/** Each endpoint's rules: what a request with this app and license gets, and what it costs. */
-export type Planner = (app: CachedApp | null, license: CachedLicense | null, nowMs: number) => Plan
+/**
+ * Each endpoint's rules: what a request with this app and license gets, and what it costs. `shard` is
+ * the app's account's (worked out once per request), whose tag the plan's keys carry; '' without an app.
+ */
+export type Planner = (app: CachedApp | null, license: CachedLicense | null, nowMs: number, shard: Shard) => Plan
 
 /** Who asks for what: `licenseKey` is null when a session named none; a nonce claim fails closed without the store. */
 export interface AuthRequest {
@@ -63,8 +66,9 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
         if (appEntry.value === null) actors.absentAppBudget.charge(ip, nowMs)
       }
       const app = appEntry.value
+      const shard = app ? ctx.store.shardOf(app.accountId) : ''
       let licenseEntry = licenseKey === null ? undefined : actor?.licenses.get(licenseKey)
-      let p = plan(app, licenseEntry?.value ?? null, nowMs)
+      let p = plan(app, licenseEntry?.value ?? null, nowMs, shard)
       if (licenseKey !== null && !licenseEntry && licenseDecides(p)) {
         // The app secret (or session), the app's state and its lists passed: only now may the key reach
         // PostgreSQL, and only with a token of the caller's IP limit, so unauthenticated traffic and a
@@ -76,11 +80,10 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
         admitted = token
         licenseEntry = actors.cachedLicense(appId, licenseKey)
         if (!licenseEntry) continue
-        p = plan(app, licenseEntry.value, nowMs)
+        p = plan(app, licenseEntry.value, nowMs, shard)
       }
       const license = licenseEntry?.value ?? null
       if (!app) throw new PublicError('invalid_app')
-      const shard = ctx.store.shardOf(app.accountId)
       const epochs = [{ key: keys.appEpoch(shard, appId), expected: appEntry.epoch }]
       if (licenseKey !== null && licenseEntry) epochs.push({ key: keys.licenseEpoch(shard, licenseKey), expected: licenseEntry.epoch })
       const { outcome, ipBucket: _, ...rest } = p
@@ -101,7 +104,7 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
           if (result.epochs[0] !== appEntry.epoch) await actors.reloadApp(appId, result.epochs[0] ?? 0, generation)
           if (licenseKey !== null && result.epochs[1] !== licenseEntry?.epoch) {
             // Read again at once only for a caller that may look the license up at all.
-            if (licenseDecides(plan(app, null, nowMs))) await actors.reloadLicense(appId, licenseKey, result.epochs[1] ?? 0, generation)
+            if (licenseDecides(plan(app, null, nowMs, shard))) await actors.reloadLicense(appId, licenseKey, result.epochs[1] ?? 0, generation)
             else actors.forgetLicense(appId, licenseKey)
           }
           continue
@@ -149,7 +152,7 @@ async function withoutStore(
   logEvery('warn', 'store unreachable: serving requests without limits or charges', () => errorFields(err.cause))
   if (!actors.absentAppBudget.allows(ip, nowMs)) throw new PublicError('invalid_app')
   const [app, license] = await Promise.all([actors.loadApp(appId), licenseKey === null ? null : actors.loadLicense(licenseKey)])
-  const { outcome } = plan(app, license, nowMs)
+  const { outcome } = plan(app, license, nowMs, app ? ctx.store.shardOf(app.accountId) : '')
   if (!app) {
     actors.absentAppBudget.charge(ip, nowMs)
     throw new PublicError('invalid_app')

@@ -9,7 +9,7 @@ export async function heartbeat(ctx: Context, input: HeartbeatInput, ip: string)
   const { sessions, payloads } = ctx
   const appId = canonicalAppId(input.appId)
   const session = sessions.readFor(appId, input.sessionToken, input.hwid, ctx.clock())
-  const auth = await authorize(ctx, { ip, appId, licenseKey: session?.lic ?? null, needsNonce: false }, (app, license, nowMs) => {
+  const auth = await authorize(ctx, { ip, appId, licenseKey: session?.lic ?? null, needsNonce: false }, (app, license, nowMs, shard) => {
     let outcome: Outcome
     if (!app) outcome = fail('invalid_app')
     else if (!session) outcome = fail('session_expired')
@@ -22,7 +22,6 @@ export async function heartbeat(ctx: Context, input: HeartbeatInput, ip: string)
       else if (!license!.unlimitedHwidSlots && !license!.hwids.includes(input.hwid)) outcome = fail('session_expired')
       else outcome = { ok: true, bind: false }
     }
-    const shard = app ? ctx.store.shardOf(app.accountId) : ''
     const ipBucket = app?.sandbox ? bucket(shard, 'h:ip', app.id, ip, SANDBOX.heartbeatIp) : null
     return {
       outcome,

@@ -18,7 +18,7 @@ export async function selfban(ctx: Context, input: SelfbanInput, ip: string): Pr
   const session = post ? ctx.sessions.readFor(appId, input.sessionToken!, input.hwid, ctx.clock()) : null
   const licenseKey = post ? (session?.lic ?? null) : input.licenseKey!
   const revoke = input.revokeLicense ?? post
-  const auth = await authorize(ctx, { ip, appId, licenseKey, needsNonce: !post }, (app, license, nowMs) => {
+  const auth = await authorize(ctx, { ip, appId, licenseKey, needsNonce: !post }, (app, license, nowMs, shard) => {
     const secretOk = post || (app !== null && secretMatches(input.appSecret!, app.secretHash))
     let outcome: Outcome
     if (!app || !secretOk) outcome = fail('invalid_app')
@@ -30,7 +30,6 @@ export async function selfban(ctx: Context, input: SelfbanInput, ip: string): Pr
     const sandbox = app?.sandbox ?? false
     const perIp = sandbox ? SANDBOX.selfbanIp : ctx.config.selfbanLimitPerIp
     const perLicense = sandbox ? SANDBOX.selfbanLicense : ctx.config.selfbanLimitPerLicense
-    const shard = app ? ctx.store.shardOf(app.accountId) : ''
     const ipBucket = app ? bucket(shard, 's:ip', app.id, ip, perIp) : null
     return {
       outcome,

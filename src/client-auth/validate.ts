@@ -22,7 +22,7 @@ import { clampTtl } from '../signing/session'
 export async function validate(ctx: Context, input: ValidateInput, ip: string): Promise<SignedReply> {
   const { hwid, licenseKey } = input
   const appId = canonicalAppId(input.appId)
-  const auth = await authorize(ctx, { ip, appId, licenseKey, needsNonce: true }, (app, license, nowMs) => {
+  const auth = await authorize(ctx, { ip, appId, licenseKey, needsNonce: true }, (app, license, nowMs, shard) => {
     const secretOk = app !== null && secretMatches(input.appSecret, app.secretHash)
     let outcome: Outcome
     if (!app || !secretOk) outcome = fail('invalid_app')
@@ -36,7 +36,6 @@ export async function validate(ctx: Context, input: ValidateInput, ip: string): 
       else outcome = { ok: true, bind: true }
     }
     const sandbox = app?.sandbox ?? false
-    const shard = app ? ctx.store.shardOf(app.accountId) : ''
     const ipBucket = app ? bucket(shard, 'v:ip', app.id, ip, sandbox ? SANDBOX.validateIp : ctx.config.validateLimitPerIp) : null
     return {
       outcome,
