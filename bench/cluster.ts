@@ -13,12 +13,12 @@
  * Redis, default redis://127.0.0.1:6379/5; flushed before and after), BENCH_DURATION seconds per
  * scenario and round (5), BENCH_LICENSES (1000), BENCH_ROUNDS (3), BENCH_PROCESSES (SERVER_PROCESSES, 1).
  */
-import { mkdtempSync, writeFileSync } from 'node:fs'
+import { mkdtempSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { setLogLevel } from '../src/lib/log'
 import { ownRedisCluster } from '../test/support/redis-cluster'
-import { seedBench } from './seed'
+import { seedAuthData } from './seed'
 import { runWrk, type Server, serverEntry, spawnServer } from './server'
 import { benchStores, median } from './stores'
 
@@ -66,9 +66,7 @@ async function main() {
       VALIDATE_LIMIT_PER_LICENSE: '1000000000',
     }
     console.log(`seeding ${LICENSES} licenses with bound HWIDs…`)
-    const seeded = await seedBench(env, LICENSES)
-    const lines = seeded.licenses.map((l) => `${l.key} ${l.hwid} ${l.token}`)
-    writeFileSync(join(work, 'data.txt'), `${seeded.appId} ${seeded.appSecret}\n${lines.join('\n')}\n`)
+    await seedAuthData(env, LICENSES, join(work, 'data.txt'))
     const single = await spawnServer(serverEntry(root), env)
     servers.push(single)
     const clustered = await spawnServer(serverEntry(root), { ...env, REDIS_URL: cluster.url, REDIS_CLUSTER: 'true' })

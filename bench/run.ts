@@ -14,11 +14,11 @@
  * on one machine state).
  * `npm run bench:webhooks` (bench/validate-webhook.ts) is the variant with a subscribed license.validated webhook.
  */
-import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs'
+import { mkdtempSync, readFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { setLogLevel } from '../src/lib/log'
-import { seedBench } from './seed'
+import { seedAuthData } from './seed'
 import { runWrk, type Server, serverEntry, spawnServer } from './server'
 import { benchStores, median } from './stores'
 
@@ -109,9 +109,7 @@ async function main() {
       VALIDATE_LIMIT_PER_LICENSE: '1000000000',
     }
     console.log(`seeding ${LICENSES} licenses with bound HWIDs…`)
-    const seeded = await seedBench(env, LICENSES)
-    const lines = seeded.licenses.map((l) => `${l.key} ${l.hwid} ${l.token}`)
-    writeFileSync(join(work, 'data.txt'), `${seeded.appId} ${seeded.appSecret}\n${lines.join('\n')}\n`)
+    await seedAuthData(env, LICENSES, join(work, 'data.txt'))
 
     const baseline = await spawnServer(join(import.meta.dir, 'baseline.ts'), {})
     servers.push(baseline)

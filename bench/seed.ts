@@ -1,3 +1,4 @@
+import { writeFileSync } from 'node:fs'
 import { createAccount } from '../src/accounts/service'
 import { createApplication } from '../src/apps/service'
 import { buildContext } from '../src/boot'
@@ -79,4 +80,15 @@ export async function seedBulk(
     await ctx.store.close()
     await ctx.database.close()
   }
+}
+
+/**
+ * Seeds `count` licenses (seedBench) and writes the data file bench/auth.lua reads: "<appId> <appSecret>",
+ * then "<licenseKey> <hwid> <sessionToken>" a line.
+ */
+export async function seedAuthData(env: Record<string, string>, count: number, path: string): Promise<Seeded> {
+  const seeded = await seedBench(env, count)
+  const lines = seeded.licenses.map((l) => `${l.key} ${l.hwid} ${l.token}`)
+  writeFileSync(path, `${seeded.appId} ${seeded.appSecret}\n${lines.join('\n')}\n`)
+  return seeded
 }
