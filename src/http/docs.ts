@@ -16,6 +16,7 @@ const ASSETS = new Set([
   'favicon-16x16.png',
 ])
 
+// validatorUrl: null, or the page would fetch a validity badge from validator.swagger.io.
 const PAGE = `<!doctype html>
 <html lang="en">
 <head>
@@ -29,7 +30,7 @@ const PAGE = `<!doctype html>
   <div id="swagger-ui"></div>
   <script src="/docs/assets/swagger-ui-bundle.js"></script>
   <script>
-    window.ui = SwaggerUIBundle({ url: '/docs/json', dom_id: '#swagger-ui', deepLinking: true, persistAuthorization: true })
+    window.ui = SwaggerUIBundle({ url: '/docs/json', dom_id: '#swagger-ui', deepLinking: true, persistAuthorization: true, validatorUrl: null })
   </script>
 </body>
 </html>

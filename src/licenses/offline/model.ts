@@ -70,12 +70,9 @@ export const ActivationRequestBody = t.Union([
       ),
       expiresAt: FileExpiry,
     },
-    {
-      description: 'application/json: the request text with the optional license key and file expiry',
-      examples: [{ request: REQUEST_EXAMPLE, licenseKey: EXAMPLE.licenseKey }],
-    },
+    { description: 'application/json: the request text with the optional license key and file expiry' },
   ),
-])
+], { examples: [{ request: REQUEST_EXAMPLE, licenseKey: EXAMPLE.licenseKey }] })
 
 /** A minted file as the listing shows it: the text itself is not kept. */
 export const OfflineFileSummary = t.Object({
