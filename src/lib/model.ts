@@ -13,8 +13,9 @@ export const STORABLE_TEXT =
 export const Text = (options: StringOptions = {}) => t.String({ ...options, pattern: STORABLE_TEXT })
 
 /**
- * A count in a request body: a JSON integer only. TypeBox's own Integer, because Elysia's `t.Integer`
- * also takes numeric text ("0x10", " 3") through a transform.
+ * A count in a request body or a response: a JSON integer only. TypeBox's own Integer, because Elysia's
+ * `t.Integer` also takes numeric text ("0x10", " 3") through a transform, and documents it as a string
+ * alternative (right for a query string only).
  */
 export const Count = (options: Parameters<typeof Type.Integer>[0] = {}) => Type.Integer(options)
 

@@ -39,7 +39,7 @@ export const License = t.Object({
   appId: t.String({ format: 'uuid' }),
   status: t.Union([t.Literal('active'), t.Literal('revoked')]),
   expiresAt: t.Nullable(isoDate('Expiry; null means lifetime')),
-  maxHwidSlots: t.Integer({ minimum: 1, maximum: 16 }),
+  maxHwidSlots: Count({ minimum: 1, maximum: 16 }),
   unlimitedHwidSlots: t.Boolean({
     description: 'Shared unlimited-seat key: seat enforcement is skipped',
   }),

@@ -1,6 +1,6 @@
-import { Type } from '@sinclair/typebox'
 import { t } from 'elysia'
 import { EXAMPLE } from '../lib/examples'
+import { Count } from '../lib/model'
 
 const variables = (description: string) =>
   t.Record(t.String(), t.Union([t.String(), t.Number(), t.Boolean()]), { description })
@@ -18,7 +18,7 @@ const SESSION_EXPIRES_IN = 1795578939
 export const SignedPayload = t.Object(
   {
     sessionToken: t.String({ description: 'Opaque token for heartbeat and post-session selfban' }),
-    expiresIn: Type.Integer({ description: 'Unix time in whole seconds at which the session expires' }),
+    expiresIn: Count({ description: 'Unix time in whole seconds at which the session expires' }),
     sessionExpiresAt: t.String({ format: 'date-time', description: 'The same instant, ISO 8601' }),
     timestamp: t.String({ format: 'date-time', description: 'When the response was issued' }),
     nonce: t.Optional(
@@ -29,8 +29,8 @@ export const SignedPayload = t.Object(
     hwid: t.String({ description: 'The HWID that was authenticated' }),
     licenseExpiresAt: t.Nullable(t.String({ format: 'date-time', description: "The license's expiry; null: lifetime" })),
     unlimitedHwidSlots: t.Boolean(),
-    maxHwidSlots: Type.Integer({ minimum: 1, maximum: 16 }),
-    hwidCount: Type.Integer({ minimum: 0, description: 'HWIDs bound to the license now' }),
+    maxHwidSlots: Count({ minimum: 1, maximum: 16 }),
+    hwidCount: Count({ minimum: 0, description: 'HWIDs bound to the license now' }),
     licenseLabel: t.Nullable(t.String()),
     appVariables: variables("The app's variables"),
     licenseVariables: variables("The license's variables"),

@@ -1,7 +1,7 @@
 import { t } from 'elysia'
 import { EVENT_NAMES } from '../delivery/outbox'
 import { EXAMPLE } from '../lib/examples'
-import { StrictBody, Text } from '../lib/model'
+import { Count, StrictBody, Text } from '../lib/model'
 import { MAX_WEBHOOK_URL_LENGTH } from '../delivery/target'
 
 const isoDate = (description: string) => t.String({ format: 'date-time', description })
@@ -55,7 +55,7 @@ export const Webhook = t.Object({
   enabled: t.Boolean(),
   lastDeliveryAt: t.Nullable(isoDate('Time of the latest delivery attempt (a test ping counts); null before the first')),
   lastDeliveryStatus: t.Nullable(
-    t.Integer({
+    Count({
       description:
         "The receiver's HTTP status on the latest attempt; 0 when no response came back (timeout after 10 s, " +
         'connection refused or reset, TLS or DNS failure, or a target refused by the private-address guard); ' +
@@ -104,7 +104,7 @@ export const WebhookList = t.Object(
 export const TestPingResponse = t.Object(
   {
     ok: t.Literal(true),
-    status: t.Integer({
+    status: Count({
       description: "The receiver's HTTP status, or 0 when no response came back (see lastDeliveryStatus)",
     }),
   },
