@@ -3,6 +3,7 @@ import { swagger } from '@elysiajs/swagger'
 import { Elysia } from 'elysia'
 import pkg from '../../package.json'
 import type { Context } from '../context'
+import { ALSO_SERVES } from './openapi'
 
 // Swagger UI's files come from the installed package, so /docs renders with no internet access.
 const SWAGGER_UI_DIR = dirname(Bun.resolveSync('swagger-ui-dist/package.json', import.meta.dir))
@@ -85,8 +86,9 @@ const textMember = (schema: Json): Json | undefined =>
  * really speaks, so the document stays generated from the same TypeBox schemas that validate:
  * - request bodies: JSON (app.ts parses every body as JSON, whatever its Content-Type), plus text/plain on
  *   a /v1 route whose body admits a string (the only Content-Type app.ts reads as text);
- * - responses: JSON only (the generator repeats them under the request's types), with the schema keywords
- *   it lifted into the Response Object (examples, a title) returned to the schema;
+ * - responses: JSON (the generator repeats them under the request's types) and what the route declares
+ *   in ALSO_SERVES, with the schema keywords the generator lifted into the Response Object (examples, a
+ *   title) returned to the schema;
  * - parameters: the `examples` the generator lifted out of the schema returned to it;
  * - schemas: no 3.0 `nullable`.
  */
@@ -115,11 +117,12 @@ export function asOpenApi31(generated: Json): Json {
         if (schema) {
           const restored = { ...Object.fromEntries(lifted), ...schema }
           toJsonSchema(restored)
-          fixed.content = { 'application/json': { schema: restored } }
+          fixed.content = { 'application/json': { schema: restored }, ...operation[ALSO_SERVES]?.[status] }
         } else if (response.content) fixed.content = response.content
         if (response.headers) fixed.headers = response.headers
         operation.responses[status] = fixed
       }
+      delete operation[ALSO_SERVES]
     }
   }
   for (const schema of Object.values(doc.components?.schemas ?? {})) toJsonSchema(schema)

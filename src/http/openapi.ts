@@ -2,10 +2,17 @@ import { t } from 'elysia'
 import { type ApiErrorCode, PUBLIC_ERROR_STATUS, type PublicErrorCode } from '../lib/errors'
 
 /**
- * Error responses as routes declare them: one per status, its `error` an enum of exactly the codes the
- * route can give at that status. The errors themselves are thrown (ApiError, PublicError) and written by
- * the app's onError, so these schemas describe them for the document; they validate nothing.
+ * What routes declare for the OpenAPI document beyond their request and response models. Error responses:
+ * one per status, its `error` an enum of exactly the codes the route can give at that status. The errors
+ * themselves are thrown (ApiError, PublicError) and written by the app's onError, so these schemas only
+ * describe them: no handler returns them, so no response is checked against them.
  */
+
+/**
+ * A route's `detail[ALSO_SERVES]`: the media types a response has besides JSON (content negotiation), by
+ * status, which `response` schemas cannot say. The document's transform (docs.ts) adds them to the responses.
+ */
+export const ALSO_SERVES = 'x-also-serves'
 
 interface ErrorCase {
   status: number

@@ -2,6 +2,7 @@ import { beforeAll, describe, expect, test } from 'bun:test'
 import type { TSchema } from '@sinclair/typebox'
 import { Value } from '@sinclair/typebox/value'
 import { SignedPayload } from '../../src/client-auth/model'
+import { LICENSE_FILE_TYPE } from '../../src/licenses/offline/routes'
 import { SIGNED_PAYLOAD_MODEL } from '../../src/signing/model'
 import { decode, hwid, nonce } from '../support/client'
 import { makeTestApp, type TestApp } from '../support/helpers'
@@ -62,6 +63,18 @@ describe('operations', () => {
         headers: { 'content-type': 'text/plain' },
       })
       expect(res.status, where).toBe(400)
+    }
+  })
+
+  test('responses are JSON; a mint also serves the file itself, /metrics text', () => {
+    const mints = ['POST /v1/licenses/{licenseKey}/offline-files', 'POST /v1/apps/{appId}/activation-requests']
+    for (const { where, op } of operations) {
+      for (const [status, response] of Object.entries<Json>(op.responses)) {
+        const types = Object.keys(response.content ?? {})
+        if (where === 'GET /metrics') expect(types).toEqual(['text/plain'])
+        else if (mints.includes(where) && status === '201') expect(types).toEqual(['application/json', LICENSE_FILE_TYPE])
+        else expect(types, `${where} ${status}`).toEqual(['application/json'])
+      }
     }
   })
 

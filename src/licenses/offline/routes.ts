@@ -1,7 +1,7 @@
 import { Elysia } from 'elysia'
 import type { Context } from '../../context'
 import { apiKeyAuth } from '../../http/auth'
-import { apiBodyErrors, apiErrors } from '../../http/openapi'
+import { ALSO_SERVES, apiBodyErrors, apiErrors } from '../../http/openapi'
 import { AppIdParams } from '../../apps/model'
 import { LicenseKeyParams } from '../model'
 import { answerActivationRequest } from './activation'
@@ -12,6 +12,17 @@ const tags = ['Offline licenses']
 
 /** The media type of a `.authforge` file: asked for in Accept, the mint answers with the file itself. */
 export const LICENSE_FILE_TYPE = 'application/x-authforge-license'
+
+/** The 201 of a mint as the document lists it: JSON, or the file itself when Accept asks for it. */
+const SERVES_FILE = {
+  [ALSO_SERVES]: {
+    201: {
+      [LICENSE_FILE_TYPE]: {
+        schema: { type: 'string', description: 'The armored .authforge file, as an attachment named <licenseKey>.authforge' },
+      },
+    },
+  },
+}
 
 const wantsFile = (accept: string | undefined) =>
   accept?.split(',').some((range) => range.split(';')[0]?.trim().toLowerCase() === LICENSE_FILE_TYPE) ?? false
@@ -51,6 +62,7 @@ export const offlineFileRoutes = (ctx: Context) =>
         response: { 201: OfflineFile, ...apiBodyErrors(...MINT_ERRORS) },
         detail: {
           operationId: 'mintOfflineFile',
+          ...SERVES_FILE,
           tags,
           summary: 'Mint a signed offline license file',
           description:
@@ -98,6 +110,7 @@ export const activationRequestRoutes = (ctx: Context) =>
         response: { 201: OfflineFile, ...apiBodyErrors(...MINT_ERRORS) },
         detail: {
           operationId: 'answerActivationRequest',
+          ...SERVES_FILE,
           tags,
           summary: "Answer an air-gapped machine's activation request with a license file",
           description:
