@@ -92,7 +92,7 @@ const textMember = (schema: Json): Json | undefined =>
  * - parameters: the `examples` the generator lifted out of the schema returned to it;
  * - schemas: no 3.0 `nullable`.
  */
-export function asOpenApi31(generated: Json): Json {
+function asOpenApi31(generated: Json): Json {
   const doc: Json = JSON.parse(JSON.stringify(generated))
   for (const [path, item] of Object.entries<Json>(doc.paths ?? {})) {
     for (const operation of Object.values<Json>(item)) {
