@@ -105,7 +105,7 @@ function byStatus<C extends string>(codes: readonly C[], statusOf: (code: C) => 
 const codeEnum = (codes: readonly string[], description: string) =>
   t.UnionEnum(codes as [string, ...string[]], { description, default: undefined })
 
-const describe = (codes: readonly string[], whenOf: (code: string) => string) =>
+const describe = <C extends string>(codes: readonly C[], whenOf: (code: C) => string) =>
   codes.map((code) => `\`${code}\`: ${whenOf(code)}`).join('; ')
 
 function apiErrorBody(codes: readonly ApiErrorCode[], description: string, message: string) {
@@ -130,7 +130,7 @@ export function apiErrors(...codes: ApiErrorCode[]) {
   return Object.fromEntries(
     [...byStatus(all, (c) => API_ERRORS[c].status)].map(([status, group]) => [
       status,
-      apiErrorBody(group, describe(group, (c) => API_ERRORS[c as ApiErrorCode].when), API_ERRORS[group[0]!].message),
+      apiErrorBody(group, describe(group, (c) => API_ERRORS[c].when), API_ERRORS[group[0]!].message),
     ]),
   )
 }
@@ -165,7 +165,7 @@ export function publicErrors(...codes: PublicErrorCode[]) {
     ...Object.fromEntries(
       [...byStatus(all, (c) => PUBLIC_ERROR_STATUS[c])].map(([status, group]) => [
         status,
-        publicErrorBody(group, describe(group, (c) => PUBLIC_ERRORS[c as PublicErrorCode])),
+        publicErrorBody(group, describe(group, (c) => PUBLIC_ERRORS[c])),
       ]),
     ),
     413: publicErrorBody(['bad_request'], TOO_LARGE('16 KiB')),
