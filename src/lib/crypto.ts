@@ -71,7 +71,7 @@ export function generateKeyId(): string {
 }
 
 /** A sealed value that the key at hand does not open. */
-export class SealError extends Error {}
+class SealError extends Error {}
 
 /** Seals secrets at rest with AES-256-GCM: "v1.<iv>.<tag>.<ciphertext>", all base64url. */
 export class Sealer {

@@ -14,7 +14,6 @@ import { Refused } from './args'
 import { errorFields, setLogLevel } from '../lib/log'
 import { ResealRefused } from '../signing/reseal'
 
-
 // Connection failures that prove no server listens: only then may the CLI open the database itself.
 const NO_SERVER = new Set(['ENOENT', 'ECONNREFUSED', 'ConnectionRefused', 'FailedToOpenSocket'])
 
