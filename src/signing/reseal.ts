@@ -28,10 +28,11 @@ const NAMED_FAILURES = 5
 
 export async function resealAll(database: Database, from: Sealer, to: Sealer): Promise<Resealed> {
   return database.db.transaction(async (tx) => {
+    // Before the table lock, which would otherwise wait behind a running server's transaction.
+    if (database.kind === 'postgres') await refuseWhileServersConnected(tx)
     // A writer (a signing-key rotation, a new webhook) waits until the commit, so what is read here
     // is all there is to re-seal.
     await tx.execute(sql`LOCK TABLE ${signingKeys}, ${webhooks} IN EXCLUSIVE MODE`)
-    if (database.kind === 'postgres') await refuseWhileServersConnected(tx)
     const keys = await tx.select({ id: signingKeys.id, sealed: signingKeys.privateKeyEnc }).from(signingKeys)
     const hooks = await tx.select({ id: webhooks.id, sealed: webhooks.secretEnc }).from(webhooks)
     // Every value is opened before the first write: one that does not open stops the rotation whole.
