@@ -94,7 +94,8 @@ describe('compose.yml', () => {
       ?.instructions.filter((i) => i.keyword === 'EXPOSE')
       .flatMap((i) => i.args.split(/\s+/))
     expect(exposed).toContain(String(port))
-    expect(String(proxy.command)).toContain(`--to server:${port}`)
+    expect(proxy.volumes).toContain('./deploy/Caddyfile:/etc/caddy/Caddyfile:ro')
+    expect(read('deploy/Caddyfile')).toMatch(new RegExp(`^\\s*reverse_proxy server:${port}$`, 'm'))
   })
 
   test('its health check is the image\'s', () => {
