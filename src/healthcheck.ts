@@ -17,7 +17,8 @@ function reachable(host: string): string {
   return isIP(host) === 6 ? `[${host}]` : host
 }
 
-async function probe(): Promise<boolean> {
+/** Why the server is not healthy, or null when /healthz answers 200. */
+async function unhealthy(): Promise<string | null> {
   const config = loadConfig()
   const scheme = config.tlsCertFile ? 'https' : 'http'
   // The certificate names the public host, not the address probed here: it is not checked.
@@ -25,14 +26,12 @@ async function probe(): Promise<boolean> {
     tls: { rejectUnauthorized: false },
     signal: AbortSignal.timeout(PROBE_TIMEOUT_MS),
   })
-  return response.ok
+  return response.ok ? null : `/healthz answered ${response.status}`
 }
 
-try {
-  process.exit((await probe()) ? 0 : 1)
-} catch (err) {
-  // Docker keeps the probe's output with the health status: one line saying why.
-  const reason = err instanceof ConfigError ? `configuration error: ${err.message}` : String((err as Error)?.message ?? err)
-  process.stderr.write(`unhealthy: ${reason}\n`)
-  process.exit(1)
-}
+// Docker keeps the probe's output with the health status: one line saying why.
+const reason = await unhealthy().catch((err: unknown) =>
+  err instanceof ConfigError ? `configuration error: ${err.message}` : String((err as Error)?.message ?? err),
+)
+if (reason !== null) process.stderr.write(`unhealthy: ${reason}\n`)
+process.exit(reason === null ? 0 : 1)

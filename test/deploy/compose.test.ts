@@ -107,10 +107,11 @@ describe('compose.yml', () => {
     const args = [redis.command ?? []].flat().join(' ')
     expect(args).toContain('--appendonly yes')
     expect(args).toContain('--maxmemory-policy noeviction')
-    const [volume] = (redis.volumes ?? []).filter((v) => v.endsWith(':/data'))
-    expect(Object.keys(compose.volumes)).toContain(volume?.split(':')[0])
-    const [pgVolume] = (postgres.volumes ?? []).filter((v) => v.endsWith(':/var/lib/postgresql/data'))
-    expect(Object.keys(compose.volumes)).toContain(pgVolume?.split(':')[0])
+    // A named volume, declared at the top: not a bind mount, not the image's anonymous one.
+    const volumeAt = (service: Service, path: string) =>
+      (service.volumes ?? []).find((v) => v.endsWith(`:${path}`))?.split(':')[0] ?? `(no volume at ${path})`
+    expect(Object.keys(compose.volumes)).toContain(volumeAt(redis, '/data'))
+    expect(Object.keys(compose.volumes)).toContain(volumeAt(postgres, '/var/lib/postgresql/data'))
   })
 
   test('the server starts once PostgreSQL and Redis are healthy; every service restarts', () => {
@@ -120,17 +121,17 @@ describe('compose.yml', () => {
   })
 
   test('DATABASE_URL and REDIS_URL name the compose services with their credentials', () => {
-    const pgEnv = interpolated(postgres.environment)
+    const { POSTGRES_USER, POSTGRES_PASSWORD, POSTGRES_DB } = interpolated(postgres.environment)
     const database = new URL(serverEnv.DATABASE_URL ?? '')
     expect([database.hostname, database.username, database.password, database.pathname]).toEqual([
       'postgres',
-      pgEnv.POSTGRES_USER,
-      pgEnv.POSTGRES_PASSWORD,
-      `/${pgEnv.POSTGRES_DB}`,
+      String(POSTGRES_USER),
+      String(POSTGRES_PASSWORD),
+      `/${POSTGRES_DB}`,
     ])
     const store = new URL(serverEnv.REDIS_URL ?? '')
     const redisArgs = [redis.command ?? []].flat().map((arg) => interpolate(arg, dotenv))
-    expect([store.hostname, store.password]).toEqual(['redis', redisArgs[redisArgs.indexOf('--requirepass') + 1]])
+    expect([store.hostname, store.password]).toEqual(['redis', String(redisArgs[redisArgs.indexOf('--requirepass') + 1])])
   })
 
   test('secrets come from .env, required, with no value committed in .env.example', () => {

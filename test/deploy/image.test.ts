@@ -101,7 +101,7 @@ describe('the production image', () => {
     const server = inImage(image.cmd)
     const serverLog = new Response(server.stderr).text()
     try {
-      expect(await until(healthy, (ok) => ok || server.exitCode !== null, 30_000)).toBe(true)
+      expect(await until(healthy, (ok) => ok || server.exitCode !== null, 45_000)).toBe(true)
 
       const cli = inImage(['bun', 'run', 'cli', 'account', 'create', '--name', 'Image check'])
       const [out, code] = await Promise.all([new Response(cli.stdout).text(), cli.exited])
@@ -116,5 +116,5 @@ describe('the production image', () => {
     expect(await server.exited).toBe(0)
     // The probe can fail: with the server gone it reports unhealthy.
     expect(await healthy()).toBe(false)
-  }, 60_000)
+  }, 90_000)
 })
