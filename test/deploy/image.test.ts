@@ -16,6 +16,12 @@ const ROOT = join(import.meta.dir, '..', '..')
 const stages = parseDockerfile(readFileSync(join(ROOT, 'Dockerfile'), 'utf8'))
 const finalStage = stages.at(-1) as Stage
 const scratch = mkdtempSync(join(tmpdir(), 'ls-image-'))
+const dockerignore = readFileSync(join(ROOT, '.dockerignore'), 'utf8')
+  .split('\n')
+  .map((line) => line.trim())
+  .filter((line) => line !== '' && !line.startsWith('#'))
+// Literal entries only (its one glob names logs): a source the build context leaves out never reaches the image.
+const leftOutOfContext = (source: string) => dockerignore.some((entry) => source === entry || source.startsWith(`${entry}/`))
 afterAll(() => rmSync(scratch, { recursive: true, force: true }))
 
 interface Built {
@@ -45,6 +51,7 @@ function build(stage: Stage, built: Map<string, Built>): Built {
       const origin = from === null ? ROOT : built.get(from)?.root
       if (!origin) throw new Error(`COPY --from=${from}: no such stage before it`)
       for (const source of sources) {
+        if (from === null && leftOutOfContext(source)) throw new Error(`COPY ${source}: .dockerignore leaves it out of the build context`)
         const target = dest.endsWith('/') ? join(inRoot(dest), basename(source)) : inRoot(dest)
         cpSync(join(origin, source), target, { recursive: true })
       }
