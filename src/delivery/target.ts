@@ -1,6 +1,6 @@
 import { lookup } from 'node:dns/promises'
 import { isIP } from 'node:net'
-import { type Cidr, cidrContains, ipBytes, parseCidr } from '../lib/ip'
+import { canonicalIp, IpRanges } from '../lib/ip'
 
 /**
  * Where a webhook may point. Shared by the API (create/update) and the delivery worker, which checks
@@ -12,7 +12,7 @@ export const MAX_WEBHOOK_URL_LENGTH = 2048
 // Everything that is not globally routable unicast: loopback, RFC 1918, CGNAT, link-local (cloud
 // metadata lives at 169.254.169.254), documentation, benchmarking, multicast, reserved, and the IPv6
 // equivalents plus the prefixes that embed an IPv4 address a router would translate.
-const NON_PUBLIC: readonly Cidr[] = [
+const NON_PUBLIC = IpRanges.of([
   '0.0.0.0/8',
   '10.0.0.0/8',
   '100.64.0.0/10',
@@ -41,17 +41,12 @@ const NON_PUBLIC: readonly Cidr[] = [
   'fe80::/10',
   'fec0::/10',
   'ff00::/8',
-].map((text) => {
-  const cidr = parseCidr(text)
-  if (!cidr) throw new Error(`bad built-in range ${text}`)
-  return cidr
-})
+])
 
 /** True when the address is globally routable unicast (IPv4-mapped IPv6 is judged as its IPv4). */
 export function isPublicAddress(address: string): boolean {
-  const bytes = ipBytes(address)
-  if (!bytes) return false
-  return !NON_PUBLIC.some((range) => cidrContains(range, bytes))
+  const ip = canonicalIp(address)
+  return ip !== null && !NON_PUBLIC.has(ip)
 }
 
 export class TargetError extends Error {}
