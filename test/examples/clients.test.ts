@@ -32,12 +32,16 @@ function goCommand(): Client['command'] {
   return [binary]
 }
 
+// A python3 of pyenv's may come first on PATH without the package that Debian's python3-cryptography
+// gives the system's /usr/bin/python3.
+const python = ['python3', '/usr/bin/python3'].find((bin) => onPath([bin, '-c', 'import cryptography']))
+
 const clients: Client[] = [
   { name: 'node', command: ['node', join(REPO_ROOT, 'examples', 'node', 'license-check.mjs')] },
   {
     name: 'python',
-    command: onPath(['python3', '-c', 'import cryptography'])
-      ? ['python3', join(REPO_ROOT, 'examples', 'python', 'license_check.py')]
+    command: python
+      ? [python, join(REPO_ROOT, 'examples', 'python', 'license_check.py')]
       : { missing: 'python3 with the cryptography package (apt-get install python3-cryptography, or pip install cryptography)' },
   },
   { name: 'go', command: goCommand() },
