@@ -91,14 +91,21 @@ const PUBLIC_ERRORS: Record<PublicErrorCode, string> = {
   system_error: 'an unexpected failure',
 }
 
-/** Groups codes by status, in the order given. */
-function byStatus<C extends string>(codes: readonly C[], statusOf: (code: C) => number): Map<number, C[]> {
-  const groups = new Map<number, C[]>()
+/**
+ * One schema per status, for the codes of that status in the order given. The keys are typed as the literal
+ * statuses of `codes` (`statusOf` returns them from an `as const` table): Object.fromEntries cannot say so.
+ */
+function schemasByStatus<C extends string, S extends number, Body>(
+  codes: readonly C[],
+  statusOf: (code: C) => S,
+  body: (group: C[]) => Body,
+): ErrorResponses<S, Body> {
+  const groups = new Map<S, C[]>()
   for (const code of codes) {
     const status = statusOf(code)
     groups.set(status, [...(groups.get(status) ?? []), code])
   }
-  return groups
+  return Object.fromEntries([...groups].map(([status, group]) => [status, body(group)])) as ErrorResponses<S, Body>
 }
 
 // An enum of the codes; UnionEnum's own default (the first code) would read as the usual failure.
@@ -119,19 +126,28 @@ function apiErrorBody(codes: readonly ApiErrorCode[], description: string, messa
 }
 
 /** What every authenticated request can fail with, whatever the route. */
-const EVERY_API_ROUTE: ApiErrorCode[] = ['invalid_api_key', 'rate_limited', 'internal_error']
+const EVERY_API_ROUTE = ['invalid_api_key', 'rate_limited', 'internal_error'] as const satisfies ApiErrorCode[]
+type EveryApiRoute = (typeof EVERY_API_ROUTE)[number]
+
+type ApiStatus<C extends ApiErrorCode> = (typeof API_ERRORS)[C]['status']
+type EveryPublicRoute = 'bad_request' | 'rate_limited' | 'system_error'
+type ApiErrorBody = ReturnType<typeof apiErrorBody>
+/**
+ * The statuses as literal keys, as a hand-written `{ 404: … }` would have them: a typed client (Eden)
+ * reads a route's error statuses and bodies from these keys, and an index signature would hide them.
+ */
+type ErrorResponses<S extends number, Body> = { [Status in S]: Body }
 
 /**
  * The error responses of a Developer API route that reads no body (a GET): the key check, the rate
  * limit and an unexpected failure, plus `codes`, what the route's own checks give.
  */
-export function apiErrors(...codes: ApiErrorCode[]) {
-  const all = [...new Set([...codes, ...EVERY_API_ROUTE])]
-  return Object.fromEntries(
-    [...byStatus(all, (c) => API_ERRORS[c].status)].map(([status, group]) => [
-      status,
-      apiErrorBody(group, describe(group, (c) => API_ERRORS[c].when), API_ERRORS[group[0]!].message),
-    ]),
+export function apiErrors<C extends ApiErrorCode>(...codes: C[]): ErrorResponses<ApiStatus<C | EveryApiRoute>, ApiErrorBody> {
+  const all = [...new Set<C | EveryApiRoute>([...codes, ...EVERY_API_ROUTE])]
+  return schemasByStatus(
+    all,
+    (c) => API_ERRORS[c].status,
+    (group) => apiErrorBody(group, describe(group, (c) => API_ERRORS[c].when), API_ERRORS[group[0]!].message),
   )
 }
 
@@ -140,9 +156,9 @@ export function apiErrors(...codes: ApiErrorCode[]) {
  * takes none: the body is parsed, and refused, before the route runs): `apiErrors` with `bad_request`
  * at 400 (malformed JSON, an unknown field) and at 413.
  */
-export function apiBodyErrors(...codes: ApiErrorCode[]) {
+export function apiBodyErrors<C extends ApiErrorCode>(...codes: C[]) {
   return {
-    ...apiErrors('bad_request', ...codes),
+    ...apiErrors<C | 'bad_request'>('bad_request', ...codes),
     413: apiErrorBody(['bad_request'], TOO_LARGE('1 MiB'), 'Request body is too large'),
   }
 }
@@ -159,14 +175,13 @@ function publicErrorBody(codes: readonly PublicErrorCode[], description: string)
  * limits and an unexpected failure, plus `codes`, what the endpoint's own checks give. Statuses come
  * from the contract's table (PUBLIC_ERROR_STATUS).
  */
-export function publicErrors(...codes: PublicErrorCode[]) {
-  const all = [...new Set<PublicErrorCode>(['bad_request', ...codes, 'rate_limited', 'system_error'])]
+export function publicErrors<C extends PublicErrorCode>(...codes: C[]) {
+  const all = [...new Set<C | EveryPublicRoute>(['bad_request', ...codes, 'rate_limited', 'system_error'])]
   return {
-    ...Object.fromEntries(
-      [...byStatus(all, (c) => PUBLIC_ERROR_STATUS[c])].map(([status, group]) => [
-        status,
-        publicErrorBody(group, describe(group, (c) => PUBLIC_ERRORS[c])),
-      ]),
+    ...schemasByStatus(
+      all,
+      (c) => PUBLIC_ERROR_STATUS[c],
+      (group) => publicErrorBody(group, describe(group, (c) => PUBLIC_ERRORS[c])),
     ),
     413: publicErrorBody(['bad_request'], TOO_LARGE('16 KiB')),
   }
