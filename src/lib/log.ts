@@ -45,11 +45,10 @@ const SECRET_NAMES = [
 /** Hyphenated header names: bracket syntax in a redaction path. */
 const SECRET_HEADERS = ['x-api-key', 'set-cookie', 'proxy-authorization']
 
-/** The names at the top level and two levels down (an error's cause, a header map, a row in a list). */
-export const REDACTED_PATHS = [
-  ...SECRET_NAMES.flatMap((name) => [name, `*.${name}`, `*.*.${name}`]),
-  ...SECRET_HEADERS.flatMap((name) => [`["${name}"]`, `*["${name}"]`]),
-]
+/** The names at the top level and two levels down (an error's cause, a request's header map, a row in a list). */
+export const REDACTED_PATHS = [...SECRET_NAMES.map((name) => `.${name}`), ...SECRET_HEADERS.map((name) => `["${name}"]`)].flatMap(
+  (key) => [key.replace(/^\./, ''), `*${key}`, `*.*${key}`],
+)
 
 const cut = (text: string, max: number) => (text.length > max ? `${text.slice(0, max)}…` : text)
 
