@@ -88,8 +88,10 @@ async function main(): Promise<void> {
   })
   const port = app.server?.port ?? config.port
   // The first process alone: it gathers the others' series, so one scrape there describes the server.
-  const metricsListener = config.metricsPort !== null && index === 0 ? internalMetricsApp(ctx.metrics, scrape) : null
-  metricsListener?.listen({ hostname: config.metricsHost, port: config.metricsPort ?? 0 })
+  const metricsListener =
+    config.metricsPort !== null && index === 0
+      ? internalMetricsApp(ctx.metrics, scrape).listen({ hostname: config.metricsHost, port: config.metricsPort })
+      : null
 
   let others: OtherServerProcesses | null = null
   let stopping = false
