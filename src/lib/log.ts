@@ -105,11 +105,13 @@ export function setLogDestination(destination: DestinationStream = stderr()): vo
 /** Whether a line at `level` would be written: lets a caller skip building its fields. */
 export const logs = (level: LogLevel): boolean => logger.isLevelEnabled(level)
 
+// The message goes in with the fields, ahead of them, so a line reads time, level, msg, fields as it did
+// before pino (which otherwise writes msg last) and what matches `"msg":"listening","url"` still does.
 export const log = {
-  debug: (msg: string, fields?: Record<string, unknown>) => logger.debug(fields ?? {}, msg),
-  info: (msg: string, fields?: Record<string, unknown>) => logger.info(fields ?? {}, msg),
-  warn: (msg: string, fields?: Record<string, unknown>) => logger.warn(fields ?? {}, msg),
-  error: (msg: string, fields?: Record<string, unknown>) => logger.error(fields ?? {}, msg),
+  debug: (msg: string, fields?: Record<string, unknown>) => logger.debug({ msg, ...fields }),
+  info: (msg: string, fields?: Record<string, unknown>) => logger.info({ msg, ...fields }),
+  warn: (msg: string, fields?: Record<string, unknown>) => logger.warn({ msg, ...fields }),
+  error: (msg: string, fields?: Record<string, unknown>) => logger.error({ msg, ...fields }),
 }
 
 /** How often one message logged through `logEvery` may appear. */

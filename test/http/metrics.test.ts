@@ -89,11 +89,12 @@ describe('webhooks', () => {
     expect(created.status, JSON.stringify(created.body)).toBe(201)
     expect(sample(await scrape(t), 'webhook_backlog{stage="undispatched_events"}')).toBe(before + 2)
 
+    // The dispatcher sends whatever the shared test database still owes too: only these four are known.
     await using _d = startDispatcher(t.ctx, { pollMs: 50 })
     await until(async () => {
       const text = await scrape(t)
-      return sample(text, 'webhook_deliveries_total{outcome="success"}') === 2 && sample(text, 'webhook_deliveries_total{outcome="http_error"}') === 2
-    }, 'four deliveries counted')
+      return sample(text, 'webhook_deliveries_total{outcome="success"}') >= 2 && sample(text, 'webhook_deliveries_total{outcome="http_error"}') >= 2
+    }, 'four deliveries counted', 60_000)
     expect(rx.received).toHaveLength(4)
   })
 })
