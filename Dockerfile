@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
 
 # Production dependencies exactly as package-lock.json pins them (npm ci); the Bun image carries no npm.
+# bun is a devDependency: the base image below brings the runtime, so --omit=dev leaves out a second one.
 FROM node:22-bookworm-slim AS deps
 WORKDIR /app
 COPY package.json package-lock.json ./
@@ -23,7 +24,9 @@ USER bun
 # The embedded database, the development master key and the operator socket live here.
 VOLUME /data
 EXPOSE 3000
-# HTTPS when TLS_CERT_FILE is set; the certificate names the public host, not 127.0.0.1, so it is not checked.
-HEALTHCHECK --interval=30s --timeout=5s --start-period=30s \
-  CMD bun -e "const e = process.env; fetch((e.TLS_CERT_FILE ? 'https' : 'http') + '://127.0.0.1:' + (e.PORT || 3000) + '/healthz', { tls: { rejectUnauthorized: false } }).then((r) => process.exit(r.ok ? 0 : 1), () => process.exit(1))"
+# GET /healthz on the server's own HOST, PORT and scheme, read from the settings the server reads.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
+  CMD ["bun", "src/healthcheck.ts"]
+# Exec form: bun itself receives docker stop's SIGTERM (a shell in between would not pass it on) and
+# shuts down cleanly; as PID 1 it ignores signals it has no handler for until main.ts installs them.
 CMD ["bun", "src/main.ts"]

@@ -121,11 +121,12 @@ function redisSettings(env: Env): Pick<Config, 'redisUrl' | 'redisClusterShards'
   }
 }
 
-function masterKey(env: Env): Buffer | null {
-  const raw = optional(env, 'MASTER_KEY')
+/** A 32-byte key from the variable `name` (MASTER_KEY; the CLI's NEW_MASTER_KEY when rotating); null when unset. */
+export function masterKeyFrom(env: Env, name: string): Buffer | null {
+  const raw = optional(env, name)
   if (raw === null) return null
   const key = /^[0-9a-fA-F]{64}$/.test(raw) ? Buffer.from(raw, 'hex') : Buffer.from(raw, 'base64')
-  if (key.length !== 32) throw new ConfigError('MASTER_KEY must be 32 bytes, as 64 hex characters or base64')
+  if (key.length !== 32) throw new ConfigError(`${name} must be 32 bytes, as 64 hex characters or base64`)
   return key
 }
 
@@ -210,7 +211,7 @@ export function loadConfig(env: Env = process.env): Readonly<Config> {
     sessionTtlSeconds: int(env, 'SESSION_TTL_SECONDS', 86_400, 3600, 604_800),
     tlsCertFile,
     tlsKeyFile,
-    masterKey: masterKey(env),
+    masterKey: masterKeyFrom(env, 'MASTER_KEY'),
     logLevel: logLevel as Config['logLevel'],
     metricsPort,
     metricsHost,

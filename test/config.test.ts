@@ -137,6 +137,8 @@ describe('a bad value is a ConfigError naming the setting', () => {
     ['REDIS_URL', 'http://cache'],
     ['TRUSTED_PROXIES', '10.0.0.0/8,nope'],
     ['TRUSTED_PROXIES', '10.0.0.0/33'],
+    ['TRUSTED_PROXIES', '010.0.0.0/8'],
+    ['TRUSTED_PROXIES', 'fe80::%eth0/10'],
     ['WEBHOOK_ALLOW_PRIVATE_TARGETS', 'maybe'],
     ['SANDBOX_DAILY_CEILING', '0'],
     ['VALIDATE_LIMIT_PER_IP', '1.5'],

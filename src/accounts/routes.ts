@@ -2,7 +2,7 @@ import { Elysia } from 'elysia'
 import { getAccount } from './service'
 import type { Context } from '../context'
 import { apiKeyAuth } from '../http/auth'
-import { accountErrors } from '../lib/model'
+import { apiErrors } from '../http/openapi'
 import { AccountResponse } from './model'
 
 export const accountRoutes = (ctx: Context) =>
@@ -10,8 +10,9 @@ export const accountRoutes = (ctx: Context) =>
     .use(apiKeyAuth(ctx))
     .get('/account', ({ accountId }) => getAccount(ctx, accountId), {
       apiKey: true,
-      response: { 200: AccountResponse, ...accountErrors },
+      response: { 200: AccountResponse, ...apiErrors('not_found') },
       detail: {
+        operationId: 'getAccount',
         tags: ['Account'],
         summary: 'The account of the API key',
         description: 'Name and credit balance.',

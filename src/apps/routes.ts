@@ -11,7 +11,7 @@ import {
 import type { Context } from '../context'
 import { apiKeyAuth } from '../http/auth'
 import { noBody } from '../http/no-body'
-import { accountErrors, apiErrors } from '../lib/model'
+import { apiBodyErrors, apiErrors } from '../http/openapi'
 import {
   AppIdParams,
   AppListResponse,
@@ -38,8 +38,9 @@ export const appRoutes = (ctx: Context) =>
       {
         apiKey: true,
         body: CreateAppBody,
-        response: { 201: CreatedAppResponse, ...accountErrors },
+        response: { 201: CreatedAppResponse, ...apiBodyErrors() },
         detail: {
+          operationId: 'createApp',
           tags: ['Apps'],
           summary: 'Create an app',
           description:
@@ -49,8 +50,8 @@ export const appRoutes = (ctx: Context) =>
     )
     .get('/apps', ({ accountId }) => listApps(ctx, accountId), {
       apiKey: true,
-      response: { 200: AppListResponse, ...accountErrors },
-      detail: { tags: ['Apps'], summary: "List the account's apps", description: 'Newest first.' },
+      response: { 200: AppListResponse, ...apiErrors() },
+      detail: { operationId: 'listApps', tags: ['Apps'], summary: "List the account's apps", description: 'Newest first.' },
     })
     .get(
       '/apps/:appId/signing-keys',
@@ -61,8 +62,9 @@ export const appRoutes = (ctx: Context) =>
       {
         apiKey: true,
         params: AppIdParams,
-        response: { 200: SigningKeyListResponse, ...apiErrors },
+        response: { 200: SigningKeyListResponse, ...apiErrors('bad_request', 'forbidden') },
         detail: {
+          operationId: 'listSigningKeys',
           tags: ['Apps'],
           summary: 'List signing keys',
           description:
@@ -82,8 +84,9 @@ export const appRoutes = (ctx: Context) =>
         apiKey: true,
         noBody: true,
         params: AppIdParams,
-        response: { 201: RotatedKeyResponse, ...apiErrors },
+        response: { 201: RotatedKeyResponse, ...apiBodyErrors('forbidden') },
         detail: {
+          operationId: 'rotateSigningKey',
           tags: ['Apps'],
           summary: 'Rotate the signing key',
           description:
@@ -95,8 +98,9 @@ export const appRoutes = (ctx: Context) =>
       apiKey: true,
       params: AppIdParams,
       body: UpdateAppBody,
-      response: { 200: AppSummary, ...apiErrors },
+      response: { 200: AppSummary, ...apiBodyErrors('forbidden') },
       detail: {
+        operationId: 'updateApp',
         tags: ['Apps'],
         summary: 'Rename, disable or re-enable an app',
         description:
@@ -116,8 +120,9 @@ export const appRoutes = (ctx: Context) =>
         apiKey: true,
         noBody: true,
         params: AppIdParams,
-        response: { 201: AppSecretResponse, ...apiErrors },
+        response: { 201: AppSecretResponse, ...apiBodyErrors('forbidden') },
         detail: {
+          operationId: 'rotateAppSecret',
           tags: ['Apps'],
           summary: 'Rotate the app secret',
           description:

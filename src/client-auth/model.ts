@@ -1,7 +1,8 @@
 import { Type } from '@sinclair/typebox'
 import { t } from 'elysia'
-import { PublicErrorBody, Text } from '../lib/model'
-import { SignedResponse } from '../signing/payloads'
+import { EXAMPLE } from '../lib/examples'
+import { Text } from '../lib/model'
+import { SignedPayload, SignedResponse } from '../signing/model'
 
 const appId = Text({ minLength: 1, maxLength: 64, description: 'The application id (UUID)' })
 const hwid = Text({ minLength: 1, maxLength: 128, description: 'Hardware id of the device, 1 to 128 characters' })
@@ -28,14 +29,28 @@ export const ValidateBody = t.Object({
   ttlSeconds: t.Optional(
     Type.Integer({ description: 'Requested session lifetime; clamped to [3600, 604800]. Default SESSION_TTL_SECONDS.' }),
   ),
-}, tolerant)
+}, {
+  ...tolerant,
+  examples: [
+    {
+      appId: EXAMPLE.appId,
+      appSecret: EXAMPLE.appSecret,
+      licenseKey: EXAMPLE.licenseKey,
+      hwid: EXAMPLE.hwid,
+      nonce: 'c1d4e7a09b3f4e12',
+    },
+  ],
+})
 
 export const HeartbeatBody = t.Object({
   appId,
   sessionToken,
   hwid,
   nonce: t.Optional(Text({ minLength: 1, maxLength: 128, description: 'Echoed in the signed payload; not enforced' })),
-}, tolerant)
+}, {
+  ...tolerant,
+  examples: [{ appId: EXAMPLE.appId, sessionToken: SignedPayload.examples[0].sessionToken, hwid: EXAMPLE.hwid, nonce: '5e0b9f27d3a14c86' }],
+})
 
 export const SelfbanBody = t.Object({
   appId,
@@ -47,28 +62,23 @@ export const SelfbanBody = t.Object({
   revokeLicense: t.Optional(t.Boolean({ description: 'Default false pre-session (true fails), true post-session' })),
   blacklistHwid: t.Optional(t.Boolean({ description: 'Default true' })),
   blacklistIp: t.Optional(t.Boolean({ description: 'Default true' })),
-}, tolerant)
+}, {
+  ...tolerant,
+  examples: [{ appId: EXAMPLE.appId, hwid: EXAMPLE.hwid, sessionToken: SignedPayload.examples[0].sessionToken }],
+})
 
-export { SignedResponse }
+export { SignedPayload, SignedResponse }
 
 export const SelfbanResponse = t.Object({
   status: t.Literal('success'),
   mode: t.Union([t.Literal('pre_session'), t.Literal('post_session')]),
   performed: t.Object({ revokeLicense: t.Boolean(), blacklistHwid: t.Boolean(), blacklistIp: t.Boolean() }),
+}, {
+  description: 'Reported; `performed` lists the changes this call made',
+  examples: [
+    { status: 'success', mode: 'post_session', performed: { revokeLicense: true, blacklistHwid: true, blacklistIp: true } },
+  ],
 })
-
-const failure = (description: string) => ({ ...PublicErrorBody, description })
-
-/** The contract's public failure table, spread into each client route's `response`. */
-export const publicErrors = {
-  400: failure('bad_request: missing, mistyped or oversized fields; malformed JSON'),
-  401: failure('invalid_app, invalid_key, session_expired, replay_detected'),
-  403: failure('blocked, app_disabled, hwid_mismatch, revoke_requires_session'),
-  410: failure('expired, revoked'),
-  413: failure('bad_request: body over 16 KiB'),
-  429: failure('rate_limited (Retry-After header), demo_quota_exceeded, no_credits'),
-  500: failure('system_error'),
-} as const
 
 export type ValidateInput = typeof ValidateBody.static
 export type HeartbeatInput = typeof HeartbeatBody.static

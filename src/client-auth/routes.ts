@@ -4,19 +4,32 @@ import { selfban } from './selfban'
 import { validate } from './validate'
 import type { Context } from '../context'
 import { ClientAddresses } from '../http/client-ip'
-import { HeartbeatBody, publicErrors, SelfbanBody, SelfbanResponse, SignedResponse, ValidateBody } from './model'
+import { publicErrors } from '../http/openapi'
+import { SIGNED_PAYLOAD_MODEL } from '../signing/model'
+import { HeartbeatBody, SelfbanBody, SelfbanResponse, SignedPayload, SignedResponse, ValidateBody } from './model'
 
 const tags = ['Client authentication']
+// The app secret or session token in the body authenticates: no bearer key.
+const security: [] = []
+
+/** What every request naming an app can fail with before the endpoint's own checks: the app, its sandbox ceiling. */
+const APP_CHECKS = ['invalid_app', 'app_disabled', 'demo_quota_exceeded'] as const
 
 export const clientRoutes = (ctx: Context) => {
   const addresses = new ClientAddresses(ctx.config.trustedProxies)
   const ipOf = (request: Request, server: { requestIP(r: Request): { address: string } | null } | null) =>
     addresses.of(server?.requestIP(request)?.address ?? null, request.headers.get('x-forwarded-for'))
   return new Elysia({ name: 'routes-client', prefix: '/auth' })
+    .model({ [SIGNED_PAYLOAD_MODEL]: SignedPayload })
     .post('/validate', ({ body, request, server }) => validate(ctx, body, ipOf(request, server)), {
       body: ValidateBody,
-      response: { 200: SignedResponse, ...publicErrors },
+      response: {
+        200: SignedResponse,
+        ...publicErrors(...APP_CHECKS, 'replay_detected', 'blocked', 'invalid_key', 'expired', 'revoked', 'hwid_mismatch', 'no_credits'),
+      },
       detail: {
+        operationId: 'validateLicense',
+        security,
         tags,
         summary: 'Log in with a license key',
         description:
@@ -28,8 +41,13 @@ export const clientRoutes = (ctx: Context) => {
     })
     .post('/heartbeat', ({ body, request, server }) => heartbeat(ctx, body, ipOf(request, server)), {
       body: HeartbeatBody,
-      response: { 200: SignedResponse, ...publicErrors },
+      response: {
+        200: SignedResponse,
+        ...publicErrors(...APP_CHECKS, 'session_expired', 'blocked', 'invalid_key', 'expired', 'revoked', 'no_credits'),
+      },
       detail: {
+        operationId: 'sendHeartbeat',
+        security,
         tags,
         summary: 'Refresh a session',
         description:
@@ -40,8 +58,13 @@ export const clientRoutes = (ctx: Context) => {
     })
     .post('/selfban', ({ body, request, server }) => selfban(ctx, body, ipOf(request, server)), {
       body: SelfbanBody,
-      response: { 200: SelfbanResponse, ...publicErrors },
+      response: {
+        200: SelfbanResponse,
+        ...publicErrors(...APP_CHECKS, 'session_expired', 'replay_detected', 'revoke_requires_session', 'invalid_key'),
+      },
       detail: {
+        operationId: 'reportTampering',
+        security,
         tags,
         summary: 'Report tampering',
         description:

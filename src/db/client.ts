@@ -45,6 +45,12 @@ const MIN_POOL_SHARE = 4
 export const poolSizePerProcess = (serverProcesses: number) =>
   Math.max(MIN_POOL_SHARE, Math.ceil(REQUEST_POOL_SIZE / serverProcesses))
 
+/** The application_name of the connections that serve requests or deliveries. */
+export const SERVER_CONNECTION_NAME = 'license-service'
+
+/** Session lock a starting process holds while it migrates; held by whatever must not overlap a start. */
+export const MIGRATION_LOCK = 7428531
+
 /**
  * postgres.js settings of every pool that serves requests or deliveries. Its default back-off grows
  * with every failed connect, shared by the pool, to 10-20 s: after an outage each query then waits
@@ -53,6 +59,8 @@ export const poolSizePerProcess = (serverProcesses: number) =>
  */
 export const POOL_OPTIONS = {
   onnotice: () => {},
+  // How `master-key rotate` sees, in pg_stat_activity, a server still connected that holds the old key.
+  connection: { application_name: SERVER_CONNECTION_NAME },
   backoff: (retries: number) => Math.min(0.05 * 2 ** retries, 1),
   // A connect that gets no answer (a server going down or coming up) otherwise holds its query 30 s.
   connect_timeout: 5,
@@ -69,7 +77,7 @@ export async function openDb(options: OpenDbOptions): Promise<Database> {
     // Two processes starting at once must not both run a migration: a session lock on one connection.
     const lockConn = postgres(options.databaseUrl, { max: 1, onnotice: () => {} })
     try {
-      await lockConn`SELECT pg_advisory_lock(7428531)`
+      await lockConn.unsafe(`SELECT pg_advisory_lock(${MIGRATION_LOCK})`)
       await migrate(drizzle({ client: lockConn }), { migrationsFolder })
     } finally {
       await lockConn.end({ timeout: 5 })

@@ -1,6 +1,6 @@
 import { lookup } from 'node:dns/promises'
 import { isIP } from 'node:net'
-import { type Cidr, cidrContains, ipBytes, parseCidr } from '../lib/ip'
+import { canonicalIp, IpRanges } from '../lib/ip'
 
 /**
  * Where a webhook may point. Shared by the API (create/update) and the delivery worker, which checks
@@ -9,10 +9,17 @@ import { type Cidr, cidrContains, ipBytes, parseCidr } from '../lib/ip'
 
 export const MAX_WEBHOOK_URL_LENGTH = 2048
 
-// Everything that is not globally routable unicast: loopback, RFC 1918, CGNAT, link-local (cloud
-// metadata lives at 169.254.169.254), documentation, benchmarking, multicast, reserved, and the IPv6
-// equivalents plus the prefixes that embed an IPv4 address a router would translate.
-const NON_PUBLIC: readonly Cidr[] = [
+// IPv6 outside 2000::/3 is never globally routable unicast: ::/8 (unspecified, loopback, IPv4-compatible
+// and the RFC 6145 IPv4-translated ::ffff:0:0:0/96), 64:ff9b::/96 and 64:ff9b:1::/48 (NAT64, which
+// would reach the IPv4 address they embed), 100::/64 (discard), 5f00::/16 (SRv6), fc00::/7 (unique
+// local), fe80::/10 (link-local), fec0::/10 (site-local), ff00::/8 (multicast) and the unassigned rest.
+// IPv4 is all admitted here, the IPv4-mapped form included, and judged by NON_PUBLIC below.
+const ROUTABLE = IpRanges.of(['0.0.0.0/0', '2000::/3'])
+
+// Inside those: loopback, RFC 1918, CGNAT, link-local (cloud metadata lives at 169.254.169.254),
+// documentation, benchmarking, multicast, reserved; 2001::/23 (IETF protocols, Teredo among them, which
+// embeds an IPv4 address), 2002::/16 (6to4, likewise) and the IPv6 documentation prefixes.
+const NON_PUBLIC = IpRanges.of([
   '0.0.0.0/8',
   '10.0.0.0/8',
   '100.64.0.0/10',
@@ -28,30 +35,16 @@ const NON_PUBLIC: readonly Cidr[] = [
   '203.0.113.0/24',
   '224.0.0.0/4',
   '240.0.0.0/4',
-  '::/128',
-  '::1/128',
-  '::/96',
-  '64:ff9b::/96',
-  '64:ff9b:1::/48',
-  '100::/64',
   '2001::/23',
   '2001:db8::/32',
   '2002::/16',
-  'fc00::/7',
-  'fe80::/10',
-  'fec0::/10',
-  'ff00::/8',
-].map((text) => {
-  const cidr = parseCidr(text)
-  if (!cidr) throw new Error(`bad built-in range ${text}`)
-  return cidr
-})
+  '3fff::/20',
+])
 
 /** True when the address is globally routable unicast (IPv4-mapped IPv6 is judged as its IPv4). */
 export function isPublicAddress(address: string): boolean {
-  const bytes = ipBytes(address)
-  if (!bytes) return false
-  return !NON_PUBLIC.some((range) => cidrContains(range, bytes))
+  const ip = canonicalIp(address)
+  return ip !== null && ROUTABLE.has(ip) && !NON_PUBLIC.has(ip)
 }
 
 export class TargetError extends Error {}

@@ -1,43 +1,47 @@
-import { canonicalIp, type Cidr, cidrContains, ipBytes } from '../lib/ip'
+import { type CanonicalIp, canonicalIp, type Cidr, IpRanges } from '../lib/ip'
+
+const UNSPECIFIED = '0.0.0.0' as CanonicalIp
 
 /**
  * Which address a request comes from: the socket peer, unless that peer is a trusted proxy; then the
  * right-most X-Forwarded-For hop that is not itself a trusted proxy. One per server.
  */
 export class ClientAddresses {
-  readonly #proxies: readonly Cidr[]
+  readonly #proxies: IpRanges
   // Keep-alive connections repeat the same peer request after request: its canonical text is kept.
-  // Measured: canonicalIp takes about 0.2 µs for IPv4 and 1 µs for an IPv4-mapped IPv6 peer (what a
-  // dual-stack listener reports), against a few tens of µs for a whole validate.
+  // Measured: canonicalIp takes about 0.04 µs for an IPv4 peer, 0.2 µs for an IPv4-mapped one (what a
+  // dual-stack listener reports) and 0.8 µs for other IPv6, against a few tens of µs for a whole validate.
   #lastPeer = ''
-  #lastPeerCanonical = ''
+  #lastPeerCanonical: CanonicalIp | null = null
 
   constructor(proxies: readonly Cidr[]) {
-    this.#proxies = proxies
+    this.#proxies = new IpRanges(proxies)
   }
 
   of(peer: string | null, forwardedFor: string | null): string {
-    const socket = peer ? this.#canonicalPeer(peer) : '0.0.0.0'
-    if (!forwardedFor || this.#proxies.length === 0 || !this.#trusted(socket)) return socket
+    // No peer is what an in-process request (app.handle) has.
+    if (!peer) return this.#forwarded(UNSPECIFIED, forwardedFor)
+    const socket = this.#canonicalPeer(peer)
+    // A peer that is no address (not one Bun reports for TCP) is named as it came and trusted for nothing.
+    return socket === null ? peer : this.#forwarded(socket, forwardedFor)
+  }
+
+  #forwarded(socket: CanonicalIp, forwardedFor: string | null): string {
+    if (!forwardedFor || this.#proxies.size === 0 || !this.#proxies.has(socket)) return socket
     const hops = forwardedFor.split(',').map((h) => h.trim()).filter(Boolean)
     for (let i = hops.length - 1; i >= 0; i--) {
       const hop = canonicalIp(hops[i] ?? '')
       if (hop === null) return socket
-      if (!this.#trusted(hop)) return hop
+      if (!this.#proxies.has(hop)) return hop
     }
     return socket
   }
 
-  #canonicalPeer(peer: string): string {
+  #canonicalPeer(peer: string): CanonicalIp | null {
     if (peer !== this.#lastPeer) {
-      this.#lastPeerCanonical = canonicalIp(peer) ?? peer
+      this.#lastPeerCanonical = canonicalIp(peer)
       this.#lastPeer = peer
     }
     return this.#lastPeerCanonical
-  }
-
-  #trusted(ip: string): boolean {
-    const bytes = ipBytes(ip)
-    return bytes !== null && this.#proxies.some((c) => cidrContains(c, bytes))
   }
 }

@@ -3,6 +3,7 @@ import { swagger } from '@elysiajs/swagger'
 import { Elysia } from 'elysia'
 import pkg from '../../package.json'
 import type { Context } from '../context'
+import { ALSO_SERVES } from './openapi'
 
 // Swagger UI's files come from the installed package, so /docs renders with no internet access.
 const SWAGGER_UI_DIR = dirname(Bun.resolveSync('swagger-ui-dist/package.json', import.meta.dir))
@@ -16,6 +17,7 @@ const ASSETS = new Set([
   'favicon-16x16.png',
 ])
 
+// validatorUrl: null, or the page would fetch a validity badge from validator.swagger.io.
 const PAGE = `<!doctype html>
 <html lang="en">
 <head>
@@ -29,7 +31,7 @@ const PAGE = `<!doctype html>
   <div id="swagger-ui"></div>
   <script src="/docs/assets/swagger-ui-bundle.js"></script>
   <script>
-    window.ui = SwaggerUIBundle({ url: '/docs/json', dom_id: '#swagger-ui', deepLinking: true, persistAuthorization: true })
+    window.ui = SwaggerUIBundle({ url: '/docs/json', dom_id: '#swagger-ui', deepLinking: true, persistAuthorization: true, validatorUrl: null })
   </script>
 </body>
 </html>
@@ -54,16 +56,95 @@ ignored, a mistyped known field is 400 \`bad_request\`. Success responses of
 validate and heartbeat are signed: verify the Ed25519 \`signature\` over the base64 \`payload\` string as received
 with the app's public key, then decode the payload.`
 
+type Json = Record<string, any>
+
+/** The fields of a Response Object; the generator lifts every other keyword of a response schema into it. */
+const RESPONSE_FIELDS = new Set(['description', 'headers', 'content', 'links'])
+
+/** Where a schema nests schemas: the walk below visits every one. */
+const SUBSCHEMA_LISTS = ['anyOf', 'oneOf', 'allOf', 'prefixItems'] as const
+const SUBSCHEMA_MAPS = ['properties', 'patternProperties', '$defs'] as const
+const SUBSCHEMA_ONE = ['items', 'additionalProperties', 'not', 'contentSchema'] as const
+
+/** Drops OpenAPI 3.0's `nullable` (Elysia's t.Nullable writes it): 3.1 says null in the type union, as the anyOf beside it does. */
+function toJsonSchema(schema: unknown): void {
+  if (!schema || typeof schema !== 'object') return
+  const node = schema as Json
+  delete node.nullable
+  for (const key of SUBSCHEMA_LISTS) for (const child of node[key] ?? []) toJsonSchema(child)
+  for (const key of SUBSCHEMA_MAPS) for (const child of Object.values(node[key] ?? {})) toJsonSchema(child)
+  for (const key of SUBSCHEMA_ONE) toJsonSchema(node[key])
+}
+
+/** The member of a body schema that a text/plain body (read as a string by app.ts) can match, if any. */
+const textMember = (schema: Json): Json | undefined =>
+  schema.type === 'string' ? schema : (schema.anyOf as Json[] | undefined)?.find((s) => s.type === 'string')
+
+/**
+ * @elysiajs/swagger 1.3 writes a 3.0-shaped document around 3.1 (JSON Schema 2020-12) schemas. This puts
+ * the route schemas' own keywords back where OpenAPI 3.1 reads them and lists the media types the server
+ * really speaks, so the document stays generated from the same TypeBox schemas that validate:
+ * - request bodies: JSON (app.ts parses every body as JSON, whatever its Content-Type), plus text/plain on
+ *   a /v1 route whose body admits a string (the only Content-Type app.ts reads as text);
+ * - responses: JSON (the generator repeats them under the request's types) and what the route declares
+ *   in ALSO_SERVES, with the schema keywords the generator lifted into the Response Object (examples, a
+ *   title) returned to the schema;
+ * - parameters: the `examples` the generator lifted out of the schema returned to it;
+ * - schemas: no 3.0 `nullable`.
+ */
+function asOpenApi31(generated: Json): Json {
+  const doc: Json = JSON.parse(JSON.stringify(generated))
+  for (const [path, item] of Object.entries<Json>(doc.paths ?? {})) {
+    for (const operation of Object.values<Json>(item)) {
+      for (const parameter of operation.parameters ?? []) {
+        if (parameter.examples !== undefined) parameter.schema = { ...parameter.schema, examples: parameter.examples }
+        delete parameter.examples
+        toJsonSchema(parameter.schema)
+      }
+      const body = operation.requestBody?.content?.['application/json']?.schema
+      if (body) {
+        toJsonSchema(body)
+        const text = path.startsWith('/v1/') ? textMember(body) : undefined
+        operation.requestBody.content = {
+          'application/json': { schema: body },
+          ...(text ? { 'text/plain': { schema: text } } : {}),
+        }
+      }
+      for (const [status, response] of Object.entries<Json>(operation.responses ?? {})) {
+        const schema = response.content?.['application/json']?.schema
+        const lifted = Object.entries(response).filter(([key]) => !RESPONSE_FIELDS.has(key))
+        const fixed: Json = { description: response.description }
+        if (schema) {
+          const restored = { ...Object.fromEntries(lifted), ...schema }
+          toJsonSchema(restored)
+          fixed.content = { 'application/json': { schema: restored }, ...operation[ALSO_SERVES]?.[status] }
+        } else if (response.content) fixed.content = response.content
+        if (response.headers) fixed.headers = response.headers
+        operation.responses[status] = fixed
+      }
+      delete operation[ALSO_SERVES]
+    }
+  }
+  for (const schema of Object.values(doc.components?.schemas ?? {})) toJsonSchema(schema)
+  return doc
+}
+
+const SPEC_PATH = '/docs/json'
+
 /** The OpenAPI document at /docs/json (built by @elysiajs/swagger from every route's schema) and Swagger UI at /docs. */
 export const docsRoutes = (_deps: Context) =>
   new Elysia({ name: 'routes-docs' })
+    // Applies to the plugin's own routes, registered below: only its document is rewritten.
+    .onAfterHandle(({ path, response }) => (path === SPEC_PATH ? asOpenApi31(response as Json) : undefined))
     .use(
       swagger({
         path: '/docs',
-        specPath: '/docs/json',
+        specPath: SPEC_PATH,
         provider: 'swagger-ui',
         exclude: [/^\/docs/],
         documentation: {
+          // The plugin writes 3.0.3 whatever its schemas are; the document is 3.1 once asOpenApi31 ran.
+          openapi: '3.1.0',
           info: { title: 'License service API', version: pkg.version, description: DESCRIPTION },
           servers: [{ url: '/', description: 'This server' }],
           tags: [

@@ -10,6 +10,8 @@ const Readiness = t.Object({
   database: Check,
   store: Check,
 })
+// Probes and scrapers carry no key.
+const security: [] = []
 
 // A dependency that hangs is as unready as one that refuses: never let a probe wait for ever.
 const PING_TIMEOUT_MS = 2000
@@ -30,8 +32,12 @@ async function probe(ping: () => Promise<boolean>): Promise<'ok' | 'failed'> {
 export const opsRoutes = (ctx: Context) =>
   new Elysia({ name: 'routes-ops' })
     .get('/healthz', () => ({ status: 'ok' as const }), {
-      response: { 200: t.Object({ status: t.Literal('ok') }) },
+      response: {
+        200: t.Object({ status: t.Literal('ok') }, { description: 'Serving', examples: [{ status: 'ok' }] }),
+      },
       detail: {
+        operationId: 'checkHealth',
+        security,
         tags: ['Operations'],
         summary: 'Liveness',
         description: 'Answers 200 while the process serves HTTP; checks no dependency.',
@@ -49,8 +55,17 @@ export const opsRoutes = (ctx: Context) =>
         return { status: ready ? ('ok' as const) : ('unavailable' as const), database, store }
       },
       {
-        response: { 200: Readiness, 503: Readiness },
+        response: {
+          200: { ...Readiness, description: 'Ready', examples: [{ status: 'ok', database: 'ok', store: 'ok' }] },
+          503: {
+            ...Readiness,
+            description: 'Not ready: the failed dependency is named',
+            examples: [{ status: 'unavailable', database: 'ok', store: 'failed' }],
+          },
+        },
         detail: {
+          operationId: 'checkReadiness',
+          security,
           tags: ['Operations'],
           summary: 'Readiness',
           description:
@@ -69,6 +84,15 @@ export const metricsRoutes = (scrape: ServerMetrics) =>
       }),
     {
       detail: {
+        operationId: 'getMetrics',
+        security,
+        // No response schema (the body is text, not validated): the document's response is declared here.
+        responses: {
+          200: {
+            description: 'Prometheus text exposition format 0.0.4',
+            content: { 'text/plain': { schema: { type: 'string' } } },
+          },
+        },
         tags: ['Operations'],
         summary: 'Prometheus metrics',
         description:

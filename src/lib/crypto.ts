@@ -70,6 +70,9 @@ export function generateKeyId(): string {
   return `key_${randomToken(9)}`
 }
 
+/** A sealed value that the key at hand does not open. */
+class SealError extends Error {}
+
 /** Seals secrets at rest with AES-256-GCM: "v1.<iv>.<tag>.<ciphertext>", all base64url. */
 export class Sealer {
   readonly #key: Buffer
@@ -87,7 +90,12 @@ export class Sealer {
     if (version !== 'v1' || !iv || !tag || body === undefined) throw new Error('unrecognised sealed value')
     const decipher = createDecipheriv('aes-256-gcm', this.#key, Buffer.from(iv, 'base64url'))
     decipher.setAuthTag(Buffer.from(tag, 'base64url'))
-    return Buffer.concat([decipher.update(Buffer.from(body, 'base64url')), decipher.final()])
+    try {
+      return Buffer.concat([decipher.update(Buffer.from(body, 'base64url')), decipher.final()])
+    } catch {
+      // GCM's own message (unable to authenticate data) does not tell an operator what to do.
+      throw new SealError('a sealed value does not open with this master key: it was sealed with another one (after master-key rotate, start with MASTER_KEY set to the new key)')
+    }
   }
 }
 

@@ -1,4 +1,5 @@
 import { t } from 'elysia'
+import { EXAMPLE } from '../lib/examples'
 import { Count, StrictBody, Text } from '../lib/model'
 
 /** The instants an expiry may name: what PostgreSQL's timestamptz and a JS Date both hold, in plain ISO 8601. */
@@ -9,54 +10,61 @@ const isoDate = (description: string) => t.String({ format: 'date-time', descrip
 export const LicenseKeyParams = t.Object({
   licenseKey: Text({
     description: 'License key, XXXX-XXXX-XXXX-XXXX',
-    examples: ['K7QM-3XWT-9HFP-2RDN'],
+    examples: [EXAMPLE.licenseKey],
   }),
 })
 
 export const LicenseHwidParams = t.Composite([
   LicenseKeyParams,
   t.Object({
-    hwid: Text({ minLength: 1, maxLength: 128, description: 'A bound hardware ID', examples: ['hwid-7f3a9c2e'] }),
+    hwid: Text({ minLength: 1, maxLength: 128, description: 'A bound hardware ID', examples: [EXAMPLE.hwid] }),
   }),
 ])
 
+const LICENSE_EXAMPLE = {
+  licenseKey: EXAMPLE.licenseKey,
+  appId: EXAMPLE.appId,
+  status: 'active' as const,
+  expiresAt: EXAMPLE.expiresAt,
+  maxHwidSlots: 2,
+  unlimitedHwidSlots: false,
+  label: 'Order 10482',
+  createdAt: EXAMPLE.createdAt,
+}
+const WITH_HWIDS_EXAMPLE = { ...LICENSE_EXAMPLE, hwidList: [EXAMPLE.hwid, EXAMPLE.otherHwid] }
+
 /** A license as returned by create: everything but the bound HWIDs. */
 export const License = t.Object({
-  licenseKey: t.String({ examples: ['K7QM-3XWT-9HFP-2RDN'] }),
+  licenseKey: t.String(),
   appId: t.String({ format: 'uuid' }),
   status: t.Union([t.Literal('active'), t.Literal('revoked')]),
   expiresAt: t.Nullable(isoDate('Expiry; null means lifetime')),
-  maxHwidSlots: t.Integer({ minimum: 1, maximum: 16 }),
+  maxHwidSlots: Count({ minimum: 1, maximum: 16 }),
   unlimitedHwidSlots: t.Boolean({
     description: 'Shared unlimited-seat key: seat enforcement is skipped',
   }),
   label: t.Nullable(t.String({ maxLength: 128 })),
   createdAt: isoDate('Creation time, with milliseconds'),
-})
+}, { examples: [LICENSE_EXAMPLE] })
 
 /** A license with its bound HWIDs, as list and update return it. */
 export const LicenseWithHwids = t.Composite([
   License,
   t.Object({
-    hwidList: t.Array(t.String(), {
-      description: 'Bound hardware IDs, oldest binding first',
-      examples: [['hwid-2b81d04f', 'hwid-7f3a9c2e']],
-    }),
+    hwidList: t.Array(t.String(), { description: 'Bound hardware IDs, oldest binding first' }),
   }),
-])
+], { examples: [WITH_HWIDS_EXAMPLE] })
 
 /** The single-license view: adds `hwid`, the first (oldest) bound HWID or null. */
 export const LicenseDetail = t.Composite([
   LicenseWithHwids,
   t.Object({
-    hwid: t.Nullable(
-      t.String({ description: 'The first bound HWID, or null when none is bound', examples: ['hwid-2b81d04f'] }),
-    ),
+    hwid: t.Nullable(t.String({ description: 'The first bound HWID, or null when none is bound' })),
   }),
-])
+], { description: 'The license with its bound HWIDs', examples: [{ ...WITH_HWIDS_EXAMPLE, hwid: EXAMPLE.hwid }] })
 
 export const CreateLicensesBody = StrictBody({
-  appId: Text({ description: 'Application to issue for' }),
+  appId: Text({ description: 'Application to issue for', examples: [EXAMPLE.appId] }),
   quantity: t.Optional(Count({ minimum: 1, maximum: 100, default: 1 })),
   expiresAt: t.Optional(
     t.Nullable(Text({ description: `ISO 8601; null (or omitted) for lifetime; ${EXPIRY_RANGE_TEXT}` })),
@@ -71,12 +79,19 @@ export const CreateLicensesBody = StrictBody({
   ),
   unlimitedHwidSlots: t.Optional(t.Boolean({ default: false })),
   label: t.Optional(t.Nullable(Text({ maxLength: 128 }))),
+}, {
+  examples: [
+    { appId: EXAMPLE.appId, quantity: 1, expiresAt: EXAMPLE.expiresAt, maxHwidSlots: 2, label: 'Order 10482' },
+  ],
 })
 
-export const CreateLicensesResponse = t.Object({ licenses: t.Array(License) })
+export const CreateLicensesResponse = t.Object(
+  { licenses: t.Array(License) },
+  { description: 'The new licenses, all active', examples: [{ licenses: [LICENSE_EXAMPLE] }] },
+)
 
 export const ListLicensesQuery = t.Object({
-  appId: Text({ description: 'Application whose licenses to list' }),
+  appId: Text({ description: 'Application whose licenses to list', examples: [EXAMPLE.appId] }),
   limit: t.Optional(t.Integer({ minimum: 1, maximum: 200, default: 50 })),
   cursor: t.Optional(
     Text({ description: 'The cursor of the previous page, as returned; any other value gets 400' }),
@@ -88,6 +103,9 @@ export const ListLicensesResponse = t.Object({
   cursor: t.Nullable(
     t.String({ description: 'Pass back for the next page; null on the last page' }),
   ),
+}, {
+  description: 'One page of licenses, newest first',
+  examples: [{ licenses: [WITH_HWIDS_EXAMPLE], cursor: null }],
 })
 
 export const UpdateLicenseBody = StrictBody({
@@ -104,9 +122,12 @@ export const UpdateLicenseBody = StrictBody({
       }),
     ),
   ),
-})
+}, { examples: [{ action: 'extend', expiresAt: EXAMPLE.expiresAt }, { action: 'revoke' }] })
 
-export const UpdateLicenseResponse = t.Object({ ok: t.Literal(true), license: LicenseWithHwids })
+export const UpdateLicenseResponse = t.Object(
+  { ok: t.Literal(true), license: LicenseWithHwids },
+  { description: 'The license as it now stands', examples: [{ ok: true, license: WITH_HWIDS_EXAMPLE }] },
+)
 
 export type License = typeof License.static
 export type LicenseWithHwids = typeof LicenseWithHwids.static

@@ -10,7 +10,8 @@ import {
 import type { Context } from '../context'
 import { apiKeyAuth } from '../http/auth'
 import { noBody } from '../http/no-body'
-import { apiErrors, noCreditsError, notFoundError, OkBody } from '../lib/model'
+import { apiBodyErrors, apiErrors } from '../http/openapi'
+import { OkBody } from '../lib/model'
 import {
   CreateLicensesBody,
   CreateLicensesResponse,
@@ -38,8 +39,9 @@ export const licenseRoutes = (ctx: Context) =>
       {
         apiKey: true,
         body: CreateLicensesBody,
-        response: { 201: CreateLicensesResponse, ...apiErrors, ...noCreditsError },
+        response: { 201: CreateLicensesResponse, ...apiBodyErrors('forbidden', 'no_credits') },
         detail: {
+          operationId: 'createLicenses',
           tags,
           summary: 'Create licenses',
           description:
@@ -51,8 +53,9 @@ export const licenseRoutes = (ctx: Context) =>
     .get('', ({ accountId, query }) => listLicenses(ctx, accountId, query), {
       apiKey: true,
       query: ListLicensesQuery,
-      response: { 200: ListLicensesResponse, ...apiErrors },
+      response: { 200: ListLicensesResponse, ...apiErrors('bad_request', 'forbidden') },
       detail: {
+        operationId: 'listLicenses',
         tags,
         summary: 'List licenses of an app',
         description:
@@ -66,8 +69,9 @@ export const licenseRoutes = (ctx: Context) =>
       {
         apiKey: true,
         params: LicenseKeyParams,
-        response: { 200: LicenseDetail, ...apiErrors, ...notFoundError },
+        response: { 200: LicenseDetail, ...apiErrors('bad_request', 'forbidden', 'not_found') },
         detail: {
+          operationId: 'getLicense',
           tags,
           summary: 'Get a license',
           description:
@@ -83,8 +87,9 @@ export const licenseRoutes = (ctx: Context) =>
         apiKey: true,
         params: LicenseKeyParams,
         body: UpdateLicenseBody,
-        response: { 200: UpdateLicenseResponse, ...apiErrors, ...notFoundError },
+        response: { 200: UpdateLicenseResponse, ...apiBodyErrors('forbidden', 'not_found') },
         detail: {
+          operationId: 'updateLicense',
           tags,
           summary: 'Revoke, activate, extend or reset the HWIDs of a license',
           description:
@@ -102,8 +107,9 @@ export const licenseRoutes = (ctx: Context) =>
         apiKey: true,
         noBody: true,
         params: LicenseKeyParams,
-        response: { 200: OkBody, ...apiErrors, ...notFoundError },
+        response: { 200: OkBody, ...apiBodyErrors('forbidden', 'not_found') },
         detail: {
+          operationId: 'deleteLicense',
           tags,
           summary: 'Delete a license',
           description: 'Permanent. Bound devices fail their next heartbeat. Emits license.deleted.',
@@ -117,8 +123,9 @@ export const licenseRoutes = (ctx: Context) =>
         apiKey: true,
         noBody: true,
         params: LicenseHwidParams,
-        response: { 200: LicenseDetail, ...apiErrors, ...notFoundError },
+        response: { 200: LicenseDetail, ...apiBodyErrors('forbidden', 'not_found') },
         detail: {
+          operationId: 'releaseHwid',
           tags,
           summary: 'Release one HWID',
           description:

@@ -1,22 +1,18 @@
 /**
  * Operator CLI: `bun run cli <command> [flags]`. Prints one JSON object on the last line of stdout and
- * exits 0; on bad input prints one line on stderr and exits non-zero. Same settings as the server.
+ * exits 0, or help text for `--help`; a problem is one line on stderr and a non-zero exit (2 for bad
+ * input or settings). Same settings as the server.
  */
 import { existsSync } from 'node:fs'
 import { buildContext } from '../boot'
 import { ConfigError, loadConfig } from '../config'
 import { describeHolder, isLock, LOCK_WAIT_MS, lockDataDir } from '../db/data-dir-lock'
-import {
-  OperatorError,
-  type OperatorCommand,
-  parseCommand,
-  runCommand,
-  USAGE,
-} from './commands'
+import { type DataCommand, OperatorError, parseCommand, runCommand } from './commands'
 import { type OperatorReply, operatorSocketPath, usesOperatorSocket } from './socket'
+import { rotateMasterKey } from './rotate'
+import { Refused } from './args'
 import { errorFields, setLogLevel } from '../lib/log'
-
-class CliError extends Error {}
+import { ResealRefused } from '../signing/reseal'
 
 // Connection failures that prove no server listens: only then may the CLI open the database itself.
 const NO_SERVER = new Set(['ENOENT', 'ECONNREFUSED', 'ConnectionRefused', 'FailedToOpenSocket'])
@@ -37,12 +33,12 @@ async function viaServer(socket: string, argv: string[]): Promise<Record<string,
     throw err
   }
   const reply = (await res.json()) as OperatorReply
-  if (res.status === 400) throw new CliError(reply.error ?? 'bad input')
+  if (res.status === 400) throw new OperatorError(reply.error ?? 'bad input')
   if (!res.ok || !reply.result) throw new Error(reply.error ?? `the server answered ${res.status}`)
   return reply.result
 }
 
-async function direct(config: ReturnType<typeof loadConfig>, command: OperatorCommand) {
+async function direct(config: ReturnType<typeof loadConfig>, command: DataCommand) {
   const ctx = await buildContext(config)
   try {
     return await runCommand(ctx, command)
@@ -58,7 +54,7 @@ async function direct(config: ReturnType<typeof loadConfig>, command: OperatorCo
  * DATA_DIR lock so no server starts on the database meanwhile. A lock holder that does not answer
  * (another CLI, a server still starting) is waited for, briefly.
  */
-async function viaServerOrLocked(config: ReturnType<typeof loadConfig>, command: OperatorCommand, argv: string[]) {
+async function viaServerOrLocked(config: ReturnType<typeof loadConfig>, command: DataCommand, argv: string[]) {
   const socket = operatorSocketPath(config.dataDir)
   let answer = await viaServer(socket, argv)
   if (answer) return answer
@@ -67,7 +63,7 @@ async function viaServerOrLocked(config: ReturnType<typeof loadConfig>, command:
     return answer === null
   })
   if (answer) return answer
-  if (!isLock(lock)) throw new CliError(`${describeHolder(config.dataDir, lock)} and its operator socket does not answer`)
+  if (!isLock(lock)) throw new Refused(`${describeHolder(config.dataDir, lock)} and its operator socket does not answer`)
   try {
     return await direct(config, command)
   } finally {
@@ -75,31 +71,40 @@ async function viaServerOrLocked(config: ReturnType<typeof loadConfig>, command:
   }
 }
 
+/** The one stderr line and the exit status for what went wrong. */
+function failure(err: unknown): { line: string; code: number } {
+  if (err instanceof ConfigError || err instanceof OperatorError) return { line: err.message, code: 2 }
+  if (err instanceof Refused || err instanceof ResealRefused) return { line: err.message, code: 1 }
+  // A driver's error: its message without the values it may quote (errorFields), never a stack.
+  const fields = errorFields(err)
+  return { line: String(fields.message ?? fields.error), code: 1 }
+}
+
 async function main(argv: string[]): Promise<number> {
   try {
+    // The command line before the settings: help and usage errors need no working environment.
+    const line = parseCommand(argv)
+    if ('help' in line) {
+      process.stdout.write(line.help)
+      return 0
+    }
     const config = loadConfig()
     // Stdout carries the answer and stderr the one error line: the server's start-up notes stay out.
     setLogLevel('error')
-    const command = parseCommand(argv)
-    const result = usesOperatorSocket(config)
-      ? await viaServerOrLocked(config, command, argv)
-      : await direct(config, command)
+    const { command } = line
+    const result =
+      command.kind === 'master-key rotate'
+        ? await rotateMasterKey(config, process.env)
+        : usesOperatorSocket(config)
+          ? await viaServerOrLocked(config, command, argv)
+          : await direct(config, command)
     process.stdout.write(`${JSON.stringify(result)}\n`)
     return 0
   } catch (err) {
-    if (err instanceof ConfigError || err instanceof OperatorError || err instanceof CliError) {
-      process.stderr.write(`error: ${err.message.replaceAll('\n', ' ')}\n`)
-      return 2
-    }
-    const fields = errorFields(err)
-    process.stderr.write(`error: ${String(fields.message ?? fields.error).replaceAll('\n', ' ')}\n`)
-    return 1
+    const { line, code } = failure(err)
+    process.stderr.write(`error: ${line.replaceAll('\n', ' ')}\n`)
+    return code
   }
 }
 
-const args = process.argv.slice(2)
-if (args[0] === '--help' || args[0] === 'help') {
-  process.stdout.write(`${JSON.stringify({ usage: USAGE.map((u) => `bun run cli ${u}`) })}\n`)
-  process.exit(0)
-}
-process.exit(await main(args))
+process.exit(await main(process.argv.slice(2)))

@@ -2,175 +2,133 @@ import type { Context } from '../context'
 import { ApiError } from '../lib/errors'
 import { addCredits, createAccount, createApiKey, revokeApiKey } from '../accounts/service'
 import { createApplication, UUID } from '../apps/service'
+import { type CommandName, OperatorError, parseInvocation, UsageError } from './args'
+import { listAccounts, listApps } from './lists'
 
 /**
- * The operator commands, parsed and run in one place: the CLI runs them itself or hands the argv to a
+ * The operator commands, typed and run in one place: the CLI runs them itself or hands the argv to a
  * running embedded server over its unix socket, and both paths end here.
  */
 
-/** Bad input: the CLI prints the message as its one stderr line and exits non-zero. */
-export class OperatorError extends Error {}
+export { OperatorError } from './args'
 
-export type OperatorCommand =
+/** Commands that work on the stored data: run by the CLI directly or by a running server for it. */
+export type DataCommand =
   | { kind: 'account create'; name: string; credits: number }
   | { kind: 'account credits'; accountId: string; add: number }
+  | { kind: 'account list'; limit: number }
   | { kind: 'apikey create'; accountId: string }
   | { kind: 'apikey revoke'; key: string }
   | { kind: 'app create'; accountId: string; name: string; sandbox: boolean }
+  | { kind: 'app list'; accountId: string | null; limit: number }
 
-export const USAGE = [
-  'account create --name <name> [--credits <n>]',
-  'account credits --account <accountId> --add <n>',
-  'apikey create --account <accountId>',
-  'apikey revoke --key <apiKey>',
-  'app create --account <accountId> --name <name> [--sandbox]',
-]
-
-interface Spec {
-  /** Flags taking a value; true marks required ones. */
-  values: Record<string, boolean>
-  switches: string[]
+/** Replaces the key a running server holds in memory: only ever run by the CLI, with no server up. */
+export interface RotateCommand {
+  kind: 'master-key rotate'
 }
 
-const SPECS: Record<OperatorCommand['kind'], Spec> = {
-  'account create': { values: { name: true, credits: false }, switches: [] },
-  'account credits': { values: { account: true, add: true }, switches: [] },
-  'apikey create': { values: { account: true }, switches: [] },
-  'apikey revoke': { values: { key: true }, switches: [] },
-  'app create': { values: { account: true, name: true }, switches: ['sandbox'] },
-}
+export type OperatorCommand = DataCommand | RotateCommand
+
+/** A command line asks for help (text to print) or names a command. */
+export type ParsedLine = { help: string } | { command: OperatorCommand }
 
 const API_KEY = /^svc_live_[A-Za-z0-9_-]{16,128}$/
+const DEFAULT_LIMIT = 100
+const MAX_LIMIT = 10_000
 
-function flags(kind: OperatorCommand['kind'], args: string[]): Map<string, string | true> {
-  const spec = SPECS[kind]
-  const out = new Map<string, string | true>()
-  for (let i = 0; i < args.length; i++) {
-    const arg = args[i] ?? ''
-    const m = /^--([a-z]+)(?:=(.*))?$/s.exec(arg)
-    if (!m?.[1])
-      throw new OperatorError(`unexpected argument "${arg}"; usage: ${kind} ${usageOf(kind)}`)
-    const name = m[1]
-    if (out.has(name)) throw new OperatorError(`--${name} is given twice`)
-    if (spec.switches.includes(name)) {
-      if (m[2] !== undefined) throw new OperatorError(`--${name} takes no value`)
-      out.set(name, true)
-    } else if (name in spec.values) {
-      const value = m[2] ?? args[++i]
-      if (value === undefined || (m[2] === undefined && value.startsWith('--'))) {
-        throw new OperatorError(`--${name} needs a value`)
-      }
-      out.set(name, value)
-    } else {
-      throw new OperatorError(
-        `unknown flag --${name} for "${kind}"; usage: ${kind} ${usageOf(kind)}`,
-      )
-    }
-  }
-  for (const [name, required] of Object.entries(spec.values)) {
-    if (required && !out.has(name))
-      throw new OperatorError(`--${name} is required; usage: ${kind} ${usageOf(kind)}`)
-  }
-  return out
-}
-
-function usageOf(kind: string): string {
-  return USAGE.find((u) => u.startsWith(`${kind} `))?.slice(kind.length + 1) ?? ''
-}
-
-function integer(flag: string, text: string, min: number): number {
-  if (!/^-?\d+$/.test(text.trim()))
-    throw new OperatorError(`--${flag} must be a whole number, got "${text}"`)
-  const n = Number(text.trim())
-  if (!Number.isSafeInteger(n) || n < min) {
-    throw new OperatorError(`--${flag} must be a whole number of at least ${min}, got "${text}"`)
+function integer(command: CommandName, flag: string, text: string, min: number, max = Number.MAX_SAFE_INTEGER): number {
+  const n = /^-?\d+$/.test(text.trim()) ? Number(text.trim()) : Number.NaN
+  if (Number.isNaN(n)) throw new UsageError(`--${flag} must be a whole number, got "${text}"`, command)
+  if (!Number.isSafeInteger(n) || n < min || n > max) {
+    const range = max === Number.MAX_SAFE_INTEGER ? `of at least ${min}` : `from ${min} to ${max}`
+    throw new UsageError(`--${flag} must be a whole number ${range}, got "${text}"`, command)
   }
   return n
 }
 
-function name(text: string): string {
+function name(command: CommandName, text: string): string {
   const trimmed = text.trim()
-  if (trimmed.length < 1 || trimmed.length > 128)
-    throw new OperatorError('--name must be 1 to 128 characters')
+  if (trimmed.length < 1 || trimmed.length > 128) throw new UsageError('--name must be 1 to 128 characters', command)
   return trimmed
 }
 
-function accountId(text: string): string {
-  if (!UUID.test(text))
-    throw new OperatorError(`--account must be an account id (a UUID), got "${text}"`)
+function accountId(command: CommandName, text: string): string {
+  if (!UUID.test(text)) throw new UsageError(`--account must be an account id (a UUID), got "${text}"`, command)
   return text.toLowerCase()
 }
 
+const limit = (command: CommandName, text: string | undefined) =>
+  text === undefined ? DEFAULT_LIMIT : integer(command, 'limit', text, 1, MAX_LIMIT)
+
 /** Validates the whole command line before anything is opened, so bad input never touches storage. */
-export function parseCommand(argv: readonly string[]): OperatorCommand {
-  const [noun, verb, ...rest] = argv
-  const kind = `${noun ?? ''} ${verb ?? ''}`
-  if (!(kind in SPECS)) {
-    const given =
-      argv.length === 0 ? 'no command given' : `unknown command "${argv.slice(0, 2).join(' ')}"`
-    throw new OperatorError(`${given}; commands: ${USAGE.join(' | ')}`)
-  }
-  const k = kind as OperatorCommand['kind']
-  const f = flags(k, rest)
-  const get = (flag: string) => f.get(flag) as string
-  switch (k) {
-    case 'account create':
-      return {
-        kind: k,
-        name: name(get('name')),
-        credits: f.has('credits') ? integer('credits', get('credits'), 0) : 0,
+export function parseCommand(argv: readonly string[]): ParsedLine {
+  const line = parseInvocation(argv)
+  if ('help' in line) return line
+  const kind = line.command
+  // parseInvocation has checked that required flags are there and that value flags carry text.
+  const text = (flag: string) => line.flags.get(flag) as string | undefined
+  const required = (flag: string) => text(flag) as string
+  const command = ((): OperatorCommand => {
+    switch (kind) {
+      case 'account create': {
+        const credits = text('credits')
+        return { kind, name: name(kind, required('name')), credits: credits === undefined ? 0 : integer(kind, 'credits', credits, 0) }
       }
-    case 'account credits':
-      // A negative amount takes credits away (never below zero): how an operator corrects a mistake.
-      return {
-        kind: k,
-        accountId: accountId(get('account')),
-        add: integer('add', get('add'), Number.MIN_SAFE_INTEGER),
+      case 'account credits':
+        // A negative amount takes credits away (never below zero): how an operator corrects a mistake.
+        return {
+          kind,
+          accountId: accountId(kind, required('account')),
+          add: integer(kind, 'add', required('add'), Number.MIN_SAFE_INTEGER),
+        }
+      case 'account list':
+        return { kind, limit: limit(kind, text('limit')) }
+      case 'apikey create':
+        return { kind, accountId: accountId(kind, required('account')) }
+      case 'apikey revoke': {
+        const key = required('key').trim()
+        if (!API_KEY.test(key)) throw new UsageError('--key must be an API key shaped svc_live_<opaque>', kind)
+        return { kind, key }
       }
-    case 'apikey create':
-      return { kind: k, accountId: accountId(get('account')) }
-    case 'apikey revoke': {
-      const key = get('key').trim()
-      if (!API_KEY.test(key))
-        throw new OperatorError('--key must be an API key shaped svc_live_<opaque>')
-      return { kind: k, key }
+      case 'app create':
+        return {
+          kind,
+          accountId: accountId(kind, required('account')),
+          name: name(kind, required('name')),
+          sandbox: line.flags.get('sandbox') === true,
+        }
+      case 'app list': {
+        const account = text('account')
+        return { kind, accountId: account === undefined ? null : accountId(kind, account), limit: limit(kind, text('limit')) }
+      }
+      case 'master-key rotate':
+        return { kind }
     }
-    case 'app create':
-      return {
-        kind: k,
-        accountId: accountId(get('account')),
-        name: name(get('name')),
-        sandbox: f.has('sandbox'),
-      }
-  }
+  })()
+  return { command }
 }
 
 /** Runs one command; storage answers like "no such account" come back as OperatorError. */
-export async function runCommand(
-  ctx: Context,
-  command: OperatorCommand,
-): Promise<Record<string, unknown>> {
+export async function runCommand(ctx: Context, command: DataCommand): Promise<Record<string, unknown>> {
   try {
     switch (command.kind) {
       case 'account create':
         return await createAccount(ctx, command.name, command.credits)
       case 'account credits':
         return await addCredits(ctx, command.accountId, command.add)
+      case 'account list':
+        return await listAccounts(ctx, command.limit)
       case 'apikey create':
         return { apiKey: await createApiKey(ctx, command.accountId) }
       case 'apikey revoke':
-        if (!(await revokeApiKey(ctx, command.key)))
-          throw new OperatorError('no live API key matches --key')
+        if (!(await revokeApiKey(ctx, command.key))) throw new OperatorError('no live API key matches --key')
         return { ok: true }
       case 'app create': {
         const app = await createApplication(ctx, command.accountId, command.name, command.sandbox)
-        return {
-          appId: app.appId,
-          appSecret: app.appSecret,
-          publicKey: app.publicKey,
-          keyId: app.keyId,
-        }
+        return { appId: app.appId, appSecret: app.appSecret, publicKey: app.publicKey, keyId: app.keyId }
       }
+      case 'app list':
+        return await listApps(ctx, command.accountId, command.limit)
     }
   } catch (err) {
     if (err instanceof ApiError && err.status < 500) throw new OperatorError(err.message)

@@ -36,7 +36,11 @@ async function handle(contextReady: Promise<Context>, request: Request): Promise
     return Response.json({ error: 'body must be JSON { argv: string[] }' }, { status: 400 })
   }
   try {
-    const command = parseCommand(argv)
+    const line = parseCommand(argv)
+    // The CLI prints help itself, and rotates only with no server holding the old key in memory.
+    if ('help' in line) throw new OperatorError('help is printed by the CLI, not the server')
+    const { command } = line
+    if (command.kind === 'master-key rotate') throw new OperatorError('master-key rotate runs with the server stopped')
     // The command's name only: its flags carry names and keys that have no place in a log.
     log.info('operator command', { command: command.kind })
     const result = await runCommand(await contextReady, command)

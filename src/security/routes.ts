@@ -2,7 +2,8 @@ import { Elysia } from 'elysia'
 import { addEntry, getSecurity, type ListKind, putSecurity, removeEntry } from './service'
 import type { Context } from '../context'
 import { apiKeyAuth } from '../http/auth'
-import { apiErrors, OkBody } from '../lib/model'
+import { apiBodyErrors, apiErrors } from '../http/openapi'
+import { OkBody } from '../lib/model'
 import { AppIdParams } from '../apps/model'
 import { PutSecurityBody, SecurityConfig, SecurityEntryBody } from './model'
 
@@ -12,8 +13,10 @@ const entryRoute = (kind: ListKind, verb: 'add' | 'remove') => ({
   apiKey: true as const,
   params: AppIdParams,
   body: SecurityEntryBody,
-  response: { 200: OkBody, ...apiErrors },
+  response: { 200: OkBody, ...apiBodyErrors('forbidden') },
   detail: {
+    // addBlacklistEntry, removeWhitelistEntry, …
+    operationId: `${verb}${kind === 'blacklist' ? 'Blacklist' : 'Whitelist'}Entry`,
     tags,
     summary: `${verb === 'add' ? 'Add an entry to' : 'Remove an entry from'} the ${kind}`,
     description:
@@ -35,8 +38,9 @@ export const securityRoutes = (ctx: Context) =>
     .get('', ({ accountId, params }) => getSecurity(ctx, accountId, params.appId), {
       apiKey: true,
       params: AppIdParams,
-      response: { 200: SecurityConfig, ...apiErrors },
+      response: { 200: SecurityConfig, ...apiErrors('bad_request', 'forbidden') },
       detail: {
+        operationId: 'getSecurityLists',
         tags,
         summary: 'Get the security lists',
         description: 'HWID and IP blacklists and whitelists.',
@@ -46,8 +50,9 @@ export const securityRoutes = (ctx: Context) =>
       apiKey: true,
       params: AppIdParams,
       body: PutSecurityBody,
-      response: { 200: SecurityConfig, ...apiErrors },
+      response: { 200: SecurityConfig, ...apiBodyErrors('forbidden') },
       detail: {
+        operationId: 'replaceSecurityLists',
         tags,
         summary: 'Replace security lists',
         description:

@@ -1,18 +1,10 @@
-import { t } from 'elysia'
 import type { CachedApp, CachedLicense } from '../actors/load'
 import type { VariableMap } from '../db/schema'
 import { PublicError } from '../lib/errors'
 import { log } from '../lib/log'
+import type { SignedResponse } from './model'
 import type { Signer } from './signer'
 import type { Session } from './session'
-
-/** A signed payload as the client endpoints answer it: the response model of validate and heartbeat. */
-export const SignedResponse = t.Object({
-  status: t.Literal('success'),
-  payload: t.String({ description: 'Base64 JSON: sessionToken, expiresIn (Unix seconds), nonce, license state, variables' }),
-  signature: t.String({ description: 'Base64 Ed25519 signature over the UTF-8 bytes of `payload` as sent (88 characters)' }),
-  keyId: t.String({ description: 'Signing key that produced the signature' }),
-})
 
 /**
  * Writes and signs the payload of a successful validate or heartbeat. The payload is JSON with a

@@ -1,4 +1,5 @@
 import { t } from 'elysia'
+import { EXAMPLE } from '../lib/examples'
 import { Text } from '../lib/model'
 
 /** A flat variable map: 1 to 64 character names, scalar values, at most 50 names and 4,096 bytes of JSON. */
@@ -7,6 +8,6 @@ export const VariableMapBody = t.Record(
   t.Union([Text(), t.Number(), t.Boolean()]),
   {
     description: 'Flat map of variables; string, number or boolean values',
-    examples: [{ tier: 'pro', seats: 5, beta: true }],
+    examples: [EXAMPLE.variables],
   },
 )

@@ -8,7 +8,7 @@ import {
 } from './service'
 import type { Context } from '../context'
 import { apiKeyAuth, authenticate } from '../http/auth'
-import { apiErrors, notFoundError } from '../lib/model'
+import { apiBodyErrors, apiErrors } from '../http/openapi'
 import { AppIdParams } from '../apps/model'
 import { LicenseKeyParams } from '../licenses/model'
 import { VariableMapBody } from './model'
@@ -31,8 +31,9 @@ export const variableRoutes = (ctx: Context) =>
       {
         apiKey: true,
         params: AppIdParams,
-        response: { 200: VariableMapBody, ...apiErrors },
+        response: { 200: VariableMapBody, ...apiErrors('bad_request', 'forbidden') },
         detail: {
+          operationId: 'getAppVariables',
           tags: ['Variables'],
           summary: 'Get app variables',
           description: 'The map itself; {} when none are set.',
@@ -48,8 +49,9 @@ export const variableRoutes = (ctx: Context) =>
         // Route transforms run before the macro's: authenticate first, so a keyless request gets 401.
         transform: [authenticate(ctx), objectBodyOnly],
         body: VariableMapBody,
-        response: { 200: VariableMapBody, ...apiErrors },
+        response: { 200: VariableMapBody, ...apiBodyErrors('forbidden') },
         detail: {
+          operationId: 'replaceAppVariables',
           tags: ['Variables'],
           summary: 'Replace app variables',
           description: `Replaces the whole map (omitted names are removed; {} clears it). ${variablesRules}`,
@@ -62,8 +64,9 @@ export const variableRoutes = (ctx: Context) =>
       {
         apiKey: true,
         params: LicenseKeyParams,
-        response: { 200: VariableMapBody, ...apiErrors, ...notFoundError },
+        response: { 200: VariableMapBody, ...apiErrors('bad_request', 'forbidden', 'not_found') },
         detail: {
+          operationId: 'getLicenseVariables',
           tags: ['Variables'],
           summary: 'Get license variables',
           description: 'The map itself; {} when none are set.',
@@ -80,8 +83,9 @@ export const variableRoutes = (ctx: Context) =>
         // Route transforms run before the macro's: authenticate first, so a keyless request gets 401.
         transform: [authenticate(ctx), objectBodyOnly],
         body: VariableMapBody,
-        response: { 200: VariableMapBody, ...apiErrors, ...notFoundError },
+        response: { 200: VariableMapBody, ...apiBodyErrors('forbidden', 'not_found') },
         detail: {
+          operationId: 'replaceLicenseVariables',
           tags: ['Variables'],
           summary: 'Replace license variables',
           description: `Replaces the whole map (omitted names are removed; {} clears it). ${variablesRules}`,

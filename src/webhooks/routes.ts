@@ -3,7 +3,8 @@ import { createWebhook, deleteWebhook, listWebhooks, sendTestPing, updateWebhook
 import type { Context } from '../context'
 import { apiKeyAuth } from '../http/auth'
 import { noBody } from '../http/no-body'
-import { apiErrors, notFoundError, OkBody } from '../lib/model'
+import { apiBodyErrors, apiErrors } from '../http/openapi'
+import { OkBody } from '../lib/model'
 import {
   AppParams,
   CreatedWebhook,
@@ -31,8 +32,9 @@ export const webhookRoutes = (ctx: Context) =>
         apiKey: true,
         params: AppParams,
         body: CreateWebhookBody,
-        response: { 201: CreatedWebhook, ...apiErrors },
+        response: { 201: CreatedWebhook, ...apiBodyErrors('forbidden') },
         detail: {
+          operationId: 'createWebhook',
           tags,
           summary: 'Create a webhook',
           description:
@@ -49,8 +51,9 @@ export const webhookRoutes = (ctx: Context) =>
       {
         apiKey: true,
         params: AppParams,
-        response: { 200: WebhookList, ...apiErrors },
+        response: { 200: WebhookList, ...apiErrors('bad_request', 'forbidden') },
         detail: {
+          operationId: 'listWebhooks',
           tags,
           summary: 'List webhooks',
           description: "The app's webhooks, oldest first, with their latest delivery attempt; never the secret.",
@@ -67,8 +70,9 @@ export const webhookRoutes = (ctx: Context) =>
         apiKey: true,
         params: WebhookParams,
         body: UpdateWebhookBody,
-        response: { 200: OkBody, ...apiErrors, ...notFoundError },
+        response: { 200: OkBody, ...apiBodyErrors('forbidden', 'not_found') },
         detail: {
+          operationId: 'updateWebhook',
           tags,
           summary: 'Update a webhook',
           description:
@@ -87,8 +91,9 @@ export const webhookRoutes = (ctx: Context) =>
         apiKey: true,
         noBody: true,
         params: WebhookParams,
-        response: { 200: OkBody, ...apiErrors, ...notFoundError },
+        response: { 200: OkBody, ...apiBodyErrors('forbidden', 'not_found') },
         detail: {
+          operationId: 'deleteWebhook',
           tags,
           summary: 'Delete a webhook',
           description: 'Removes the webhook and any deliveries still owed to it. 404 when it is not in the app.',
@@ -102,8 +107,9 @@ export const webhookRoutes = (ctx: Context) =>
         apiKey: true,
         noBody: true,
         params: WebhookParams,
-        response: { 200: TestPingResponse, ...apiErrors, ...notFoundError },
+        response: { 200: TestPingResponse, ...apiBodyErrors('forbidden', 'not_found') },
         detail: {
+          operationId: 'pingWebhook',
           tags,
           summary: 'Send a test ping',
           description:

@@ -29,3 +29,18 @@ test('the peer kept from the last request is replaced when another peer comes', 
   expect(addresses.of('2001:db8::2', null)).toBe('2001:db8::2')
   expect(addresses.of('::ffff:192.0.2.1', null)).toBe('192.0.2.1')
 })
+
+test('proxies and hops are compared canonically, however they are written', () => {
+  const addresses = new ClientAddresses(['::ffff:10.0.0.0/104', '2001:DB8::/32'].map((text) => parseCidr(text)!))
+  // A mapped peer inside a proxy range written as mapped IPv6, and a hop that is a proxy in another spelling.
+  expect(addresses.of('::ffff:10.0.0.2', '198.51.100.1, 2001:db8:0:0::7')).toBe('198.51.100.1')
+  expect(addresses.of('10.0.0.2', '0:0:0:0:0:FFFF:C633:6401')).toBe('198.51.100.1')
+  // An octal-looking hop is no address (inet_aton would read 010 as 8): the walk ends at the peer.
+  expect(addresses.of('10.0.0.2', '010.0.0.1')).toBe('10.0.0.2')
+  expect(addresses.of('10.0.0.2', 'fe80::1%eth0')).toBe('fe80::1')
+})
+
+test('a peer that is no address is named as it came and speaks for no one', () => {
+  const addresses = new ClientAddresses([parseCidr('0.0.0.0/0')!])
+  expect(addresses.of('not-an-ip', '203.0.113.9')).toBe('not-an-ip')
+})

@@ -57,11 +57,17 @@ function expectOk(run: CliRun) {
 }
 
 function expectBadInput(run: CliRun, mentions: RegExp) {
-  expect(run.code, run.stdout).not.toBe(0)
+  expect(run.code, run.stdout).toBe(2)
   expect(run.stdout).toBe('')
   const lines = run.stderr.trimEnd().split('\n')
   expect(lines, run.stderr).toHaveLength(1)
   expect(lines[0]).toMatch(mentions)
+}
+
+/** A mistake on the command line: the line also says where help is. */
+function expectUsageError(run: CliRun, mentions: RegExp, helpFor = '') {
+  expectBadInput(run, mentions)
+  expect(run.stderr).toContain(`see \`bun run cli${helpFor ? ` ${helpFor}` : ''} --help\``)
 }
 
 /** The Redis store the in-process test apps share (PostgreSQL + Redis mode). */
@@ -70,11 +76,52 @@ const sharedStore = async () => (await sharedInfra()).store
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/
 const SOME_UUID = '2b1f7c1e-1111-4111-8111-111111111111'
 
+describe('operator CLI: help', () => {
+  test.each([
+    [['--help'], null],
+    [['-h'], null],
+    [['help'], null],
+    [['app', 'create', '--help'], 'app create'],
+    [['help', 'app', 'create'], 'app create'],
+    // Help wins over the rest of the line: it is what the user asked for.
+    [['app', 'create', '--bogus', '-h'], 'app create'],
+    [['master-key', 'rotate', '--help'], 'master-key rotate'],
+  ] as const)('%j prints text, not JSON, and exits 0', async (args, command) => {
+    const run = await cli(tempDir(), [...args])
+    expect(run.code, run.stderr).toBe(0)
+    expect(run.stderr).toBe('')
+    expect(run.json).toBeUndefined()
+    if (command === null) {
+      expect(run.stdout).toStartWith('Usage: bun run cli <command> [flags]\n')
+      for (const listed of ['account create', 'account list', 'app list', 'master-key rotate', 'apikey revoke'])
+        expect(run.stdout).toContain(`\n  ${listed}`)
+    } else {
+      expect(run.stdout).toStartWith(`Usage: bun run cli ${command}`)
+      expect(run.stdout).toContain('Prints, on the last line of stdout:')
+    }
+  })
+
+  test('a command\'s help names its flags, and help needs no working settings', async () => {
+    const run = await runToExit(['src/operator/cli.ts', 'account', 'credits', '--help'], { PORT: 'eighty' })
+    expect(run.code, run.stderr).toBe(0)
+    expect(run.stdout).toContain('--account <accountId>')
+    expect(run.stdout).toContain('--add <n>')
+    expect(run.stdout).toContain('(required)')
+  })
+})
+
 describe('operator CLI: bad input', () => {
   test.each([
-    [[], /no command given/],
-    [['account'], /unknown command "account"/],
-    [['frob', 'nicate'], /unknown command "frob nicate"/],
+    [[], /^error: no command given/, ''],
+    [['account'], /unknown command "account"/, ''],
+    [['frob', 'nicate'], /unknown command "frob nicate"/, ''],
+    [['help', 'frob'], /no command "frob"/, ''],
+    [['-x'], /no command given/, ''],
+  ] as const)('%j names the problem and points at --help', async (args, mentions, helpFor) => {
+    expectUsageError(await cli(tempDir(), [...args]), mentions, helpFor)
+  })
+
+  test.each([
     [['account', 'create'], /--name is required/],
     [['account', 'create', '--name'], /--name needs a value/],
     [['account', 'create', '--name', ''], /--name must be 1 to 128 characters/],
@@ -95,8 +142,17 @@ describe('operator CLI: bad input', () => {
       /--sandbox takes no value/,
     ],
     [['app', 'create', '--account', SOME_UUID, 'stray'], /unexpected argument "stray"/],
-  ] as const)('%j exits non-zero with one stderr line', async (args, mentions) => {
-    expectBadInput(await cli(tempDir(), [...args]), mentions)
+    [['app', 'create', '--account', SOME_UUID, '--name', 'x', '--', '--sandbox'], /unexpected argument "--sandbox"/],
+    [['account', 'create', '--name', '--credits', '5'], /--name needs a value/],
+    [['account', 'create', '-n', 'x'], /unknown flag -n for "account create"/],
+    [['account', 'list', '--limit', '0'], /--limit must be a whole number from 1 to 10000/],
+    [['account', 'list', '--limit', '10001'], /--limit must be a whole number from 1 to 10000/],
+    [['account', 'list', '--account', SOME_UUID], /unknown flag --account for "account list"/],
+    [['app', 'list', '--account', 'nope'], /--account must be an account id/],
+    [['master-key', 'rotate', '--key', 'abc'], /unknown flag --key for "master-key rotate"/],
+  ] as const)('%j exits 2 with one stderr line', async (args, mentions) => {
+    const run = await cli(tempDir(), [...args])
+    expectUsageError(run, mentions, `${args[0]} ${args[1]}`)
   })
 
   test('a bad setting is reported the same way, naming it', async () => {
@@ -150,6 +206,58 @@ describe('operator CLI: commands', () => {
     })
   })
 
+  test('account list and app list show what was provisioned, newest first, and no secret', async () => {
+    const older = expectOk(await cli(dataDir, ['account', 'create', '--name', 'Older', '--credits', '3']))
+    const { apiKey: revoked } = expectOk(await cli(dataDir, ['apikey', 'create', '--account', older.accountId]))
+    expectOk(await cli(dataDir, ['apikey', 'revoke', '--key', revoked]))
+    expectOk(await cli(dataDir, ['apikey', 'create', '--account', older.accountId]))
+    const first = expectOk(await cli(dataDir, ['app', 'create', '--account', older.accountId, '--name', 'First']))
+    const second = expectOk(
+      await cli(dataDir, ['app', 'create', '--account', older.accountId, '--name', 'Second', '--sandbox']),
+    )
+    const newer = expectOk(await cli(dataDir, ['account', 'create', '--name', 'Newer']))
+
+    const at = expect.stringMatching(/^\d{4}-\d\d-\d\dT[\d:.]+Z$/)
+    // Earlier tests' accounts are older still: "more" says they were left out.
+    expect(expectOk(await cli(dataDir, ['account', 'list', '--limit', '2']))).toEqual({
+      accounts: [
+        { accountId: newer.accountId, name: 'Newer', credits: 0, createdAt: at, apps: 0, activeApiKeys: 1 },
+        // The account's own key and the second one; the revoked key does not count.
+        { accountId: older.accountId, name: 'Older', credits: 3, createdAt: at, apps: 2, activeApiKeys: 2 },
+      ],
+      more: true,
+    })
+
+    const listed = (app: { appId: string; keyId: string; publicKey: string }, name: string, sandbox: boolean) => ({
+      appId: app.appId,
+      accountId: older.accountId,
+      name,
+      sandbox,
+      disabled: false,
+      createdAt: at,
+      keyId: app.keyId,
+      publicKey: app.publicKey,
+    })
+    const apps = expectOk(await cli(dataDir, ['app', 'list', '--account', older.accountId]))
+    expect(apps).toEqual({ apps: [listed(second, 'Second', true), listed(first, 'First', false)], more: false })
+    expect(JSON.stringify(apps)).not.toContain(first.appSecret)
+    expect(expectOk(await cli(dataDir, ['app', 'list', '--limit', '1']))).toEqual({
+      apps: [listed(second, 'Second', true)],
+      more: true,
+    })
+    expectBadInput(await cli(dataDir, ['app', 'list', '--account', SOME_UUID]), /No account/)
+
+    // A negative --add takes credits away, written either way, and never below zero.
+    expect(expectOk(await cli(dataDir, ['account', 'credits', '--account', older.accountId, '--add', '-2']))).toEqual({
+      accountId: older.accountId,
+      credits: 1,
+    })
+    expect(expectOk(await cli(dataDir, ['account', 'credits', '--account', older.accountId, '--add=-5']))).toEqual({
+      accountId: older.accountId,
+      credits: 0,
+    })
+  }, 180_000)
+
   test('an absent account and an unknown key are bad input', async () => {
     expectBadInput(await cli(dataDir, ['apikey', 'create', '--account', SOME_UUID]), /No account/)
     expectBadInput(
@@ -196,6 +304,15 @@ describe('operator CLI beside a running server', () => {
         expect(await (await sharedStore()).epochs([epoch])).toEqual([epochBefore + 1])
       expectBadInput(await cli(dataDir, ['apikey', 'create', '--account', SOME_UUID]), /No account/)
 
+      // The lists, through the server in embedded mode, see what the server itself wrote.
+      const listedApps = expectOk(await cli(dataDir, ['app', 'list', '--account', accountId]))
+      expect(listedApps.apps.map((a: { appId: string }) => a.appId)).toEqual([appId])
+      const listedAccounts = expectOk(await cli(dataDir, ['account', 'list', '--limit', '2']))
+      expect(listedAccounts.accounts.map((a: { name: string; apps: number }) => [a.name, a.apps])).toEqual([
+        ['During', 1],
+        ['Before', 0],
+      ])
+
       expectOk(await cli(dataDir, ['apikey', 'revoke', '--key', apiKey]))
       const revoked = await fetch(`${server.url}/v1/licenses?appId=${appId}`, {
         headers: { authorization: `Bearer ${apiKey}` },
@@ -204,13 +321,13 @@ describe('operator CLI beside a running server', () => {
 
       // In embedded mode the server ran them: it logs each command's name (never its flags).
       const ran = server.log().match(/"msg":"operator command"/g) ?? []
-      expect(ran.length).toBe(MODE === 'embedded' ? 5 : 0)
+      expect(ran.length).toBe(MODE === 'embedded' ? 7 : 0)
       expect(server.log()).not.toContain(apiKey)
     } finally {
       expect(await server.stop()).toBe(0)
     }
     expect(existsSync(socket)).toBe(false)
-  })
+  }, 120_000)
 
   test('a command sent while the server is still opening its database waits for that server', async () => {
     const dataDir = tempDir()

@@ -222,6 +222,9 @@ describe('private-address guard (WEBHOOK_ALLOW_PRIVATE_TARGETS=false)', () => {
     'https://[fd00::1]/hook',
     'https://[fe80::1]/hook',
     'https://2130706433/hook',
+    'https://0x7f.1/hook',
+    'https://012.0.0.1/hook',
+    'https://[::ffff:0:a00:1]/hook',
   ])('refuses %s at create and at update', async (url) => {
     const { req, seed } = await makeTestApp({ env: { WEBHOOK_ALLOW_PRIVATE_TARGETS: 'false' } })
     const s = await seed()
@@ -262,6 +265,18 @@ describe('private-address guard (WEBHOOK_ALLOW_PRIVATE_TARGETS=false)', () => {
     ['64:ff9b::a00:1', false],
     ['2002:a00:1::1', false],
     ['2001:db8::1', false],
+    ['2001:4860:4860::8888', true],
+    ['0:0:0:0:0:FFFF:A9FE:A9FE', false],
+    ['::1.2.3.4', false],
+    ['::ffff:0:10.0.0.1', false],
+    ['64:ff9b:1::a00:1', false],
+    ['100::1', false],
+    ['2001::1', false],
+    ['3fff::1', false],
+    ['5f00::1', false],
+    ['fec0::1', false],
+    ['fe80::1%eth0', false],
+    ['8.8.8.08', false],
   ])('isPublicAddress(%s) is %p', (address, expected) => {
     expect(isPublicAddress(address)).toBe(expected)
   })

@@ -1,8 +1,9 @@
 import { t } from 'elysia'
-import { ErrorBody, StrictBody, Text } from '../../lib/model'
+import { EXAMPLE } from '../../lib/examples'
+import { StrictBody, Text } from '../../lib/model'
 
 const isoDate = (description: string) => t.String({ format: 'date-time', description })
-const HWID_EXAMPLE = 'hwid-7f3a9c2e'
+const HWID_EXAMPLE = EXAMPLE.hwid
 
 /** The machines a file verifies on, as its payload's `hwid` says. */
 export const OfflineHwid = t.Union(
@@ -46,7 +47,7 @@ export const MintOfflineFileBody = StrictBody({
     }),
   ),
   expiresAt: FileExpiry,
-})
+}, { examples: [{ hwids: [HWID_EXAMPLE], expiresAt: '2027-01-01T00:00:00.000Z' }] })
 
 const REQUEST_EXAMPLE =
   '-----BEGIN AUTHFORGE ACTIVATION REQUEST-----\nVersion: 1\nApp-Id: <appId>\nChecksum: c64d10a2fe4d54f7\n\n' +
@@ -64,49 +65,63 @@ export const ActivationRequestBody = t.Union([
       licenseKey: t.Optional(
         Text({
           description: "The license to bind the machine to when the request names none (a request's own key wins)",
-          examples: ['K7QM-3XWT-9HFP-2RDN'],
+          examples: [EXAMPLE.licenseKey],
         }),
       ),
       expiresAt: FileExpiry,
     },
     { description: 'application/json: the request text with the optional license key and file expiry' },
   ),
-])
+], { examples: [{ request: REQUEST_EXAMPLE, licenseKey: EXAMPLE.licenseKey }] })
 
 /** A minted file as the listing shows it: the text itself is not kept. */
 export const OfflineFileSummary = t.Object({
   fileId: t.String({ format: 'uuid', description: "The file's id, its payload's jti" }),
-  keyId: t.String({ description: 'The signing key that signed it', examples: ['kid_4fQ2x9TmZr'] }),
+  keyId: t.String({ description: 'The signing key that signed it', examples: [EXAMPLE.keyId] }),
   issuedAt: isoDate('When it was minted'),
   expiresAt: t.Nullable(isoDate('When it stops verifying; null: never')),
   hwid: OfflineHwid,
 })
 
-export const OfflineFile = t.Composite([
-  t.Object({
-    fileId: t.String({ format: 'uuid', description: "The file's id, its payload's jti" }),
-    licenseKey: t.String({ examples: ['K7QM-3XWT-9HFP-2RDN'] }),
-    appId: t.String({ format: 'uuid' }),
-  }),
-  t.Omit(OfflineFileSummary, ['fileId']),
-  t.Object({
-    file: t.String({
-      description: 'The armored .authforge text to hand to the customer (Ed25519-signed; verified offline by the SDKs)',
-      examples: ['-----BEGIN AUTHFORGE LICENSE-----\nVersion: 1\n…\n-----END AUTHFORGE SIGNATURE-----\n'],
+const FILE_EXAMPLE = {
+  fileId: EXAMPLE.fileId,
+  keyId: EXAMPLE.keyId,
+  issuedAt: EXAMPLE.createdAt,
+  expiresAt: '2027-01-01T00:00:00.000Z',
+  hwid: { mode: 'bound' as const, hwids: [HWID_EXAMPLE] },
+}
+
+export const OfflineFile = t.Composite(
+  [
+    t.Object({
+      fileId: t.String({ format: 'uuid', description: "The file's id, its payload's jti" }),
+      licenseKey: t.String({ examples: [EXAMPLE.licenseKey] }),
+      appId: t.String({ format: 'uuid' }),
     }),
-  }),
-])
-
-export const OfflineFileList = t.Object({ files: t.Array(OfflineFileSummary) })
-
-export const conflictError = {
-  409: {
-    ...ErrorBody,
-    description:
-      'seats_full: more new HWIDs than free seats; license_inactive: revoked or expired; app_disabled: the app is ' +
-      "disabled; hwid_blocked: an HWID of the file is refused by the app's HWID blacklist or whitelist",
+    t.Omit(OfflineFileSummary, ['fileId']),
+    t.Object({
+      file: t.String({
+        description: 'The armored .authforge text to hand to the customer (Ed25519-signed; verified offline by the SDKs)',
+      }),
+    }),
+  ],
+  {
+    description: 'The minted file and what it says',
+    examples: [
+      {
+        ...FILE_EXAMPLE,
+        licenseKey: EXAMPLE.licenseKey,
+        appId: EXAMPLE.appId,
+        file: '-----BEGIN AUTHFORGE LICENSE-----\nVersion: 1\n…\n-----END AUTHFORGE SIGNATURE-----\n',
+      },
+    ],
   },
-} as const
+)
+
+export const OfflineFileList = t.Object(
+  { files: t.Array(OfflineFileSummary) },
+  { description: 'The files minted for the license, newest first', examples: [{ files: [FILE_EXAMPLE] }] },
+)
 
 export type MintOfflineFileBody = typeof MintOfflineFileBody.static
 export type ActivationRequestBody = typeof ActivationRequestBody.static

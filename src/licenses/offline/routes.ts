@@ -1,17 +1,28 @@
 import { Elysia } from 'elysia'
 import type { Context } from '../../context'
 import { apiKeyAuth } from '../../http/auth'
-import { apiErrors, noCreditsError, notFoundError } from '../../lib/model'
+import { ALSO_SERVES, apiBodyErrors, apiErrors } from '../../http/openapi'
 import { AppIdParams } from '../../apps/model'
 import { LicenseKeyParams } from '../model'
 import { answerActivationRequest } from './activation'
-import { ActivationRequestBody, conflictError, MintOfflineFileBody, OfflineFile, OfflineFileList } from './model'
+import { ActivationRequestBody, MintOfflineFileBody, OfflineFile, OfflineFileList } from './model'
 import { listOfflineFiles, mintOfflineFile } from './service'
 
 const tags = ['Offline licenses']
 
 /** The media type of a `.authforge` file: asked for in Accept, the mint answers with the file itself. */
 export const LICENSE_FILE_TYPE = 'application/x-authforge-license'
+
+/** The 201 of a mint as the document lists it: JSON, or the file itself when Accept asks for it. */
+const SERVES_FILE = {
+  [ALSO_SERVES]: {
+    201: {
+      [LICENSE_FILE_TYPE]: {
+        schema: { type: 'string', description: 'The armored .authforge file, as an attachment named <licenseKey>.authforge' },
+      },
+    },
+  },
+}
 
 const wantsFile = (accept: string | undefined) =>
   accept?.split(',').some((range) => range.split(';')[0]?.trim().toLowerCase() === LICENSE_FILE_TYPE) ?? false
@@ -25,6 +36,17 @@ function created(minted: OfflineFile, accept: string | undefined, set: { status?
   return new Response(minted.file, { status: 201, headers: set.headers as Record<string, string> })
 }
 
+/** What a mint can be refused with, from a file request or an activation request alike. */
+const MINT_ERRORS = [
+  'forbidden',
+  'not_found',
+  'no_credits',
+  'seats_full',
+  'license_inactive',
+  'app_disabled',
+  'hwid_blocked',
+] as const
+
 export const offlineFileRoutes = (ctx: Context) =>
   new Elysia({ name: 'routes-offline-files', prefix: '/v1/licenses' })
     .use(apiKeyAuth(ctx))
@@ -37,8 +59,10 @@ export const offlineFileRoutes = (ctx: Context) =>
         apiKey: true,
         params: LicenseKeyParams,
         body: MintOfflineFileBody,
-        response: { 201: OfflineFile, ...apiErrors, ...noCreditsError, ...notFoundError, ...conflictError },
+        response: { 201: OfflineFile, ...apiBodyErrors(...MINT_ERRORS) },
         detail: {
+          operationId: 'mintOfflineFile',
+          ...SERVES_FILE,
           tags,
           summary: 'Mint a signed offline license file',
           description:
@@ -60,8 +84,9 @@ export const offlineFileRoutes = (ctx: Context) =>
       {
         apiKey: true,
         params: LicenseKeyParams,
-        response: { 200: OfflineFileList, ...apiErrors, ...notFoundError },
+        response: { 200: OfflineFileList, ...apiErrors('bad_request', 'forbidden', 'not_found') },
         detail: {
+          operationId: 'listOfflineFiles',
           tags,
           summary: 'List the offline files of a license',
           description:
@@ -70,11 +95,6 @@ export const offlineFileRoutes = (ctx: Context) =>
         },
       },
     )
-
-const REQUEST_REFUSALS =
-  'bad_request: the request has no block or is truncated, has a bad checksum, an unsupported version, a ' +
-  "malformed payload, is another app's, is a license file, has an HWID outside 1 to 128 characters, names no " +
-  "license (and the body gives none), or the license is another app's; also the mint's own 400s (expiresAt)"
 
 export const activationRequestRoutes = (ctx: Context) =>
   new Elysia({ name: 'routes-activation-requests', prefix: '/v1/apps' })
@@ -87,17 +107,10 @@ export const activationRequestRoutes = (ctx: Context) =>
         apiKey: true,
         params: AppIdParams,
         body: ActivationRequestBody,
-        // The body parser is the app's (src/app.ts): these only name the two body types in the OpenAPI document.
-        parse: ['json', 'text'],
-        response: {
-          201: OfflineFile,
-          ...apiErrors,
-          400: { ...apiErrors[400], description: REQUEST_REFUSALS },
-          ...noCreditsError,
-          ...notFoundError,
-          ...conflictError,
-        },
+        response: { 201: OfflineFile, ...apiBodyErrors(...MINT_ERRORS) },
         detail: {
+          operationId: 'answerActivationRequest',
+          ...SERVES_FILE,
           tags,
           summary: "Answer an air-gapped machine's activation request with a license file",
           description:
@@ -108,7 +121,10 @@ export const activationRequestRoutes = (ctx: Context) =>
             'and a file bound to that HWID is minted exactly as `POST /v1/licenses/{licenseKey}/offline-files` ' +
             'does: 409 seats_full, license_inactive, app_disabled or hwid_blocked, 1 credit on a billed app (402 no_credits), the ' +
             'license.offline_issued event. A refused request changes nothing. 403 for an app of another ' +
-            'account, 404 for an absent license. With `Accept: application/x-authforge-license` the 201 body is ' +
+            'account, 404 for an absent license. 400 when the request has no block or is truncated, has a bad ' +
+            "checksum, an unsupported version or a malformed payload, is another app's or a license file, has an HWID " +
+            "outside 1 to 128 characters, or names no license (and the body gives none) or another app's. " +
+            'With `Accept: application/x-authforge-license` the 201 body is ' +
             'the file itself, as an attachment named `<licenseKey>.authforge`.',
         },
       },

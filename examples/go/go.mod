@@ -1,0 +1,3 @@
+module example.com/license-check
+
+go 1.19

@@ -1,0 +1,85 @@
+import { eq, sql } from 'drizzle-orm'
+import { type Database, MIGRATION_LOCK, SERVER_CONNECTION_NAME, type Tx } from '../db/client'
+import { signingKeys, webhooks } from '../db/schema'
+import { rowsOf } from '../delivery/prepared'
+import type { Sealer } from '../lib/crypto'
+
+/**
+ * Master-key rotation: every value sealed with the master key (signing private keys and webhook
+ * secrets, the only two; session tokens and list cursors use a key derived from it and are not
+ * stored) opened with the current key and sealed with the new one, in one transaction.
+ */
+
+export interface Resealed {
+  signingKeys: number
+  webhookSecrets: number
+}
+
+/** A rotation that did not happen, and changed nothing: the message says why. */
+export class ResealRefused extends Error {}
+
+interface SealedRow {
+  id: string
+  sealed: string
+}
+
+/** How many of the values that do not open are named in the refusal. */
+const NAMED_FAILURES = 5
+
+export async function resealAll(database: Database, from: Sealer, to: Sealer): Promise<Resealed> {
+  return database.db.transaction(async (tx) => {
+    // Before the table lock, which would otherwise wait behind a running server's transaction.
+    if (database.kind === 'postgres') await refuseWhileServersConnected(tx)
+    // A writer (a signing-key rotation, a new webhook) waits until the commit, so what is read here
+    // is all there is to re-seal.
+    await tx.execute(sql`LOCK TABLE ${signingKeys}, ${webhooks} IN EXCLUSIVE MODE`)
+    const keys = await tx.select({ id: signingKeys.id, sealed: signingKeys.privateKeyEnc }).from(signingKeys)
+    const hooks = await tx.select({ id: webhooks.id, sealed: webhooks.secretEnc }).from(webhooks)
+    // Every value is opened before the first write: one that does not open stops the rotation whole.
+    const unopened = [...notOpening(keys, from, 'signing key'), ...notOpening(hooks, from, 'webhook')]
+    if (unopened.length > 0) {
+      const named = unopened.slice(0, NAMED_FAILURES).join(', ')
+      const rest = unopened.length > NAMED_FAILURES ? ` and ${unopened.length - NAMED_FAILURES} more` : ''
+      throw new ResealRefused(
+        `${unopened.length} sealed value(s) do not open with the current master key (${named}${rest}); nothing was changed`,
+      )
+    }
+    for (const row of keys) {
+      await tx.update(signingKeys).set({ privateKeyEnc: to.seal(from.open(row.sealed)) }).where(eq(signingKeys.id, row.id))
+    }
+    for (const row of hooks) {
+      await tx.update(webhooks).set({ secretEnc: to.seal(from.open(row.sealed)) }).where(eq(webhooks.id, row.id))
+    }
+    return { signingKeys: keys.length, webhookSecrets: hooks.length }
+  })
+}
+
+function notOpening(rows: SealedRow[], sealer: Sealer, what: string): string[] {
+  return rows.flatMap((row) => {
+    try {
+      sealer.open(row.sealed)
+      return []
+    } catch {
+      return [`${what} ${row.id}`]
+    }
+  })
+}
+
+/**
+ * A server keeps the old key in memory and would seal new values with it after the commit, and fail
+ * to open the re-sealed ones: with PostgreSQL shared by instances the data-dir lock says nothing, but
+ * each server's connections carry their application_name. The migration lock holds back a server
+ * starting meanwhile until the commit.
+ */
+async function refuseWhileServersConnected(tx: Tx): Promise<void> {
+  await tx.execute(sql.raw(`SELECT pg_advisory_xact_lock(${MIGRATION_LOCK})`))
+  const result = await tx.execute(sql`
+    SELECT count(*)::int AS n FROM pg_stat_activity
+    WHERE datname = current_database() AND application_name = ${SERVER_CONNECTION_NAME} AND pid <> pg_backend_pid()`)
+  const connected = Number(rowsOf(result)[0]?.n ?? 0)
+  if (connected > 0) {
+    throw new ResealRefused(
+      `${connected} connection(s) of a running server or CLI are open on the database: stop every server, rotate, then start them with MASTER_KEY set to the new key`,
+    )
+  }
+}

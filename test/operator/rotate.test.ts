@@ -1,0 +1,290 @@
+import { afterAll, describe, expect, setDefaultTimeout, test } from 'bun:test'
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs'
+import { randomBytes } from 'node:crypto'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import postgres from 'postgres'
+import { drizzle } from 'drizzle-orm/postgres-js'
+import { eq } from 'drizzle-orm'
+import { type Db, openDb, SERVER_CONNECTION_NAME } from '../../src/db/client'
+import * as schema from '../../src/db/schema'
+import { Sealer } from '../../src/lib/crypto'
+import { MODE, TEST_DATABASE_URL, TEST_REDIS_URL } from '../support/helpers'
+import { runToExit, type ServerProcess, startServer } from '../support/server-process'
+import { signatureValid, startReceiver, testCertificate, until } from '../support/webhooks-receiver'
+import { hwid, nonce, verifySigned } from '../support/client'
+
+// Each test spawns servers and CLIs that open an embedded database or migrate a fresh one: a budget of its own.
+setDefaultTimeout(180_000)
+
+const cleanups: (() => Promise<void> | void)[] = []
+afterAll(async () => {
+  for (const cleanup of cleanups.reverse()) await cleanup()
+})
+
+const hexKey = () => randomBytes(32).toString('hex')
+
+/**
+ * A rotation re-seals every row of its database and refuses while the service's connections are open
+ * on it (this test process's shared pool is one): with PostgreSQL each test gets a database of its own.
+ */
+async function settings(masterKey: string): Promise<Record<string, string>> {
+  const dataDir = mkdtempSync(join(tmpdir(), 'ls-rotate-'))
+  cleanups.push(() => rmSync(dataDir, { recursive: true, force: true }))
+  let databaseUrl = ''
+  if (TEST_DATABASE_URL) {
+    const name = `ls_rotate_${process.pid}_${randomBytes(4).toString('hex')}`
+    const admin = new URL(TEST_DATABASE_URL)
+    admin.pathname = '/postgres'
+    const sql = postgres(admin.toString(), { max: 1, onnotice: () => {} })
+    await sql.unsafe(`CREATE DATABASE ${name}`)
+    cleanups.push(async () => {
+      await sql.unsafe(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`)
+      await sql.end()
+    })
+    const url = new URL(TEST_DATABASE_URL)
+    url.pathname = `/${name}`
+    databaseUrl = url.toString()
+  }
+  return {
+    DATA_DIR: dataDir,
+    DATABASE_URL: databaseUrl,
+    REDIS_URL: TEST_REDIS_URL ?? '',
+    MASTER_KEY: masterKey,
+    NODE_EXTRA_CA_CERTS: testCertificate().certFile,
+    WEBHOOK_ALLOW_PRIVATE_TARGETS: 'true',
+  }
+}
+
+/** Settings for a rotation refused before it opens the database: this run's shared one is safe. */
+function unopened(masterKey: string): Record<string, string> {
+  const dataDir = mkdtempSync(join(tmpdir(), 'ls-rotate-'))
+  cleanups.push(() => rmSync(dataDir, { recursive: true, force: true }))
+  return { DATA_DIR: dataDir, DATABASE_URL: TEST_DATABASE_URL ?? '', REDIS_URL: TEST_REDIS_URL ?? '', MASTER_KEY: masterKey }
+}
+
+/** The test's own look at the database while no server or CLI holds it; not under the service's connection name. */
+async function withDb<T>(env: Record<string, string>, use: (db: Db) => Promise<T>): Promise<T> {
+  if (env.DATABASE_URL) {
+    const client = postgres(env.DATABASE_URL, { max: 1, onnotice: () => {} })
+    try {
+      return await use(drizzle({ client, schema }) as unknown as Db)
+    } finally {
+      await client.end()
+    }
+  }
+  const database = await openDb({ databaseUrl: null, dataDir: env.DATA_DIR ?? null })
+  try {
+    return await use(database.db)
+  } finally {
+    await database.close()
+  }
+}
+
+/** Every sealed value, by row. */
+const sealedValues = (env: Record<string, string>) =>
+  withDb(env, async (db) => ({
+    keys: await db.select({ id: schema.signingKeys.id, sealed: schema.signingKeys.privateKeyEnc }).from(schema.signingKeys),
+    hooks: await db.select({ id: schema.webhooks.id, sealed: schema.webhooks.secretEnc }).from(schema.webhooks),
+  }))
+
+/** A stopped server's backends leave pg_stat_activity a moment after its process exits. */
+async function serverConnectionsGone(env: Record<string, string>) {
+  if (!env.DATABASE_URL) return
+  const sql = postgres(env.DATABASE_URL, { max: 1, onnotice: () => {} })
+  try {
+    await until(async () => {
+      const [row] = await sql`SELECT count(*)::int AS n FROM pg_stat_activity
+        WHERE datname = current_database() AND application_name = ${SERVER_CONNECTION_NAME}`
+      return row?.n === 0
+    }, 'the stopped server\'s connections to close')
+  } finally {
+    await sql.end()
+  }
+}
+
+async function cli(env: Record<string, string>, args: string[]) {
+  const run = await runToExit(['src/operator/cli.ts', ...args], env)
+  const last = run.stdout.trimEnd().split('\n').at(-1) ?? ''
+  let json: any
+  try {
+    json = JSON.parse(last)
+  } catch {}
+  return { ...run, json }
+}
+
+async function ok(run: Promise<{ code: number; stderr: string; json: any }>) {
+  const done = await run
+  expect(done.code, done.stderr).toBe(0)
+  return done.json
+}
+
+async function refused(run: Promise<{ code: number; stdout: string; stderr: string }>, mentions: RegExp) {
+  const done = await run
+  expect(done.code, done.stdout).toBe(1)
+  expect(done.stdout).toBe('')
+  expect(done.stderr.trimEnd().split('\n'), done.stderr).toEqual([expect.stringMatching(mentions)])
+}
+
+/** An account with one app and, where asked, the environment's master key sealing them. */
+async function provision(env: Record<string, string>) {
+  const account = await ok(cli(env, ['account', 'create', '--name', 'Rotation', '--credits', '100']))
+  const app = await ok(cli(env, ['app', 'create', '--account', account.accountId, '--name', 'Rotated']))
+  return { ...account, ...app } as { accountId: string; apiKey: string; appId: string; appSecret: string; publicKey: string; keyId: string }
+}
+
+type Provisioned = Awaited<ReturnType<typeof provision>>
+
+async function call(server: ServerProcess, path: string, body: unknown, apiKey?: string) {
+  const res = await fetch(`${server.url}${path}`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', ...(apiKey ? { authorization: `Bearer ${apiKey}` } : {}) },
+    body: JSON.stringify(body),
+  })
+  return { status: res.status, body: (await res.json()) as any }
+}
+
+const newLicense = async (server: ServerProcess, p: Provisioned) => {
+  const created = await call(server, '/v1/licenses', { appId: p.appId, quantity: 1 }, p.apiKey)
+  expect(created.status, JSON.stringify(created.body)).toBe(201)
+  return created.body.licenses[0].licenseKey as string
+}
+
+/** The one machine the tests' licenses (one seat each) are used on. */
+const machine = hwid()
+
+const validate = (server: ServerProcess, p: Provisioned, licenseKey: string) =>
+  call(server, '/auth/validate', { appId: p.appId, appSecret: p.appSecret, licenseKey, hwid: machine, nonce: nonce() })
+
+/** A validate that passes, signed with the app's one public key under its one key id. */
+async function expectSignedBy(server: ServerProcess, p: Provisioned, licenseKey: string) {
+  const res = await validate(server, p, licenseKey)
+  expect(res.status, JSON.stringify(res.body)).toBe(200)
+  expect(verifySigned(res.body, p.publicKey)).toBe(true)
+  expect(res.body.keyId).toBe(p.keyId)
+}
+
+describe(`master-key rotate (${MODE})`, () => {
+  test('a server on the new key signs with the same public key and delivers with the same secret; on the old key it fails clearly', async () => {
+    const oldKey = hexKey()
+    const newKey = hexKey()
+    const env = await settings(oldKey)
+    const p = await provision(env)
+    await using rx = startReceiver()
+
+    let server = await startServer(env)
+    let secret: string
+    const licenseKey = await (async () => {
+      try {
+        const hook = await call(server, `/v1/apps/${p.appId}/webhooks`, { url: rx.url('/rotate'), events: ['license.created'] }, p.apiKey)
+        expect(hook.status, JSON.stringify(hook.body)).toBe(201)
+        secret = hook.body.secret
+        const key = await newLicense(server, p)
+        await expectSignedBy(server, p, key)
+        // While a server holds the old key the rotation refuses, and changes nothing.
+        await refused(
+          cli({ ...env, NEW_MASTER_KEY: newKey }, ['master-key', 'rotate']),
+          MODE === 'embedded' ? /in use by a running server .*stop it before rotating/ : /connection\(s\) of a running server or CLI are open/,
+        )
+        await expectSignedBy(server, p, key)
+        return key
+      } finally {
+        await server.stop()
+      }
+    })()
+    await until(() => rx.at('/rotate').length === 1, 'the first delivery')
+
+    await serverConnectionsGone(env)
+    const before = await sealedValues(env)
+    expect(await ok(cli({ ...env, NEW_MASTER_KEY: newKey }, ['master-key', 'rotate']))).toEqual({
+      rotated: { signingKeys: 1, webhookSecrets: 1 },
+      developmentKeyFile: null,
+    })
+    const after = await sealedValues(env)
+    expect(after.keys.map((k) => k.id)).toEqual(before.keys.map((k) => k.id))
+    expect(after.keys[0]?.sealed).not.toBe(before.keys[0]?.sealed)
+    expect(after.hooks[0]?.sealed).not.toBe(before.hooks[0]?.sealed)
+
+    server = await startServer({ ...env, MASTER_KEY: newKey })
+    try {
+      await expectSignedBy(server, p, licenseKey)
+      await newLicense(server, p)
+      await until(() => rx.at('/rotate').length === 2, 'a delivery by the server on the new key')
+      for (const delivery of rx.at('/rotate')) expect(signatureValid(delivery, secret!)).toBe(true)
+    } finally {
+      await server.stop()
+    }
+
+    server = await startServer(env)
+    try {
+      const res = await validate(server, p, licenseKey)
+      expect(res.status, JSON.stringify(res.body)).toBeGreaterThanOrEqual(500)
+      expect(res.body.signature).toBeUndefined()
+      await until(() => server.log().includes('a sealed value does not open with this master key'), 'the log to say why')
+    } finally {
+      await server.stop()
+    }
+    expect(server.log()).not.toContain(oldKey)
+  })
+
+  test('a value that does not open stops the rotation with nothing changed; the development key file is replaced when it succeeds', async () => {
+    const env = await settings('')
+    const p = await provision(env)
+    const second = await ok(cli(env, ['app', 'create', '--account', p.accountId, '--name', 'Sealed elsewhere']))
+    const keyFile = join(env.DATA_DIR ?? '', 'master.key')
+    const devKey = readFileSync(keyFile, 'utf8')
+    const stranger = new Sealer(randomBytes(32))
+    const original = await sealedValues(env)
+    const secondSealed = original.keys.find((k) => k.id === second.keyId)?.sealed ?? ''
+    const setSecond = (sealed: string) =>
+      withDb(env, (db) => db.update(schema.signingKeys).set({ privateKeyEnc: sealed }).where(eq(schema.signingKeys.id, second.keyId)))
+    await setSecond(stranger.seal(randomBytes(48)))
+    const broken = await sealedValues(env)
+
+    const newKey = hexKey()
+    const run = await cli({ ...env, NEW_MASTER_KEY: newKey }, ['master-key', 'rotate'])
+    expect(run.code, run.stdout).toBe(1)
+    expect(run.stderr.trimEnd().split('\n')).toEqual([
+      `error: 1 sealed value(s) do not open with the current master key (signing key ${second.keyId}); nothing was changed`,
+    ])
+    expect(await sealedValues(env)).toEqual(broken)
+    expect(readFileSync(keyFile, 'utf8')).toBe(devKey)
+    expect(existsSync(`${keyFile}.next`)).toBe(false)
+
+    await setSecond(secondSealed)
+    expect(await ok(cli({ ...env, NEW_MASTER_KEY: Buffer.from(newKey, 'hex').toString('base64') }, ['master-key', 'rotate']))).toEqual({
+      rotated: { signingKeys: 2, webhookSecrets: 0 },
+      developmentKeyFile: keyFile,
+    })
+    expect(readFileSync(keyFile, 'utf8')).toBe(newKey)
+    expect(existsSync(`${keyFile}.next`)).toBe(false)
+    // The same private keys, now under the new key.
+    const fresh = new Sealer(Buffer.from(newKey, 'hex'))
+    const old = new Sealer(Buffer.from(devKey, 'hex'))
+    const rotated = await sealedValues(env)
+    expect(rotated.keys.map((k) => fresh.open(k.sealed).toString('hex')).sort()).toEqual(
+      original.keys.map((k) => old.open(k.sealed).toString('hex')).sort(),
+    )
+    expect(() => old.open(rotated.keys[0]?.sealed ?? '')).toThrow('does not open with this master key')
+  })
+
+  test.each([
+    [{ NEW_MASTER_KEY: '' }, /NEW_MASTER_KEY is not set/, 2],
+    [{ NEW_MASTER_KEY: 'abc' }, /NEW_MASTER_KEY must be 32 bytes/, 2],
+    [{ MASTER_KEY: '' }, /no master key to rotate from/, 2],
+  ] as const)('%j is refused before anything is opened', async (extra, mentions, code) => {
+    const env: Record<string, string> = { ...unopened(hexKey()), NEW_MASTER_KEY: hexKey(), ...extra }
+    const run = await cli(env, ['master-key', 'rotate'])
+    expect(run.code, run.stdout).toBe(code)
+    expect(run.stderr.trimEnd().split('\n')).toEqual([expect.stringMatching(mentions)])
+    expect(existsSync(join(env.DATA_DIR ?? '', 'master.key'))).toBe(false)
+  })
+
+  test('NEW_MASTER_KEY equal to the current key is refused', async () => {
+    const key = hexKey()
+    const env = { ...unopened(key), NEW_MASTER_KEY: key }
+    const run = await cli(env, ['master-key', 'rotate'])
+    expect(run.code).toBe(2)
+    expect(run.stderr).toBe('error: NEW_MASTER_KEY is the current master key\n')
+  })
+})
