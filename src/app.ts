@@ -4,7 +4,10 @@ import { Value } from '@sinclair/typebox/value'
 import { Elysia } from 'elysia'
 import type { Context } from './context'
 import { ApiError, PublicError } from './lib/errors'
-import { httpMetrics, UNMATCHED_ROUTE } from './http/metrics'
+import { httpObservation, requestIdOf, UNMATCHED_ROUTE } from './http/metrics'
+import { REQUEST_ID_HEADER } from './http/request-id'
+import { ServerMetrics } from './http/scrape'
+import { isDatabaseError, countDatabaseError } from './db/errors'
 import { log, logErrorOnce } from './lib/log'
 import { STORABLE_TEXT } from './lib/model'
 import { accountRoutes } from './accounts/routes'
@@ -13,7 +16,7 @@ import { clientRoutes } from './client-auth/routes'
 import { docsRoutes } from './http/docs'
 import { activationRequestRoutes, offlineFileRoutes } from './licenses/offline/routes'
 import { licenseRoutes } from './licenses/routes'
-import { opsRoutes } from './http/ops'
+import { metricsRoutes, opsRoutes } from './http/ops'
 import { securityRoutes } from './security/routes'
 import { variableRoutes } from './variables/routes'
 import { webhookRoutes } from './webhooks/routes'
@@ -213,7 +216,11 @@ function validationMessage(error: unknown): string {
   return first?.message ? `${where || e.type}: ${first.message}` : `Invalid ${where}`
 }
 
-export function createApp(ctx: Context) {
+/**
+ * The server's routes. `scrape` is what /metrics answers (main.ts's knows the other server processes;
+ * by default this process alone); with METRICS_PORT set, /metrics is on that listener instead, and here 404.
+ */
+export function createApp(ctx: Context, scrape = new ServerMetrics(ctx, { kind: 'single' })) {
   const { metrics } = ctx
   // normalize off: Elysia would silently drop unknown body fields; the schemas refuse them instead
   // (StrictBody on /v1, /auth bodies admit them explicitly), and a response that carries a field its
@@ -221,16 +228,18 @@ export function createApp(ctx: Context) {
   // reach the parent route, and clients collapse a `.` or `..` path segment (an HWID being released) into
   // one: `DELETE /v1/licenses/K/hwids/..` must not become `DELETE /v1/licenses/K`.
   return new Elysia({ name: 'license-service', normalize: false, strictPath: true })
-    .use(httpMetrics(metrics))
+    .use(httpObservation(metrics))
     .onParse(async ({ request, path }) => {
       if (request.method === 'GET' || request.method === 'HEAD') return
       return parseBody(request, path)
     })
-    .onError(({ code, error, path, route, set }) => {
+    .onError((context) => {
+      const { code, error, path, route, set } = context
+      const requestId = requestIdOf(context)
       // Records the status on `set` too: the metrics hook reads it there, as a returned Response does not.
       const reply = (status: number, errorCode: string, message: string, headers: Record<string, string> = {}) => {
         set.status = status
-        return errorResponse(path, status, errorCode, message, headers)
+        return errorResponse(path, status, errorCode, message, { ...headers, [REQUEST_ID_HEADER]: requestId })
       }
       const internalError = () =>
         isPublic(path)
@@ -259,17 +268,19 @@ export function createApp(ctx: Context) {
       if (code === 'VALIDATION') {
         if ((error as { type?: string }).type !== 'response') return reply(400, 'bad_request', validationMessage(error))
         // The error's message quotes the response, which may hold a secret: the route is all that is logged.
-        log.error('response does not match its schema', { route })
+        log.error('response does not match its schema', { requestId, route })
         return internalError()
       }
       if (code === 'NOT_FOUND') {
         return reply(404, 'not_found', 'No such route')
       }
+      if (isDatabaseError(error)) countDatabaseError(error)
       // The route pattern, not the path: a path carries license keys, HWIDs and webhook ids.
-      logErrorOnce('unhandled error', error, { route: route || UNMATCHED_ROUTE })
+      logErrorOnce('unhandled error', error, { requestId, route: route || UNMATCHED_ROUTE })
       return internalError()
     })
-    .use(opsRoutes(ctx, metrics))
+    .use(opsRoutes(ctx))
+    .use(ctx.config.metricsPort === null ? metricsRoutes(scrape) : new Elysia({ name: 'routes-metrics' }))
     .use(docsRoutes(ctx))
     .use(licenseRoutes(ctx))
     .use(offlineFileRoutes(ctx))

@@ -8,7 +8,6 @@ import { ACTOR_LIMITS, AppActors } from './actors/registry'
 import { resolveMasterKey } from './signing/master-key'
 import { type Database, openDb, poolSizePerProcess } from './db/client'
 import { Metrics } from './lib/metrics'
-import { serverProcessIndex } from './server-processes'
 import { Signer } from './signing/signer'
 import type { Context } from './context'
 import { openStore } from './store/redis'
@@ -56,7 +55,7 @@ export async function buildContext(config: Readonly<Config>, overrides: ContextO
       lowPriority: !embedded,
     }),
     signer: overrides.signer ?? new Signer(),
-    metrics: new Metrics(config.serverProcesses > 1 ? serverProcessIndex() : null),
+    metrics: new Metrics(),
     clock: overrides.clock ?? Date.now,
   })
 }

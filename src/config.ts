@@ -39,6 +39,10 @@ export interface Config {
   /** 32-byte key that encrypts signing keys and webhook secrets at rest; null: a dev key in dataDir. */
   masterKey: Buffer | null
   logLevel: 'debug' | 'info' | 'warn' | 'error'
+  /** METRICS_PORT: a listener of its own for /metrics (then 404 on PORT); null: /metrics on PORT. */
+  metricsPort: number | null
+  /** METRICS_HOST: the address that listener binds, loopback unless told otherwise. */
+  metricsHost: string
 }
 
 export class ConfigError extends Error {}
@@ -126,6 +130,14 @@ export function masterKeyFrom(env: Env, name: string): Buffer | null {
   return key
 }
 
+function hostSetting(env: Env, name: string, fallback: string): string {
+  const host = str(env, name, fallback)
+  if (isIP(host) === 0 && !/^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$/.test(host)) {
+    throw new ConfigError(`${name} must be an IP address or a host name, got "${host}"`)
+  }
+  return host
+}
+
 /** Server processes a shared-store server runs when SERVER_PROCESSES is unset, at most. */
 export const DEFAULT_PROCESSES_CAP = 4
 
@@ -148,9 +160,12 @@ export function loadConfig(env: Env = process.env): Readonly<Config> {
   for (const [name, file] of [['TLS_CERT_FILE', tlsCertFile], ['TLS_KEY_FILE', tlsKeyFile]] as const) {
     if (file !== null && !existsSync(file)) throw new ConfigError(`${name} names a file that does not exist: "${file}"`)
   }
-  const host = str(env, 'HOST', '0.0.0.0')
-  if (isIP(host) === 0 && !/^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$/.test(host)) {
-    throw new ConfigError(`HOST must be an IP address or a host name, got "${host}"`)
+  const host = hostSetting(env, 'HOST', '0.0.0.0')
+  const metricsHost = hostSetting(env, 'METRICS_HOST', '127.0.0.1')
+  const port = int(env, 'PORT', 3000, 0, 65535)
+  const metricsPort = optional(env, 'METRICS_PORT') === null ? null : int(env, 'METRICS_PORT', 0, 1, 65535)
+  if (metricsPort !== null && metricsPort === port) {
+    throw new ConfigError(`METRICS_PORT must differ from PORT (${port}): it opens a listener of its own`)
   }
   const databaseUrl = url(env, 'DATABASE_URL', ['postgres:', 'postgresql:'])
   const { redisUrl, redisClusterShards } = redisSettings(env)
@@ -177,7 +192,7 @@ export function loadConfig(env: Env = process.env): Readonly<Config> {
   }
   return Object.freeze({
     host,
-    port: int(env, 'PORT', 3000, 0, 65535),
+    port,
     serverProcesses,
     databaseUrl,
     dataDir: str(env, 'DATA_DIR', './data'),
@@ -198,5 +213,7 @@ export function loadConfig(env: Env = process.env): Readonly<Config> {
     tlsKeyFile,
     masterKey: masterKeyFrom(env, 'MASTER_KEY'),
     logLevel: logLevel as Config['logLevel'],
+    metricsPort,
+    metricsHost,
   })
 }

@@ -6,6 +6,9 @@ import type { Context } from './context'
 import { describeHolder, isLock, LOCK_WAIT_MS, lockDataDir } from './db/data-dir-lock'
 import { startOperatorSocket, usesOperatorSocket } from './operator/socket'
 import { errorFields, log, setLogLevel } from './lib/log'
+import { startEventLoopMonitor } from './lib/process-metrics'
+import { internalMetricsApp } from './http/ops'
+import { type ProcessRole, ServerMetrics } from './http/scrape'
 import {
   type OtherServerProcesses,
   reportToFirstServerProcess,
@@ -59,7 +62,16 @@ async function main(): Promise<void> {
   // opening the embedded database a second time.
   const operatorSocket = usesOperatorSocket(config) ? startOperatorSocket(config.dataDir, contextReady) : null
   const ctx = await contextReady
-  const app = createApp(ctx)
+  const index = serverProcessIndex()
+  const role: ProcessRole =
+    config.serverProcesses === 1
+      ? { kind: 'single' }
+      : index === 0
+        ? { kind: 'first' }
+        : { kind: 'other', index, toFirst: (message) => process.send?.(message) }
+  const scrape = new ServerMetrics(ctx, role)
+  const app = createApp(ctx, scrape)
+  startEventLoopMonitor()
   const background = startBackgroundWork(ctx)
   const tls =
     config.tlsCertFile && config.tlsKeyFile
@@ -75,7 +87,11 @@ async function main(): Promise<void> {
     maxRequestBodySize: Number.MAX_SAFE_INTEGER,
   })
   const port = app.server?.port ?? config.port
-  const index = serverProcessIndex()
+  // The first process alone: it gathers the others' series, so one scrape there describes the server.
+  const metricsListener =
+    config.metricsPort !== null && index === 0
+      ? internalMetricsApp(ctx.metrics, scrape).listen({ hostname: config.metricsHost, port: config.metricsPort })
+      : null
 
   let others: OtherServerProcesses | null = null
   let stopping = false
@@ -86,6 +102,7 @@ async function main(): Promise<void> {
     try {
       await others?.stop()
       operatorSocket?.stop()
+      await metricsListener?.stop()
       await app.stop()
       await background.stop()
       await ctx.store.close()
@@ -99,13 +116,20 @@ async function main(): Promise<void> {
   process.on('SIGTERM', () => void shutdown('SIGTERM'))
 
   if (index > 0) {
-    reportToFirstServerProcess(() => void shutdown('the first server process is gone'))
+    reportToFirstServerProcess(
+      () => void shutdown('the first server process is gone'),
+      (message) => scrape.receive(message),
+    )
     return
   }
   // The others start once this one has a port (PORT=0 picks one) and has run the migrations.
-  if (config.serverProcesses > 1) others = await startOtherServerProcesses(config.serverProcesses, port)
+  if (config.serverProcesses > 1) {
+    others = await startOtherServerProcesses(config.serverProcesses, port, (from, message) => scrape.receive(message, from))
+    scrape.attach(others)
+  }
   log.info('listening', {
     url: `${tls ? 'https' : 'http'}://${config.host}:${port}`,
+    metrics: metricsListener ? `http://${config.metricsHost}:${metricsListener.server?.port}/metrics` : '/metrics on the same port',
     database: ctx.database.kind,
     store: ctx.store.kind,
     processes: config.serverProcesses,

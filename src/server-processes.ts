@@ -13,7 +13,14 @@ const RESTART_DELAY_MS = 1000
 export interface OtherServerProcesses {
   /** SIGTERM to each, resolved once all have exited (each finishes its own shutdown first). */
   stop(): Promise<void>
+  /** The indexes of the processes running now. */
+  indexes(): number[]
+  /** Sends a message to one of them over its IPC channel; false when it is not running. */
+  send(index: number, message: unknown): boolean
 }
+
+/** What a process the first one started sends it besides 'listening' (a metrics scrape's messages). */
+export type FromServerProcess = (index: number, message: unknown) => void
 
 /**
  * Starts server processes 1 to count-1 of this entry point on `port`, beside the first: every one
@@ -21,7 +28,11 @@ export interface OtherServerProcesses {
  * listens. They share nothing in memory: every invariant holds across processes the way it holds
  * across instances (PostgreSQL and Redis). One that exits while the server runs is started again.
  */
-export async function startOtherServerProcesses(count: number, port: number): Promise<OtherServerProcesses> {
+export async function startOtherServerProcesses(
+  count: number,
+  port: number,
+  received: FromServerProcess,
+): Promise<OtherServerProcesses> {
   let stopping = false
   const running = new Map<number, Subprocess>()
   const spawnOne = (index: number) =>
@@ -31,6 +42,7 @@ export async function startOtherServerProcesses(count: number, port: number): Pr
         stdio: ['ignore', 'inherit', 'inherit'],
         ipc: (message) => {
           if (message === 'listening') resolve()
+          else received(index, message)
         },
         onExit: (_proc, code, signal) => {
           running.delete(index)
@@ -53,6 +65,13 @@ export async function startOtherServerProcesses(count: number, port: number): Pr
       for (const child of children) child.kill('SIGTERM')
       await Promise.all(children.map((child) => child.exited))
     },
+    indexes: () => [...running.keys()],
+    send(index, message) {
+      const child = running.get(index)
+      if (!child || child.killed) return false
+      child.send(message)
+      return true
+    },
   }
 }
 
@@ -61,7 +80,8 @@ export async function startOtherServerProcesses(count: number, port: number): Pr
  * process is gone (its IPC channel closes, also when it was killed outright), so none is orphaned
  * on the port.
  */
-export function reportToFirstServerProcess(shutdown: () => void): void {
+export function reportToFirstServerProcess(shutdown: () => void, received: (message: unknown) => void): void {
   process.send?.('listening')
   process.on('disconnect', shutdown)
+  process.on('message', received)
 }

@@ -37,6 +37,8 @@ describe('defaults', () => {
       tlsKeyFile: null,
       masterKey: null,
       logLevel: 'info',
+      metricsPort: null,
+      metricsHost: '127.0.0.1',
     })
   })
 
@@ -79,6 +81,8 @@ describe('each setting is parsed', () => {
     ['SESSION_TTL_SECONDS', '3600', 'sessionTtlSeconds', 3600],
     ['SESSION_TTL_SECONDS', '604800', 'sessionTtlSeconds', 604_800],
     ['LOG_LEVEL', 'debug', 'logLevel', 'debug'],
+    ['METRICS_PORT', '9464', 'metricsPort', 9464],
+    ['METRICS_HOST', '0.0.0.0', 'metricsHost', '0.0.0.0'],
     ['MASTER_KEY', 'ab'.repeat(32), 'masterKey', Buffer.alloc(32, 0xab)],
     ['MASTER_KEY', Buffer.alloc(32, 1).toString('base64'), 'masterKey', Buffer.alloc(32, 1)],
   ] as const)('%s=%s', (name, value, field, expected) => {
@@ -122,6 +126,9 @@ describe('each setting is parsed', () => {
 describe('a bad value is a ConfigError naming the setting', () => {
   test.each([
     ['HOST', 'not a host!'],
+    ['METRICS_HOST', 'not a host!'],
+    ['METRICS_PORT', '0'],
+    ['METRICS_PORT', '3000'],
     ['PORT', 'eighty'],
     ['PORT', '65536'],
     ['PORT', '-1'],

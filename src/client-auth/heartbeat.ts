@@ -1,11 +1,15 @@
 import type { Context } from '../context'
+import { countResult } from '../lib/metrics'
 import { keys } from '../store/store'
 import { authorize } from './authorize'
 import type { HeartbeatInput, SignedReply } from './model'
 import { bucket, canonicalAppId, ceiling, fail, HEARTBEATS_PER_CREDIT, licenseState, listsAllow, type Outcome, SANDBOX } from './policy'
 
 /** POST /auth/heartbeat: re-checks the license on every call, so revocations reach clients at once. */
-export async function heartbeat(ctx: Context, input: HeartbeatInput, ip: string): Promise<SignedReply> {
+export const heartbeat = (ctx: Context, input: HeartbeatInput, ip: string): Promise<SignedReply> =>
+  countResult(ctx.metrics.heartbeats, renewSession(ctx, input, ip))
+
+async function renewSession(ctx: Context, input: HeartbeatInput, ip: string): Promise<SignedReply> {
   const { sessions, payloads } = ctx
   const appId = canonicalAppId(input.appId)
   const session = sessions.readFor(appId, input.sessionToken, input.hwid, ctx.clock())

@@ -1,5 +1,6 @@
 import type { Context } from '../context'
 import { PublicError } from '../lib/errors'
+import { countResult } from '../lib/metrics'
 import { keys } from '../store/store'
 import { authorize } from './authorize'
 import type { SelfbanInput, SelfbanReply } from './model'
@@ -9,7 +10,10 @@ import { bucket, canonicalAppId, ceiling, fail, NONCE_TTL_SECONDS, type Outcome,
  * POST /auth/selfban. Pre-session (appSecret + licenseKey + nonce) never revokes; post-session (a
  * session token) revokes by default. `performed` reports only changes this request made.
  */
-export async function selfban(ctx: Context, input: SelfbanInput, ip: string): Promise<SelfbanReply> {
+export const selfban = (ctx: Context, input: SelfbanInput, ip: string): Promise<SelfbanReply> =>
+  countResult(ctx.metrics.selfbans, reportTampering(ctx, input, ip))
+
+async function reportTampering(ctx: Context, input: SelfbanInput, ip: string): Promise<SelfbanReply> {
   const post = input.sessionToken !== undefined
   if (!post && (input.appSecret === undefined || input.licenseKey === undefined || input.nonce === undefined)) {
     throw new PublicError('bad_request')

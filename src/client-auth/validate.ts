@@ -1,6 +1,7 @@
 import type { CachedApp, CachedLicense } from '../actors/load'
 import type { Context } from '../context'
 import { PublicError } from '../lib/errors'
+import { countResult } from '../lib/metrics'
 import { keys } from '../store/store'
 import { authorize } from './authorize'
 import type { SignedReply, ValidateInput } from './model'
@@ -19,7 +20,10 @@ import {
 import { clampTtl } from '../signing/session'
 
 /** POST /auth/validate: authenticate the app, claim the nonce, check the license, bind the seat, charge, sign. */
-export async function validate(ctx: Context, input: ValidateInput, ip: string): Promise<SignedReply> {
+export const validate = (ctx: Context, input: ValidateInput, ip: string): Promise<SignedReply> =>
+  countResult(ctx.metrics.validations, validateAndSign(ctx, input, ip))
+
+async function validateAndSign(ctx: Context, input: ValidateInput, ip: string): Promise<SignedReply> {
   const { hwid, licenseKey } = input
   const appId = canonicalAppId(input.appId)
   const auth = await authorize(ctx, { ip, appId, licenseKey, needsNonce: true }, (app, license, nowMs, shard) => {
@@ -79,7 +83,14 @@ export async function validate(ctx: Context, input: ValidateInput, ip: string): 
 /** Binds a new HWID through the app's actor, then reports the license as it now stands. */
 async function bindHwid(ctx: Context, app: CachedApp, licenseKey: string, hwid: string): Promise<CachedLicense> {
   const { actors } = ctx
-  const bound = await actors.bindSeat(app.id, licenseKey, hwid)
+  let bound: boolean
+  try {
+    bound = await actors.bindSeat(app.id, licenseKey, hwid)
+  } catch (err) {
+    ctx.metrics.seatBinds.add('failed')
+    throw err
+  }
+  ctx.metrics.seatBinds.add(bound ? 'bound' : 'refused')
   // Reloaded under a freshly read epoch, so the next request of this HWID is served from the actor.
   actors.forgetLicense(app.id, licenseKey)
   await actors.ensureLicense(app.id, licenseKey)

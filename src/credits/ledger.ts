@@ -4,6 +4,7 @@ import { accounts, creditFlushes } from '../db/schema'
 import type { Database } from '../db/client'
 import { type AuthorizeInput, keys, type Shard, type Store } from '../store/store'
 import { errorFields, logEvery } from '../lib/log'
+import { countDatabaseError, isDatabaseError } from '../db/errors'
 import { SingleFlight } from '../lib/single-flight'
 
 /**
@@ -33,6 +34,8 @@ export class CreditLedger {
   readonly #database: Database
   readonly #store: Store
   readonly #seeds = new SingleFlight<void>()
+  /** When a flush pass last moved every pending charge (or found none); the start until the first. */
+  #flushedAt = Date.now()
 
   constructor(storage: { database: Database; store: Store }) {
     this.#database = storage.database
@@ -116,13 +119,26 @@ export class CreditLedger {
    * and retried next pass without holding up the others; charges of a deleted account are dropped.
    */
   async flush(): Promise<void> {
+    const started = Date.now()
+    let failed = false
     for (const accountId of await this.#store.dirtyAccounts()) {
       try {
         await this.#flushAccount(accountId)
       } catch (err) {
+        failed = true
+        if (isDatabaseError(err)) countDatabaseError(err)
         logEvery('warn', 'credit flush failed for an account; will retry', () => ({ accountId, ...errorFields(err) }))
       }
     }
+    if (!failed) this.#flushedAt = started
+  }
+
+  /**
+   * Seconds since the start of the last flush pass that left no charge behind: every charge older than
+   * this is in PostgreSQL, and a store losing its data now would lose at most this much of them.
+   */
+  flushLagSeconds(): number {
+    return (Date.now() - this.#flushedAt) / 1000
   }
 
   async #flushAccount(accountId: string): Promise<void> {

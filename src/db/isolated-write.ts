@@ -3,6 +3,7 @@
  * member's data the batch is split until that member stands alone, and when the database cannot be
  * reached the caller learns which members were not written, so it can keep them for a retry.
  */
+import { codedError, countDatabaseError, SQLSTATE } from './errors'
 
 /** What went wrong with a write, as far as the batch is concerned. */
 export type WriteFailure =
@@ -18,25 +19,6 @@ export type WriteFailure =
 const OUTAGE_CLASSES = new Set(['08', '40', '53', '57', '58'])
 // 22 data exception (bad encoding, NUL, invalid JSON), 23 integrity constraint, 54 program limit (a value too large).
 const DATA_CLASSES = new Set(['22', '23', '54'])
-const SQLSTATE = /^[0-9A-Z]{5}$/
-
-/** The first error in the `cause` chain that carries a code (drizzle wraps the driver's error). */
-function codedError(err: unknown): { code: string; syscall: boolean } | undefined {
-  for (let e = err, depth = 0; e instanceof Error && depth < 8; e = e.cause, depth++) {
-    const { code, syscall } = e as { code?: unknown; syscall?: unknown }
-    if (typeof code === 'string') return { code, syscall: syscall !== undefined }
-  }
-  return undefined
-}
-
-/**
- * A SQLSTATE from PostgreSQL or PGlite, a postgres.js connection code (CONNECTION_CLOSED,
- * CONNECT_TIMEOUT) or a socket errno (ECONNREFUSED): safe for a log line, unlike the messages, where
- * drizzle puts the statement's parameters.
- */
-export function errorCode(err: unknown): string | undefined {
-  return codedError(err)?.code
-}
 
 export function classifyWriteError(err: unknown): WriteFailure {
   const coded = codedError(err)
@@ -79,6 +61,7 @@ export async function writeIsolated<T>(
     try {
       await write(part)
     } catch (error) {
+      countDatabaseError(error)
       const failure = classifyWriteError(error)
       if (failure === 'outage') {
         unreachable = true

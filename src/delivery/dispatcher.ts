@@ -27,6 +27,7 @@ export function startDispatcher(ctx: DispatcherWiring, options: DispatcherOption
       cancelQueued: () => pool.cancelQueued(),
       openSecret: async (sealed) => ctx.sealer.open(sealed).toString('utf8'),
       onCommit: (listener) => ctx.bus.subscribe(listener),
+      recorded: (outcomes) => ctx.metrics.webhookDeliveries.addAll(outcomes),
       clock: ctx.clock,
     },
     options,

@@ -2,6 +2,7 @@ import { readFileSync } from 'node:fs'
 import { rootCertificates } from 'node:tls'
 import { TurnBatcher } from '../lib/batcher'
 import type { Sealer } from '../lib/crypto'
+import type { LabeledCounter } from '../lib/metrics'
 import { errorFields, log } from '../lib/log'
 import type { DispatcherOptions, RunningDispatcher } from './dispatch/options'
 import type { EventBus } from './outbox'
@@ -42,6 +43,7 @@ export interface DispatchHost {
   sealer: Pick<Sealer, 'open'>
   bus: Pick<EventBus, 'subscribe'>
   config: { logLevel: DispatchStart['logLevel'] }
+  metrics: { webhookDeliveries: LabeledCounter }
 }
 
 /** The dispatcher running in the first worker: what restarts it there, and who waits for its stop. */
@@ -223,6 +225,10 @@ export class DeliveryPool {
     const d = this.#dispatching
     if (msg.type === 'stopped') {
       for (const resolve of d?.stopped.splice(0) ?? []) resolve()
+      return
+    }
+    if (msg.type === 'recorded') {
+      d?.host.metrics.webhookDeliveries.addAll(msg.outcomes)
       return
     }
     let secret: string | null = null

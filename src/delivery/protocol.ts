@@ -68,8 +68,14 @@ export interface SecretReply {
   secret: string | null
 }
 
+/** The dispatching worker's recorded attempts, by outcome, for the main thread's webhook_deliveries_total. */
+export interface RecordedAttempts {
+  type: 'recorded'
+  outcomes: Record<string, number>
+}
+
 /** Control messages a worker sends besides its (string) batches of replies. */
-export type WorkerEvent = SecretRequest | { type: 'stopped' }
+export type WorkerEvent = SecretRequest | RecordedAttempts | { type: 'stopped' }
 
 export interface DeliveryResult {
   /** The receiver's HTTP status, or 0 when there was no response. */

@@ -3,7 +3,8 @@ import type { EventBus } from './outbox'
 import type { LabeledCounter } from '../lib/metrics'
 import { log } from '../lib/log'
 import { type DomainEvent, recordEvents } from './outbox'
-import { errorCode, writeIsolated } from '../db/isolated-write'
+import { errorCode } from '../db/errors'
+import { writeIsolated } from '../db/isolated-write'
 
 /**
  * How long a license.validated event waits in memory for others to join its INSERT. It fires on

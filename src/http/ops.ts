@@ -1,6 +1,8 @@
 import { Elysia, t } from 'elysia'
 import type { Context } from '../context'
 import type { Metrics } from '../lib/metrics'
+import { httpObservation } from './metrics'
+import type { ServerMetrics } from './scrape'
 
 const Check = t.Union([t.Literal('ok'), t.Literal('failed')])
 const Readiness = t.Object({
@@ -26,8 +28,8 @@ async function probe(ping: () => Promise<boolean>): Promise<'ok' | 'failed'> {
   }
 }
 
-/** Liveness, readiness and Prometheus metrics for orchestrators and scrapers; no authentication. */
-export const opsRoutes = (ctx: Context, metrics: Metrics) =>
+/** Liveness and readiness for orchestrators; no authentication. */
+export const opsRoutes = (ctx: Context) =>
   new Elysia({ name: 'routes-ops' })
     .get('/healthz', () => ({ status: 'ok' as const }), {
       response: {
@@ -71,27 +73,40 @@ export const opsRoutes = (ctx: Context, metrics: Metrics) =>
         },
       },
     )
-    .get(
-      '/metrics',
-      () =>
-        new Response(metrics.render(), {
-          headers: { 'content-type': 'text/plain; version=0.0.4; charset=utf-8' },
-        }),
-      {
-        detail: {
-          operationId: 'getMetrics',
-          security,
-          // No response schema (the body is text, not validated): the document's response is declared here.
-          responses: {
-            200: {
-              description: 'Prometheus text exposition format 0.0.4',
-              content: { 'text/plain': { schema: { type: 'string' } } },
-            },
+
+/** Prometheus metrics of the whole server (every process); no authentication. */
+export const metricsRoutes = (scrape: ServerMetrics) =>
+  new Elysia({ name: 'routes-metrics' }).get(
+    '/metrics',
+    async () =>
+      new Response(await scrape.exposition(), {
+        headers: { 'content-type': 'text/plain; version=0.0.4; charset=utf-8' },
+      }),
+    {
+      detail: {
+        operationId: 'getMetrics',
+        security,
+        // No response schema (the body is text, not validated): the document's response is declared here.
+        responses: {
+          200: {
+            description: 'Prometheus text exposition format 0.0.4',
+            content: { 'text/plain': { schema: { type: 'string' } } },
           },
-          tags: ['Operations'],
-          summary: 'Prometheus metrics',
-          description:
-            'http_requests_total and http_request_duration_seconds, labelled by method, route pattern and status.',
         },
+        tags: ['Operations'],
+        summary: 'Prometheus metrics',
+        description:
+          'HTTP requests by route pattern and status, validations, heartbeats and selfbans by result, seat binds, ' +
+          'webhook deliveries by outcome, the outbox backlog, credit flush lag, store and database errors, and ' +
+          'process figures (CPU, memory, event-loop delay, open descriptors, start time), each process labelled ' +
+          'process="i" when several share the port. Served on METRICS_HOST:METRICS_PORT instead of here when that is set.',
       },
-    )
+    },
+  )
+
+/**
+ * The listener METRICS_PORT opens in the first server process: /metrics and nothing else (404), kept
+ * off the client port so the figures need not be public.
+ */
+export const internalMetricsApp = (metrics: Metrics, scrape: ServerMetrics) =>
+  new Elysia({ name: 'internal-metrics', strictPath: true }).use(httpObservation(metrics)).use(metricsRoutes(scrape))

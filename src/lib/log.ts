@@ -1,42 +1,117 @@
 /**
- * One JSON line per entry on stderr. Callers never pass secrets: keys, tokens and bodies stay out.
- * Errors go through errorFields, which keeps what names a failure and drops what carries data.
+ * One JSON line per entry on stderr, written by pino. Callers never pass secrets: keys, tokens and
+ * bodies stay out. Redaction is the second line of defence: a field whose name says secret prints
+ * [Redacted] at any depth pino's paths reach. Errors go through errorFields, which keeps what names a
+ * failure and drops what carries data.
  */
-const LEVELS = { debug: 10, info: 20, warn: 30, error: 40 } as const
-export type LogLevel = keyof typeof LEVELS
+import pino, { type DestinationStream, type Logger } from 'pino'
+
+export type LogLevel = 'debug' | 'info' | 'warn' | 'error'
 
 /** No log line is longer than this many characters. */
 export const MAX_LOG_LINE = 4096
 const MAX_FIELD = 512
 
-let threshold: number = LEVELS.info
+/** Field names that hold secrets or personal identifiers wherever they appear (bodies, headers, rows). */
+const SECRET_NAMES = [
+  'authorization',
+  'cookie',
+  'apiKey',
+  'api_key',
+  'appSecret',
+  'app_secret',
+  'secret',
+  'secretHash',
+  'webhookSecret',
+  'licenseKey',
+  'license_key',
+  'licenseKeys',
+  'hwid',
+  'hwids',
+  'sessionToken',
+  'session_token',
+  'token',
+  'password',
+  'masterKey',
+  'master_key',
+  'privateKey',
+  'private_key',
+  'signingKey',
+  'sealed',
+  'payload',
+  'signature',
+  'nonce',
+]
+/** Hyphenated header names: bracket syntax in a redaction path. */
+const SECRET_HEADERS = ['x-api-key', 'set-cookie', 'proxy-authorization']
 
-export function setLogLevel(level: LogLevel): void {
-  threshold = LEVELS[level]
-}
+/** The names at the top level and two levels down (an error's cause, a request's header map, a row in a list). */
+export const REDACTED_PATHS = [...SECRET_NAMES.map((name) => `.${name}`), ...SECRET_HEADERS.map((name) => `["${name}"]`)].flatMap(
+  (key) => [key.replace(/^\./, ''), `*${key}`, `*.*${key}`],
+)
 
 const cut = (text: string, max: number) => (text.length > max ? `${text.slice(0, max)}…` : text)
 
-function write(level: LogLevel, msg: string, fields?: Record<string, unknown>): void {
-  if (LEVELS[level] < threshold) return
-  const time = new Date().toISOString()
-  let line = JSON.stringify({ time, level, msg, ...fields })
-  if (line.length > MAX_LOG_LINE) {
-    const short: Record<string, unknown> = {}
-    for (const [name, value] of Object.entries(fields ?? {}))
-      short[name] = typeof value === 'string' ? cut(value, MAX_FIELD) : value
-    line = JSON.stringify({ time, level, msg: cut(msg, MAX_FIELD), ...short })
-    if (line.length > MAX_LOG_LINE)
-      line = JSON.stringify({ time, level, msg: cut(msg, MAX_FIELD), truncated: true })
+/**
+ * Keeps every line under MAX_LOG_LINE after redaction: long string fields are cut first; a line still
+ * too long keeps its time, level, message and request id, and says it was truncated. Only an
+ * oversized line is parsed again, so the usual line costs one length check.
+ */
+function capped(destination: DestinationStream): DestinationStream {
+  return {
+    write(line: string) {
+      if (line.length <= MAX_LOG_LINE + 1) return destination.write(line)
+      const entry = JSON.parse(line) as Record<string, unknown>
+      const short: Record<string, unknown> = {}
+      for (const [name, value] of Object.entries(entry)) short[name] = typeof value === 'string' ? cut(value, MAX_FIELD) : value
+      let text = JSON.stringify(short)
+      if (text.length > MAX_LOG_LINE) {
+        const { time, level, requestId, msg } = short
+        text = JSON.stringify({ time, level, requestId, msg, truncated: true })
+      }
+      destination.write(`${text}\n`)
+    },
   }
-  process.stderr.write(`${line}\n`)
 }
 
+function createLogger(destination: DestinationStream, level: LogLevel): Logger {
+  return pino(
+    {
+      level,
+      // No pid or hostname on each line: the process index is logged where it matters.
+      base: undefined,
+      timestamp: pino.stdTimeFunctions.isoTime,
+      formatters: { level: (label) => ({ level: label }) },
+      redact: { paths: REDACTED_PATHS, censor: '[Redacted]' },
+    },
+    capped(destination),
+  )
+}
+
+// Synchronous: a line logged just before process.exit (a failed start, an uncaught error) is written
+// before the process ends, which an asynchronous buffer would lose.
+const stderr = () => pino.destination({ dest: 2, sync: true })
+let logger = createLogger(stderr(), 'info')
+
+export function setLogLevel(level: LogLevel): void {
+  logger.level = level
+}
+
+/** Sends the lines elsewhere (a test reads them), or back to stderr without one; the level is kept. */
+export function setLogDestination(destination: DestinationStream = stderr()): void {
+  logger = createLogger(destination, logger.level as LogLevel)
+}
+
+/** Whether a line at `level` would be written: lets a caller skip building its fields. */
+export const logs = (level: LogLevel): boolean => logger.isLevelEnabled(level)
+
+// The message goes in with the fields, ahead of them, so a line reads time, level, msg, fields as it did
+// before pino (which otherwise writes msg last) and what matches `"msg":"listening","url"` still does.
 export const log = {
-  debug: (msg: string, fields?: Record<string, unknown>) => write('debug', msg, fields),
-  info: (msg: string, fields?: Record<string, unknown>) => write('info', msg, fields),
-  warn: (msg: string, fields?: Record<string, unknown>) => write('warn', msg, fields),
-  error: (msg: string, fields?: Record<string, unknown>) => write('error', msg, fields),
+  debug: (msg: string, fields?: Record<string, unknown>) => logger.debug({ msg, ...fields }),
+  info: (msg: string, fields?: Record<string, unknown>) => logger.info({ msg, ...fields }),
+  warn: (msg: string, fields?: Record<string, unknown>) => logger.warn({ msg, ...fields }),
+  error: (msg: string, fields?: Record<string, unknown>) => logger.error({ msg, ...fields }),
 }
 
 /** How often one message logged through `logEvery` may appear. */
@@ -48,11 +123,11 @@ const lastLogged = new Map<string, number>()
  * every REPEAT_EVERY_MS says the same, where a line each time would bury the rest of the log.
  */
 export function logEvery(level: LogLevel, msg: string, fields?: () => Record<string, unknown>): void {
-  if (LEVELS[level] < threshold) return
+  if (!logger.isLevelEnabled(level)) return
   const now = Date.now()
   if (now - (lastLogged.get(msg) ?? Number.NEGATIVE_INFINITY) < REPEAT_EVERY_MS) return
   lastLogged.set(msg, now)
-  write(level, msg, fields?.())
+  log[level](msg, fields?.())
 }
 
 const reported = new WeakSet<object>()

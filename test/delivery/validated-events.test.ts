@@ -1,9 +1,10 @@
-import { afterEach, expect, spyOn, test } from 'bun:test'
+import { expect, test } from 'bun:test'
 import { and, eq, inArray } from 'drizzle-orm'
 import { type DomainEvent, recordEvents } from '../../src/delivery/outbox'
 import { ValidatedEventBatch } from '../../src/delivery/validated-events'
 import { events } from '../../src/db/schema'
 import { makeTestApp } from '../support/helpers'
+import { loggedBy } from '../support/log-capture'
 import { hwid } from '../support/client'
 import { connectionRefused } from '../support/pg-errors'
 import { until } from '../support/servers'
@@ -25,9 +26,6 @@ async function hwidsRecorded(appIds: string[]): Promise<string[]> {
     .where(and(inArray(events.appId, appIds), eq(events.event, 'license.validated')))
   return rows.map((r) => String(r.data.hwid))
 }
-
-let stderr: ReturnType<typeof spyOn<typeof process.stderr, 'write'>> | undefined
-afterEach(() => stderr?.mockRestore())
 
 test('an event PostgreSQL refuses is dropped alone: the events of two other accounts in its batch are recorded', async () => {
   const [a, b] = [await t.seed({ name: 'Account A' }), await t.seed({ name: 'Account B' })]
@@ -80,18 +78,18 @@ test('beyond the bound the oldest kept events are dropped, with one error line a
     return Number(/^license_validated_events_dropped_total\{reason="overflow"\} (\d+)$/m.exec(text)?.[1] ?? 0)
   }
   const droppedBefore = await metric()
-  stderr = spyOn(process.stderr, 'write')
   const sent = Array.from({ length: 80 }, () => validated(s.appId))
-  for (const [i, e] of sent.entries()) {
-    batch.add(e)
-    if (i % 20 === 19) await batch.flush()
-  }
+  const logged = await loggedBy(async () => {
+    for (const [i, e] of sent.entries()) {
+      batch.add(e)
+      if (i % 20 === 19) await batch.flush()
+    }
+  })
   expect(batch.kept).toBe(50)
   expect(await metric()).toBe(droppedBefore + 30)
-  const lines = stderr.mock.calls.map(([chunk]) => String(chunk)).filter((line) => line.includes('"level":"error"'))
-  expect(lines).toHaveLength(1)
-  expect(lines[0]).toContain('license.validated')
-  stderr.mockRestore()
+  const errors = logged.filter((entry) => entry.level === 'error')
+  expect(errors).toHaveLength(1)
+  expect(errors[0]?.msg).toContain('license.validated')
 
   down = false
   const recorded = await until(() => hwidsRecorded([s.appId]), (got) => got.length >= 50)

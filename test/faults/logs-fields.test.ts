@@ -8,7 +8,7 @@ import { DrizzleQueryError } from 'drizzle-orm'
 import postgres from 'postgres'
 import { generateLicenseKey } from '../../src/lib/crypto'
 import { licenses } from '../../src/db/schema'
-import { errorFields, log, logErrorOnce, logEvery, MAX_LOG_LINE, setLogLevel } from '../../src/lib/log'
+import { errorFields, log, logErrorOnce, logEvery, MAX_LOG_LINE, setLogDestination, setLogLevel } from '../../src/lib/log'
 import { insertLicense } from '../support/client'
 import { makeTestApp } from '../support/helpers'
 
@@ -17,12 +17,11 @@ const sha256 = (text: string) => createHash('sha256').update(text).digest('hex')
 /** The lines `fn` logs. */
 function captured(fn: () => void): string[] {
   const written: string[] = []
-  const write = process.stderr.write
-  process.stderr.write = ((chunk: string) => written.push(chunk) > 0) as typeof process.stderr.write
+  setLogDestination({ write: (line: string) => written.push(line) })
   try {
     fn()
   } finally {
-    process.stderr.write = write
+    setLogDestination()
   }
   return written
 }

@@ -77,7 +77,7 @@ describe('/metrics', () => {
       expect(res.status).toBe(200)
       expect(res.headers.get('content-type')).toStartWith('text/plain; version=0.0.4')
       const body = res.body as string
-      return body.includes('route="unmatched",status="404"} 2') ? body : undefined
+      return body.includes('route="unmatched",status="404",class="4xx"} 2') ? body : undefined
     })
     expect(text).toContain('# TYPE http_requests_total counter')
     expect(text).toContain('# TYPE http_request_duration_seconds histogram')

@@ -58,7 +58,16 @@ export interface DispatcherContext {
   openSecret(sealed: string): Promise<string>
   /** Calls the listener after every commit that wrote events; returns the unsubscribe. */
   onCommit(listener: () => void): () => void
+  /** Outcomes of the attempts of one recorded batch (see deliveryOutcome), counted by the main thread's metrics. */
+  recorded(outcomes: Record<string, number>): void
   clock: () => number
+}
+
+/** A recorded attempt's outcome, as webhook_deliveries_total labels it. */
+export function deliveryOutcome(status: number | null): string {
+  if (status === null) return 'skipped'
+  if (status === 0) return 'no_response'
+  return status >= 200 && status < 300 ? 'success' : 'http_error'
 }
 
 /** A started dispatcher, in this thread or in a delivery worker. */

@@ -2,6 +2,7 @@ import { sql } from 'drizzle-orm'
 import type { Db } from '../../db/client'
 import { errorFields, log, logEvery } from '../../lib/log'
 import { type Attempt, recordAttempts } from '../attempts'
+import { deliveryOutcome } from './options'
 
 const FLUSH_DELAY_MS = 100
 const RECORD_BATCH = 1_000
@@ -30,8 +31,11 @@ export class Recorder {
   /** Once stopping, results are written at once and a write that keeps failing is given up. */
   #stopping = false
 
-  constructor(db: Db) {
+  readonly #recorded: (outcomes: Record<string, number>) => void
+
+  constructor(db: Db, recorded: (outcomes: Record<string, number>) => void) {
     this.#db = db
+    this.#recorded = recorded
   }
 
   /**
@@ -86,7 +90,13 @@ export class Recorder {
       const batch = this.#results.splice(0, RECORD_BATCH)
       try {
         await recordAttempts(this.#db, batch)
-        for (const a of batch) this.#owned.delete(keyOf(a))
+        const outcomes: Record<string, number> = {}
+        for (const a of batch) {
+          this.#owned.delete(keyOf(a))
+          const outcome = deliveryOutcome(a.status)
+          outcomes[outcome] = (outcomes[outcome] ?? 0) + 1
+        }
+        this.#recorded(outcomes)
         failures = 0
         // What arrived during the write waits for the next batch (after the delay), unless a full
         // batch is already there: back-to-back statements of a few rows each cost the most.

@@ -39,7 +39,7 @@ export class WebhookDispatcher implements RunningDispatcher {
   constructor(ctx: DispatcherContext, options: DispatcherOptions = {}) {
     const settings = dispatcherSettings(options)
     this.#ctx = ctx
-    this.#recorder = new Recorder(ctx.db)
+    this.#recorder = new Recorder(ctx.db, ctx.recorded)
     this.#purger = new Purger(ctx.db, settings.retentionDays)
     const claims = new Claims(ctx.db, settings.fanOutBatch, settings.leaseSeconds)
     const sender = new Sender(ctx, this.#recorder, settings.maxInFlight, () => {

@@ -77,6 +77,7 @@ export class Dispatching {
           this.#wakeUps.add(listener)
           return () => this.#wakeUps.delete(listener)
         },
+        recorded: (outcomes) => this.#post({ type: 'recorded', outcomes }),
         clock: Date.now,
       },
       msg.options,

@@ -1,5 +1,6 @@
 import { Cluster, Redis, type RedisOptions } from 'ioredis'
 import { errorFields, log } from '../../lib/log'
+import { storeErrors } from '../../lib/metrics'
 import { type Shard, shardOf } from '../store'
 
 /** A Lua script sent as a named command (EVALSHA, with one EVAL fallback after a Redis restart). */
@@ -72,7 +73,10 @@ export class Connection<Commands extends object = object> {
     const redis = options.cluster
       ? clusterClient(url, common)
       : new Redis(url, { ...common, retryStrategy: (times) => Math.min(times * 200, 2000) })
-    redis.on('error', (err: Error) => log.debug('redis connection error', errorFields(err)))
+    redis.on('error', (err: Error) => {
+      storeErrors.add('connection')
+      log.debug('redis connection error', errorFields(err))
+    })
     // A new connection may reach a server that restarted with older data or a replica that lost writes
     // while keeping its generation key: whatever was read before it is suspect. A cluster client drops a
     // node's connection ('-node') when it fails or leaves; it closes when it has none left.

@@ -1,3 +1,4 @@
+import { storeErrors } from '../../lib/metrics'
 import { errorFields, log } from '../../lib/log'
 import { type AuthorizeInput, type AuthorizeResult, type CreditState, type EpochRead, keys, type Shard, type Snapshot, type Snapshots, type Store, type TakeResult } from '../store'
 import { type AuthorizeCommands, authorizeScripts, RedisAuthorizer } from './authorize'
@@ -7,6 +8,13 @@ import { type EpochCommands, epochScripts, RedisEpochs } from './epochs'
 import { type LimiterCommands, limiterScripts, RedisLimiter } from './limiter'
 
 export type { RedisStoreOptions } from './connection'
+
+/** Counts a failed store command; the caller still gets (and handles) the rejection. */
+const countFailure = () => storeErrors.add('command')
+function watched<T>(reply: Promise<T>): Promise<T> {
+  reply.catch(countFailure)
+  return reply
+}
 
 type Commands = LimiterCommands & EpochCommands & CreditCommands & AuthorizeCommands
 
@@ -49,63 +57,63 @@ export class RedisStore implements Store {
   }
 
   take(key: string, capacity: number, refillPerSecond: number, nowMs: number, cost?: number): Promise<TakeResult> {
-    return this.#limiter.take(key, capacity, refillPerSecond, nowMs, cost)
+    return watched(this.#limiter.take(key, capacity, refillPerSecond, nowMs, cost))
   }
 
   claimOnce(key: string, ttlSeconds: number): Promise<boolean> {
-    return this.#limiter.claimOnce(key, ttlSeconds)
+    return watched(this.#limiter.claimOnce(key, ttlSeconds))
   }
 
   epochs(keys: readonly string[]): Promise<number[]> {
-    return this.#epochs.epochs(keys)
+    return watched(this.#epochs.epochs(keys))
   }
 
   bump(keys: readonly string[]): Promise<void> {
-    return this.#epochs.bump(keys)
+    return watched(this.#epochs.bump(keys))
   }
 
   snapshot(keys: readonly string[]): Promise<Snapshot> {
-    return this.#epochs.snapshot(keys)
+    return watched(this.#epochs.snapshot(keys))
   }
 
   snapshotEach(reads: readonly EpochRead[]): Promise<Snapshots> {
-    return this.#epochs.snapshotEach(reads)
+    return watched(this.#epochs.snapshotEach(reads))
   }
 
   authorize(input: AuthorizeInput): Promise<AuthorizeResult> {
-    return this.#authorizer.authorize(input)
+    return watched(this.#authorizer.authorize(input))
   }
 
   loadBalance(accountId: string, seen: CreditState, reconciled: number, flushCommitted: boolean): Promise<'ok' | 'stale'> {
-    return this.#credits.loadBalance(accountId, seen, reconciled, flushCommitted)
+    return watched(this.#credits.loadBalance(accountId, seen, reconciled, flushCommitted))
   }
 
   creditState(accountId: string): Promise<CreditState> {
-    return this.#credits.creditState(accountId)
+    return watched(this.#credits.creditState(accountId))
   }
 
   balance(accountId: string): Promise<number | null> {
-    return this.#credits.balance(accountId)
+    return watched(this.#credits.balance(accountId))
   }
 
   creditsAdded(accountId: string, n: number): Promise<void> {
-    return this.#credits.creditsAdded(accountId, n)
+    return watched(this.#credits.creditsAdded(accountId, n))
   }
 
   refund(accountId: string, n: number): Promise<void> {
-    return this.#credits.refund(accountId, n)
+    return watched(this.#credits.refund(accountId, n))
   }
 
   dirtyAccounts(): Promise<string[]> {
-    return this.#credits.dirtyAccounts()
+    return watched(this.#credits.dirtyAccounts())
   }
 
   beginFlush(accountId: string, newId: string): Promise<{ id: string; amount: number } | null> {
-    return this.#credits.beginFlush(accountId, newId)
+    return watched(this.#credits.beginFlush(accountId, newId))
   }
 
   endFlush(accountId: string, id: string): Promise<void> {
-    return this.#credits.endFlush(accountId, id)
+    return watched(this.#credits.endFlush(accountId, id))
   }
 
   async ping(): Promise<boolean> {

@@ -29,7 +29,7 @@ async function lastDeliveryOf(o: Awaited<ReturnType<typeof claimedPair>>['o'], w
 describe('recorder', () => {
   test('a delivery already on the way is not taken twice, until its outcome is written', async () => {
     const { o, first } = await claimedPair()
-    const recorder = new Recorder(o.db)
+    const recorder = new Recorder(o.db, () => {})
     expect(recorder.take(first)).toBe(true)
     expect(recorder.take(first)).toBe(false)
     recorder.record({ ...first, at: new Date(), status: 204 })
@@ -41,7 +41,7 @@ describe('recorder', () => {
 
   test('outcomes close their rows, and the webhook keeps the newest whatever the order they arrive in', async () => {
     const { o, webhookId, ids, first, second } = await claimedPair()
-    const recorder = new Recorder(o.db)
+    const recorder = new Recorder(o.db, () => {})
     recorder.take(first)
     recorder.take(second)
     const newer = new Date('2026-02-01T00:00:02.000Z')
@@ -60,7 +60,7 @@ describe('recorder', () => {
 
   test('a skipped delivery (webhook disabled meanwhile) is closed without touching the last delivery', async () => {
     const { o, webhookId, ids, first } = await claimedPair()
-    const recorder = new Recorder(o.db)
+    const recorder = new Recorder(o.db, () => {})
     recorder.take(first)
     recorder.record({ ...first, at: new Date(), status: null })
     recorder.stopping()
@@ -73,7 +73,7 @@ describe('recorder', () => {
 
   test('while running, results wait a moment (to share a statement with those arriving meanwhile), then are written', async () => {
     const { o, ids, first, second } = await claimedPair()
-    const recorder = new Recorder(o.db)
+    const recorder = new Recorder(o.db, () => {})
     const written = async () => (await o.deliveriesOf(ids)).filter((r) => r.attemptedAt !== null).length
     recorder.take(first)
     recorder.take(second)
@@ -87,7 +87,7 @@ describe('recorder', () => {
 
   test('a hand-back clears the claim at drain, so the next claim takes it at once', async () => {
     const { o, ids, first, second } = await claimedPair()
-    const recorder = new Recorder(o.db)
+    const recorder = new Recorder(o.db, () => {})
     recorder.take(first)
     recorder.take(second)
     recorder.handBack(first)

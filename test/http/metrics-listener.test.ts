@@ -1,0 +1,131 @@
+/**
+ * A scrape describes the whole server: with several server processes every scrape carries each
+ * process's series (labelled process="i") and the server-wide ones once. METRICS_PORT moves /metrics
+ * to a listener of its own, and the real server's log carries the request ids it answers.
+ */
+import { describe, expect, test } from 'bun:test'
+import { type OtherProcesses, PROCESS_ANSWER_MS, ServerMetrics } from '../../src/http/scrape'
+import { hwid, insertLicense, nonce } from '../support/client'
+import { makeTestApp, MODE, TEST_DATABASE_URL, TEST_REDIS_URL, type TestApp } from '../support/helpers'
+import { startServer } from '../support/server-process'
+import { freePort } from '../support/servers'
+import { sample } from '../support/metrics-text'
+
+/** Messages cross a structured clone, as over the IPC channel, and arrive on a later turn. */
+const across = (deliver: (message: unknown) => void) => (message: unknown) => {
+  const copy = structuredClone(message)
+  setTimeout(() => deliver(copy), 0)
+}
+
+/** A first process and others built on test contexts, wired as main.ts wires them; `silent` ones never answer. */
+async function processes(others: number, silent: number[] = []) {
+  const contexts: TestApp[] = []
+  for (let i = 0; i <= others; i++) contexts.push(await makeTestApp())
+  const first = new ServerMetrics(contexts[0]!.ctx, { kind: 'first' })
+  const rest = contexts.slice(1).map(
+    (t, i) => new ServerMetrics(t.ctx, { kind: 'other', index: i + 1, toFirst: across((m) => first.receive(m, i + 1)) }),
+  )
+  const channel: OtherProcesses = {
+    indexes: () => rest.map((_, i) => i + 1),
+    send: (index, message) => {
+      if (!silent.includes(index)) across((m) => rest[index - 1]?.receive(m))(message)
+      return true
+    },
+  }
+  first.attach(channel)
+  return { contexts, first, rest }
+}
+
+describe('a scrape of several processes', () => {
+  test('whichever process answers, every process is in it, labelled, and the backlog once', async () => {
+    const { contexts, first, rest } = await processes(2)
+    contexts[2]!.ctx.metrics.validations.add('success', 3)
+    contexts[0]!.ctx.metrics.validations.add('success', 1)
+    for (const text of [await first.exposition(), await rest[0]!.exposition(), await rest[1]!.exposition()]) {
+      expect(sample(text, 'license_validations_total{result="success",process="2"}')).toBe(3)
+      expect(sample(text, 'license_validations_total{result="success",process="0"}')).toBe(1)
+      for (const p of ['0', '1', '2']) expect(text).toContain(`process_start_time_seconds{process="${p}"}`)
+      expect(text.match(/^webhook_backlog\{stage="undispatched_events"\}/gm)).toHaveLength(1)
+      expect(text.match(/^# TYPE license_validations_total counter$/gm)).toHaveLength(1)
+      expect(sample(text, 'server_processes_missing')).toBe(0)
+    }
+  })
+
+  test('a process that does not answer in time is left out and counted missing', async () => {
+    const { first } = await processes(2, [2])
+    const started = Date.now()
+    const text = await first.exposition()
+    expect(Date.now() - started).toBeGreaterThanOrEqual(PROCESS_ANSWER_MS - 50)
+    expect(text).toContain('process_start_time_seconds{process="1"}')
+    expect(text).not.toContain('process="2"')
+    expect(sample(text, 'server_processes_missing')).toBe(1)
+  })
+})
+
+// Several processes share the port only with the shared database and store.
+if (MODE === 'postgres') {
+  test('SERVER_PROCESSES=2 with METRICS_PORT: the internal listener shows both processes, the public port 404', async () => {
+    const metricsPort = await freePort()
+    const server = await startServer({
+      DATABASE_URL: TEST_DATABASE_URL!,
+      REDIS_URL: TEST_REDIS_URL!,
+      SERVER_PROCESSES: '2',
+      METRICS_PORT: String(metricsPort),
+    })
+    try {
+      const t = await makeTestApp()
+      const s = await t.seed()
+      const licenseKey = await insertLicense(t.ctx, s.appId)
+      const machine = hwid()
+      // A new connection per request, so the kernel spreads them over both processes.
+      const fresh = (url: string, init: RequestInit = {}) =>
+        fetch(url, { ...init, keepalive: false, headers: { ...init.headers, connection: 'close' } })
+      for (let i = 0; i < 8; i++) {
+        const res = await fresh(`${server.url}/auth/validate`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({ appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: machine, nonce: nonce() }),
+        })
+        expect(res.status).toBe(200)
+      }
+      expect((await fresh(`${server.url}/metrics`)).status).toBe(404)
+      const text = await (await fresh(`http://127.0.0.1:${metricsPort}/metrics`)).text()
+      const success = (p: string) => sample(text, `license_validations_total{result="success",process="${p}"}`)
+      expect(success('0') + success('1')).toBe(8)
+      expect(text).toContain('process_start_time_seconds{process="0"}')
+      expect(text).toContain('process_start_time_seconds{process="1"}')
+      expect(sample(text, 'server_processes_missing')).toBe(0)
+    } finally {
+      await server.stop()
+    }
+  })
+}
+
+test('METRICS_PORT: /metrics there and only there; request ids answered and in the access log', async () => {
+  const metricsPort = await freePort()
+  const env: Record<string, string> = { METRICS_PORT: String(metricsPort), LOG_LEVEL: 'debug' }
+  if (MODE === 'postgres') Object.assign(env, { DATABASE_URL: TEST_DATABASE_URL!, REDIS_URL: TEST_REDIS_URL!, SERVER_PROCESSES: '1' })
+  const server = await startServer(env)
+  try {
+    const internal = `http://127.0.0.1:${metricsPort}`
+    const publicScrape = await fetch(`${server.url}/metrics`, { headers: { 'x-request-id': 'public-scrape' } })
+    expect(publicScrape.status).toBe(404)
+    expect(publicScrape.headers.get('x-request-id')).toBe('public-scrape')
+    expect((await fetch(`${server.url}/healthz`)).status).toBe(200)
+
+    const scrape = await fetch(`${internal}/metrics`, { headers: { 'x-request-id': 'internal-scrape' } })
+    expect(scrape.status).toBe(200)
+    expect(scrape.headers.get('x-request-id')).toBe('internal-scrape')
+    expect(await scrape.text()).toContain('route="unmatched",status="404",class="4xx"} 1')
+    for (const path of ['/healthz', '/v1/account', '/auth/validate', '/metrics/']) {
+      expect((await fetch(`${internal}${path}`)).status, path).toBe(404)
+    }
+
+    const logged = () => server.log().split('\n').filter((l) => l.includes('"msg":"request"')).map((l) => JSON.parse(l))
+    for (let i = 0; i < 100 && !logged().some((e) => e.requestId === 'internal-scrape'); i++) await Bun.sleep(20)
+    expect(logged()).toContainEqual(expect.objectContaining({ requestId: 'public-scrape', route: 'unmatched', status: 404 }))
+    expect(logged()).toContainEqual(expect.objectContaining({ requestId: 'internal-scrape', route: '/metrics', status: 200 }))
+  } finally {
+    await server.stop()
+  }
+})

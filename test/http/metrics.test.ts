@@ -1,0 +1,160 @@
+/**
+ * Each domain metric at /metrics moves when its event happens: client requests by result, seat binds,
+ * webhook deliveries by outcome, the outbox backlog, credit flush lag, store and database errors, and
+ * the process's own figures.
+ */
+import { describe, expect, test } from 'bun:test'
+import { sql } from 'drizzle-orm'
+import { Elysia } from 'elysia'
+import { startDispatcher } from '../../src/delivery/dispatcher'
+import { writeIsolated } from '../../src/db/isolated-write'
+import { startEventLoopMonitor } from '../../src/lib/process-metrics'
+import { RedisStore } from '../../src/store/redis'
+import { decode, hwid, insertLicense, nonce } from '../support/client'
+import { makeTestApp, type TestApp } from '../support/helpers'
+import { sample } from '../support/metrics-text'
+import { ownRedis } from '../support/servers'
+import { startReceiver, testCertificate, until } from '../support/webhooks-receiver'
+
+const scrape = async (t: TestApp) => (await t.req('GET', '/metrics')).body as string
+
+async function validate(t: TestApp, app: { appId: string; appSecret: string }, licenseKey: string, machine = hwid()) {
+  return t.req('POST', '/auth/validate', {
+    body: { appId: app.appId, appSecret: app.appSecret, licenseKey, hwid: machine, nonce: nonce() },
+  })
+}
+
+describe('client requests by result', () => {
+  test('validations, heartbeats and selfbans: success, and each error code answered', async () => {
+    const t = await makeTestApp()
+    const s = await t.seed()
+    const licenseKey = await insertLicense(t.ctx, s.appId)
+    const machine = hwid()
+    const ok = await validate(t, s, licenseKey, machine)
+    expect(ok.status, JSON.stringify(ok.body)).toBe(200)
+    expect((await validate(t, { ...s, appSecret: 'wrong' }, licenseKey)).status).toBe(401)
+    const { sessionToken } = decode(ok.body.payload)
+    expect((await t.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken, hwid: machine } })).status).toBe(200)
+    expect((await t.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken, hwid: 'other' } })).status).toBe(401)
+    const banned = await t.req('POST', '/auth/selfban', {
+      body: { appId: s.appId, sessionToken, hwid: machine, revokeLicense: false, blacklistIp: false },
+    })
+    expect(banned.status, JSON.stringify(banned.body)).toBe(200)
+
+    const text = await scrape(t)
+    expect(sample(text, 'license_validations_total{result="success"}')).toBe(1)
+    expect(sample(text, 'license_validations_total{result="invalid_app"}')).toBe(1)
+    expect(sample(text, 'license_heartbeats_total{result="success"}')).toBe(1)
+    expect(sample(text, 'license_heartbeats_total{result="session_expired"}')).toBe(1)
+    expect(sample(text, 'license_selfbans_total{result="success"}')).toBe(1)
+    expect(sample(text, 'license_seat_binds_total{result="bound"}')).toBe(1)
+  })
+
+  test('seat binds: the free seat is bound once, the concurrent others are refused', async () => {
+    const t = await makeTestApp()
+    const s = await t.seed()
+    const licenseKey = await insertLicense(t.ctx, s.appId, { maxHwidSlots: 1 })
+    // Warm the cache with the license seen free, so every one of the burst plans a bind.
+    await t.ctx.actors.ensureLicense(s.appId, licenseKey)
+    const answers = await Promise.all(Array.from({ length: 5 }, () => validate(t, s, licenseKey)))
+    expect(answers.map((a) => a.status).sort()).toEqual([200, 403, 403, 403, 403])
+    const text = await scrape(t)
+    expect(sample(text, 'license_seat_binds_total{result="bound"}')).toBe(1)
+    expect(sample(text, 'license_seat_binds_total{result="refused"}')).toBe(4)
+    expect(sample(text, 'license_validations_total{result="hwid_mismatch"}')).toBe(4)
+  })
+
+  test('HTTP requests carry the route pattern, the status and its class', async () => {
+    const t = await makeTestApp()
+    await t.req('GET', '/v1/account')
+    // Recorded once the response is sent.
+    await until(async () => sample(await scrape(t), 'http_requests_total{method="GET",route="/v1/account",status="401",class="4xx"}') === 1, 'the 401 counted')
+  })
+})
+
+describe('webhooks', () => {
+  test('the backlog counts events waiting for the dispatcher; deliveries are counted by outcome', async () => {
+    const t = await makeTestApp({ env: { NODE_EXTRA_CA_CERTS: testCertificate().certFile } })
+    const s = await t.seed()
+    await using rx = startReceiver((path) => (path === '/ok' ? 200 : 500))
+    for (const path of ['/ok', '/fail']) {
+      const res = await t.req('POST', `/v1/apps/${s.appId}/webhooks`, {
+        apiKey: s.apiKey,
+        body: { url: rx.url(path), events: ['license.created'] },
+      })
+      expect(res.status, JSON.stringify(res.body)).toBe(201)
+    }
+    const before = sample(await scrape(t), 'webhook_backlog{stage="undispatched_events"}')
+    const created = await t.req('POST', '/v1/licenses', { apiKey: s.apiKey, body: { appId: s.appId, quantity: 2 } })
+    expect(created.status, JSON.stringify(created.body)).toBe(201)
+    expect(sample(await scrape(t), 'webhook_backlog{stage="undispatched_events"}')).toBe(before + 2)
+
+    // The dispatcher sends whatever the shared test database still owes too: only these four are known.
+    await using _d = startDispatcher(t.ctx, { pollMs: 50 })
+    await until(async () => {
+      const text = await scrape(t)
+      return sample(text, 'webhook_deliveries_total{outcome="success"}') >= 2 && sample(text, 'webhook_deliveries_total{outcome="http_error"}') >= 2
+    }, 'four deliveries counted', 60_000)
+    expect(rx.received).toHaveLength(4)
+  })
+})
+
+describe('credits, store and database', () => {
+  test('credit flush lag grows until a flush pass moves every pending charge', async () => {
+    const t = await makeTestApp()
+    await Bun.sleep(30)
+    const waiting = sample(await scrape(t), 'credit_flush_lag_seconds')
+    expect(waiting).toBeGreaterThanOrEqual(0.03)
+    const flushStarted = Date.now()
+    await t.ctx.credits.flush()
+    const lag = sample(await scrape(t), 'credit_flush_lag_seconds')
+    // Counted from the start of that pass at the most: it found every pending charge and moved it.
+    expect(lag).toBeLessThanOrEqual((Date.now() - flushStarted) / 1000)
+  })
+
+  test('store errors: a Redis that is down fails commands and connections, each counted', async () => {
+    const t = await makeTestApp()
+    const redis = await ownRedis()
+    const store = new RedisStore(redis.url, { connectTimeoutMs: 200 })
+    try {
+      await store.take('k', 1, 1, Date.now())
+      await redis.stop()
+      const before = await scrape(t)
+      await expect(store.take('k', 1, 1, Date.now())).rejects.toThrow()
+      await until(async () => sample(await scrape(t), 'store_errors_total{kind="connection"}') > sample(before, 'store_errors_total{kind="connection"}'), 'a connection error')
+      expect(sample(await scrape(t), 'store_errors_total{kind="command"}')).toBeGreaterThan(sample(before, 'store_errors_total{kind="command"}'))
+    } finally {
+      await store.close()
+      await redis.stop()
+    }
+  })
+
+  test('database errors, by SQLSTATE class: in a batched write and in a request', async () => {
+    const t = await makeTestApp()
+    t.app.use(
+      new Elysia().get('/v1/divide', () => t.ctx.database.db.execute(sql`SELECT 1 / 0`), { detail: { hide: true } }),
+    )
+    const before = sample(await scrape(t), 'database_errors_total{code="22"}')
+    const written = await writeIsolated([1], async () => {
+      await t.ctx.database.db.execute(sql`SELECT 1 / 0`)
+    })
+    expect(written.refused).toHaveLength(1)
+    expect(sample(await scrape(t), 'database_errors_total{code="22"}')).toBe(before + 1)
+    expect((await t.req('GET', '/v1/divide')).status).toBe(500)
+    expect(sample(await scrape(t), 'database_errors_total{code="22"}')).toBe(before + 2)
+  })
+})
+
+test('process figures: CPU, memory, descriptors, start time, uptime, event-loop delay', async () => {
+  const t = await makeTestApp()
+  startEventLoopMonitor()
+  await Bun.sleep(60)
+  const text = await scrape(t)
+  expect(sample(text, 'process_cpu_seconds_total')).toBeGreaterThan(0)
+  expect(sample(text, 'process_resident_memory_bytes')).toBeGreaterThan(1e6)
+  expect(sample(text, 'process_heap_bytes')).toBeGreaterThan(1e5)
+  expect(sample(text, 'process_open_fds')).toBeGreaterThan(2)
+  expect(sample(text, 'process_start_time_seconds')).toBeLessThanOrEqual(Date.now() / 1000)
+  expect(sample(text, 'process_uptime_seconds')).toBeGreaterThan(0)
+  expect(text).toContain('process_event_loop_delay_seconds{stat="p99"}')
+})
