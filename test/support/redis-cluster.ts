@@ -3,11 +3,10 @@
  * ports of a range, in a temporary directory that `stop` removes with the processes.
  */
 import { mkdtempSync, rmSync } from 'node:fs'
-import { createServer } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import Redis from 'ioredis'
-import { until } from './servers'
+import { canListen, until } from './servers'
 
 export interface OwnRedisCluster {
   /** The seed nodes as REDIS_URL takes them with REDIS_CLUSTER=true. */
@@ -18,13 +17,6 @@ export interface OwnRedisCluster {
   /** Kills the servers and removes their directory. */
   stop(): Promise<void>
 }
-
-const canListen = (port: number) =>
-  new Promise<boolean>((resolve) => {
-    const srv = createServer()
-    srv.once('error', () => resolve(false))
-    srv.listen(port, '127.0.0.1', () => srv.close(() => resolve(true)))
-  })
 
 /** `count` ports of [first, last] that are free, each with its cluster bus port (+10000) free too. */
 async function freePorts(count: number, first: number, last: number): Promise<number[]> {

@@ -7,13 +7,24 @@ import { createServer } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 
-export async function freePort(): Promise<number> {
-  return new Promise((resolve) => {
-    const srv = createServer().listen(0, '127.0.0.1', () => {
-      const port = (srv.address() as { port: number }).port
-      srv.close(() => resolve(port))
-    })
+/** Whether a listener on 127.0.0.1 can bind `port` now. */
+export const canListen = (port: number) =>
+  new Promise<boolean>((resolve) => {
+    const srv = createServer()
+    srv.once('error', () => resolve(false))
+    srv.listen(port, '127.0.0.1', () => srv.close(() => resolve(true)))
   })
+
+/**
+ * A port free now, below Linux's ephemeral range (32768 and up): a port the kernel handed out to a listener
+ * is soon handed to some outgoing connection (to PostgreSQL, to Redis) before the server that was to bind
+ * it starts, which failed tests with EADDRINUSE.
+ */
+export async function freePort(): Promise<number> {
+  for (;;) {
+    const port = 20_000 + Math.floor(Math.random() * 12_000)
+    if (await canListen(port)) return port
+  }
 }
 
 /** Calls `fn` every 100 ms until `ok` holds or `ms` pass; returns the last value either way. */
