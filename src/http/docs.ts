@@ -3,7 +3,7 @@ import { swagger } from '@elysiajs/swagger'
 import { Elysia } from 'elysia'
 import pkg from '../../package.json'
 import type { Context } from '../context'
-import { ALSO_SERVES } from './openapi'
+import { ALSO_SERVES, PUBLIC_RETRY_AFTER, RESPONSE_HEADERS, SHARED_HEADERS } from './openapi'
 
 // Swagger UI's files come from the installed package, so /docs renders with no internet access.
 const SWAGGER_UI_DIR = dirname(Bun.resolveSync('swagger-ui-dist/package.json', import.meta.dir))
@@ -50,6 +50,8 @@ Rate limit: per API key, a burst of 100 requests refilling at 50 per second. Eve
 carries \`RateLimit-Limit\`, \`RateLimit-Remaining\` and \`RateLimit-Reset\`; a 429 also carries \`Retry-After\`
 (seconds). Retry with exponential backoff.
 
+Every response carries \`X-Request-Id\`: the request's own when it sent a sane one, else a new one, as the logs name it.
+
 **Client endpoints** (\`/auth/*\`): called by the client SDKs with \`appId\` + \`appSecret\` (pre-session) or a
 \`sessionToken\` (post-session). Failures are \`{ "status": "failed", "error": code }\`; unknown body fields are
 ignored, a mistyped known field is 400 \`bad_request\`. Success responses of
@@ -80,6 +82,26 @@ function toJsonSchema(schema: unknown): void {
 const textMember = (schema: Json): Json | undefined =>
   schema.type === 'string' ? schema : (schema.anyOf as Json[] | undefined)?.find((s) => s.type === 'string')
 
+const shared = (name: keyof typeof SHARED_HEADERS) => ({ $ref: `#/components/headers/${name}` })
+const RATE_LIMIT_HEADERS = ['RateLimit-Limit', 'RateLimit-Remaining', 'RateLimit-Reset'] as const
+/**
+ * A Developer API route's statuses sent without the limiter's headers: 413 is refused while the body is
+ * read, before the key is looked at; a 500 is written afresh, with none of the request's headers.
+ */
+const WITHOUT_RATE_LIMIT = new Set(['413', '500'])
+
+/** The headers a response carries, as the server sends them (request-id.ts, rate-limit.ts, client-auth/policy.ts). */
+function responseHeaders(operation: Json, status: string): Json {
+  const keyed = (operation.security ?? []).some((requirement: Json) => 'bearerAuth' in requirement)
+  const rateLimited = keyed && !WITHOUT_RATE_LIMIT.has(status)
+  return {
+    'X-Request-Id': shared('X-Request-Id'),
+    ...(rateLimited ? Object.fromEntries(RATE_LIMIT_HEADERS.map((name) => [name, shared(name)])) : {}),
+    ...(status === '429' ? { 'Retry-After': keyed ? shared('Retry-After') : PUBLIC_RETRY_AFTER } : {}),
+    ...operation[RESPONSE_HEADERS]?.[status],
+  }
+}
+
 /**
  * @elysiajs/swagger 1.3 writes a 3.0-shaped document around 3.1 (JSON Schema 2020-12) schemas. This puts
  * the route schemas' own keywords back where OpenAPI 3.1 reads them and lists the media types the server
@@ -89,6 +111,8 @@ const textMember = (schema: Json): Json | undefined =>
  * - responses: JSON (the generator repeats them under the request's types) and what the route declares
  *   in ALSO_SERVES, with the schema keywords the generator lifted into the Response Object (examples, a
  *   title) returned to the schema;
+ * - response headers, which route schemas cannot declare: those every response or every Developer API
+ *   response carries (`components.headers`) and what the route declares in RESPONSE_HEADERS;
  * - parameters: the `examples` the generator lifted out of the schema returned to it;
  * - schemas: no 3.0 `nullable`.
  */
@@ -119,12 +143,14 @@ function asOpenApi31(generated: Json): Json {
           toJsonSchema(restored)
           fixed.content = { 'application/json': { schema: restored }, ...operation[ALSO_SERVES]?.[status] }
         } else if (response.content) fixed.content = response.content
-        if (response.headers) fixed.headers = response.headers
+        fixed.headers = { ...response.headers, ...responseHeaders(operation, status) }
         operation.responses[status] = fixed
       }
       delete operation[ALSO_SERVES]
+      delete operation[RESPONSE_HEADERS]
     }
   }
+  doc.components = { ...doc.components, headers: SHARED_HEADERS }
   for (const schema of Object.values(doc.components?.schemas ?? {})) toJsonSchema(schema)
   return doc
 }

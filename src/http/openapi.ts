@@ -14,6 +14,53 @@ import { type ApiErrorCode, PUBLIC_ERROR_STATUS, type PublicErrorCode } from '..
  */
 export const ALSO_SERVES = 'x-also-serves'
 
+/**
+ * A route's `detail[RESPONSE_HEADERS]`: headers of its own that a response carries, by status, as OpenAPI
+ * Header Objects. The headers every response or every Developer API response carries are the transform's.
+ */
+export const RESPONSE_HEADERS = 'x-response-headers'
+
+const seconds = { type: 'integer', minimum: 0 } as const
+
+/**
+ * The headers the server sends on many responses, as the document's `components.headers`; the transform
+ * (docs.ts) refers each response to those it carries.
+ */
+export const SHARED_HEADERS = {
+  'X-Request-Id': {
+    description:
+      "The request's id, on every response: the client's or a proxy's `X-Request-Id` when it is 1 to 128 of " +
+      'letters, digits and `-_.:`, else a new one. Every log line of the request carries it.',
+    required: true,
+    schema: { type: 'string', pattern: '^[A-Za-z0-9_.:-]{1,128}$', examples: ['7f3a9c1e2b4d-1a'] },
+  },
+  'RateLimit-Limit': {
+    description:
+      "The API key's burst (requests). Sent once the key is well-formed and the body parsed, unless the rate-limit " +
+      'store is unreachable (the limit is then not applied).',
+    schema: { ...seconds, examples: [100] },
+  },
+  'RateLimit-Remaining': {
+    description: "Requests left in the key's bucket after this one; sent with RateLimit-Limit.",
+    schema: { ...seconds, examples: [99] },
+  },
+  'RateLimit-Reset': {
+    description: 'Seconds until the bucket is full again (on a 429: until it holds the next token); sent with RateLimit-Limit.',
+    schema: { ...seconds, examples: [1] },
+  },
+  'Retry-After': {
+    description: 'Seconds to wait before the next request has a token.',
+    required: true,
+    schema: { ...seconds, minimum: 1, examples: [1] },
+  },
+} as const
+
+/** Retry-After on a client endpoint's 429: only `rate_limited` sends it, a quota or credits failure does not. */
+export const PUBLIC_RETRY_AFTER = {
+  description: 'With `rate_limited` only: seconds to wait before the limit admits the next request.',
+  schema: SHARED_HEADERS['Retry-After'].schema,
+}
+
 interface ErrorCase {
   status: number
   /** When the code is given, for the response's description. */

@@ -21,6 +21,16 @@ export class UsageError extends OperatorError {
 
 export const PROGRAM = 'bun run cli'
 
+// A key or secret pasted into the wrong place must not land in scrollback or a CI log: API keys and
+// webhook secrets by their prefix, app secrets (and bare keys) as a long base64url run. UUIDs are
+// blanked first: they are ids, not secrets, and quoting them back is what makes an error readable.
+const UUID_ANYWHERE = /[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}/gi
+const SECRET_SHAPED = /svc_live_|whsec_|[A-Za-z0-9_-]{32,}/i
+
+/** The user's text as an error message shows it: in quotes, or not at all when it looks like a secret. */
+export const quoted = (text: string): string =>
+  SECRET_SHAPED.test(text.replace(UUID_ANYWHERE, ' ')) ? 'a value shaped like a key or secret (not shown)' : `"${text}"`
+
 interface ValueFlag {
   type: 'string'
   /** How the value is shown in usage lines: `<accountId>`. */
@@ -210,7 +220,7 @@ export function parseInvocation(argv: readonly string[]): Invocation {
     const topic = words.slice(1, 3).join(' ')
     if (topic === '') return { help: helpText() }
     if (isCommand(topic)) return { help: helpText(topic) }
-    throw new UsageError(`no command "${topic}"`)
+    throw new UsageError(`no command ${quoted(topic)}`)
   }
   const name = words.slice(0, 2).join(' ')
   if (!isCommand(name)) {
@@ -218,7 +228,7 @@ export function parseInvocation(argv: readonly string[]): Invocation {
       if (wantsHelp) return { help: helpText() }
       throw new UsageError('no command given')
     }
-    throw new UsageError(`unknown command "${name}"`)
+    throw new UsageError(`unknown command ${quoted(name)}`)
   }
   // Help wins over whatever else is wrong on the line: it is what the user is asking for.
   if (wantsHelp) return { help: helpText(name) }
@@ -227,7 +237,7 @@ export function parseInvocation(argv: readonly string[]): Invocation {
   let commandWords = 0
   for (const token of tokens) {
     if (token.kind === 'positional') {
-      if (++commandWords > 2) throw new UsageError(`unexpected argument "${token.value}"`, name)
+      if (++commandWords > 2) throw new UsageError(`unexpected argument ${quoted(token.value)}`, name)
       continue
     }
     if (token.kind === 'option-terminator') continue

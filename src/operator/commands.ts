@@ -2,7 +2,7 @@ import type { Context } from '../context'
 import { ApiError } from '../lib/errors'
 import { addCredits, createAccount, createApiKey, revokeApiKey } from '../accounts/service'
 import { createApplication, UUID } from '../apps/service'
-import { type CommandName, OperatorError, parseInvocation, UsageError } from './args'
+import { type CommandName, OperatorError, parseInvocation, quoted, UsageError } from './args'
 import { listAccounts, listApps } from './lists'
 
 /**
@@ -38,10 +38,10 @@ const MAX_LIMIT = 10_000
 
 function integer(command: CommandName, flag: string, text: string, min: number, max = Number.MAX_SAFE_INTEGER): number {
   const n = /^-?\d+$/.test(text.trim()) ? Number(text.trim()) : Number.NaN
-  if (Number.isNaN(n)) throw new UsageError(`--${flag} must be a whole number, got "${text}"`, command)
+  if (Number.isNaN(n)) throw new UsageError(`--${flag} must be a whole number, got ${quoted(text)}`, command)
   if (!Number.isSafeInteger(n) || n < min || n > max) {
     const range = max === Number.MAX_SAFE_INTEGER ? `of at least ${min}` : `from ${min} to ${max}`
-    throw new UsageError(`--${flag} must be a whole number ${range}, got "${text}"`, command)
+    throw new UsageError(`--${flag} must be a whole number ${range}, got ${quoted(text)}`, command)
   }
   return n
 }
@@ -53,7 +53,7 @@ function name(command: CommandName, text: string): string {
 }
 
 function accountId(command: CommandName, text: string): string {
-  if (!UUID.test(text)) throw new UsageError(`--account must be an account id (a UUID), got "${text}"`, command)
+  if (!UUID.test(text)) throw new UsageError(`--account must be an account id (a UUID), got ${quoted(text)}`, command)
   return text.toLowerCase()
 }
 

@@ -7,6 +7,7 @@ import { describe, expect, test } from 'bun:test'
 import { randomBytes } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
+import ipaddr from 'ipaddr.js'
 import { loadConfig } from '../../src/config'
 import { healthcheckCommand, parseDockerfile } from './dockerfile'
 
@@ -29,7 +30,7 @@ interface Service {
 interface Compose {
   services: Record<string, Service>
   volumes: Record<string, unknown>
-  networks: { default: { ipam: { config: { subnet: string }[] } } }
+  networks: { default: { ipam: { config: { subnet: string; ip_range?: string; gateway?: string }[] } } }
 }
 
 const compose = Bun.YAML.parse(read('compose.yml')) as Compose
@@ -157,5 +158,19 @@ describe('compose.yml', () => {
     const [base, bits] = (subnet?.subnet ?? '').split('/')
     expect(bits).toBe('24')
     expect(address?.split('.').slice(0, 3)).toEqual(base?.split('.').slice(0, 3))
+  })
+
+  test('no other container can be given the proxy\'s address: dynamic ones come from a range without it', () => {
+    const [config] = compose.networks.default.ipam.config
+    const subnet = ipaddr.parseCIDR(config?.subnet ?? '')
+    const dynamic = ipaddr.parseCIDR(config?.ip_range ?? '')
+    const proxyAddress = ipaddr.parse(proxy.networks?.default?.ipv4_address ?? '')
+    expect(dynamic[0].match(subnet)).toBe(true)
+    expect(dynamic[1]).toBeGreaterThan(subnet[1])
+    expect(proxyAddress.match(subnet)).toBe(true)
+    expect(proxyAddress.match(dynamic)).toBe(false)
+    // The README tells a proxy on the host to trust the gateway: it stays where the README says.
+    expect(config?.gateway).toBe('172.30.53.1')
+    expect(read('README.md')).toContain(`the stack network's gateway, \`${config?.gateway}\``)
   })
 })

@@ -24,17 +24,20 @@ const pathWithoutBun = (process.env.PATH ?? '')
   .filter((dir) => dir !== '' && !existsSync(join(dir, 'bun')))
   .join(delimiter)
 
-async function shell(line: string): Promise<{ code: number; stdout: string; stderr: string }> {
+async function shell(line: string, env: Record<string, string> = {}): Promise<{ code: number; stdout: string; stderr: string }> {
   const proc = Bun.spawn(['sh', '-c', line], {
     cwd: ROOT,
     // Nothing of this run's settings: the README's commands work with none but the data folder.
-    env: { PATH: pathWithoutBun, HOME: process.env.HOME ?? tmpdir(), DATA_DIR: dataDir },
+    env: { PATH: pathWithoutBun, HOME: process.env.HOME ?? tmpdir(), DATA_DIR: dataDir, ...env },
     stdout: 'pipe',
     stderr: 'pipe',
   })
   const [stdout, stderr, code] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited])
   return { code, stdout, stderr }
 }
+
+/** npm's own notices (a newer npm exists, an option this machine's npmrc sets) are npm's lines, not the CLI's. */
+const npmQuiet = { npm_config_update_notifier: 'false', npm_config_userconfig: '/dev/null' }
 
 const lastJson = (stdout: string) => JSON.parse(stdout.trimEnd().split('\n').at(-1) ?? '')
 
@@ -57,4 +60,22 @@ describe.skipIf(MODE !== 'embedded')('README "Run it" provisioning', () => {
     expect(app.code, app.stderr).toBe(0)
     expect(Object.keys(lastJson(app.stdout)).sort()).toEqual(['appId', 'appSecret', 'keyId', 'publicKey'])
   }, 120_000)
+})
+
+describe.skipIf(MODE !== 'embedded')('README CLI form: a failure', () => {
+  // The form the README gives (`npx bun run cli`): Bun's own echo of the script line would be a second line.
+  const cliForm = () => (provisioningCommands()[0] ?? '').replace(/\brun cli\b.*/, 'run cli')
+
+  test.each([
+    ['an unknown command', 'frob'],
+    ['a key that matches nothing', `apikey revoke --key svc_live_${'A'.repeat(32)}`],
+    ['a key given without its flag', `apikey revoke svc_live_${'A'.repeat(32)}`],
+  ])('%s is one line on stderr, with no key in it', async (_, args) => {
+    expect(cliForm()).toEndWith(' run cli')
+    const run = await shell(`${cliForm()} ${args}`, npmQuiet)
+    expect(run.code).toBe(2)
+    expect(run.stdout).toBe('')
+    expect(run.stderr.trimEnd().split('\n'), run.stderr).toEqual([expect.stringMatching(/^error: /)])
+    expect(run.stderr).not.toContain('svc_live_')
+  }, 60_000)
 })

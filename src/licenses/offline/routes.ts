@@ -1,7 +1,7 @@
 import { Elysia } from 'elysia'
 import type { Context } from '../../context'
 import { apiKeyAuth } from '../../http/auth'
-import { ALSO_SERVES, apiBodyErrors, apiErrors } from '../../http/openapi'
+import { ALSO_SERVES, apiBodyErrors, apiErrors, RESPONSE_HEADERS } from '../../http/openapi'
 import { AppIdParams } from '../../apps/model'
 import { LicenseKeyParams } from '../model'
 import { answerActivationRequest } from './activation'
@@ -19,6 +19,14 @@ const SERVES_FILE = {
     201: {
       [LICENSE_FILE_TYPE]: {
         schema: { type: 'string', description: 'The armored .authforge file, as an attachment named <licenseKey>.authforge' },
+      },
+    },
+  },
+  [RESPONSE_HEADERS]: {
+    201: {
+      'Content-Disposition': {
+        description: `With the file (\`Accept: ${LICENSE_FILE_TYPE}\`): an attachment named \`<licenseKey>.authforge\`.`,
+        schema: { type: 'string', examples: ['attachment; filename="K7QM-3XWT-9HFP-2RDN.authforge"'] },
       },
     },
   },

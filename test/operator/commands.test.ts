@@ -1,0 +1,45 @@
+import { describe, expect, test } from 'bun:test'
+import { parseCommand } from '../../src/operator/commands'
+import { generateApiKey, generateAppSecret, generateWebhookSecret } from '../../src/lib/crypto'
+
+/** The message parseCommand throws for an argv: what the CLI prints as its one stderr line. */
+function problem(argv: string[]): string {
+  try {
+    parseCommand(argv)
+  } catch (err) {
+    return (err as Error).message
+  }
+  throw new Error(`${JSON.stringify(argv)} parsed`)
+}
+
+const SOME_UUID = '2b1f7c1e-1111-4111-8111-111111111111'
+
+describe('operator commands: what an error quotes back', () => {
+  const apiKey = generateApiKey()
+  const appSecret = generateAppSecret()
+  const webhookSecret = generateWebhookSecret()
+
+  // Each a secret pasted where it does not belong: the flag that wanted an id or a number, or a stray word.
+  test.each([
+    ['a key or secret as --account', (s: string) => ['apikey', 'create', '--account', s]],
+    ['a key or secret as a stray argument', (s: string) => ['apikey', 'revoke', s]],
+    ['a key or secret as the command', (s: string) => [s]],
+    ['an API key after help', (s: string) => ['help', s]],
+    ['a key or secret as --add', (s: string) => ['account', 'credits', '--account', SOME_UUID, '--add', s]],
+    ['a key or secret as --limit', (s: string) => ['account', 'list', '--limit', s]],
+  ])('%s is named, never shown', (_, argv) => {
+    for (const secret of [apiKey, appSecret, webhookSecret, apiKey.slice('svc_live_'.length)]) {
+      const message = problem(argv(secret))
+      expect(message).toContain('a value shaped like a key or secret (not shown)')
+      expect(message).not.toContain(secret)
+    }
+  })
+
+  test('an ordinary mistake is still quoted back, a UUID-like id too', () => {
+    expect(problem(['account', 'list', '--limit', 'ten'])).toContain('got "ten"')
+    expect(problem(['frob', 'nicate'])).toContain('unknown command "frob nicate"')
+    const almostUuid = `${SOME_UUID}0`
+    expect(problem(['app', 'list', '--account', almostUuid])).toContain(`got "${almostUuid}"`)
+    expect(problem(['app', 'create', '--account', SOME_UUID, SOME_UUID])).toContain(`unexpected argument "${SOME_UUID}"`)
+  })
+})
