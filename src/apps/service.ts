@@ -5,6 +5,7 @@ import type { Context } from '../context'
 import { ApiError } from '../lib/errors'
 import { generateAppSecret, generateKeyId, generateSigningKey, sha256Hex } from '../lib/crypto'
 import { requireAccount } from '../accounts/service'
+import { requireSealingKey } from '../signing/key-check'
 import type {
   AppListResponse,
   AppSecretResponse,
@@ -37,6 +38,7 @@ export async function createApplication(
 }
 
 async function insertSigningKey(ctx: Context, tx: DbOrTx, appId: string, version: number) {
+  await requireSealingKey(tx, ctx.sealer)
   const generated = generateSigningKey()
   const keyId = generateKeyId()
   await tx.insert(signingKeys).values({

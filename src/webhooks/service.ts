@@ -6,6 +6,7 @@ import { signedDelivery } from '../delivery/signed-delivery'
 import { recordAttempts } from '../delivery/attempts'
 import { checkTarget, TargetError } from '../delivery/target'
 import { requireOwnedApp } from '../apps/service'
+import { requireSealingKey } from '../signing/key-check'
 import { generateWebhookId, generateWebhookSecret } from '../lib/crypto'
 import type { CreatedWebhook, CreateWebhookBody, TestPingResponse, UpdateWebhookBody, Webhook, WebhookList } from './model'
 
@@ -58,6 +59,7 @@ export async function createWebhook(ctx: Context, accountId: string, appId: stri
     if ((existing?.n ?? 0) >= MAX_WEBHOOKS_PER_APP) {
       throw badRequest(`An app can have at most ${MAX_WEBHOOKS_PER_APP} webhooks`)
     }
+    await requireSealingKey(tx, ctx.sealer)
     const [inserted] = await tx
       .insert(webhooks)
       .values({

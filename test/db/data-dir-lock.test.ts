@@ -102,7 +102,7 @@ if (MODE === 'embedded') {
     test('a CLI finding the lock held by a process that does not answer fails with one line', async () => {
       const env = embedded()
       // This test process holds it, as a server whose socket is gone would.
-      const lock = tryLockDataDir(env.DATA_DIR ?? '', 'server')
+      const lock = await tryLockDataDir(env.DATA_DIR ?? '', 'server')
       if (!isLock(lock)) throw new Error('the fresh data dir was locked')
       try {
         const run = await cli(env, ['account', 'create', '--name', 'Blocked'])
@@ -154,7 +154,7 @@ test('a lock whose holder was killed but not yet reaped (a zombie) is taken over
     const dataDir = mkdtempSync(join(tmpdir(), 'ls-lock-'))
     dirs.push(dataDir)
     await Bun.write(join(dataDir, 'lock'), JSON.stringify({ pid, started, owner: 'server' }))
-    const lock = tryLockDataDir(dataDir, 'server')
+    const lock = await tryLockDataDir(dataDir, 'server')
     expect(isLock(lock), JSON.stringify(lock)).toBe(true)
     if (isLock(lock)) lock.release()
   } finally {
