@@ -11,6 +11,7 @@ import * as schema from '../../src/db/schema'
 import { Sealer } from '../../src/lib/crypto'
 import { MODE, TEST_DATABASE_URL, TEST_REDIS_URL } from '../support/helpers'
 import { KEY_MISMATCH } from '../../src/signing/key-check'
+import { createOwnDatabase } from '../support/own-database'
 import { runToExit, type ServerProcess, startServer } from '../support/server-process'
 import { signatureValid, startReceiver, testCertificate, until } from '../support/webhooks-receiver'
 import { hwid, nonce, verifySigned } from '../support/client'
@@ -34,18 +35,9 @@ async function settings(masterKey: string): Promise<Record<string, string>> {
   cleanups.push(() => rmSync(dataDir, { recursive: true, force: true }))
   let databaseUrl = ''
   if (TEST_DATABASE_URL) {
-    const name = `ls_rotate_${process.pid}_${randomBytes(4).toString('hex')}`
-    const admin = new URL(TEST_DATABASE_URL)
-    admin.pathname = '/postgres'
-    const sql = postgres(admin.toString(), { max: 1, onnotice: () => {} })
-    await sql.unsafe(`CREATE DATABASE ${name}`)
-    cleanups.push(async () => {
-      await sql.unsafe(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`)
-      await sql.end()
-    })
-    const url = new URL(TEST_DATABASE_URL)
-    url.pathname = `/${name}`
-    databaseUrl = url.toString()
+    const own = await createOwnDatabase('ls_rotate')
+    cleanups.push(own.drop)
+    databaseUrl = own.url
   }
   return {
     DATA_DIR: dataDir,
