@@ -53,13 +53,14 @@ export async function createWebhook(ctx: Context, accountId: string, appId: stri
   const url = await checkedUrl(ctx, input.url)
   const secret = generateWebhookSecret()
   const write = () => ctx.database.db.transaction(async (tx) => {
+    // First, before any table a master-key rotation locks (src/apps/service.ts rotateSigningKey).
+    await requireSealingKey(tx, ctx.sealer)
     // The app row lock serialises concurrent creates, so the limit holds across instances.
     await tx.select({ id: apps.id }).from(apps).where(eq(apps.id, appId)).for('update')
     const [existing] = await tx.select({ n: count() }).from(webhooks).where(eq(webhooks.appId, appId))
     if ((existing?.n ?? 0) >= MAX_WEBHOOKS_PER_APP) {
       throw badRequest(`An app can have at most ${MAX_WEBHOOKS_PER_APP} webhooks`)
     }
-    await requireSealingKey(tx, ctx.sealer)
     const [inserted] = await tx
       .insert(webhooks)
       .values({
