@@ -5,7 +5,8 @@ import type { Config } from './config'
 import { deriveKey, Sealer } from './lib/crypto'
 import { EventBus } from './delivery/outbox'
 import { ACTOR_LIMITS, AppActors } from './actors/registry'
-import { resolveMasterKey } from './signing/master-key'
+import { requireKeySource, resolveMasterKey } from './signing/master-key'
+import { adoptKeyCheck, storedKeyCheck } from './signing/key-check'
 import { type Database, openDb, poolSizePerProcess } from './db/client'
 import { Metrics } from './lib/metrics'
 import { Signer } from './signing/signer'
@@ -34,17 +35,29 @@ export interface ContextOverrides {
 
 /** Opens storage (applying migrations) and builds the dependencies the server, the CLI and the tests share. */
 export async function buildContext(config: Readonly<Config>, overrides: ContextOverrides = {}): Promise<Context> {
-  const masterKey = overrides.masterKey ?? resolveMasterKey(config.masterKey, config.dataDir)
+  if (!overrides.masterKey) requireKeySource(config)
   const database =
     overrides.database ??
     (await openDb({ databaseUrl: config.databaseUrl, dataDir: config.dataDir, poolSize: poolSizePerProcess(config.serverProcesses) }))
+  let masterKey: Buffer
+  let sealer: Sealer
+  try {
+    // The database says which key its secrets are sealed with: a development-key rotation cut short
+    // after its commit is finished here, and a wrong key stops the start.
+    masterKey = overrides.masterKey ?? resolveMasterKey(config, await storedKeyCheck(database.db))
+    sealer = new Sealer(masterKey)
+    await adoptKeyCheck(database, sealer)
+  } catch (err) {
+    if (!overrides.database) await database.close()
+    throw err
+  }
   const store = overrides.store ?? (await openStore(config.redisUrl, config.redisClusterShards))
   const embedded = overrides.embedded ?? false
   return assembleContext({
     config,
     database,
     store,
-    sealer: new Sealer(masterKey),
+    sealer,
     sessionKey: deriveKey(masterKey, 'session-token-v1'),
     bus: new EventBus(),
     webhookPool: new DeliveryPool({

@@ -146,6 +146,11 @@ for (const event of ['uncaughtException', 'unhandledRejection'] as const) {
 }
 
 main().catch((err) => {
+  // A wrong or missing key found once the database is open is a setting too: one line, exit 2.
+  if (err instanceof ConfigError) {
+    process.stderr.write(`configuration error: ${err.message}\n`)
+    process.exit(2)
+  }
   log.error('failed to start', errorFields(err))
   process.exit(1)
 })

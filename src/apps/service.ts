@@ -5,6 +5,7 @@ import type { Context } from '../context'
 import { ApiError } from '../lib/errors'
 import { generateAppSecret, generateKeyId, generateSigningKey, sha256Hex } from '../lib/crypto'
 import { requireAccount } from '../accounts/service'
+import { requireSealingKey } from '../signing/key-check'
 import type {
   AppListResponse,
   AppSecretResponse,
@@ -25,6 +26,8 @@ export async function createApplication(
 ): Promise<typeof CreatedAppResponse.static> {
   const appSecret = generateAppSecret()
   return ctx.database.db.transaction(async (tx) => {
+    // First, before any table a master-key rotation locks: see rotateSigningKey.
+    await requireSealingKey(tx, ctx.sealer)
     await requireAccount(tx, accountId)
     const [app] = await tx
       .insert(apps)
@@ -54,6 +57,9 @@ async function insertSigningKey(ctx: Context, tx: DbOrTx, appId: string, version
 export async function rotateSigningKey(ctx: Context, appId: string): Promise<typeof RotatedKeyResponse.static> {
   // Through the app's actor, which holds the active key; the row lock orders rotations across instances.
   const rotate = () => ctx.database.db.transaction(async (tx) => {
+    // Before the update below: holding signing_keys while waiting for the check row a master-key
+    // rotation holds, waiting for signing_keys, would deadlock the two.
+    await requireSealingKey(tx, ctx.sealer)
     await tx.select({ id: apps.id }).from(apps).where(eq(apps.id, appId)).for('update')
     const [current] = await tx
       .select({ version: max(signingKeys.version) })

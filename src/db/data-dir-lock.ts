@@ -8,9 +8,14 @@
  * nobody reads it half-written) that records its holder's pid and the process's start time. A
  * holder that died (kill -9 leaves the file) is recognised by its pid being gone, or reused by a
  * younger process, and its lock is taken over.
+ *
+ * Pids mean nothing across pid namespaces (a second container on the same volume) or boots: the lock
+ * records both, and a holder from another one is judged by the operator socket it serves instead.
  */
-import { linkSync, mkdirSync, readFileSync, unlinkSync, writeFileSync } from 'node:fs'
+import { linkSync, mkdirSync, readFileSync, readlinkSync, unlinkSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
+import { ConfigError } from '../config'
+import { operatorSocketAnswers, operatorSocketPath } from '../operator/socket-probe'
 
 export type LockOwner = 'server' | 'cli'
 
@@ -20,6 +25,10 @@ export interface LockHolder {
   /** The process's start time from /proc, so a reused pid is not mistaken for the holder; null where unknown. */
   started: string | null
   owner: LockOwner
+  /** /proc/self/ns/pid of the holder ("pid:[4026531836]"); null where unknown (or a lock of an older version). */
+  pidNamespace: string | null
+  /** The kernel's boot id when the lock was taken; null where unknown. */
+  bootId: string | null
 }
 
 export interface DataDirLock {
@@ -44,7 +53,27 @@ function procStat(pid: number): string[] | null {
 /** Start time in clock ticks since boot (field 22 of /proc/<pid>/stat); null without /proc. */
 const startTime = (pid: number): string | null => procStat(pid)?.[19] ?? null
 
-function alive(holder: LockHolder): boolean {
+function readOrNull(read: () => string): string | null {
+  try {
+    return read().trim()
+  } catch {
+    return null
+  }
+}
+
+const HERE = {
+  pidNamespace: readOrNull(() => readlinkSync('/proc/self/ns/pid')),
+  bootId: readOrNull(() => readFileSync('/proc/sys/kernel/random/boot_id', 'utf8')),
+}
+
+const differs = (theirs: string | null, ours: string | null) => theirs !== null && ours !== null && theirs !== ours
+
+async function alive(dataDir: string, holder: LockHolder): Promise<boolean> {
+  // Its pid is not ours to look up. A server answers on its socket; one that died (a container
+  // restarted after a crash) left a socket file nobody listens on, or none.
+  if (differs(holder.pidNamespace, HERE.pidNamespace) || differs(holder.bootId, HERE.bootId)) {
+    return operatorSocketAnswers(operatorSocketPath(dataDir))
+  }
   try {
     process.kill(holder.pid, 0)
   } catch (err) {
@@ -72,9 +101,15 @@ function readHolder(path: string): LockHolder | null {
     parsed = JSON.parse(text) as Partial<LockHolder>
   } catch {}
   if (!Number.isSafeInteger(parsed.pid) || (parsed.pid ?? 0) <= 0) {
-    throw new Error(`${path} is not a lock this service wrote; remove it if no server or CLI uses this DATA_DIR`)
+    throw new ConfigError(`${path} is not a lock this service wrote; remove it if no server or CLI uses this DATA_DIR`)
   }
-  return { pid: parsed.pid ?? 0, started: parsed.started ?? null, owner: parsed.owner === 'cli' ? 'cli' : 'server' }
+  return {
+    pid: parsed.pid ?? 0,
+    started: parsed.started ?? null,
+    owner: parsed.owner === 'cli' ? 'cli' : 'server',
+    pidNamespace: parsed.pidNamespace ?? null,
+    bootId: parsed.bootId ?? null,
+  }
 }
 
 /** Creates `path` holding `holder`, or returns false when it exists. */
@@ -92,7 +127,8 @@ function create(path: string, holder: LockHolder): boolean {
   }
 }
 
-const sameHolder = (a: LockHolder | null, b: LockHolder) => a !== null && a.pid === b.pid && a.started === b.started
+const sameHolder = (a: LockHolder | null, b: LockHolder) =>
+  a !== null && a.pid === b.pid && a.started === b.started && a.pidNamespace === b.pidNamespace
 
 function removeIfHeldBy(path: string, holder: LockHolder): void {
   if (sameHolder(readHolder(path), holder)) unlinkSync(path)
@@ -102,11 +138,11 @@ function removeIfHeldBy(path: string, holder: LockHolder): void {
  * Removes a dead holder's lock; while another live process is doing the same, returns that process
  * (it is about to hold the lock).
  */
-function takeOver(dataDir: string, dead: LockHolder, me: LockHolder): LockHolder | null {
+async function takeOver(dataDir: string, dead: LockHolder, me: LockHolder): Promise<LockHolder | null> {
   const guard = join(dataDir, TAKEOVER_FILE)
   if (!create(guard, me)) {
     const other = readHolder(guard)
-    if (other && alive(other)) return other
+    if (other && (await alive(dataDir, other))) return other
     // A process that died between creating the guard and removing it would block every start.
     if (other) removeIfHeldBy(guard, other)
     return null
@@ -124,17 +160,17 @@ function takeOver(dataDir: string, dead: LockHolder, me: LockHolder): LockHolder
  * Takes the DATA_DIR lock for this process, or returns the live process that holds it. A lock left
  * by a dead process is taken over.
  */
-export function tryLockDataDir(dataDir: string, owner: LockOwner): DataDirLock | LockHolder {
+export async function tryLockDataDir(dataDir: string, owner: LockOwner): Promise<DataDirLock | LockHolder> {
   mkdirSync(dataDir, { recursive: true })
   const path = join(dataDir, LOCK_FILE)
-  const me: LockHolder = { pid: process.pid, started: startTime(process.pid), owner }
+  const me: LockHolder = { pid: process.pid, started: startTime(process.pid), owner, ...HERE }
   for (;;) {
     if (create(path, me)) break
     const holder = readHolder(path)
     // Gone since the create failed: try again.
     if (holder === null) continue
-    if (alive(holder)) return holder
-    const other = takeOver(dataDir, holder, me)
+    if (await alive(dataDir, holder)) return holder
+    const other = await takeOver(dataDir, holder, me)
     if (other) return other
   }
   let held = true
@@ -169,7 +205,7 @@ export async function lockDataDir(
 ): Promise<DataDirLock | LockHolder> {
   const deadline = Date.now() + ms
   for (;;) {
-    const result = tryLockDataDir(dataDir, owner)
+    const result = await tryLockDataDir(dataDir, owner)
     if (isLock(result) || Date.now() >= deadline || !(await keepWaiting(result))) return result
     await Bun.sleep(100)
   }

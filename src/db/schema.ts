@@ -3,11 +3,13 @@ import {
   bigint,
   bigserial,
   boolean,
+  check,
   index,
   integer,
   jsonb,
   pgTable,
   primaryKey,
+  smallint,
   text,
   timestamp,
   uniqueIndex,
@@ -207,4 +209,20 @@ export const offlineFiles = pgTable(
   },
   // The listing walks one license's files newest first.
   (t) => [index('offline_files_license_idx').on(t.licenseKey, t.issuedAt)],
+)
+
+/**
+ * The check value of the master key the stored secrets are sealed with (src/lib/crypto.ts
+ * keyCheckValue), one row: a process with another key refuses to start, and a sealing transaction
+ * reads it FOR SHARE, so a master-key rotation (which rewrites it) and a seal under the old key never
+ * both commit.
+ */
+export const masterKeyCheck = pgTable(
+  'master_key_check',
+  {
+    id: smallint('id').primaryKey().default(1),
+    value: text('value').notNull(),
+    updatedAt: timestamp('updated_at', { withTimezone: true, precision: 3, mode: 'date' }).notNull().defaultNow(),
+  },
+  (t) => [check('master_key_check_one_row', sql`${t.id} = 1`)],
 )

@@ -70,14 +70,26 @@ export function generateKeyId(): string {
   return `key_${randomToken(9)}`
 }
 
-/** A sealed value that the key at hand does not open. */
-class SealError extends Error {}
+/** A sealed value that the key at hand does not open: another key's, or damaged. */
+export class SealError extends Error {}
+
+/**
+ * What the database stores to recognise the master key its values are sealed with: an HMAC of a fixed
+ * label under a key derived for this purpose alone, so it reveals nothing of the master key or the
+ * sealing key.
+ */
+export function keyCheckValue(masterKey: Buffer): string {
+  return hmacHex(deriveKey(masterKey, 'key-check-v1'), 'license-service master key check')
+}
 
 /** Seals secrets at rest with AES-256-GCM: "v1.<iv>.<tag>.<ciphertext>", all base64url. */
 export class Sealer {
   readonly #key: Buffer
+  /** keyCheckValue of the master key: what the database must hold before this sealer seals anything there. */
+  readonly check: string
   constructor(masterKey: Buffer) {
     this.#key = Buffer.from(hkdfSync('sha256', masterKey, Buffer.alloc(0), 'seal-v1', 32))
+    this.check = keyCheckValue(masterKey)
   }
   seal(plain: Buffer | string): string {
     const iv = randomBytes(12)
@@ -87,14 +99,14 @@ export class Sealer {
   }
   open(sealed: string): Buffer {
     const [version, iv, tag, body] = sealed.split('.')
-    if (version !== 'v1' || !iv || !tag || body === undefined) throw new Error('unrecognised sealed value')
+    if (version !== 'v1' || !iv || !tag || body === undefined) throw new SealError('a sealed value is not in a recognised format (damaged)')
     const decipher = createDecipheriv('aes-256-gcm', this.#key, Buffer.from(iv, 'base64url'))
     decipher.setAuthTag(Buffer.from(tag, 'base64url'))
     try {
       return Buffer.concat([decipher.update(Buffer.from(body, 'base64url')), decipher.final()])
     } catch {
       // GCM's own message (unable to authenticate data) does not tell an operator what to do.
-      throw new SealError('a sealed value does not open with this master key: it was sealed with another one (after master-key rotate, start with MASTER_KEY set to the new key)')
+      throw new SealError('a sealed value does not open with this master key (another key, or damaged); after master-key rotate, start with MASTER_KEY set to the new key')
     }
   }
 }

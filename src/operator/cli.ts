@@ -8,14 +8,13 @@ import { buildContext } from '../boot'
 import { ConfigError, loadConfig } from '../config'
 import { describeHolder, isLock, LOCK_WAIT_MS, lockDataDir } from '../db/data-dir-lock'
 import { type DataCommand, OperatorError, parseCommand, runCommand } from './commands'
-import { type OperatorReply, operatorSocketPath, usesOperatorSocket } from './socket'
+import { type OperatorReply, usesOperatorSocket } from './socket'
 import { rotateMasterKey } from './rotate'
+import { NO_SERVER, operatorSocketPath } from './socket-probe'
 import { Refused } from './args'
 import { errorFields, setLogLevel } from '../lib/log'
 import { ResealRefused } from '../signing/reseal'
-
-// Connection failures that prove no server listens: only then may the CLI open the database itself.
-const NO_SERVER = new Set(['ENOENT', 'ECONNREFUSED', 'ConnectionRefused', 'FailedToOpenSocket'])
+import { SealError } from '../lib/crypto'
 
 /** The running server's answer, or null when no server listens on the socket. */
 async function viaServer(socket: string, argv: string[]): Promise<Record<string, unknown> | null> {
@@ -29,12 +28,13 @@ async function viaServer(socket: string, argv: string[]): Promise<Record<string,
       body: JSON.stringify({ argv }),
     })
   } catch (err) {
+    // Only then may the CLI open the database itself.
     if (NO_SERVER.has((err as { code?: string }).code ?? '')) return null
     throw err
   }
   const reply = (await res.json()) as OperatorReply
   if (res.status === 400) throw new OperatorError(reply.error ?? 'bad input')
-  if (!res.ok || !reply.result) throw new Error(reply.error ?? `the server answered ${res.status}`)
+  if (!res.ok || !reply.result) throw new Refused(reply.error ?? `the server answered ${res.status}`)
   return reply.result
 }
 
@@ -74,7 +74,8 @@ async function viaServerOrLocked(config: ReturnType<typeof loadConfig>, command:
 /** The one stderr line and the exit status for what went wrong. */
 function failure(err: unknown): { line: string; code: number } {
   if (err instanceof ConfigError || err instanceof OperatorError) return { line: err.message, code: 2 }
-  if (err instanceof Refused || err instanceof ResealRefused) return { line: err.message, code: 1 }
+  // The service's own messages name paths and ids, never a secret: printed as they are.
+  if (err instanceof Refused || err instanceof ResealRefused || err instanceof SealError) return { line: err.message, code: 1 }
   // A driver's error: its message without the values it may quote (errorFields), never a stack.
   const fields = errorFields(err)
   return { line: String(fields.message ?? fields.error), code: 1 }

@@ -1,9 +1,9 @@
 import { chmodSync, mkdirSync, rmSync, statSync } from 'node:fs'
-import { join } from 'node:path'
 import type { Config } from '../config'
 import { OperatorError, parseCommand, runCommand } from './commands'
 import type { Context } from '../context'
 import { errorFields, log } from '../lib/log'
+import { operatorSocketPath } from './socket-probe'
 
 /**
  * Whether a running server takes operator commands: when it holds state no other process can reach
@@ -13,8 +13,6 @@ import { errorFields, log } from '../lib/log'
 export const usesOperatorSocket = (config: Pick<Config, 'databaseUrl' | 'redisUrl'>) =>
   !config.databaseUrl || !config.redisUrl
 
-/** Where a running server takes operator commands; the CLI derives the same path from DATA_DIR. */
-export const operatorSocketPath = (dataDir: string) => join(dataDir, 'operator.sock')
 
 /** The socket's one request: POST /run with `{ argv }`; 200 `{ result }`, 400 or 500 `{ error }`. */
 export interface OperatorReply {

@@ -1,34 +1,110 @@
-import { chmodSync, existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs'
-import { join } from 'node:path'
+import { closeSync, copyFileSync, existsSync, fsyncSync, mkdirSync, openSync, readFileSync, renameSync, rmSync, writeSync } from 'node:fs'
+import { dirname, join } from 'node:path'
 import { randomBytes } from 'node:crypto'
+import { type Config, ConfigError } from '../config'
+import { keyCheckValue } from '../lib/crypto'
 import { log } from '../lib/log'
 
 /**
  * The key that seals signing keys and webhook secrets. Without MASTER_KEY a development key is
  * generated once into DATA_DIR, so the embedded default works with zero set-up; production sets it.
+ *
+ * A rotation of the development key writes the new key to master.key.next before its transaction
+ * commits and moves it to master.key after: until then the .next file is the only copy of the key
+ * the database may already be sealed with, so it is written durably, never overwritten, and put in
+ * place by whoever finds the database sealed with it (a start, or a rotation run again).
  */
 
 export const developmentKeyPath = (dataDir: string) => join(dataDir, 'master.key')
+export const pendingKeyPath = (path: string) => `${path}.next`
+const previousKeyPath = (path: string) => `${path}.prev`
 
-function readDevelopmentKey(path: string): Buffer | null {
+type KeySettings = Pick<Config, 'masterKey' | 'dataDir' | 'databaseUrl'>
+
+function readKeyFile(path: string): Buffer | null {
   if (!existsSync(path)) return null
   const key = Buffer.from(readFileSync(path, 'utf8').trim(), 'hex')
-  if (key.length !== 32) throw new Error(`${path} does not hold a 32-byte hex key`)
+  if (key.length !== 32) throw new ConfigError(`${path} does not hold a 32-byte hex key`)
   return key
 }
 
-export function resolveMasterKey(configured: Buffer | null, dataDir: string): Buffer {
-  if (configured) return configured
-  const path = developmentKeyPath(dataDir)
-  const existing = readDevelopmentKey(path)
+/** Flushes a file, or a directory (a created or renamed entry survives a crash only once its directory is synced). */
+function syncToDisk(path: string): void {
+  const fd = openSync(path, 'r')
+  try {
+    fsyncSync(fd)
+  } finally {
+    closeSync(fd)
+  }
+}
+
+/** Writes a key file (mode 0600 from its first byte) and makes it durable; `wx` refuses to replace one. */
+function writeKeyFile(path: string, key: Buffer, flag: 'w' | 'wx'): void {
+  const fd = openSync(path, flag, 0o600)
+  try {
+    writeSync(fd, key.toString('hex'))
+    fsyncSync(fd)
+  } finally {
+    closeSync(fd)
+  }
+  syncToDisk(dirname(path))
+}
+
+/** Puts a staged key in place of the development key, keeping the one it replaces as master.key.prev. */
+function installKey(path: string, staged: string): void {
+  if (existsSync(path)) {
+    copyFileSync(path, previousKeyPath(path))
+    syncToDisk(previousKeyPath(path))
+  }
+  renameSync(staged, path)
+  syncToDisk(dirname(path))
+}
+
+/**
+ * Finishes a development-key rotation whose transaction committed but whose key was not put in place
+ * (a crash, a full disk): when the database's check value is the staged key's. Returns that key.
+ */
+export function finishPendingRotation(path: string, stored: string | null): Buffer | null {
+  const pending = readKeyFile(pendingKeyPath(path))
+  if (!pending || stored !== keyCheckValue(pending)) return null
+  installKey(path, pendingKeyPath(path))
+  log.warn('finished an interrupted master-key rotation: the development key file now holds the new key', { path })
+  return pending
+}
+
+/**
+ * Refuses, before the database is opened, a start that would have to generate a development key
+ * beside a shared database: every instance would generate its own.
+ */
+export function requireKeySource(settings: KeySettings): void {
+  if (settings.masterKey || !settings.databaseUrl) return
+  const path = developmentKeyPath(settings.dataDir)
+  if (existsSync(path) || existsSync(pendingKeyPath(path))) return
+  throw new ConfigError('MASTER_KEY is not set: with DATABASE_URL every instance needs the same key; set MASTER_KEY')
+}
+
+/** The key to start with; `stored` is the database's check value (null when it has none yet). */
+export function resolveMasterKey(settings: KeySettings, stored: string | null): Buffer {
+  if (settings.masterKey) return settings.masterKey
+  requireKeySource(settings)
+  const path = developmentKeyPath(settings.dataDir)
+  const finished = finishPendingRotation(path, stored)
+  if (finished) return finished
+  const existing = readKeyFile(path)
+  if (existsSync(pendingKeyPath(path))) {
+    log.warn('a master key staged by a rotation that did not commit is left in DATA_DIR, unused', { path: pendingKeyPath(path) })
+  }
   if (existing) {
     log.warn('MASTER_KEY is not set: using the development key in DATA_DIR', { path })
     return existing
   }
-  mkdirSync(dataDir, { recursive: true })
+  // A staged key without the file it replaces: generating a third key would only add confusion.
+  if (existsSync(pendingKeyPath(path))) {
+    throw new ConfigError(`${path} is missing and ${pendingKeyPath(path)} does not match the database: set MASTER_KEY`)
+  }
+  mkdirSync(settings.dataDir, { recursive: true })
   const key = randomBytes(32)
-  writeFileSync(path, key.toString('hex'), { mode: 0o600, flag: 'wx' })
-  chmodSync(path, 0o600)
+  writeKeyFile(path, key, 'wx')
   log.warn('MASTER_KEY is not set: generated a development key into DATA_DIR; set MASTER_KEY in production', { path })
   return key
 }
@@ -40,22 +116,21 @@ export function resolveMasterKey(configured: Buffer | null, dataDir: string): Bu
 export function currentMasterKey(configured: Buffer | null, dataDir: string): { key: Buffer; file: string | null } | null {
   if (configured) return { key: configured, file: null }
   const path = developmentKeyPath(dataDir)
-  const key = readDevelopmentKey(path)
+  const key = readKeyFile(path)
   return key ? { key, file: path } : null
 }
 
 /**
  * A replacement development key, written beside the current one before a rotation commits and put
  * in its place after: a rename, so the file never holds half a key, and a rotation that failed
- * leaves the old file as it was.
+ * before its commit leaves the old file as it was. Refuses to replace a staged key it did not write.
  */
 export function stageDevelopmentKey(path: string, key: Buffer): { staged: string; install(): void; discard(): void } {
-  const staged = `${path}.next`
-  writeFileSync(staged, key.toString('hex'), { mode: 0o600 })
-  chmodSync(staged, 0o600)
+  const staged = pendingKeyPath(path)
+  writeKeyFile(staged, key, 'wx')
   return {
     staged,
-    install: () => renameSync(staged, path),
+    install: () => installKey(path, staged),
     discard: () => rmSync(staged, { force: true }),
   }
 }

@@ -3,11 +3,13 @@ import { type Database, MIGRATION_LOCK, SERVER_CONNECTION_NAME, type Tx } from '
 import { signingKeys, webhooks } from '../db/schema'
 import { rowsOf } from '../delivery/prepared'
 import type { Sealer } from '../lib/crypto'
+import { describeUnopened, KEY_MISMATCH, notOpening, sealedValues, storedKeyCheck, storeKeyCheck } from './key-check'
 
 /**
  * Master-key rotation: every value sealed with the master key (signing private keys and webhook
  * secrets, the only two; session tokens and list cursors use a key derived from it and are not
- * stored) opened with the current key and sealed with the new one, in one transaction.
+ * stored) opened with the current key and sealed with the new one, and the key check value replaced,
+ * in one transaction.
  */
 
 export interface Resealed {
@@ -18,31 +20,24 @@ export interface Resealed {
 /** A rotation that did not happen, and changed nothing: the message says why. */
 export class ResealRefused extends Error {}
 
-interface SealedRow {
-  id: string
-  sealed: string
-}
-
-/** How many of the values that do not open are named in the refusal. */
-const NAMED_FAILURES = 5
-
-export async function resealAll(database: Database, from: Sealer, to: Sealer): Promise<Resealed> {
+/** The counts re-sealed, or null when the database is already sealed with `to` (a rotation that committed before). */
+export async function resealAll(database: Database, from: Sealer, to: Sealer): Promise<Resealed | null> {
   return database.db.transaction(async (tx) => {
     // Before the table lock, which would otherwise wait behind a running server's transaction.
     if (database.kind === 'postgres') await refuseWhileServersConnected(tx)
+    // Before the tables too: a sealing transaction takes this row (FOR SHARE) before it writes, so
+    // the two queue here instead of deadlocking.
+    const stored = await storedKeyCheck(tx, 'update')
+    if (stored === to.check) return null
+    if (stored !== null && stored !== from.check) throw new ResealRefused(`${KEY_MISMATCH}; nothing was changed`)
     // A writer (a signing-key rotation, a new webhook) waits until the commit, so what is read here
     // is all there is to re-seal.
     await tx.execute(sql`LOCK TABLE ${signingKeys}, ${webhooks} IN EXCLUSIVE MODE`)
-    const keys = await tx.select({ id: signingKeys.id, sealed: signingKeys.privateKeyEnc }).from(signingKeys)
-    const hooks = await tx.select({ id: webhooks.id, sealed: webhooks.secretEnc }).from(webhooks)
+    const { keys, hooks } = await sealedValues(tx)
     // Every value is opened before the first write: one that does not open stops the rotation whole.
-    const unopened = [...notOpening(keys, from, 'signing key'), ...notOpening(hooks, from, 'webhook')]
+    const unopened = notOpening({ keys, hooks }, from)
     if (unopened.length > 0) {
-      const named = unopened.slice(0, NAMED_FAILURES).join(', ')
-      const rest = unopened.length > NAMED_FAILURES ? ` and ${unopened.length - NAMED_FAILURES} more` : ''
-      throw new ResealRefused(
-        `${unopened.length} sealed value(s) do not open with the current master key (${named}${rest}); nothing was changed`,
-      )
+      throw new ResealRefused(`${describeUnopened(unopened, 'the current master key')}; nothing was changed`)
     }
     for (const row of keys) {
       await tx.update(signingKeys).set({ privateKeyEnc: to.seal(from.open(row.sealed)) }).where(eq(signingKeys.id, row.id))
@@ -50,18 +45,8 @@ export async function resealAll(database: Database, from: Sealer, to: Sealer): P
     for (const row of hooks) {
       await tx.update(webhooks).set({ secretEnc: to.seal(from.open(row.sealed)) }).where(eq(webhooks.id, row.id))
     }
+    await storeKeyCheck(tx, to.check)
     return { signingKeys: keys.length, webhookSecrets: hooks.length }
-  })
-}
-
-function notOpening(rows: SealedRow[], sealer: Sealer, what: string): string[] {
-  return rows.flatMap((row) => {
-    try {
-      sealer.open(row.sealed)
-      return []
-    } catch {
-      return [`${what} ${row.id}`]
-    }
   })
 }
 

@@ -6,6 +6,7 @@ import { signedDelivery } from '../delivery/signed-delivery'
 import { recordAttempts } from '../delivery/attempts'
 import { checkTarget, TargetError } from '../delivery/target'
 import { requireOwnedApp } from '../apps/service'
+import { requireSealingKey } from '../signing/key-check'
 import { generateWebhookId, generateWebhookSecret } from '../lib/crypto'
 import type { CreatedWebhook, CreateWebhookBody, TestPingResponse, UpdateWebhookBody, Webhook, WebhookList } from './model'
 
@@ -52,6 +53,8 @@ export async function createWebhook(ctx: Context, accountId: string, appId: stri
   const url = await checkedUrl(ctx, input.url)
   const secret = generateWebhookSecret()
   const write = () => ctx.database.db.transaction(async (tx) => {
+    // First, before any table a master-key rotation locks (src/apps/service.ts rotateSigningKey).
+    await requireSealingKey(tx, ctx.sealer)
     // The app row lock serialises concurrent creates, so the limit holds across instances.
     await tx.select({ id: apps.id }).from(apps).where(eq(apps.id, appId)).for('update')
     const [existing] = await tx.select({ n: count() }).from(webhooks).where(eq(webhooks.appId, appId))

@@ -102,7 +102,7 @@ if (MODE === 'embedded') {
     test('a CLI finding the lock held by a process that does not answer fails with one line', async () => {
       const env = embedded()
       // This test process holds it, as a server whose socket is gone would.
-      const lock = tryLockDataDir(env.DATA_DIR ?? '', 'server')
+      const lock = await tryLockDataDir(env.DATA_DIR ?? '', 'server')
       if (!isLock(lock)) throw new Error('the fresh data dir was locked')
       try {
         const run = await cli(env, ['account', 'create', '--name', 'Blocked'])
@@ -154,10 +154,57 @@ test('a lock whose holder was killed but not yet reaped (a zombie) is taken over
     const dataDir = mkdtempSync(join(tmpdir(), 'ls-lock-'))
     dirs.push(dataDir)
     await Bun.write(join(dataDir, 'lock'), JSON.stringify({ pid, started, owner: 'server' }))
-    const lock = tryLockDataDir(dataDir, 'server')
+    const lock = await tryLockDataDir(dataDir, 'server')
     expect(isLock(lock), JSON.stringify(lock)).toBe(true)
     if (isLock(lock)) lock.release()
   } finally {
     parent.kill('SIGKILL')
   }
+})
+
+describe('a lock held from another pid namespace or boot (a second container on the same volume)', () => {
+  /** A lock naming this live process, as seen from a namespace or boot that is not ours. */
+  async function foreignLock(elsewhere: { pidNamespace?: string; bootId?: string }) {
+    const dataDir = mkdtempSync(join(tmpdir(), 'ls-lock-'))
+    dirs.push(dataDir)
+    const stat = await Bun.file(`/proc/${process.pid}/stat`).text()
+    const started = stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19]
+    const holder = { pid: process.pid, started, owner: 'server', ...elsewhere }
+    await Bun.write(join(dataDir, 'lock'), JSON.stringify(holder))
+    return dataDir
+  }
+
+  test.each([[{ pidNamespace: 'pid:[1]' }], [{ bootId: '00000000-0000-0000-0000-000000000000' }]])(
+    '%j: its server answering on the socket keeps it',
+    async (elsewhere) => {
+      const dataDir = await foreignLock(elsewhere)
+      const socket = Bun.serve({ unix: join(dataDir, 'operator.sock'), fetch: () => new Response(null, { status: 404 }) })
+      try {
+        const result = await tryLockDataDir(dataDir, 'server')
+        expect(isLock(result), JSON.stringify(result)).toBe(false)
+      } finally {
+        socket.stop(true)
+      }
+    },
+  )
+
+  test.each([[{ pidNamespace: 'pid:[1]' }], [{ bootId: '00000000-0000-0000-0000-000000000000' }]])(
+    '%j: a socket nobody answers on, or none, means its holder is gone, whatever its pid is here',
+    async (elsewhere) => {
+      const dataDir = await foreignLock(elsewhere)
+      // A crashed server's socket file: nothing listens on it any more.
+      const stale = Bun.serve({ unix: join(dataDir, 'operator.sock'), fetch: () => new Response(null) })
+      stale.stop(true)
+      await Bun.write(join(dataDir, 'operator.sock'), '')
+      const lock = await tryLockDataDir(dataDir, 'server')
+      expect(isLock(lock), JSON.stringify(lock)).toBe(true)
+      if (isLock(lock)) lock.release()
+    },
+  )
+
+  test('a holder of this namespace and boot is still judged by its pid', async () => {
+    const dataDir = await foreignLock({})
+    const result = await tryLockDataDir(dataDir, 'server')
+    expect(isLock(result)).toBe(false)
+  })
 })

@@ -1,5 +1,4 @@
 import { expect, test } from 'bun:test'
-import { randomBytes } from 'node:crypto'
 import { mkdtempSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -10,7 +9,7 @@ import { createAccount } from '../../src/accounts/service'
 import { createApplication } from '../../src/apps/service'
 import { type EventName, recordEvents } from '../../src/delivery/outbox'
 import { createWebhook } from '../../src/webhooks/service'
-import { TEST_DATABASE_URL, TEST_REDIS_URL } from '../support/helpers'
+import { TEST_DATABASE_URL, TEST_MASTER_KEY, TEST_REDIS_URL } from '../support/helpers'
 import { signatureValid, startReceiver, testCertificate, until } from '../support/webhooks-receiver'
 
 const root = join(import.meta.dir, '..', '..')
@@ -47,7 +46,8 @@ test('events committed while the server was dead are delivered once after a kill
     DATA_DIR: mkdtempSync(join(tmpdir(), 'ls-whrestart-')),
     DATABASE_URL: TEST_DATABASE_URL ?? '',
     REDIS_URL: TEST_REDIS_URL ?? '',
-    MASTER_KEY: randomBytes(32).toString('hex'),
+    // The PostgreSQL pass shares its database, whose secrets are sealed with the tests' key.
+    MASTER_KEY: TEST_MASTER_KEY.toString('hex'),
     WEBHOOK_ALLOW_PRIVATE_TARGETS: 'true',
     NODE_EXTRA_CA_CERTS: certFile,
     LOG_LEVEL: 'info',
