@@ -54,4 +54,11 @@ describe('log lines', () => {
       expect(line).not.toContain(value)
     }
   })
+
+  test("redaction leaves the caller's objects as they were", async () => {
+    const fields = { cause: { token: 't-1', list: [{ hwid: 'h-1' }] }, appId: 'app' }
+    const [entry] = await loggedBy(() => log.error('failed', fields))
+    expect(entry!.cause).toEqual({ token: '[Redacted]', list: [{ hwid: '[Redacted]' }] })
+    expect(fields).toEqual({ cause: { token: 't-1', list: [{ hwid: 'h-1' }] }, appId: 'app' })
+  })
 })
