@@ -56,9 +56,9 @@ describe('log lines', () => {
   })
 
   test("redaction leaves the caller's objects as they were", async () => {
-    const fields = { cause: { token: 't-1', list: [{ hwid: 'h-1' }] }, appId: 'app' }
+    const fields = { cause: { token: 't-1' }, rows: [{ hwid: 'h-1' }], appId: 'app' }
     const [entry] = await loggedBy(() => log.error('failed', fields))
-    expect(entry!.cause).toEqual({ token: '[Redacted]', list: [{ hwid: '[Redacted]' }] })
-    expect(fields).toEqual({ cause: { token: 't-1', list: [{ hwid: 'h-1' }] }, appId: 'app' })
+    expect(entry).toMatchObject({ cause: { token: '[Redacted]' }, rows: [{ hwid: '[Redacted]' }], appId: 'app' })
+    expect(fields).toEqual({ cause: { token: 't-1' }, rows: [{ hwid: 'h-1' }], appId: 'app' })
   })
 })
