@@ -12,6 +12,7 @@ import { type ProcessRole, ServerMetrics } from './http/scrape'
 import {
   type OtherServerProcesses,
   reportToFirstServerProcess,
+  sendToFirstServerProcess,
   serverProcessIndex,
   startOtherServerProcesses,
 } from './server-processes'
@@ -68,7 +69,7 @@ async function main(): Promise<void> {
       ? { kind: 'single' }
       : index === 0
         ? { kind: 'first' }
-        : { kind: 'other', index, toFirst: (message) => process.send?.(message) }
+        : { kind: 'other', index, toFirst: sendToFirstServerProcess }
   const scrape = new ServerMetrics(ctx, role)
   const app = createApp(ctx, scrape)
   startEventLoopMonitor()

@@ -5,6 +5,8 @@
  */
 import { describe, expect, test } from 'bun:test'
 import { type OtherProcesses, PROCESS_ANSWER_MS, ServerMetrics } from '../../src/http/scrape'
+import { sendToChild, sendToFirstServerProcess } from '../../src/server-processes'
+import { loggedBy } from '../support/log-capture'
 import { hwid, insertLicense, nonce } from '../support/client'
 import { makeTestApp, MODE, TEST_DATABASE_URL, TEST_REDIS_URL, type TestApp } from '../support/helpers'
 import { startServer } from '../support/server-process'
@@ -15,6 +17,7 @@ import { sample } from '../support/metrics-text'
 const across = (deliver: (message: unknown) => void) => (message: unknown) => {
   const copy = structuredClone(message)
   setTimeout(() => deliver(copy), 0)
+  return true
 }
 
 /** A first process and others built on test contexts, wired as main.ts wires them; `silent` ones never answer. */
@@ -59,6 +62,75 @@ describe('a scrape of several processes', () => {
     expect(text).toContain('process_start_time_seconds{process="1"}')
     expect(text).not.toContain('process="2"')
     expect(sample(text, 'server_processes_missing')).toBe(1)
+  })
+})
+
+/** Bun's Subprocess.send and process.send after the channel closed, before `killed` is set. */
+const closedChannel = () => {
+  throw Object.assign(new Error('Channel closed.'), { code: 'ERR_IPC_CHANNEL_CLOSED' })
+}
+
+describe('a process whose IPC channel closed mid-scrape', () => {
+  test('the first: a send to it is refused, not thrown, and the scrape counts it missing at once', async () => {
+    expect(sendToChild({ killed: false, send: closedChannel }, { type: 'metrics:collect', id: 1 })).toBe(false)
+    expect(sendToChild({ killed: true, send: () => {} }, {})).toBe(false)
+    expect(sendToChild(undefined, {})).toBe(false)
+    expect(sendToChild({ killed: false, send: () => {} }, {})).toBe(true)
+    const t = await makeTestApp()
+    const first = new ServerMetrics(t.ctx, { kind: 'first' })
+    first.attach({ indexes: () => [1], send: (_, message) => sendToChild({ killed: false, send: closedChannel }, message) })
+    const started = Date.now()
+    const text = await first.exposition()
+    expect(Date.now() - started).toBeLessThan(PROCESS_ANSWER_MS)
+    expect(sample(text, 'server_processes_missing')).toBe(1)
+  })
+
+  test('another: a send to the first is refused, not thrown, and the process answers with its own figures', async () => {
+    const send = process.send
+    process.send = closedChannel
+    try {
+      expect(sendToFirstServerProcess({ type: 'metrics:scrape', id: 1 })).toBe(false)
+    } finally {
+      process.send = send
+    }
+    const t = await makeTestApp()
+    t.ctx.metrics.validations.add('success', 2)
+    const other = new ServerMetrics(t.ctx, { kind: 'other', index: 1, toFirst: () => false })
+    const started = Date.now()
+    const text = await other.exposition()
+    expect(Date.now() - started).toBeLessThan(PROCESS_ANSWER_MS)
+    expect(sample(text, 'license_validations_total{result="success",process="1"}')).toBe(2)
+  })
+
+  test('another falls back to its own figures when the first does not answer', async () => {
+    const t = await makeTestApp()
+    t.ctx.metrics.validations.add('success', 1)
+    const other = new ServerMetrics(t.ctx, { kind: 'other', index: 1, toFirst: () => true })
+    const text = await other.exposition()
+    expect(sample(text, 'license_validations_total{result="success",process="1"}')).toBe(1)
+    expect(text).not.toContain('process="0"')
+  }, PROCESS_ANSWER_MS * 3 + 10_000)
+
+  test('a scrape the first cannot gather for another is logged, not left to reject (which ends the server)', async () => {
+    const t = await makeTestApp()
+    const first = new ServerMetrics(t.ctx, { kind: 'first' })
+    first.attach({ indexes: () => [], send: () => true })
+    t.ctx.metrics.collect = () => {
+      throw new Error('collect failed')
+    }
+    const rejected: unknown[] = []
+    const onRejection = (err: unknown) => rejected.push(err)
+    process.on('unhandledRejection', onRejection)
+    try {
+      const entries = await loggedBy(async () => {
+        first.receive({ type: 'metrics:scrape', id: 1 }, 1)
+        await Bun.sleep(50)
+      })
+      expect(entries).toContainEqual(expect.objectContaining({ msg: 'metrics scrape for another server process failed', error: 'Error' }))
+      expect(rejected).toEqual([])
+    } finally {
+      process.off('unhandledRejection', onRejection)
+    }
   })
 })
 
