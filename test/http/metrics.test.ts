@@ -8,6 +8,8 @@ import { sql } from 'drizzle-orm'
 import { Elysia } from 'elysia'
 import { startDispatcher } from '../../src/delivery/dispatcher'
 import { writeIsolated } from '../../src/db/isolated-write'
+import type { Context } from '../../src/context'
+import { BACKLOG_CACHE_MS, BACKLOG_TIMEOUT_MS, ServerMetrics } from '../../src/http/scrape'
 import { startEventLoopMonitor } from '../../src/lib/process-metrics'
 import { RedisStore } from '../../src/store/redis'
 import { decode, hwid, insertLicense, nonce } from '../support/client'
@@ -87,6 +89,7 @@ describe('webhooks', () => {
     const before = sample(await scrape(t), 'webhook_backlog{stage="undispatched_events"}')
     const created = await t.req('POST', '/v1/licenses', { apiKey: s.apiKey, body: { appId: s.appId, quantity: 2 } })
     expect(created.status, JSON.stringify(created.body)).toBe(201)
+    await Bun.sleep(BACKLOG_CACHE_MS)
     expect(sample(await scrape(t), 'webhook_backlog{stage="undispatched_events"}')).toBe(before + 2)
 
     // The dispatcher sends whatever the shared test database still owes too: only these four are known.
@@ -96,6 +99,50 @@ describe('webhooks', () => {
       return sample(text, 'webhook_deliveries_total{outcome="success"}') >= 2 && sample(text, 'webhook_deliveries_total{outcome="http_error"}') >= 2
     }, 'four deliveries counted', 60_000)
     expect(rx.received).toHaveLength(4)
+  })
+})
+
+describe('the backlog count', () => {
+  /** A scrape of `t`'s figures whose backlog count runs `execute` instead of the database's. */
+  const scrapeWith = (t: TestApp, execute: () => Promise<unknown>) => {
+    let counts = 0
+    const database = {
+      db: {
+        execute: () => {
+          counts++
+          return execute()
+        },
+      },
+    }
+    const metrics = new ServerMetrics({ ...t.ctx, database } as unknown as Context, { kind: 'single' })
+    return { scrape: () => metrics.exposition(), counts: () => counts }
+  }
+
+  test('one count answers the scrapes of the next second', async () => {
+    const t = await makeTestApp()
+    const { scrape, counts } = scrapeWith(t, async () => [{ events: 7, deliveries: 3 }])
+    const [a, b] = await Promise.all([scrape(), scrape()])
+    expect(sample(await scrape(), 'webhook_backlog{stage="undispatched_events"}')).toBe(7)
+    expect([a, b].map((text) => sample(text, 'webhook_backlog{stage="unattempted_deliveries"}'))).toEqual([3, 3])
+    expect(counts()).toBe(1)
+    await Bun.sleep(BACKLOG_CACHE_MS)
+    await scrape()
+    expect(counts()).toBe(2)
+  })
+
+  test('a database that never answers: the scrape answers without the backlog, counted, and the count is not piled up', async () => {
+    const t = await makeTestApp()
+    const { scrape, counts } = scrapeWith(t, () => new Promise(() => {}))
+    const started = performance.now()
+    const text = await scrape()
+    expect(performance.now() - started).toBeLessThan(BACKLOG_TIMEOUT_MS + 500)
+    expect(text).not.toContain('webhook_backlog{')
+    expect(sample(text, 'webhook_backlog_count_timeouts_total')).toBe(1)
+    expect(sample(text, 'license_validations_total{result="success"}')).toBe(0)
+    await Bun.sleep(BACKLOG_CACHE_MS)
+    expect(sample(await scrape(), 'webhook_backlog_count_timeouts_total')).toBe(2)
+    // The hung count is still running: it is waited for again, not started again.
+    expect(counts()).toBe(1)
   })
 })
 
