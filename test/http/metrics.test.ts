@@ -195,8 +195,9 @@ describe('credits, store and database', () => {
 
 test('process figures: CPU, memory, descriptors, start time, uptime, event-loop delay', async () => {
   const t = await makeTestApp()
-  startEventLoopMonitor()
-  await Bun.sleep(60)
+  // A short window, so one has closed before the scrape.
+  startEventLoopMonitor(50)
+  await Bun.sleep(120)
   const text = await scrape(t)
   expect(sample(text, 'process_cpu_seconds_total')).toBeGreaterThan(0)
   expect(sample(text, 'process_resident_memory_bytes')).toBeGreaterThan(1e6)
