@@ -4,6 +4,7 @@
  * to a listener of its own, and the real server's log carries the request ids it answers.
  */
 import { describe, expect, test } from 'bun:test'
+import { readFileSync } from 'node:fs'
 import { type OtherProcesses, PROCESS_ANSWER_MS, ServerMetrics } from '../../src/http/scrape'
 import { sendToChild, sendToFirstServerProcess } from '../../src/server-processes'
 import { loggedBy } from '../support/log-capture'
@@ -173,12 +174,28 @@ if (MODE === 'postgres') {
   })
 }
 
+/** The local addresses of the sockets listening on `port`, from the kernel's tables (hex, as /proc spells them). */
+function listeningAddresses(port: number): string[] {
+  const hexPort = port.toString(16).toUpperCase().padStart(4, '0')
+  return ['/proc/net/tcp', '/proc/net/tcp6'].flatMap((table) =>
+    readFileSync(table, 'utf8')
+      .split('\n')
+      .slice(1)
+      .map((line) => line.trim().split(/\s+/))
+      // local_address is ADDRESS:PORT; state 0A is LISTEN.
+      .filter((fields) => fields[1]?.endsWith(`:${hexPort}`) && fields[3] === '0A')
+      .map((fields) => fields[1]!.split(':')[0]!),
+  )
+}
+
 test('METRICS_PORT: /metrics there and only there; request ids answered and in the access log', async () => {
   const metricsPort = await freePort()
   const env: Record<string, string> = { METRICS_PORT: String(metricsPort), LOG_LEVEL: 'debug' }
   if (MODE === 'postgres') Object.assign(env, { DATABASE_URL: TEST_DATABASE_URL!, REDIS_URL: TEST_REDIS_URL!, SERVER_PROCESSES: '1' })
   const server = await startServer(env)
   try {
+    // METRICS_HOST unset: the loopback only (127.0.0.1, little-endian in /proc), no other address, no IPv6.
+    expect(listeningAddresses(metricsPort)).toEqual(['0100007F'])
     const internal = `http://127.0.0.1:${metricsPort}`
     const publicScrape = await fetch(`${server.url}/metrics`, { headers: { 'x-request-id': 'public-scrape' } })
     expect(publicScrape.status).toBe(404)
