@@ -91,7 +91,7 @@ async function main(): Promise<void> {
   // The first process alone: it gathers the others' series, so one scrape there describes the server.
   const metricsListener =
     config.metricsPort !== null && index === 0
-      ? internalMetricsApp(ctx.metrics, scrape).listen({ hostname: config.metricsHost, port: config.metricsPort })
+      ? internalMetricsApp(scrape).listen({ hostname: config.metricsHost, port: config.metricsPort })
       : null
 
   let others: OtherServerProcesses | null = null

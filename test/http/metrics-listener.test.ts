@@ -5,6 +5,7 @@
  */
 import { describe, expect, test } from 'bun:test'
 import { readFileSync } from 'node:fs'
+import { internalMetricsApp } from '../../src/http/ops'
 import { type OtherProcesses, PROCESS_ANSWER_MS, ServerMetrics } from '../../src/http/scrape'
 import { sendToChild, sendToFirstServerProcess } from '../../src/server-processes'
 import { loggedBy } from '../support/log-capture'
@@ -174,6 +175,26 @@ if (MODE === 'postgres') {
   })
 }
 
+test('the internal listener logs a failed scrape with its request id and answers 500 without the error', async () => {
+  const failing = {
+    exposition: async () => {
+      throw new Error('exposition failed at figure 3')
+    },
+  } as unknown as ServerMetrics
+  const app = internalMetricsApp(failing)
+  let res: Response | undefined
+  const entries = await loggedBy(async () => {
+    res = await app.handle(new Request('http://metrics.internal/metrics', { headers: { 'x-request-id': 'scrape-7' } }))
+  })
+  expect(res?.status).toBe(500)
+  expect(res?.headers.get('x-request-id')).toBe('scrape-7')
+  expect(await res?.text()).not.toContain('figure 3')
+  expect(entries).toContainEqual(
+    expect.objectContaining({ level: 'error', msg: 'metrics scrape failed', requestId: 'scrape-7', error: 'Error', message: 'exposition failed at figure 3' }),
+  )
+  expect((await app.handle(new Request('http://metrics.internal/other'))).status).toBe(404)
+})
+
 /** The local addresses of the sockets listening on `port`, from the kernel's tables (hex, as /proc spells them). */
 function listeningAddresses(port: number): string[] {
   const hexPort = port.toString(16).toUpperCase().padStart(4, '0')
@@ -209,6 +230,11 @@ test('METRICS_PORT: /metrics there and only there; request ids answered and in t
     for (const path of ['/healthz', '/v1/account', '/auth/validate', '/metrics/']) {
       expect((await fetch(`${internal}${path}`)).status, path).toBe(404)
     }
+
+    // The listener's own requests (the scrape above, those 404s) stay out of the client port's series.
+    const again = await (await fetch(`${internal}/metrics`)).text()
+    expect(again).toContain('route="unmatched",status="404",class="4xx"} 1')
+    expect(again).not.toContain('route="/metrics"')
 
     const logged = () => server.log().split('\n').filter((l) => l.includes('"msg":"request"')).map((l) => JSON.parse(l))
     for (let i = 0; i < 100 && !logged().some((e) => e.requestId === 'internal-scrape'); i++) await Bun.sleep(20)
