@@ -152,18 +152,43 @@ export function logEvery(level: LogLevel, msg: string, fields?: () => Record<str
   log[level](msg, fields?.())
 }
 
-const reported = new WeakSet<object>()
+/** How long the other requests one error fails are gathered before the line that names them. */
+export const SAME_ERROR_GATHER_MS = 1000
+const MAX_IDS_NAMED = 50
+
+interface Repeats {
+  requestIds: string[]
+  more: number
+}
+const reported = new WeakMap<object, Repeats | null>()
 
 /**
  * Logs an error once however many requests it fails: when several callers are rejected with one
- * shared error object, only the first logs it.
+ * shared error object, only the first logs it with its details. The others' request ids (from
+ * `fields.requestId`) follow on one line SAME_ERROR_GATHER_MS later, so each request's id is in the log.
  */
 export function logErrorOnce(msg: string, err: unknown, fields?: Record<string, unknown>): void {
   if (typeof err === 'object' && err !== null) {
-    if (reported.has(err)) return
-    reported.add(err)
+    if (reported.has(err)) return repeated(msg, err, fields?.requestId)
+    reported.set(err, null)
   }
   log.error(msg, { ...fields, ...errorFields(err) })
+}
+
+function repeated(msg: string, err: object, requestId: unknown): void {
+  if (typeof requestId !== 'string') return
+  let repeats = reported.get(err)
+  if (!repeats) {
+    const gathered: Repeats = { requestIds: [], more: 0 }
+    reported.set(err, gathered)
+    setTimeout(() => {
+      reported.set(err, null)
+      log.error(`${msg}: the same error failed these requests too`, { ...gathered })
+    }, SAME_ERROR_GATHER_MS).unref()
+    repeats = gathered
+  }
+  if (repeats.requestIds.length < MAX_IDS_NAMED) repeats.requestIds.push(requestId)
+  else repeats.more++
 }
 
 // Names a database error attaches (PGlite spells them short, postgres.js with `_name`): identifiers
