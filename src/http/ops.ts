@@ -1,6 +1,7 @@
 import { Elysia, t } from 'elysia'
 import type { Context } from '../context'
 import { errorFields, log } from '../lib/log'
+import { withTimeout } from '../lib/with-timeout'
 import { httpObservation, requestIdOf } from './metrics'
 import { REQUEST_ID_HEADER } from './request-id'
 import type { ServerMetrics } from './scrape'
@@ -18,15 +19,7 @@ const security: [] = []
 const PING_TIMEOUT_MS = 2000
 
 async function probe(ping: () => Promise<boolean>): Promise<'ok' | 'failed'> {
-  let timer: ReturnType<typeof setTimeout> | undefined
-  const timeout = new Promise<boolean>((resolve) => {
-    timer = setTimeout(() => resolve(false), PING_TIMEOUT_MS)
-  })
-  try {
-    return (await Promise.race([ping().catch(() => false), timeout])) ? 'ok' : 'failed'
-  } finally {
-    clearTimeout(timer)
-  }
+  return (await withTimeout(ping().catch(() => false), PING_TIMEOUT_MS)) ? 'ok' : 'failed'
 }
 
 /** Liveness and readiness for orchestrators; no authentication. */

@@ -5,6 +5,8 @@ import { rowsOf } from '../delivery/prepared'
 import { errorFields, log } from '../lib/log'
 import { type Family, labelled, render } from '../lib/metrics'
 import { processFamilies } from '../lib/process-metrics'
+import { SingleFlight } from '../lib/single-flight'
+import { withTimeout } from '../lib/with-timeout'
 
 /**
  * A scrape across server processes, over the IPC channel each process has with the first:
@@ -64,11 +66,10 @@ export class ServerMetrics {
   readonly #waiting = new Map<number, (families: Family[]) => void>()
   #seq = 0
   // One backlog count at a time, its answer kept BACKLOG_CACHE_MS; one gathering for concurrent scrapes.
-  #counting: Promise<Family[]> | null = null
+  readonly #flights = new SingleFlight<Family[]>()
   #backlogAnswer: Promise<Family[]> | null = null
   #backlogAt = 0
   #backlogTimeouts = 0
-  #gathering: Promise<Family[]> | null = null
 
   constructor(ctx: Context, role: ProcessRole) {
     this.#ctx = ctx
@@ -145,10 +146,7 @@ export class ServerMetrics {
 
   /** Every process's series (the others' asked in parallel) and the server-wide ones; concurrent scrapes share one. */
   #server(): Promise<Family[]> {
-    this.#gathering ??= this.#gather().finally(() => {
-      this.#gathering = null
-    })
-    return this.#gathering
+    return this.#flights.run('gather', () => this.#gather())
   }
 
   async #gather(): Promise<Family[]> {
@@ -182,10 +180,8 @@ export class ServerMetrics {
     const now = performance.now()
     if (this.#backlogAnswer === null || now - this.#backlogAt >= BACKLOG_CACHE_MS) {
       this.#backlogAt = now
-      this.#counting ??= this.#countBacklog().finally(() => {
-        this.#counting = null
-      })
-      this.#backlogAnswer = withTimeout(this.#counting, BACKLOG_TIMEOUT_MS).then((families) => {
+      const counting = this.#flights.run('backlog', () => this.#countBacklog())
+      this.#backlogAnswer = withTimeout(counting, BACKLOG_TIMEOUT_MS).then((families) => {
         if (families !== null) return families
         this.#backlogTimeouts++
         return []
@@ -227,18 +223,5 @@ export class ServerMetrics {
       countDatabaseError(err)
       return []
     }
-  }
-}
-
-/** What `work` resolves to, or null once `ms` passed first. */
-async function withTimeout<T>(work: Promise<T>, ms: number): Promise<T | null> {
-  let timer: ReturnType<typeof setTimeout> | undefined
-  const timeout = new Promise<null>((resolve) => {
-    timer = setTimeout(() => resolve(null), ms)
-  })
-  try {
-    return await Promise.race([work, timeout])
-  } finally {
-    clearTimeout(timer)
   }
 }
