@@ -191,7 +191,7 @@ export class ServerMetrics {
       ...families,
       {
         name: 'webhook_backlog_count_timeouts_total',
-        help: `Scrapes answered without webhook_backlog: counting it took over ${BACKLOG_TIMEOUT_MS} ms.`,
+        help: `Backlog counts that took over ${BACKLOG_TIMEOUT_MS} ms: the scrapes of the next ${BACKLOG_CACHE_MS} ms answered without webhook_backlog.`,
         type: 'counter',
         samples: [['webhook_backlog_count_timeouts_total', '', this.#backlogTimeouts]],
       },
