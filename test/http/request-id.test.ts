@@ -7,6 +7,7 @@ import { eq } from 'drizzle-orm'
 import { Elysia } from 'elysia'
 import { signingKeys } from '../../src/db/schema'
 import { REPEAT_EVERY_MS, setLogLevel } from '../../src/lib/log'
+import { MemoryStore } from '../../src/store/memory'
 import { hwid, insertLicense, nonce } from '../support/client'
 import { makeTestApp } from '../support/helpers'
 import { loggedBy } from '../support/log-capture'
@@ -89,6 +90,13 @@ describe('X-Request-Id', () => {
   })
 })
 
+/** A store whose rate limiter is unreachable. */
+class LimiterDown extends MemoryStore {
+  override async take(): Promise<never> {
+    throw new Error('store down')
+  }
+}
+
 describe("request-scoped warnings carry the request's id", () => {
   test('a signed answer the app cannot sign: the line says why, with the id answered', async () => {
     const t = await makeTestApp()
@@ -110,9 +118,9 @@ describe("request-scoped warnings carry the request's id", () => {
   })
 
   test('an outage line written while serving a request names that request', async () => {
-    const t = await makeTestApp()
+    // A store of its own: the shared one serves the other tests of this process.
+    const t = await makeTestApp({ store: new LimiterDown() })
     const s = await t.seed()
-    t.ctx.store.take = () => Promise.reject(new Error('store down'))
     setLogLevel('warn')
     // Past the last line this message may have logged in this test process (one per REPEAT_EVERY_MS).
     setSystemTime(new Date(Date.now() + REPEAT_EVERY_MS + 1000))
