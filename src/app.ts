@@ -3,7 +3,7 @@ import type { TSchema } from '@sinclair/typebox'
 import { Value } from '@sinclair/typebox/value'
 import { Elysia } from 'elysia'
 import type { Context } from './context'
-import { ApiError, PublicError } from './lib/errors'
+import { ApiError, LoggedPublicError, PublicError } from './lib/errors'
 import { httpObservation, requestIdOf, UNMATCHED_ROUTE } from './http/metrics'
 import { REQUEST_ID_HEADER } from './http/request-id'
 import { ServerMetrics } from './http/scrape'
@@ -252,6 +252,7 @@ export function createApp(ctx: Context, scrape = new ServerMetrics(ctx, { kind: 
         return reply(error.status, error.code, error.message, { ...headers, ...error.headers })
       }
       if (error instanceof PublicError) {
+        if (error instanceof LoggedPublicError) log.error(error.note, { requestId, route, ...error.fields })
         return reply(error.status, error.code, error.code, { ...headers, ...error.headers })
       }
       // Elysia wraps what a parse hook throws in its ParseError, with ours as the cause.

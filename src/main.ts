@@ -12,6 +12,7 @@ import { type ProcessRole, ServerMetrics } from './http/scrape'
 import {
   type OtherServerProcesses,
   reportToFirstServerProcess,
+  sendToFirstServerProcess,
   serverProcessIndex,
   startOtherServerProcesses,
 } from './server-processes'
@@ -68,7 +69,7 @@ async function main(): Promise<void> {
       ? { kind: 'single' }
       : index === 0
         ? { kind: 'first' }
-        : { kind: 'other', index, toFirst: (message) => process.send?.(message) }
+        : { kind: 'other', index, toFirst: sendToFirstServerProcess }
   const scrape = new ServerMetrics(ctx, role)
   const app = createApp(ctx, scrape)
   startEventLoopMonitor()
@@ -90,7 +91,7 @@ async function main(): Promise<void> {
   // The first process alone: it gathers the others' series, so one scrape there describes the server.
   const metricsListener =
     config.metricsPort !== null && index === 0
-      ? internalMetricsApp(ctx.metrics, scrape).listen({ hostname: config.metricsHost, port: config.metricsPort })
+      ? internalMetricsApp(scrape).listen({ hostname: config.metricsHost, port: config.metricsPort })
       : null
 
   let others: OtherServerProcesses | null = null

@@ -15,7 +15,7 @@ export interface OtherServerProcesses {
   stop(): Promise<void>
   /** The indexes of the processes running now. */
   indexes(): number[]
-  /** Sends a message to one of them over its IPC channel; false when it is not running. */
+  /** Sends a message to one of them over its IPC channel; false when it is not running (never throws). */
   send(index: number, message: unknown): boolean
 }
 
@@ -66,14 +66,29 @@ export async function startOtherServerProcesses(
       await Promise.all(children.map((child) => child.exited))
     },
     indexes: () => [...running.keys()],
-    send(index, message) {
-      const child = running.get(index)
-      if (!child || child.killed) return false
-      child.send(message)
-      return true
-    },
+    send: (index, message) => sendToChild(running.get(index), message),
   }
 }
+
+/**
+ * Whether `send` sent: Bun's send() throws ERR_IPC_CHANNEL_CLOSED once the channel closed, which
+ * happens before `killed` is set on a child that exits; such a process is as good as missing.
+ */
+function sent(send: () => unknown): boolean {
+  try {
+    send()
+    return true
+  } catch {
+    return false
+  }
+}
+
+/** The first process: sends `message` to a process it started; false when that one is gone or going. */
+export const sendToChild = (child: Pick<Subprocess, 'killed' | 'send'> | undefined, message: unknown): boolean =>
+  child !== undefined && !child.killed && sent(() => child.send(message))
+
+/** In a process the first one started: sends `message` to the first; false when the channel is gone. */
+export const sendToFirstServerProcess = (message: unknown): boolean => process.send !== undefined && sent(() => process.send!(message))
 
 /**
  * In a process the first one started: reports that it listens, and shuts it down when the first
@@ -81,7 +96,7 @@ export async function startOtherServerProcesses(
  * on the port.
  */
 export function reportToFirstServerProcess(shutdown: () => void, received: (message: unknown) => void): void {
-  process.send?.('listening')
+  sendToFirstServerProcess('listening')
   process.on('disconnect', shutdown)
   process.on('message', received)
 }

@@ -1,7 +1,7 @@
 import { type CachedApp, type CachedLicense, StoreUnavailable } from '../actors/load'
 import type { Context } from '../context'
-import { PublicError } from '../lib/errors'
-import { errorFields, log, logEvery } from '../lib/log'
+import { LoggedPublicError, PublicError } from '../lib/errors'
+import { errorFields, logEvery } from '../lib/log'
 import type { AuthorizeInput, AuthorizeResult, Shard } from '../store/store'
 import { keys } from '../store/store'
 import { type Bucket, type Outcome, rateLimited } from './policy'
@@ -21,9 +21,13 @@ export type Plan = Omit<AuthorizeInput, 'nowMs' | 'shard' | 'generation' | 'epoc
  */
 export type Planner = (app: CachedApp | null, license: CachedLicense | null, nowMs: number, shard: Shard) => Plan
 
-/** Who asks for what: `licenseKey` is null when a session named none; a nonce claim fails closed without the store. */
+/**
+ * Who asks for what: `licenseKey` is null when a session named none; a nonce claim fails closed
+ * without the store. `requestId` names the request on the lines logged for it.
+ */
 export interface AuthRequest {
   ip: string
+  requestId: string
   appId: string
   licenseKey: string | null
   needsNonce: boolean
@@ -128,8 +132,7 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
           return { app, license, outcome, charged: result.charged }
       }
     }
-    log.error('client request kept finding stale cache entries', { appId })
-    throw new PublicError('system_error')
+    throw new LoggedPublicError('system_error', 'client request kept finding stale cache entries', { appId })
   } catch (err) {
     if (!(err instanceof StoreUnavailable)) throw err
     return withoutStore(ctx, request, plan, err, nowMs)
@@ -139,17 +142,17 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
 /** The store is unreachable: a request that needs a nonce claim fails closed, the others are served from PostgreSQL. */
 async function withoutStore(
   ctx: Context,
-  { ip, appId, licenseKey, needsNonce }: AuthRequest,
+  { ip, appId, licenseKey, needsNonce, requestId }: AuthRequest,
   plan: Planner,
   err: StoreUnavailable,
   nowMs: number,
 ): Promise<Authorized> {
   const { actors } = ctx
   if (needsNonce) {
-    logEvery('warn', 'store unreachable: refusing requests that need a nonce claim', () => errorFields(err.cause))
+    logEvery('warn', 'store unreachable: refusing requests that need a nonce claim', () => ({ requestId, ...errorFields(err.cause) }))
     throw new PublicError('system_error')
   }
-  logEvery('warn', 'store unreachable: serving requests without limits or charges', () => errorFields(err.cause))
+  logEvery('warn', 'store unreachable: serving requests without limits or charges', () => ({ requestId, ...errorFields(err.cause) }))
   if (!actors.absentAppBudget.allows(ip, nowMs)) throw new PublicError('invalid_app')
   const [app, license] = await Promise.all([actors.loadApp(appId), licenseKey === null ? null : actors.loadLicense(licenseKey)])
   const { outcome } = plan(app, license, nowMs, app ? ctx.store.shardOf(app.accountId) : '')

@@ -6,14 +6,14 @@ import type { HeartbeatInput, SignedReply } from './model'
 import { bucket, canonicalAppId, ceiling, fail, HEARTBEATS_PER_CREDIT, licenseState, listsAllow, type Outcome, SANDBOX } from './policy'
 
 /** POST /auth/heartbeat: re-checks the license on every call, so revocations reach clients at once. */
-export const heartbeat = (ctx: Context, input: HeartbeatInput, ip: string): Promise<SignedReply> =>
-  countResult(ctx.metrics.heartbeats, renewSession(ctx, input, ip))
+export const heartbeat = (ctx: Context, input: HeartbeatInput, ip: string, requestId: string): Promise<SignedReply> =>
+  countResult(ctx.metrics.heartbeats, renewSession(ctx, input, ip, requestId))
 
-async function renewSession(ctx: Context, input: HeartbeatInput, ip: string): Promise<SignedReply> {
+async function renewSession(ctx: Context, input: HeartbeatInput, ip: string, requestId: string): Promise<SignedReply> {
   const { sessions, payloads } = ctx
   const appId = canonicalAppId(input.appId)
   const session = sessions.readFor(appId, input.sessionToken, input.hwid, ctx.clock())
-  const auth = await authorize(ctx, { ip, appId, licenseKey: session?.lic ?? null, needsNonce: false }, (app, license, nowMs, shard) => {
+  const auth = await authorize(ctx, { ip, requestId, appId, licenseKey: session?.lic ?? null, needsNonce: false }, (app, license, nowMs, shard) => {
     let outcome: Outcome
     if (!app) outcome = fail('invalid_app')
     else if (!session) outcome = fail('session_expired')

@@ -4,6 +4,7 @@ import { selfban } from './selfban'
 import { validate } from './validate'
 import type { Context } from '../context'
 import { ClientAddresses } from '../http/client-ip'
+import { requestIdOf } from '../http/metrics'
 import { publicErrors } from '../http/openapi'
 import { SIGNED_PAYLOAD_MODEL } from '../signing/model'
 import { HeartbeatBody, SelfbanBody, SelfbanResponse, SignedPayload, SignedResponse, ValidateBody } from './model'
@@ -21,7 +22,7 @@ export const clientRoutes = (ctx: Context) => {
     addresses.of(server?.requestIP(request)?.address ?? null, request.headers.get('x-forwarded-for'))
   return new Elysia({ name: 'routes-client', prefix: '/auth' })
     .model({ [SIGNED_PAYLOAD_MODEL]: SignedPayload })
-    .post('/validate', ({ body, request, server }) => validate(ctx, body, ipOf(request, server)), {
+    .post('/validate', (context) => validate(ctx, context.body, ipOf(context.request, context.server), requestIdOf(context)), {
       body: ValidateBody,
       response: {
         200: SignedResponse,
@@ -39,7 +40,7 @@ export const clientRoutes = (ctx: Context) => {
           'signed with the app key. Unlimited-seat keys bind nothing and never give hwid_mismatch.',
       },
     })
-    .post('/heartbeat', ({ body, request, server }) => heartbeat(ctx, body, ipOf(request, server)), {
+    .post('/heartbeat', (context) => heartbeat(ctx, context.body, ipOf(context.request, context.server), requestIdOf(context)), {
       body: HeartbeatBody,
       response: {
         200: SignedResponse,
@@ -56,7 +57,7 @@ export const clientRoutes = (ctx: Context) => {
           'costs 1 credit on billed apps. The optional nonce is echoed, not enforced.',
       },
     })
-    .post('/selfban', ({ body, request, server }) => selfban(ctx, body, ipOf(request, server)), {
+    .post('/selfban', (context) => selfban(ctx, context.body, ipOf(context.request, context.server), requestIdOf(context)), {
       body: SelfbanBody,
       response: {
         200: SelfbanResponse,

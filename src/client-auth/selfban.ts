@@ -10,10 +10,10 @@ import { bucket, canonicalAppId, ceiling, fail, NONCE_TTL_SECONDS, type Outcome,
  * POST /auth/selfban. Pre-session (appSecret + licenseKey + nonce) never revokes; post-session (a
  * session token) revokes by default. `performed` reports only changes this request made.
  */
-export const selfban = (ctx: Context, input: SelfbanInput, ip: string): Promise<SelfbanReply> =>
-  countResult(ctx.metrics.selfbans, reportTampering(ctx, input, ip))
+export const selfban = (ctx: Context, input: SelfbanInput, ip: string, requestId: string): Promise<SelfbanReply> =>
+  countResult(ctx.metrics.selfbans, reportTampering(ctx, input, ip, requestId))
 
-async function reportTampering(ctx: Context, input: SelfbanInput, ip: string): Promise<SelfbanReply> {
+async function reportTampering(ctx: Context, input: SelfbanInput, ip: string, requestId: string): Promise<SelfbanReply> {
   const post = input.sessionToken !== undefined
   if (!post && (input.appSecret === undefined || input.licenseKey === undefined || input.nonce === undefined)) {
     throw new PublicError('bad_request')
@@ -22,7 +22,7 @@ async function reportTampering(ctx: Context, input: SelfbanInput, ip: string): P
   const session = post ? ctx.sessions.readFor(appId, input.sessionToken!, input.hwid, ctx.clock()) : null
   const licenseKey = post ? (session?.lic ?? null) : input.licenseKey!
   const revoke = input.revokeLicense ?? post
-  const auth = await authorize(ctx, { ip, appId, licenseKey, needsNonce: !post }, (app, license, nowMs, shard) => {
+  const auth = await authorize(ctx, { ip, requestId, appId, licenseKey, needsNonce: !post }, (app, license, nowMs, shard) => {
     const secretOk = post || (app !== null && secretMatches(input.appSecret!, app.secretHash))
     let outcome: Outcome
     if (!app || !secretOk) outcome = fail('invalid_app')

@@ -20,13 +20,13 @@ import {
 import { clampTtl } from '../signing/session'
 
 /** POST /auth/validate: authenticate the app, claim the nonce, check the license, bind the seat, charge, sign. */
-export const validate = (ctx: Context, input: ValidateInput, ip: string): Promise<SignedReply> =>
-  countResult(ctx.metrics.validations, validateAndSign(ctx, input, ip))
+export const validate = (ctx: Context, input: ValidateInput, ip: string, requestId: string): Promise<SignedReply> =>
+  countResult(ctx.metrics.validations, validateAndSign(ctx, input, ip, requestId))
 
-async function validateAndSign(ctx: Context, input: ValidateInput, ip: string): Promise<SignedReply> {
+async function validateAndSign(ctx: Context, input: ValidateInput, ip: string, requestId: string): Promise<SignedReply> {
   const { hwid, licenseKey } = input
   const appId = canonicalAppId(input.appId)
-  const auth = await authorize(ctx, { ip, appId, licenseKey, needsNonce: true }, (app, license, nowMs, shard) => {
+  const auth = await authorize(ctx, { ip, requestId, appId, licenseKey, needsNonce: true }, (app, license, nowMs, shard) => {
     const secretOk = app !== null && secretMatches(input.appSecret, app.secretHash)
     let outcome: Outcome
     if (!app || !secretOk) outcome = fail('invalid_app')

@@ -4,6 +4,7 @@ import { sha256Hex } from '../lib/crypto'
 import { apiKeys } from '../db/schema'
 import type { Context } from '../context'
 import { ApiError } from '../lib/errors'
+import { requestIdOf } from './metrics'
 import { takeApiToken } from './rate-limit'
 
 // Case-insensitive for the scheme's sake (RFC 9110 section 11.1); a key in other case hashes to no key.
@@ -48,7 +49,7 @@ export const authenticate =
     if (requestContext.accountId !== undefined) return
     const keyHash = presentedKeyHash(requestContext.headers.authorization)
     if (!keyHash) throw invalidKey()
-    Object.assign(requestContext.set.headers, await takeApiToken(ctx, keyHash))
+    Object.assign(requestContext.set.headers, await takeApiToken(ctx, keyHash, requestIdOf(requestContext)))
     const accountId = await accountForKeyHash(ctx, keyHash)
     if (!accountId) throw invalidKey()
     requestContext.accountId = accountId

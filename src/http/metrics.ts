@@ -19,11 +19,12 @@ export const requestIdOf = (ctx: object): string => (ctx as Observed)[requestId]
 
 /**
  * Global hooks on every request: the request id (taken or made, answered in X-Request-Id on every
- * response, errors included), the timing behind http_requests_total and, at debug, one access log
+ * response, errors included), the timing behind http_requests_total (not counted without `metrics`:
+ * the internal metrics listener's requests stay out of the public series) and, at debug, one access log
  * line. The status comes from the Response when a handler returned one, else from `set.status`
  * (app.ts's onError writes the status of the error it answered there).
  */
-export const httpObservation = (metrics: Metrics) =>
+export const httpObservation = (metrics: Metrics | null) =>
   new Elysia({ name: 'http-observation' })
     .onRequest((ctx) => {
       const id = requestIdFor(ctx.request)
@@ -45,7 +46,7 @@ export const httpObservation = (metrics: Metrics) =>
       const method = METHODS.has(ctx.request.method) ? ctx.request.method : 'OTHER'
       const route = ctx.route || UNMATCHED_ROUTE
       const ms = performance.now() - t0
-      metrics.http.record(method, route, status, ms / 1000)
+      metrics?.http.record(method, route, status, ms / 1000)
       // The route pattern, never the path (it carries license keys and HWIDs); no client IP, which is
       // personal data and already in a proxy's own log where one runs.
       if (logs('debug')) {

@@ -1,7 +1,9 @@
 import { Elysia, t } from 'elysia'
 import type { Context } from '../context'
-import type { Metrics } from '../lib/metrics'
-import { httpObservation } from './metrics'
+import { errorFields, log } from '../lib/log'
+import { withTimeout } from '../lib/with-timeout'
+import { httpObservation, requestIdOf } from './metrics'
+import { REQUEST_ID_HEADER } from './request-id'
 import type { ServerMetrics } from './scrape'
 
 const Check = t.Union([t.Literal('ok'), t.Literal('failed')])
@@ -17,15 +19,7 @@ const security: [] = []
 const PING_TIMEOUT_MS = 2000
 
 async function probe(ping: () => Promise<boolean>): Promise<'ok' | 'failed'> {
-  let timer: ReturnType<typeof setTimeout> | undefined
-  const timeout = new Promise<boolean>((resolve) => {
-    timer = setTimeout(() => resolve(false), PING_TIMEOUT_MS)
-  })
-  try {
-    return (await Promise.race([ping().catch(() => false), timeout])) ? 'ok' : 'failed'
-  } finally {
-    clearTimeout(timer)
-  }
+  return (await withTimeout(ping().catch(() => false), PING_TIMEOUT_MS)) ? 'ok' : 'failed'
 }
 
 /** Liveness and readiness for orchestrators; no authentication. */
@@ -106,7 +100,21 @@ export const metricsRoutes = (scrape: ServerMetrics) =>
 
 /**
  * The listener METRICS_PORT opens in the first server process: /metrics and nothing else (404), kept
- * off the client port so the figures need not be public.
+ * off the client port so the figures need not be public. Its requests carry ids and reach the access
+ * log but are not counted: http_requests_total describes the client port. A failed scrape is logged
+ * here, and answered without Elysia's default body, which would carry the error's message.
  */
-export const internalMetricsApp = (metrics: Metrics, scrape: ServerMetrics) =>
-  new Elysia({ name: 'internal-metrics', strictPath: true }).use(httpObservation(metrics)).use(metricsRoutes(scrape))
+export const internalMetricsApp = (scrape: ServerMetrics) =>
+  new Elysia({ name: 'internal-metrics', strictPath: true })
+    .use(httpObservation(null))
+    .onError((context) => {
+      if (context.code === 'NOT_FOUND') return
+      const requestId = requestIdOf(context)
+      log.error('metrics scrape failed', { requestId, ...errorFields(context.error) })
+      context.set.status = 500
+      return new Response('internal error\n', {
+        status: 500,
+        headers: { 'content-type': 'text/plain; charset=utf-8', [REQUEST_ID_HEADER]: requestId },
+      })
+    })
+    .use(metricsRoutes(scrape))

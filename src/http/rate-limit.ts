@@ -10,9 +10,9 @@ export const API_REFILL_PER_SECOND = 50
 /**
  * Takes one token from the presented key's bucket and returns the RateLimit-* headers to send; throws
  * 429 rate_limited when the bucket is empty. `keyHash` is the SHA-256 of the key as presented, so the
- * limit holds before (and whatever) the database says about the key.
+ * limit holds before (and whatever) the database says about the key. `requestId` goes on the outage line.
  */
-export async function takeApiToken(ctx: Context, keyHash: string): Promise<Record<string, string>> {
+export async function takeApiToken(ctx: Context, keyHash: string, requestId: string): Promise<Record<string, string>> {
   let result
   try {
     result = await ctx.store.take(
@@ -23,7 +23,7 @@ export async function takeApiToken(ctx: Context, keyHash: string): Promise<Recor
     )
   } catch (err) {
     // A limiter outage must not take the API down with it: let the request through and say so.
-    logEvery('warn', 'rate-limit store unreachable: Developer API requests are not limited', () => errorFields(err))
+    logEvery('warn', 'rate-limit store unreachable: Developer API requests are not limited', () => ({ requestId, ...errorFields(err) }))
     return {}
   }
   const headers = {

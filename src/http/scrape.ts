@@ -2,8 +2,11 @@ import { sql } from 'drizzle-orm'
 import type { Context } from '../context'
 import { countDatabaseError } from '../db/errors'
 import { rowsOf } from '../delivery/prepared'
+import { errorFields, log } from '../lib/log'
 import { type Family, labelled, render } from '../lib/metrics'
 import { processFamilies } from '../lib/process-metrics'
+import { SingleFlight } from '../lib/single-flight'
+import { withTimeout } from '../lib/with-timeout'
 
 /**
  * A scrape across server processes, over the IPC channel each process has with the first:
@@ -22,12 +25,19 @@ const isScrapeMessage = (m: unknown): m is ScrapeMessage =>
 /** How long a scrape waits for another process; one that does not answer is left out and counted missing. */
 export const PROCESS_ANSWER_MS = 2000
 
+/** How long one backlog count answers every scrape: /metrics is anonymous where METRICS_PORT is unset. */
+export const BACKLOG_CACHE_MS = 1000
+
+/** A scrape waits this long for the backlog count, then answers without it: a hung database must not hang it. */
+export const BACKLOG_TIMEOUT_MS = 1000
+
 /** Counting stops here: a backlog this deep is an incident whatever its exact size, and the count stays cheap. */
 export const BACKLOG_COUNT_CAP = 100_000
 
 /** The first process's view of the others (server-processes.ts's OtherServerProcesses). */
 export interface OtherProcesses {
   indexes(): number[]
+  /** False when that process is not running or its channel closed: never throws. */
   send(index: number, message: unknown): boolean
 }
 
@@ -35,7 +45,7 @@ export interface OtherProcesses {
 export type ProcessRole =
   | { kind: 'single' }
   | { kind: 'first' }
-  | { kind: 'other'; index: number; toFirst: (message: unknown) => void }
+  | { kind: 'other'; index: number; toFirst: (message: unknown) => boolean }
 
 const gauge = (name: string, help: string, value: number, labels = ''): Family => ({
   name,
@@ -55,6 +65,11 @@ export class ServerMetrics {
   #others: OtherProcesses | null = null
   readonly #waiting = new Map<number, (families: Family[]) => void>()
   #seq = 0
+  // One backlog count at a time, its answer kept BACKLOG_CACHE_MS; one gathering for concurrent scrapes.
+  readonly #flights = new SingleFlight<Family[]>()
+  #backlogAnswer: Promise<Family[]> | null = null
+  #backlogAt = 0
+  #backlogTimeouts = 0
 
   constructor(ctx: Context, role: ProcessRole) {
     this.#ctx = ctx
@@ -73,7 +88,10 @@ export class ServerMetrics {
       case 'metrics:collect':
         return this.#reply({ type: 'metrics:collected', id: message.id, families: this.#own() })
       case 'metrics:scrape':
-        void this.#server().then((families) => this.#others?.send(from, { type: 'metrics:scraped', id: message.id, families }))
+        // Never rejects into main.ts's unhandledRejection (which exits): the asker falls back to its own figures.
+        this.#server()
+          .then((families) => this.#others?.send(from, { type: 'metrics:scraped', id: message.id, families }))
+          .catch((err: unknown) => log.error('metrics scrape for another server process failed', errorFields(err)))
         return
       case 'metrics:collected':
       case 'metrics:scraped':
@@ -85,10 +103,7 @@ export class ServerMetrics {
   async exposition(): Promise<string> {
     const role = this.#role
     if (role.kind !== 'other') return render(await this.#server())
-    const ask = (id: number) => {
-      role.toFirst({ type: 'metrics:scrape', id })
-      return true
-    }
+    const ask = (id: number) => role.toFirst({ type: 'metrics:scrape', id })
     // The first waits PROCESS_ANSWER_MS for the others: this one waits for that, and then some.
     const families = await this.#ask(ask, PROCESS_ANSWER_MS * 2)
     // The first process is gone or stuck (this one is shutting down then): its own figures beat none.
@@ -129,8 +144,12 @@ export class ServerMetrics {
     return labelled(families, `process="${this.#role.kind === 'first' ? 0 : this.#role.index}"`)
   }
 
-  /** Every process's series (the others' asked in parallel) and the server-wide ones. */
-  async #server(): Promise<Family[]> {
+  /** Every process's series (the others' asked in parallel) and the server-wide ones; concurrent scrapes share one. */
+  #server(): Promise<Family[]> {
+    return this.#flights.run('gather', () => this.#gather())
+  }
+
+  async #gather(): Promise<Family[]> {
     const others = this.#others
     const indexes = others?.indexes() ?? []
     const [answers, backlog] = await Promise.all([
@@ -153,8 +172,34 @@ export class ServerMetrics {
     return families
   }
 
+  /**
+   * The backlog and how often counting it timed out. A count that outlives its scrape's wait is not
+   * started again while it runs, so a hung database holds one pool connection, not one per scrape.
+   */
+  #backlog(): Promise<Family[]> {
+    const now = performance.now()
+    if (this.#backlogAnswer === null || now - this.#backlogAt >= BACKLOG_CACHE_MS) {
+      this.#backlogAt = now
+      const counting = this.#flights.run('backlog', () => this.#countBacklog())
+      this.#backlogAnswer = withTimeout(counting, BACKLOG_TIMEOUT_MS).then((families) => {
+        if (families !== null) return families
+        this.#backlogTimeouts++
+        return []
+      })
+    }
+    return this.#backlogAnswer.then((families) => [
+      ...families,
+      {
+        name: 'webhook_backlog_count_timeouts_total',
+        help: `Backlog counts that took over ${BACKLOG_TIMEOUT_MS} ms: the scrapes of the next ${BACKLOG_CACHE_MS} ms answered without webhook_backlog.`,
+        type: 'counter',
+        samples: [['webhook_backlog_count_timeouts_total', '', this.#backlogTimeouts]],
+      },
+    ])
+  }
+
   /** The outbox backlog, counted up to BACKLOG_COUNT_CAP on the partial indexes of pending rows. */
-  async #backlog(): Promise<Family[]> {
+  async #countBacklog(): Promise<Family[]> {
     try {
       const result = await this.#ctx.database.db.execute(sql`
         SELECT

@@ -56,6 +56,20 @@ export class PublicError extends Error {
   }
 }
 
+/**
+ * A failure on our side that the client sees only as its code: app.ts's onError logs `note` with the
+ * request's id, which the code that threw does not hold.
+ */
+export class LoggedPublicError extends PublicError {
+  constructor(
+    code: PublicErrorCode,
+    readonly note: string,
+    readonly fields: Record<string, unknown>,
+  ) {
+    super(code)
+  }
+}
+
 export const badRequest = (message: string) => new ApiError('bad_request', 400, message)
 export const forbidden = (message = 'This resource does not belong to your account') =>
   new ApiError('forbidden', 403, message)

@@ -7,16 +7,56 @@ const START_SECONDS = Date.now() / 1000 - process.uptime()
 const NS_PER_SECOND = 1e9
 const US_PER_SECOND = 1e6
 
-let eventLoop: ReturnType<typeof monitorEventLoopDelay> | null = null
+/** The window event-loop delay is reported over: a scrape reads the last complete one. */
+export const EVENT_LOOP_WINDOW_MS = 10_000
 
 /**
- * Starts sampling event-loop delay (the runtime's own timer, every 20 ms): a server's, not a CLI's or a
- * test's, so main.ts starts it. Until then the lag gauges are absent.
+ * Event-loop delay (the runtime's own timer, every 20 ms) over fixed windows: each window's figures
+ * are kept when it closes and the histogram starts again. A read changes nothing, so scrapes however
+ * frequent (or a stranger's) neither wipe the window nor leave gaps in the series.
  */
-export function startEventLoopMonitor(): void {
-  if (eventLoop) return
-  eventLoop = monitorEventLoopDelay({ resolution: 20 })
-  eventLoop.enable()
+class EventLoopDelay {
+  readonly #histogram = monitorEventLoopDelay({ resolution: 20 })
+  #last: Family | null = null
+
+  constructor(windowMs = EVENT_LOOP_WINDOW_MS) {
+    this.#histogram.enable()
+    setInterval(() => this.#close(windowMs), windowMs).unref()
+  }
+
+  /** The last complete window's figures; null before one closed. */
+  family(): Family | null {
+    return this.#last
+  }
+
+  #close(windowMs: number): void {
+    const h = this.#histogram
+    if (h.count === 0) return
+    const seconds = (ns: number) => ns / NS_PER_SECOND
+    const name = 'process_event_loop_delay_seconds'
+    this.#last = {
+      name,
+      help: `How late the event loop ran its timers over the last complete ${windowMs / 1000} s window: mean, 99th percentile and max.`,
+      type: 'gauge',
+      samples: [
+        [name, 'stat="mean"', seconds(h.mean)],
+        [name, 'stat="p99"', seconds(h.percentile(99))],
+        [name, 'stat="max"', seconds(h.max)],
+      ],
+    }
+    h.reset()
+  }
+}
+
+// One per process: Bun's histograms share one native monitor, so a second one's reset wipes the first's.
+let eventLoop: EventLoopDelay | null = null
+
+/**
+ * Starts measuring event-loop delay: a server's, not a CLI's or a test's, so main.ts starts it. Until
+ * then the gauges are absent; the first call's window holds.
+ */
+export function startEventLoopMonitor(windowMs = EVENT_LOOP_WINDOW_MS): void {
+  eventLoop ??= new EventLoopDelay(windowMs)
 }
 
 /** Open file descriptors (sockets included), where /proc tells; null elsewhere. */
@@ -32,7 +72,7 @@ const gauge = (name: string, help: string, value: number): Family => ({ name, he
 
 /**
  * This process's CPU, memory, file descriptors, event-loop delay, start time and uptime, read at the
- * scrape. The delay figures cover the time since the previous scrape, whose read resets them.
+ * scrape; the delay figures are the last complete window's (EventLoopDelay).
  */
 export function processFamilies(): Family[] {
   const cpu = process.cpuUsage()
@@ -51,19 +91,7 @@ export function processFamilies(): Family[] {
   ]
   const fds = openFds()
   if (fds !== null) families.push(gauge('process_open_fds', 'Open file descriptors of this process, sockets included.', fds))
-  if (eventLoop && eventLoop.count > 0) {
-    const seconds = (ns: number) => ns / NS_PER_SECOND
-    families.push({
-      name: 'process_event_loop_delay_seconds',
-      help: 'How late the event loop ran its timers since the previous scrape: mean, 99th percentile and max.',
-      type: 'gauge',
-      samples: [
-        ['process_event_loop_delay_seconds', 'stat="mean"', seconds(eventLoop.mean)],
-        ['process_event_loop_delay_seconds', 'stat="p99"', seconds(eventLoop.percentile(99))],
-        ['process_event_loop_delay_seconds', 'stat="max"', seconds(eventLoop.max)],
-      ],
-    })
-    eventLoop.reset()
-  }
+  const delay = eventLoop?.family()
+  if (delay) families.push(delay)
   return families
 }

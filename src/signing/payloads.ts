@@ -1,7 +1,6 @@
 import type { CachedApp, CachedLicense } from '../actors/load'
 import type { VariableMap } from '../db/schema'
-import { PublicError } from '../lib/errors'
-import { log } from '../lib/log'
+import { LoggedPublicError } from '../lib/errors'
 import type { SignedResponse } from './model'
 import type { Signer } from './signer'
 import type { Session } from './session'
@@ -35,8 +34,7 @@ export class SignedPayloads {
     nowMs: number,
   ): Promise<typeof SignedResponse.static> {
     if (!app.signing) {
-      log.error('app has no active signing key', { appId: app.id })
-      throw new PublicError('system_error')
+      throw new LoggedPublicError('system_error', 'app has no active signing key', { appId: app.id })
     }
     const exp = session.session.exp
     const json =

@@ -99,6 +99,20 @@ describe('compose.yml', () => {
     expect(read('deploy/Caddyfile')).toMatch(new RegExp(`^\\s*reverse_proxy server:${port}$`, 'm'))
   })
 
+  test('/metrics is on a listener of its own, inside the stack\'s network only; the proxy answers 404 for it', () => {
+    const config = loadConfig(serverEnv)
+    expect(config.metricsPort).not.toBeNull()
+    expect(config.metricsPort).not.toBe(config.port)
+    // Bound beyond the container's loopback, so a scraper in the network reaches it, and published nowhere.
+    expect(config.metricsHost).toBe('0.0.0.0')
+    const published = (service: Service) => (service.ports ?? []).map((p) => p.split(':').at(-2))
+    for (const service of Object.values(compose.services)) expect(published(service)).not.toContain(String(config.metricsPort))
+    const caddy = read('deploy/Caddyfile').split('\n').map((line) => line.trim())
+    const refused = caddy.indexOf('respond /metrics 404')
+    expect(refused).toBeGreaterThan(-1)
+    expect(refused).toBeLessThan(caddy.indexOf(`reverse_proxy server:${config.port}`))
+  })
+
   test('its health check is the image\'s', () => {
     const image = parseDockerfile(read('Dockerfile')).at(-1)?.instructions.find((i) => i.keyword === 'HEALTHCHECK')
     expect(server.healthcheck?.test).toEqual(['CMD', ...(healthcheckCommand(image?.args ?? '') ?? ['(none)'])])

@@ -8,9 +8,10 @@ import { DrizzleQueryError } from 'drizzle-orm'
 import postgres from 'postgres'
 import { generateLicenseKey } from '../../src/lib/crypto'
 import { licenses } from '../../src/db/schema'
-import { errorFields, log, logErrorOnce, logEvery, MAX_LOG_LINE, setLogDestination, setLogLevel } from '../../src/lib/log'
+import { errorFields, log, logErrorOnce, logEvery, MAX_LOG_LINE, SAME_ERROR_GATHER_MS, setLogDestination, setLogLevel } from '../../src/lib/log'
 import { insertLicense } from '../support/client'
 import { makeTestApp } from '../support/helpers'
+import { loggedBy } from '../support/log-capture'
 
 const sha256 = (text: string) => createHash('sha256').update(text).digest('hex')
 
@@ -114,6 +115,18 @@ describe('errorFields', () => {
       logErrorOnce('unhandled error', other, { route: '/auth/validate' })
     })
     expect(written.map((line) => JSON.parse(line).message)).toEqual(['could not serialize access', 'another failure'])
+  })
+
+  test('the other requests a shared error failed are named on one line after the first', async () => {
+    const shared = new Error('pool exhausted')
+    const entries = await loggedBy(async () => {
+      for (const id of ['req-1', 'req-2', 'req-3']) logErrorOnce('unhandled error', shared, { requestId: id, route: '/auth/validate' })
+      await Bun.sleep(SAME_ERROR_GATHER_MS + 100)
+    })
+    expect(entries).toEqual([
+      expect.objectContaining({ msg: 'unhandled error', requestId: 'req-1', message: 'pool exhausted' }),
+      expect.objectContaining({ msg: 'unhandled error: the same error failed these requests too', requestIds: ['req-2', 'req-3'], more: 0 }),
+    ])
   })
 
   test('a failure repeated by every retry during an outage logs one line per message', () => {

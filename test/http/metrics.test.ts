@@ -8,11 +8,13 @@ import { sql } from 'drizzle-orm'
 import { Elysia } from 'elysia'
 import { startDispatcher } from '../../src/delivery/dispatcher'
 import { writeIsolated } from '../../src/db/isolated-write'
+import type { Context } from '../../src/context'
+import { BACKLOG_CACHE_MS, BACKLOG_TIMEOUT_MS, ServerMetrics } from '../../src/http/scrape'
 import { startEventLoopMonitor } from '../../src/lib/process-metrics'
 import { RedisStore } from '../../src/store/redis'
 import { decode, hwid, insertLicense, nonce } from '../support/client'
 import { makeTestApp, type TestApp } from '../support/helpers'
-import { sample } from '../support/metrics-text'
+import { countSoFar, sample } from '../support/metrics-text'
 import { ownRedis } from '../support/servers'
 import { startReceiver, testCertificate, until } from '../support/webhooks-receiver'
 
@@ -68,7 +70,8 @@ describe('client requests by result', () => {
     const t = await makeTestApp()
     await t.req('GET', '/v1/account')
     // Recorded once the response is sent.
-    await until(async () => sample(await scrape(t), 'http_requests_total{method="GET",route="/v1/account",status="401",class="4xx"}') === 1, 'the 401 counted')
+    const series = 'http_requests_total{method="GET",route="/v1/account",status="401",class="4xx"}'
+    await until(async () => countSoFar(await scrape(t), series) === 1, 'the 401 counted')
   })
 })
 
@@ -87,15 +90,60 @@ describe('webhooks', () => {
     const before = sample(await scrape(t), 'webhook_backlog{stage="undispatched_events"}')
     const created = await t.req('POST', '/v1/licenses', { apiKey: s.apiKey, body: { appId: s.appId, quantity: 2 } })
     expect(created.status, JSON.stringify(created.body)).toBe(201)
+    await Bun.sleep(BACKLOG_CACHE_MS)
     expect(sample(await scrape(t), 'webhook_backlog{stage="undispatched_events"}')).toBe(before + 2)
 
     // The dispatcher sends whatever the shared test database still owes too: only these four are known.
     await using _d = startDispatcher(t.ctx, { pollMs: 50 })
     await until(async () => {
       const text = await scrape(t)
-      return sample(text, 'webhook_deliveries_total{outcome="success"}') >= 2 && sample(text, 'webhook_deliveries_total{outcome="http_error"}') >= 2
+      return countSoFar(text, 'webhook_deliveries_total{outcome="success"}') >= 2 && countSoFar(text, 'webhook_deliveries_total{outcome="http_error"}') >= 2
     }, 'four deliveries counted', 60_000)
     expect(rx.received).toHaveLength(4)
+  })
+})
+
+describe('the backlog count', () => {
+  /** A scrape of `t`'s figures whose backlog count runs `execute` instead of the database's. */
+  const scrapeWith = (t: TestApp, execute: () => Promise<unknown>) => {
+    let counts = 0
+    const database = {
+      db: {
+        execute: () => {
+          counts++
+          return execute()
+        },
+      },
+    }
+    const metrics = new ServerMetrics({ ...t.ctx, database } as unknown as Context, { kind: 'single' })
+    return { scrape: () => metrics.exposition(), counts: () => counts }
+  }
+
+  test('one count answers the scrapes of the next second', async () => {
+    const t = await makeTestApp()
+    const { scrape, counts } = scrapeWith(t, async () => [{ events: 7, deliveries: 3 }])
+    const [a, b] = await Promise.all([scrape(), scrape()])
+    expect(sample(await scrape(), 'webhook_backlog{stage="undispatched_events"}')).toBe(7)
+    expect([a, b].map((text) => sample(text, 'webhook_backlog{stage="unattempted_deliveries"}'))).toEqual([3, 3])
+    expect(counts()).toBe(1)
+    await Bun.sleep(BACKLOG_CACHE_MS)
+    await scrape()
+    expect(counts()).toBe(2)
+  })
+
+  test('a database that never answers: the scrape answers without the backlog, counted, and the count is not piled up', async () => {
+    const t = await makeTestApp()
+    const { scrape, counts } = scrapeWith(t, () => new Promise(() => {}))
+    const started = performance.now()
+    const text = await scrape()
+    expect(performance.now() - started).toBeLessThan(BACKLOG_TIMEOUT_MS + 500)
+    expect(text).not.toContain('webhook_backlog{')
+    expect(sample(text, 'webhook_backlog_count_timeouts_total')).toBe(1)
+    expect(sample(text, 'process_uptime_seconds')).toBeGreaterThan(0)
+    await Bun.sleep(BACKLOG_CACHE_MS)
+    expect(sample(await scrape(), 'webhook_backlog_count_timeouts_total')).toBe(2)
+    // The hung count is still running: it is waited for again, not started again.
+    expect(counts()).toBe(1)
   })
 })
 
@@ -121,8 +169,8 @@ describe('credits, store and database', () => {
       await redis.stop()
       const before = await scrape(t)
       await expect(store.take('k', 1, 1, Date.now())).rejects.toThrow()
-      await until(async () => sample(await scrape(t), 'store_errors_total{kind="connection"}') > sample(before, 'store_errors_total{kind="connection"}'), 'a connection error')
-      expect(sample(await scrape(t), 'store_errors_total{kind="command"}')).toBeGreaterThan(sample(before, 'store_errors_total{kind="command"}'))
+      await until(async () => countSoFar(await scrape(t), 'store_errors_total{kind="connection"}') > countSoFar(before, 'store_errors_total{kind="connection"}'), 'a connection error')
+      expect(sample(await scrape(t), 'store_errors_total{kind="command"}')).toBeGreaterThan(countSoFar(before, 'store_errors_total{kind="command"}'))
     } finally {
       await store.close()
       await redis.stop()
@@ -134,7 +182,7 @@ describe('credits, store and database', () => {
     t.app.use(
       new Elysia().get('/v1/divide', () => t.ctx.database.db.execute(sql`SELECT 1 / 0`), { detail: { hide: true } }),
     )
-    const before = sample(await scrape(t), 'database_errors_total{code="22"}')
+    const before = countSoFar(await scrape(t), 'database_errors_total{code="22"}')
     const written = await writeIsolated([1], async () => {
       await t.ctx.database.db.execute(sql`SELECT 1 / 0`)
     })
@@ -147,8 +195,9 @@ describe('credits, store and database', () => {
 
 test('process figures: CPU, memory, descriptors, start time, uptime, event-loop delay', async () => {
   const t = await makeTestApp()
-  startEventLoopMonitor()
-  await Bun.sleep(60)
+  // A short window, so one has closed before the scrape.
+  startEventLoopMonitor(50)
+  await Bun.sleep(120)
   const text = await scrape(t)
   expect(sample(text, 'process_cpu_seconds_total')).toBeGreaterThan(0)
   expect(sample(text, 'process_resident_memory_bytes')).toBeGreaterThan(1e6)

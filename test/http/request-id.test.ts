@@ -2,9 +2,12 @@
  * X-Request-Id: the client's when sane, else a new one; on every response, and on the log lines of
  * that request. The access log line, at debug only, names the route pattern and never the path.
  */
-import { afterEach, describe, expect, test } from 'bun:test'
+import { afterEach, describe, expect, setSystemTime, test } from 'bun:test'
+import { eq } from 'drizzle-orm'
 import { Elysia } from 'elysia'
-import { setLogLevel } from '../../src/lib/log'
+import { signingKeys } from '../../src/db/schema'
+import { REPEAT_EVERY_MS, setLogLevel } from '../../src/lib/log'
+import { MemoryStore } from '../../src/store/memory'
 import { hwid, insertLicense, nonce } from '../support/client'
 import { makeTestApp } from '../support/helpers'
 import { loggedBy } from '../support/log-capture'
@@ -84,6 +87,53 @@ describe('X-Request-Id', () => {
     })
     expect(answered).toMatch(GENERATED)
     expect(entries).toEqual([expect.objectContaining({ msg: 'unhandled error', requestId: answered, route: '/v1/boom' })])
+  })
+})
+
+/** A store whose rate limiter is unreachable. */
+class LimiterDown extends MemoryStore {
+  override async take(): Promise<never> {
+    throw new Error('store down')
+  }
+}
+
+describe("request-scoped warnings carry the request's id", () => {
+  test('a signed answer the app cannot sign: the line says why, with the id answered', async () => {
+    const t = await makeTestApp()
+    const s = await t.seed()
+    const licenseKey = await insertLicense(t.ctx, s.appId)
+    await t.ctx.database.db.update(signingKeys).set({ active: false }).where(eq(signingKeys.appId, s.appId))
+    let status = 0
+    const entries = await loggedBy(async () => {
+      const res = await t.req('POST', '/auth/validate', {
+        body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: hwid(), nonce: nonce() },
+        headers: { 'x-request-id': 'unsignable-1' },
+      })
+      status = res.status
+    })
+    expect(status).toBe(500)
+    expect(entries).toContainEqual(
+      expect.objectContaining({ level: 'error', msg: 'app has no active signing key', requestId: 'unsignable-1', appId: s.appId }),
+    )
+  })
+
+  test('an outage line written while serving a request names that request', async () => {
+    // A store of its own: the shared one serves the other tests of this process.
+    const t = await makeTestApp({ store: new LimiterDown() })
+    const s = await t.seed()
+    setLogLevel('warn')
+    // Past the last line this message may have logged in this test process (one per REPEAT_EVERY_MS).
+    setSystemTime(new Date(Date.now() + REPEAT_EVERY_MS + 1000))
+    try {
+      const entries = await loggedBy(async () => {
+        expect((await t.req('GET', '/v1/account', { apiKey: s.apiKey, headers: { 'x-request-id': 'outage-1' } })).status).toBe(200)
+      })
+      expect(entries).toContainEqual(
+        expect.objectContaining({ msg: 'rate-limit store unreachable: Developer API requests are not limited', requestId: 'outage-1' }),
+      )
+    } finally {
+      setSystemTime()
+    }
   })
 })
 

@@ -54,4 +54,11 @@ describe('log lines', () => {
       expect(line).not.toContain(value)
     }
   })
+
+  test("redaction leaves the caller's objects as they were", async () => {
+    const fields = { cause: { token: 't-1' }, rows: [{ hwid: 'h-1' }], appId: 'app' }
+    const [entry] = await loggedBy(() => log.error('failed', fields))
+    expect(entry).toMatchObject({ cause: { token: '[Redacted]' }, rows: [{ hwid: '[Redacted]' }], appId: 'app' })
+    expect(fields).toEqual({ cause: { token: 't-1' }, rows: [{ hwid: 'h-1' }], appId: 'app' })
+  })
 })
