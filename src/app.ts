@@ -235,7 +235,7 @@ export function createApp(ctx: Context, scrape = new ServerMetrics(ctx, { kind: 
     })
     .onError((context) => {
       const { code, error, path, route, set } = context
-      const requestId = requestIdOf(context)
+      const requestId = requestIdOf(context.request)
       // Records the status on `set` too: the metrics hook reads it there, as a returned Response does not.
       const reply = (status: number, errorCode: string, message: string, headers: Record<string, string> = {}) => {
         set.status = status

@@ -22,7 +22,7 @@ export const clientRoutes = (ctx: Context) => {
     addresses.of(server?.requestIP(request)?.address ?? null, request.headers.get('x-forwarded-for'))
   return new Elysia({ name: 'routes-client', prefix: '/auth' })
     .model({ [SIGNED_PAYLOAD_MODEL]: SignedPayload })
-    .post('/validate', (context) => validate(ctx, context.body, ipOf(context.request, context.server), requestIdOf(context)), {
+    .post('/validate', (context) => validate(ctx, context.body, ipOf(context.request, context.server), requestIdOf(context.request)), {
       body: ValidateBody,
       response: {
         200: SignedResponse,
@@ -40,7 +40,7 @@ export const clientRoutes = (ctx: Context) => {
           'signed with the app key. Unlimited-seat keys bind nothing and never give hwid_mismatch.',
       },
     })
-    .post('/heartbeat', (context) => heartbeat(ctx, context.body, ipOf(context.request, context.server), requestIdOf(context)), {
+    .post('/heartbeat', (context) => heartbeat(ctx, context.body, ipOf(context.request, context.server), requestIdOf(context.request)), {
       body: HeartbeatBody,
       response: {
         200: SignedResponse,
@@ -57,7 +57,7 @@ export const clientRoutes = (ctx: Context) => {
           'costs 1 credit on billed apps. The optional nonce is echoed, not enforced.',
       },
     })
-    .post('/selfban', (context) => selfban(ctx, context.body, ipOf(context.request, context.server), requestIdOf(context)), {
+    .post('/selfban', (context) => selfban(ctx, context.body, ipOf(context.request, context.server), requestIdOf(context.request)), {
       body: SelfbanBody,
       response: {
         200: SelfbanResponse,

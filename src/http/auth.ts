@@ -32,6 +32,7 @@ const invalidKey = () =>
 
 /** The request's own Elysia context: transform, resolve and the handler all see this one object. */
 interface AuthContext {
+  request: Request
   headers: Record<string, string | undefined>
   set: { headers: Record<string, unknown> }
   /** Set once the key checked out: the account it belongs to. */
@@ -49,7 +50,7 @@ export const authenticate =
     if (requestContext.accountId !== undefined) return
     const keyHash = presentedKeyHash(requestContext.headers.authorization)
     if (!keyHash) throw invalidKey()
-    Object.assign(requestContext.set.headers, await takeApiToken(ctx, keyHash, requestIdOf(requestContext)))
+    Object.assign(requestContext.set.headers, await takeApiToken(ctx, keyHash, requestIdOf(requestContext.request)))
     const accountId = await accountForKeyHash(ctx, keyHash)
     if (!accountId) throw invalidKey()
     requestContext.accountId = accountId

@@ -8,14 +8,17 @@ export const UNMATCHED_ROUTE = 'unmatched'
 
 const METHODS = new Set(['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'])
 
-// The start time and the request id ride on the request's context object, which Elysia keeps from
-// onRequest to onAfterResponse (onError included): cheaper than a WeakMap or AsyncLocalStorage.
-const started = Symbol('metrics.started')
-const requestId = Symbol('request.id')
-type Observed = { [started]?: number; [requestId]?: string }
+// The start time and the request id, by request. Not on the context object: Elysia reads each hook's and
+// handler's source to decide what to parse for every route, and a context handed whole to a function, or
+// indexed by a symbol, makes it parse headers, query, cookies and body on every request, /auth's included.
+interface Observed {
+  started: number
+  id: string
+}
+const observed = new WeakMap<Request, Observed>()
 
 /** The id of the request a hook or handler is serving ('' outside the plugin below). */
-export const requestIdOf = (ctx: object): string => (ctx as Observed)[requestId] ?? ''
+export const requestIdOf = (request: Request): string => observed.get(request)?.id ?? ''
 
 /**
  * Global hooks on every request: the request id (taken or made, answered in X-Request-Id on every
@@ -26,15 +29,14 @@ export const requestIdOf = (ctx: object): string => (ctx as Observed)[requestId]
  */
 export const httpObservation = (metrics: Metrics | null) =>
   new Elysia({ name: 'http-observation' })
-    .onRequest((ctx) => {
-      const id = requestIdFor(ctx.request)
-      ;(ctx as Observed)[started] = performance.now()
-      ;(ctx as Observed)[requestId] = id
-      ctx.set.headers[REQUEST_ID_HEADER] = id
+    .onRequest(({ request, set }) => {
+      const id = requestIdFor(request)
+      observed.set(request, { started: performance.now(), id })
+      set.headers[REQUEST_ID_HEADER] = id
     })
     .onAfterResponse({ as: 'global' }, (ctx) => {
-      const t0 = (ctx as Observed)[started]
-      if (t0 === undefined) return
+      const seen = observed.get(ctx.request)
+      if (seen === undefined) return
       const response = (ctx as { response?: unknown }).response
       const set = ctx.set.status ?? 200
       const status =
@@ -45,11 +47,11 @@ export const httpObservation = (metrics: Metrics | null) =>
             : (StatusMap[set as keyof typeof StatusMap] ?? 200)
       const method = METHODS.has(ctx.request.method) ? ctx.request.method : 'OTHER'
       const route = ctx.route || UNMATCHED_ROUTE
-      const ms = performance.now() - t0
+      const ms = performance.now() - seen.started
       metrics?.http.record(method, route, status, ms / 1000)
       // The route pattern, never the path (it carries license keys and HWIDs); no client IP, which is
       // personal data and already in a proxy's own log where one runs.
       if (logs('debug')) {
-        log.debug('request', { requestId: (ctx as Observed)[requestId], method, route, status, ms: Math.round(ms * 1000) / 1000 })
+        log.debug('request', { requestId: seen.id, method, route, status, ms: Math.round(ms * 1000) / 1000 })
       }
     })

@@ -109,7 +109,7 @@ export const internalMetricsApp = (scrape: ServerMetrics) =>
     .use(httpObservation(null))
     .onError((context) => {
       if (context.code === 'NOT_FOUND') return
-      const requestId = requestIdOf(context)
+      const requestId = requestIdOf(context.request)
       log.error('metrics scrape failed', { requestId, ...errorFields(context.error) })
       context.set.status = 500
       return new Response('internal error\n', {
