@@ -46,9 +46,9 @@ const DESCRIPTION = `Self-hosted license-key service speaking the AuthForge wire
 Bodies are strict: exactly the documented fields (an unknown one is a 400 naming it), counts as JSON integers, no
 \`null\`, array or empty body where an object is expected. No string may hold a NUL character or an unpaired UTF-16
 surrogate (the \`pattern\` of every string field). Nothing changes on a 4xx.
-Rate limit: per API key, a burst of 100 requests refilling at 50 per second. Every authenticated response
-carries \`RateLimit-Limit\`, \`RateLimit-Remaining\` and \`RateLimit-Reset\`; a 429 also carries \`Retry-After\`
-(seconds). Retry with exponential backoff.
+Rate limit: per API key, a burst of 100 requests refilling at 50 per second. Responses past the key check
+carry \`RateLimit-Limit\`, \`RateLimit-Remaining\` and \`RateLimit-Reset\` (a 413, refused while the body is read,
+and a 500 do not); a 429 also carries \`Retry-After\` (seconds). Retry with exponential backoff.
 
 Every response carries \`X-Request-Id\`: the request's own when it sent a sane one, else a new one, as the logs name it.
 
