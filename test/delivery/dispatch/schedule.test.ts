@@ -77,8 +77,9 @@ describe('schedule', () => {
     expect(f.calls).toEqual({ passes: 1, committed: 3, polled: 0 })
     await f.endPass()
     await until(() => f.calls.passes === 2, 'the pass for the wake-ups')
-    // Timers may fire a millisecond early.
-    expect(f.began[1]! - f.began[0]!).toBeGreaterThanOrEqual(298)
+    // The gap counts from when the first pass was started, which is before its work began by however long
+    // the first call took to get there (12 ms once in CI): spaced, not at once, is what is checked.
+    expect(f.began[1]! - f.began[0]!).toBeGreaterThanOrEqual(250)
     await f.endPass()
     await Bun.sleep(400)
     expect(f.calls.passes).toBe(2)
