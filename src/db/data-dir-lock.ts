@@ -15,7 +15,7 @@
 import { linkSync, mkdirSync, readFileSync, readlinkSync, unlinkSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { ConfigError } from '../config'
-import { operatorSocketAnswers, operatorSocketPath } from '../operator/socket-probe'
+import { operatorSocketAnswers, operatorSocketPath } from './operator-socket'
 
 export type LockOwner = 'server' | 'cli'
 

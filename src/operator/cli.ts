@@ -10,7 +10,7 @@ import { describeHolder, isLock, LOCK_WAIT_MS, lockDataDir } from '../db/data-di
 import { type DataCommand, OperatorError, parseCommand, runCommand } from './commands'
 import { type OperatorReply, usesOperatorSocket } from './socket'
 import { rotateMasterKey } from './rotate'
-import { NO_SERVER, operatorSocketPath } from './socket-probe'
+import { NO_SERVER, operatorSocketPath } from '../db/operator-socket'
 import { Refused } from './args'
 import { errorFields, setLogLevel } from '../lib/log'
 import { ResealRefused } from '../signing/reseal'

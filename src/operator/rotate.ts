@@ -8,7 +8,7 @@ import { currentMasterKey, finishPendingRotation, pendingKeyPath, stageDevelopme
 import { type Resealed, resealAll, ResealRefused } from '../signing/reseal'
 import { OperatorError, Refused } from './args'
 import { usesOperatorSocket } from './socket'
-import { operatorSocketAnswers, operatorSocketPath } from './socket-probe'
+import { operatorSocketAnswers, operatorSocketPath } from '../db/operator-socket'
 
 export interface Rotation {
   rotated: Resealed

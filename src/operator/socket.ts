@@ -3,7 +3,7 @@ import type { Config } from '../config'
 import { OperatorError, parseCommand, runCommand } from './commands'
 import type { Context } from '../context'
 import { errorFields, log } from '../lib/log'
-import { operatorSocketPath } from './socket-probe'
+import { operatorSocketPath } from '../db/operator-socket'
 
 /**
  * Whether a running server takes operator commands: when it holds state no other process can reach
