@@ -233,9 +233,8 @@ export function createApp(ctx: Context, scrape = new ServerMetrics(ctx, { kind: 
       if (request.method === 'GET' || request.method === 'HEAD') return
       return parseBody(request, path)
     })
-    .onError((context) => {
-      const { code, error, path, route, set } = context
-      const requestId = requestIdOf(context.request)
+    .onError(({ code, error, path, request, route, set }) => {
+      const requestId = requestIdOf(request)
       // Records the status on `set` too: the metrics hook reads it there, as a returned Response does not.
       const reply = (status: number, errorCode: string, message: string, headers: Record<string, string> = {}) => {
         set.status = status
