@@ -13,7 +13,7 @@
  * `git worktree` of the commit before a change: its server runs beside this one on the same database and
  * Redis, each scenario of both back to back, in turn first, so the two are compared in one run).
  */
-import { mkdtempSync } from 'node:fs'
+import { existsSync, mkdtempSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { setLogLevel } from '../src/lib/log'
@@ -108,14 +108,18 @@ async function main() {
     console.log(`seeded ${SMALL} + ${BIG} licenses with bound HWIDs in ${((performance.now() - seedStart) / 1000).toFixed(1)} s`)
     const profile = process.env.BENCH_PROFILE_DIR
     const checkouts: { name: string; server: Server }[] = []
-    const mine = await spawnServer(serverEntry(root), env, profile ? ['--cpu-prof-md', `--cpu-prof-dir=${profile}`] : [])
-    servers.push(mine)
-    checkouts.push({ name: 'this checkout', server: mine })
-    if (COMPARE) {
-      const theirs = await spawnServer(serverEntry(COMPARE), env)
-      servers.push(theirs)
-      checkouts.push({ name: 'BENCH_COMPARE', server: theirs })
+    const start = async (name: string, checkout: string, flags: string[] = []) => {
+      const startedAt = performance.now()
+      const server = await spawnServer(serverEntry(checkout), env, flags)
+      servers.push(server)
+      checkouts.push({ name, server })
+      // A checkout that fills its cache at start is measured once it has (each process logs it).
+      if (!existsSync(join(checkout, 'src', 'actors', 'warm-up.ts'))) return
+      await server.logged('license cache warmed')
+      console.log(`${name}: cache warmed ${((performance.now() - startedAt) / 1000).toFixed(1)} s after start`)
     }
+    await start('this checkout', root, profile ? ['--cpu-prof-md', `--cpu-prof-dir=${profile}`] : [])
+    if (COMPARE) await start('BENCH_COMPARE', COMPARE)
     const rssLine = (when: string) =>
       console.log(`RSS ${when} (MB per server process): ${checkouts.map(({ name, server }) => `${name} ${server.rssMb().map((mb) => mb.toFixed(0)).join(' + ')}`).join('; ')}`)
     rssLine('at start')

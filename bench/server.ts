@@ -13,6 +13,8 @@ export interface Server {
   mainCpu(): number
   /** Resident memory of each of the server's processes, in MB (VmRSS). */
   rssMb(): number[]
+  /** Resolves once every server process has logged a line containing `text`. */
+  logged(text: string): Promise<void>
   stop(): Promise<void>
 }
 
@@ -47,8 +49,16 @@ export async function spawnServer(entry: string, env: Record<string, string>, fl
     seen += decoder.decode(value)
     const line = seen.split('\n').find((l) => l.includes('"listening"'))
     if (!line) continue
+    // Lines after "listening", kept for `logged`: only the servers' few info lines (the benches run at info).
+    let after = seen.slice(seen.indexOf(line) + line.length)
+    const waiters: (() => void)[] = []
     void (async () => {
-      while (!(await reader.read()).done) {}
+      for (;;) {
+        const { value, done } = await reader.read()
+        if (done) return
+        after += decoder.decode(value)
+        for (const wake of waiters.splice(0)) wake()
+      }
     })()
     // With SERVER_PROCESSES above 1 the first process has started the others before it logs.
     const pids = [String(proc.pid), ...Bun.spawnSync(['pgrep', '-P', String(proc.pid)]).stdout.toString().split('\n').filter(Boolean)]
@@ -60,6 +70,12 @@ export async function spawnServer(entry: string, env: Record<string, string>, fl
       cpu: () => sum((pid) => pid),
       mainCpu: () => sum((pid) => `${pid}/task/${pid}`),
       rssMb: () => pids.map(rssMb),
+      async logged(text) {
+        const processes = listening.processes ?? 1
+        while (after.split('\n').filter((l) => l.includes(text)).length < processes) {
+          await new Promise<void>((wake) => waiters.push(wake))
+        }
+      },
       async stop() {
         proc.kill('SIGTERM')
         await proc.exited

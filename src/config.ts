@@ -31,6 +31,8 @@ export interface Config {
   selfbanLimitPerLicense: number
   /** CACHE_MAX_MB: what the cached app and license entries may hold, as estimated per entry (the process uses more: code, pools, buffers). */
   cacheMaxMb: number
+  /** CACHE_WARM_UP: the server fills the license cache from PostgreSQL at start (actors/warm-up.ts). */
+  cacheWarmUp: boolean
   /** false skips the per-IP and per-license buckets of /auth/* (benchmark comparison only; the sandbox ceiling stays). */
   publicRateLimits: boolean
   sessionTtlSeconds: number
@@ -208,6 +210,7 @@ export function loadConfig(env: Env = process.env): Readonly<Config> {
     selfbanLimitPerLicense: int(env, 'SELFBAN_LIMIT_PER_LICENSE', 60, 1, 1e9),
     publicRateLimits: bool(env, 'PUBLIC_RATE_LIMITS', true),
     cacheMaxMb: int(env, 'CACHE_MAX_MB', 256, 1, 1_048_576),
+    cacheWarmUp: bool(env, 'CACHE_WARM_UP', true),
     sessionTtlSeconds: int(env, 'SESSION_TTL_SECONDS', 86_400, 3600, 604_800),
     tlsCertFile,
     tlsKeyFile,

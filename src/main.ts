@@ -36,8 +36,11 @@ function startBackgroundWork(ctx: Context): { stop(): Promise<void> } {
   // Moves credit charges from the store into PostgreSQL.
   const reconciler = ctx.credits.startReconciler()
   ctx.signer.start({ worker: ctx.config.serverProcesses === 1 })
+  // Licenses up to most of CACHE_MAX_MB, so first requests do not each read PostgreSQL.
+  const warmUp = ctx.config.cacheWarmUp ? ctx.actors.startWarmUp() : null
   return {
     async stop() {
+      await warmUp?.stop()
       // Writes the license.validated events still batched, while the database is open.
       await ctx.validatedEvents.stop()
       await reconciler.stop()

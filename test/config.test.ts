@@ -32,6 +32,7 @@ describe('defaults', () => {
       selfbanLimitPerLicense: 60,
       publicRateLimits: true,
       cacheMaxMb: 256,
+      cacheWarmUp: true,
       sessionTtlSeconds: 86_400,
       tlsCertFile: null,
       tlsKeyFile: null,

@@ -1,5 +1,5 @@
 import type { KeyObject } from 'node:crypto'
-import { and, desc, eq, type InferSelectModel, sql } from 'drizzle-orm'
+import { and, asc, desc, eq, gt, type InferSelectModel, sql } from 'drizzle-orm'
 import { apps, licenses, signingKeys, webhooks, type VariableMap } from '../db/schema'
 import type { Database } from '../db/client'
 import { canonicalIp } from '../lib/ip'
@@ -82,6 +82,13 @@ function prepare(database: Database) {
       .from(licenses)
       .where(sql`${licenses.key} = ANY(${sql.placeholder('keys')}::text[])`)
       .prepare('auth_licenses'),
+    licenseKeyPage: db
+      .select({ key: licenses.key, appId: licenses.appId })
+      .from(licenses)
+      .where(gt(licenses.key, sql.placeholder('after')))
+      .orderBy(asc(licenses.key))
+      .limit(sql.placeholder('limit'))
+      .prepare('warm_license_keys'),
   }
 }
 
@@ -146,6 +153,11 @@ export class StateLoader {
     this.loads.licenses++
     const [row] = await this.#q.license.execute({ key: licenseKey })
     return row ? cachedLicense(row) : null
+  }
+
+  /** Up to `limit` license keys after `after`, in key order, with their apps (the cache warm-up's pages). */
+  licenseKeyPage(after: string, limit: number): Promise<{ key: string; appId: string }[]> {
+    return this.#q.licenseKeyPage.execute({ after, limit })
   }
 
   /** Many licenses in one query, by key; a key that names none is missing from the answer. */

@@ -9,6 +9,7 @@ import { LicenseLoads, type LicenseRead } from './license-loads'
 import { type ActorHost, AppActor, type Changed } from './app-actor'
 import { AbsentAppBudget, BoundedMap, type Entry, SharedBound } from './bounded'
 import { Invalidator } from './invalidate'
+import { CacheWarmUp } from './warm-up'
 import { type CachedApp, type CachedLicense, StateLoader, StoreUnavailable } from './load'
 import type { SelfbanDone, SelfbanWish } from './selfban'
 
@@ -53,6 +54,8 @@ export class AppActors {
   readonly #appLoads = new SingleFlight<void>()
   /** The shard of each app seen (on a cluster): an app's account never changes. */
   readonly #appShards: BoundedMap<Shard>
+  /** Set once startWarmUp is called: the server fills its cache, the CLI and most tests do not. */
+  #warmUp: CacheWarmUp | null = null
   readonly invalidator: Invalidator
   /** The store generation every entry was read under; 0 before the first read. */
   generation = 0
@@ -188,9 +191,32 @@ export class AppActors {
   /** Drops every entry: the store answered with a newer generation than the one they were read under. */
   startOver(generation: number): void {
     if (generation < this.generation) return
+    const hadEntries = this.generation !== 0
     this.#absentApps.clear()
     this.#bound.clear()
     this.generation = generation
+    if (hadEntries) this.#warmUp?.start()
+  }
+
+  /** Fills the license cache in the background (CacheWarmUp), now and after every generation change that empties it. */
+  startWarmUp(): CacheWarmUp {
+    this.#warmUp ??= new CacheWarmUp({
+      keyPage: (after, limit) => this.#load.licenseKeyPage(after, limit),
+      snapshot: (epochKeys) => this.wiring.store.snapshot(epochKeys),
+      rows: (licenseKeys) => this.#load.licenses(licenseKeys),
+      shardOfApp: (appId) => this.shardOfApp(appId),
+      keepIfMissing: (appId, licenseKey, epoch, value, generation) => {
+        if (!this.#accepts(generation)) return false
+        const actor = this.of(appId)
+        if (actor.licenses.has(licenseKey)) return false
+        actor.setLicense(licenseKey, { epoch, value })
+        return true
+      },
+      hasRoom: (fill) => this.#bound.bytes < fill * this.limits.cacheBytes && this.#actors.size < this.limits.apps,
+      generation: () => this.generation,
+    })
+    this.#warmUp.start()
+    return this.#warmUp
   }
 
   /**

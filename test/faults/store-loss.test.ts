@@ -132,3 +132,19 @@ test('Redis back with older data that kept its generation id (a replica that mis
     await older.stop()
   }
 })
+
+test('after Redis restarted empty, the cache warm-up fills the emptied cache again', async () => {
+  const c = await instance()
+  const h = hwid()
+  const first = await createLicense(a, {})
+  const second = await createLicense(a, {})
+  const warm = c.ctx.actors.startWarmUp()
+  await warm.idle()
+  expect(c.ctx.actors.cachedLicense(account.appId, second)?.value?.key).toBe(second)
+  await restartEmpty()
+  // The first request after the loss learns of it: every entry goes, and the warm-up starts again.
+  expect((await validate(c, first, h)).status).toBe(200)
+  await warm.idle()
+  expect(c.ctx.actors.cachedLicense(account.appId, second)?.value?.key).toBe(second)
+  await warm.stop()
+})

@@ -1,0 +1,122 @@
+import { errorFields, log } from '../lib/log'
+import type { Shard, Snapshot } from '../store/store'
+import { keys } from '../store/store'
+import type { CachedLicense } from './load'
+
+/** Licenses read per step: one key page, one store call, one row query. */
+const PAGE = 1_000
+/** The warm-up stops once the cache holds this share of its bound: the rest is left to the misses of live traffic. */
+const FILL = 0.9
+/** Passes in a row cut short by generation changes before the warm-up waits for the next one. */
+const MAX_RESTARTS = 5
+
+/** What the warm-up reads and where it puts it (the registry). */
+export interface WarmUpWiring {
+  /** Keys after `after` in key order, with their apps, at most `limit`. */
+  keyPage(after: string, limit: number): Promise<{ key: string; appId: string }[]>
+  /** The epochs of `keys` and the generation they were read under (Epochs.snapshot). */
+  snapshot(epochKeys: string[]): Promise<Snapshot>
+  /** The rows of `keys`, by key. */
+  rows(licenseKeys: string[]): Promise<Map<string, CachedLicense>>
+  /** The shard of the app's keys; null when the app is gone. */
+  shardOfApp(appId: string): Promise<Shard | null>
+  /** Caches a license read under `generation` unless an entry for it is already there; whether it did. */
+  keepIfMissing(appId: string, licenseKey: string, epoch: number, value: CachedLicense, generation: number): boolean
+  /** Whether the cache may take more: under FILL of its byte bound and its app bound. */
+  hasRoom(fill: number): boolean
+  /** The generation every entry is read under now; a change drops them all. */
+  generation(): number
+}
+
+/**
+ * Fills the license cache from PostgreSQL at start, and again after a store generation change emptied
+ * it, up to most of CACHE_MAX_MB: a request for a license the cache holds costs no PostgreSQL read, so
+ * with the licenses in play within the bound a license never validated before costs what a hot one
+ * does, and a new or restarted instance does not send every first request to the database. The rule
+ * that makes caching safe holds per page: its epochs are read before its rows. Runs in the background,
+ * one page at a time, yielding between them; a failure is logged and the next generation tries again.
+ */
+export class CacheWarmUp {
+  #running: Promise<void> | null = null
+  #again = false
+  #stopped = false
+
+  constructor(private readonly wiring: WarmUpWiring) {}
+
+  /** Starts a pass, or asks the one under way to start over (its entries went with a generation change). */
+  start(): void {
+    if (this.#stopped) return
+    if (this.#running) {
+      this.#again = true
+      return
+    }
+    this.#running = this.#passes().finally(() => {
+      this.#running = null
+    })
+  }
+
+  /** Resolves when no pass is under way. */
+  async idle(): Promise<void> {
+    while (this.#running) await this.#running
+  }
+
+  /** Ends the pass under way after its current page. */
+  async stop(): Promise<void> {
+    this.#stopped = true
+    await this.#running
+  }
+
+  async #passes(): Promise<void> {
+    let restarts = 0
+    do {
+      this.#again = false
+      const startedAt = performance.now()
+      try {
+        const cached = await this.#pass()
+        if (cached !== null) log.info('license cache warmed', { licenses: cached, ms: Math.round(performance.now() - startedAt) })
+        else if (++restarts === MAX_RESTARTS) {
+          log.warn('license cache warm-up keeps being cut short by store generation changes: licenses load on first use')
+          return
+        }
+      } catch (err) {
+        log.warn('license cache warm-up failed: licenses load on first use', errorFields(err))
+      }
+    } while (this.#again && !this.#stopped)
+  }
+
+  /** One pass from the first key; the licenses it cached, or null when a generation change cut it short. */
+  async #pass(): Promise<number | null> {
+    const w = this.wiring
+    let generation: number | null = null
+    let after = ''
+    let cached = 0
+    while (!this.#stopped && !this.#again && w.hasRoom(FILL)) {
+      const page = await w.keyPage(after, PAGE)
+      if (page.length === 0) break
+      after = page[page.length - 1]!.key
+      const shards = new Map<string, Shard | null>()
+      for (const { appId } of page) if (!shards.has(appId)) shards.set(appId, await w.shardOfApp(appId))
+      const present = page.filter(({ appId }) => shards.get(appId) != null)
+      const read = await w.snapshot(present.map(({ key, appId }) => keys.licenseEpoch(shards.get(appId)!, key)))
+      if (generation !== null && read.generation !== generation) return this.#startOver()
+      generation = read.generation
+      const rows = await w.rows(present.map(({ key }) => key))
+      if (w.generation() > generation) return this.#startOver()
+      for (const [i, { key, appId }] of present.entries()) {
+        // Checked per entry: a page must not push out what an earlier one cached.
+        if (!w.hasRoom(FILL)) break
+        const row = rows.get(key)
+        // Gone since the page was read, or moved to another app: the first request loads it as a miss would.
+        if (row?.appId !== appId) continue
+        if (w.keepIfMissing(appId, key, read.epochs[i] ?? 0, row, generation)) cached++
+      }
+    }
+    return this.#again ? null : cached
+  }
+
+  /** The entries of this pass's generation went with it: the pass starts over under the new one. */
+  #startOver(): null {
+    this.#again = true
+    return null
+  }
+}
