@@ -1,4 +1,4 @@
-import { errorFields, log } from '../lib/log'
+import { errorFields, log, logEvery } from '../lib/log'
 import type { Shard, Snapshot } from '../store/store'
 import { keys } from '../store/store'
 import type { CachedLicense } from './load'
@@ -9,6 +9,8 @@ const PAGE = 1_000
 const FILL = 0.9
 /** Passes in a row cut short by generation changes before the warm-up waits for the next one. */
 const MAX_RESTARTS = 5
+/** After a failed pass (PostgreSQL or the store unreachable at start), the next one. */
+const RETRY_MS = 5_000
 
 /** What the warm-up reads and where it puts it (the registry). */
 export interface WarmUpWiring {
@@ -34,14 +36,17 @@ export interface WarmUpWiring {
  * with the licenses in play within the bound a license never validated before costs what a hot one
  * does, and a new or restarted instance does not send every first request to the database. The rule
  * that makes caching safe holds per page: its epochs are read before its rows. Runs in the background,
- * one page at a time, yielding between them; a failure is logged and the next generation tries again.
+ * one page at a time, yielding between them; a failed pass is logged and tried again a little later.
  */
 export class CacheWarmUp {
   #running: Promise<void> | null = null
   #again = false
   #stopped = false
 
-  constructor(private readonly wiring: WarmUpWiring) {}
+  constructor(
+    private readonly wiring: WarmUpWiring,
+    private readonly retryMs = RETRY_MS,
+  ) {}
 
   /** Starts a pass, or asks the one under way to start over (its entries went with a generation change). */
   start(): void {
@@ -79,7 +84,9 @@ export class CacheWarmUp {
           return
         }
       } catch (err) {
-        log.warn('license cache warm-up failed: licenses load on first use', errorFields(err))
+        logEvery('warn', 'license cache warm-up failed: licenses load on first use until a later pass', () => errorFields(err))
+        setTimeout(() => this.start(), this.retryMs).unref()
+        return
       }
     } while (this.#again && !this.#stopped)
   }

@@ -5,6 +5,8 @@
  */
 import { expect, test } from 'bun:test'
 import { ACTOR_LIMITS, AppActors } from '../../src/actors/registry'
+import type { CachedLicense } from '../../src/actors/load'
+import { CacheWarmUp } from '../../src/actors/warm-up'
 import { loadConfig } from '../../src/config'
 import type { Store } from '../../src/store/store'
 import { hwid, insertLicense, nonce } from '../support/client'
@@ -116,3 +118,30 @@ for (const when of ['just before the epoch read', 'between the epoch read and th
     expect((await validate(a, s, licenseKey, h)).body.error).toBe('revoked')
   })
 }
+
+test('a pass that failed (PostgreSQL unreachable at start) is tried again', async () => {
+  let down = true
+  const kept: string[] = []
+  const license = { key: 'K-1', appId: 'app-1' } as CachedLicense
+  const warm = new CacheWarmUp(
+    {
+      keyPage: async (after) => {
+        if (down) throw new Error('connection refused')
+        return after === '' ? [{ key: license.key, appId: license.appId }] : []
+      },
+      snapshot: async (epochKeys) => ({ generation: 1, epochs: epochKeys.map(() => 0) }),
+      rows: async () => new Map([[license.key, license]]),
+      shardOfApp: async () => '',
+      keepIfMissing: (_, key) => kept.push(key) > 0,
+      hasRoom: () => true,
+      generation: () => 1,
+    },
+    10,
+  )
+  warm.start()
+  await warm.idle()
+  expect(kept).toEqual([])
+  down = false
+  expect(await until(async () => kept.length, (n) => n > 0, 2_000)).toBe(1)
+  await warm.stop()
+})
