@@ -116,7 +116,7 @@ async function main() {
       servers.push(server)
       checkouts.push({ name, server })
       // A checkout that fills its cache at start is measured once it has (each process logs it).
-      if (!existsSync(join(checkout, 'src', 'actors', 'warm-up.ts'))) return
+      if (!existsSync(join(checkout, 'src', 'actors', 'warm-up.ts')) || process.env.CACHE_WARM_UP === 'false') return
       await server.logged('license cache warmed')
       console.log(`${name}: cache warmed ${((performance.now() - startedAt) / 1000).toFixed(1)} s after start`)
     }

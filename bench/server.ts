@@ -13,8 +13,8 @@ export interface Server {
   mainCpu(): number
   /** Resident memory of each of the server's processes, in MB (VmRSS). */
   rssMb(): number[]
-  /** Resolves once every server process has logged a line containing `text`. */
-  logged(text: string): Promise<void>
+  /** Resolves once every server process has logged a line containing `text`; throws when the server exits first or `timeoutMs` passes. */
+  logged(text: string, timeoutMs?: number): Promise<void>
   stop(): Promise<void>
 }
 
@@ -49,15 +49,17 @@ export async function spawnServer(entry: string, env: Record<string, string>, fl
     seen += decoder.decode(value)
     const line = seen.split('\n').find((l) => l.includes('"listening"'))
     if (!line) continue
-    // Lines after "listening", kept for `logged`: only the servers' few info lines (the benches run at info).
-    let after = seen.slice(seen.indexOf(line) + line.length)
+    // Everything logged, kept for `logged`: only the servers' few info lines (the benches run at info).
+    // Another process may log before the first one's "listening", so the text before it counts too.
+    let exited = false
     const waiters: (() => void)[] = []
     void (async () => {
       for (;;) {
         const { value, done } = await reader.read()
-        if (done) return
-        after += decoder.decode(value)
+        if (done) exited = true
+        else seen += decoder.decode(value)
         for (const wake of waiters.splice(0)) wake()
+        if (done) return
       }
     })()
     // With SERVER_PROCESSES above 1 the first process has started the others before it logs.
@@ -70,10 +72,17 @@ export async function spawnServer(entry: string, env: Record<string, string>, fl
       cpu: () => sum((pid) => pid),
       mainCpu: () => sum((pid) => `${pid}/task/${pid}`),
       rssMb: () => pids.map(rssMb),
-      async logged(text) {
+      async logged(text, timeoutMs = 300_000) {
         const processes = listening.processes ?? 1
-        while (after.split('\n').filter((l) => l.includes(text)).length < processes) {
-          await new Promise<void>((wake) => waiters.push(wake))
+        const deadline = Date.now() + timeoutMs
+        while (seen.split('\n').filter((l) => l.includes(text)).length < processes) {
+          if (exited) throw new Error(`${entry} exited before each process logged "${text}"`)
+          const left = deadline - Date.now()
+          if (left <= 0) throw new Error(`not every process of ${entry} logged "${text}" within ${timeoutMs} ms`)
+          await new Promise<void>((wake) => {
+            waiters.push(wake)
+            setTimeout(wake, left).unref()
+          })
         }
       },
       async stop() {

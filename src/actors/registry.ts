@@ -190,12 +190,16 @@ export class AppActors {
 
   /** Drops every entry: the store answered with a newer generation than the one they were read under. */
   startOver(generation: number): void {
-    if (generation < this.generation) return
-    const hadEntries = this.generation !== 0
+    if (this.#adopt(generation)) this.#warmUp?.start()
+  }
+
+  /** startOver without asking the warm-up to start again (it read the new generation itself); whether it emptied the registry. */
+  #adopt(generation: number): boolean {
+    if (generation < this.generation) return false
     this.#absentApps.clear()
     this.#bound.clear()
     this.generation = generation
-    if (hadEntries) this.#warmUp?.start()
+    return true
   }
 
   /** Fills the license cache in the background (CacheWarmUp), now and after every generation change that empties it. */
@@ -206,13 +210,14 @@ export class AppActors {
       rows: (licenseKeys) => this.#load.licenses(licenseKeys),
       shardOfApp: (appId) => this.shardOfApp(appId),
       keepIfMissing: (appId, licenseKey, epoch, value, generation) => {
-        if (!this.#accepts(generation)) return false
+        if (generation > this.generation) this.#adopt(generation)
+        if (generation !== this.generation) return false
         const actor = this.of(appId)
         if (actor.licenses.has(licenseKey)) return false
         actor.setLicense(licenseKey, { epoch, value })
         return true
       },
-      hasRoom: (fill) => this.#bound.bytes < fill * this.limits.cacheBytes && this.#actors.size < this.limits.apps,
+      hasRoom: (fill, bytes) => this.#bound.bytes + bytes <= fill * this.limits.cacheBytes && this.#actors.size < fill * this.limits.apps,
       generation: () => this.generation,
     })
     this.#warmUp.start()

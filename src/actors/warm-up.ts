@@ -1,7 +1,7 @@
 import { errorFields, log, logEvery } from '../lib/log'
 import type { Shard, Snapshot } from '../store/store'
 import { keys } from '../store/store'
-import type { CachedLicense } from './load'
+import { type CachedLicense, licenseBytes } from './load'
 
 /** Licenses read per step: one key page, one store call, one row query. */
 const PAGE = 1_000
@@ -24,8 +24,8 @@ export interface WarmUpWiring {
   shardOfApp(appId: string): Promise<Shard | null>
   /** Caches a license read under `generation` unless an entry for it is already there; whether it did. */
   keepIfMissing(appId: string, licenseKey: string, epoch: number, value: CachedLicense, generation: number): boolean
-  /** Whether the cache may take more: under FILL of its byte bound and its app bound. */
-  hasRoom(fill: number): boolean
+  /** Whether the cache may take `bytes` more (0: anything at all) and stay within `fill` of its byte bound and of its app bound. */
+  hasRoom(fill: number, bytes: number): boolean
   /** The generation every entry is read under now; a change drops them all. */
   generation(): number
 }
@@ -40,8 +40,10 @@ export interface WarmUpWiring {
  */
 export class CacheWarmUp {
   #running: Promise<void> | null = null
+  /** A pass is wanted: set by start(), taken by the loop in #passes, which checks it last before it ends. */
   #again = false
   #stopped = false
+  #retry: ReturnType<typeof setTimeout> | null = null
 
   constructor(
     private readonly wiring: WarmUpWiring,
@@ -51,13 +53,10 @@ export class CacheWarmUp {
   /** Starts a pass, or asks the one under way to start over (its entries went with a generation change). */
   start(): void {
     if (this.#stopped) return
-    if (this.#running) {
-      this.#again = true
-      return
-    }
-    this.#running = this.#passes().finally(() => {
-      this.#running = null
-    })
+    this.#again = true
+    if (this.#retry) clearTimeout(this.#retry)
+    this.#retry = null
+    this.#running ??= this.#passes()
   }
 
   /** Resolves when no pass is under way. */
@@ -68,27 +67,37 @@ export class CacheWarmUp {
   /** Ends the pass under way after its current page. */
   async stop(): Promise<void> {
     this.#stopped = true
-    await this.#running
+    if (this.#retry) clearTimeout(this.#retry)
+    await this.idle()
   }
 
   async #passes(): Promise<void> {
     let restarts = 0
-    do {
-      this.#again = false
-      const startedAt = performance.now()
-      try {
-        const cached = await this.#pass()
+    try {
+      while (this.#again && !this.#stopped) {
+        this.#again = false
+        const startedAt = performance.now()
+        let cached: number | null
+        try {
+          cached = await this.#pass()
+        } catch (err) {
+          logEvery('warn', 'license cache warm-up failed: licenses load on first use until a later pass', () => errorFields(err))
+          this.#retry = setTimeout(() => this.start(), this.retryMs)
+          this.#retry.unref()
+          return
+        }
+        if (this.#stopped) return
         if (cached !== null) log.info('license cache warmed', { licenses: cached, ms: Math.round(performance.now() - startedAt) })
         else if (++restarts === MAX_RESTARTS) {
           log.warn('license cache warm-up keeps being cut short by store generation changes: licenses load on first use')
           return
         }
-      } catch (err) {
-        logEvery('warn', 'license cache warm-up failed: licenses load on first use until a later pass', () => errorFields(err))
-        setTimeout(() => this.start(), this.retryMs).unref()
-        return
       }
-    } while (this.#again && !this.#stopped)
+    } finally {
+      // In the same step as the loop's last look at #again (the pass awaited at least once, so
+      // start() has assigned #running by now): a start() from here on begins a new pass.
+      this.#running = null
+    }
   }
 
   /** One pass from the first key; the licenses it cached, or null when a generation change cut it short. */
@@ -97,24 +106,25 @@ export class CacheWarmUp {
     let generation: number | null = null
     let after = ''
     let cached = 0
-    while (!this.#stopped && !this.#again && w.hasRoom(FILL)) {
+    while (!this.#stopped && !this.#again && w.hasRoom(FILL, 0)) {
       const page = await w.keyPage(after, PAGE)
       if (page.length === 0) break
       after = page[page.length - 1]!.key
       const shards = new Map<string, Shard | null>()
       for (const { appId } of page) if (!shards.has(appId)) shards.set(appId, await w.shardOfApp(appId))
       const present = page.filter(({ appId }) => shards.get(appId) != null)
+      if (present.length === 0) continue
       const read = await w.snapshot(present.map(({ key, appId }) => keys.licenseEpoch(shards.get(appId)!, key)))
-      if (generation !== null && read.generation !== generation) return this.#startOver()
+      if (generation !== null && read.generation !== generation) return this.#cutShort()
       generation = read.generation
       const rows = await w.rows(present.map(({ key }) => key))
-      if (w.generation() > generation) return this.#startOver()
+      if (w.generation() > generation) return this.#cutShort()
       for (const [i, { key, appId }] of present.entries()) {
-        // Checked per entry: a page must not push out what an earlier one cached.
-        if (!w.hasRoom(FILL)) break
         const row = rows.get(key)
         // Gone since the page was read, or moved to another app: the first request loads it as a miss would.
         if (row?.appId !== appId) continue
+        // Checked per entry, with its size: a page must not push out what an earlier one cached.
+        if (!w.hasRoom(FILL, licenseBytes(row))) return cached
         if (w.keepIfMissing(appId, key, read.epochs[i] ?? 0, row, generation)) cached++
       }
     }
@@ -122,7 +132,7 @@ export class CacheWarmUp {
   }
 
   /** The entries of this pass's generation went with it: the pass starts over under the new one. */
-  #startOver(): null {
+  #cutShort(): null {
     this.#again = true
     return null
   }
