@@ -47,8 +47,9 @@ test('the byte estimate of a license entry covers what caching and answering for
   const estimate = licenseBytes(actors.cachedLicense(s.appId, keys[0]!)!.value!)
   expect(actors.cachedBytes - appOnly).toBe(n * estimate)
   expect(perEntry).toBeLessThanOrEqual(estimate)
-  // High, not wildly so: a bound counting three times what entries hold would keep a third of what it may.
-  // (Not tighter: the suite's other files share this heap, and what they free meanwhile reads as negative
-  // growth here: half the estimate was undercut by that alone in full runs.)
-  expect(perEntry).toBeGreaterThan(estimate / 3)
+  // High, not wildly so: a bound counting four times what entries hold would keep a quarter of what it may.
+  // (Not tighter: the estimate also covers the garbage of churning entries, which this test does not make,
+  // and the suite's other files share this heap: what they free meanwhile reads as negative growth here,
+  // a third of the estimate undercut by that alone in full runs.)
+  expect(perEntry).toBeGreaterThan(estimate / 4)
 })
