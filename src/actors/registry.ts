@@ -190,12 +190,18 @@ export class AppActors {
 
   /** Drops every entry: the store answered with a newer generation than the one they were read under. */
   startOver(generation: number): void {
-    if (this.#adopt(generation)) this.#warmUp?.start()
+    // Nothing was cached before the first generation: the warm-up's first pass is under way already.
+    const hadEntries = this.generation !== 0
+    if (this.#adopt(generation) && hadEntries) this.#warmUp?.start()
   }
 
-  /** startOver without asking the warm-up to start again (it read the new generation itself); whether it emptied the registry. */
+  /**
+   * startOver without asking the warm-up to start again (it read the new generation itself); whether it
+   * emptied the registry. Only a newer generation does: entries cached under the current one are valid
+   * under it, and requests that read the older one still answer new_generation and read them again.
+   */
   #adopt(generation: number): boolean {
-    if (generation < this.generation) return false
+    if (generation <= this.generation) return false
     this.#absentApps.clear()
     this.#bound.clear()
     this.generation = generation
@@ -209,15 +215,16 @@ export class AppActors {
       snapshot: (epochKeys) => this.wiring.store.snapshot(epochKeys),
       rows: (licenseKeys) => this.#load.licenses(licenseKeys),
       shardOfApp: (appId) => this.shardOfApp(appId),
+      adopt: (generation) => this.#adopt(generation),
       keepIfMissing: (appId, licenseKey, epoch, value, generation) => {
-        if (generation > this.generation) this.#adopt(generation)
         if (generation !== this.generation) return false
         const actor = this.of(appId)
         if (actor.licenses.has(licenseKey)) return false
         actor.setLicense(licenseKey, { epoch, value })
         return true
       },
-      hasRoom: (fill, bytes) => this.#bound.bytes + bytes <= fill * this.limits.cacheBytes && this.#actors.size < fill * this.limits.apps,
+      hasRoom: (fill, bytes) => this.#bound.bytes + bytes <= fill * this.limits.cacheBytes,
+      admitsApp: (fill, appId) => this.#actors.has(appId) || this.#actors.size < fill * this.limits.apps,
       generation: () => this.generation,
     })
     this.#warmUp.start()

@@ -22,10 +22,14 @@ export interface WarmUpWiring {
   rows(licenseKeys: string[]): Promise<Map<string, CachedLicense>>
   /** The shard of the app's keys; null when the app is gone. */
   shardOfApp(appId: string): Promise<Shard | null>
-  /** Caches a license read under `generation` unless an entry for it is already there; whether it did. */
+  /** Moves the registry to a newer generation the warm-up read first, emptying it (without restarting the warm-up). */
+  adopt(generation: number): void
+  /** Caches a license read under the registry's current `generation` unless an entry for it is already there; whether it did. */
   keepIfMissing(appId: string, licenseKey: string, epoch: number, value: CachedLicense, generation: number): boolean
-  /** Whether the cache may take `bytes` more (0: anything at all) and stay within `fill` of its byte bound and of its app bound. */
+  /** Whether the cache may take `bytes` more (0: anything at all) and stay within `fill` of its byte bound. */
   hasRoom(fill: number, bytes: number): boolean
+  /** Whether the app has an actor, or one more stays within `fill` of the app bound. */
+  admitsApp(fill: number, appId: string): boolean
   /** The generation every entry is read under now; a change drops them all. */
   generation(): number
 }
@@ -81,6 +85,7 @@ export class CacheWarmUp {
         try {
           cached = await this.#pass()
         } catch (err) {
+          if (this.#stopped) return
           logEvery('warn', 'license cache warm-up failed: licenses load on first use until a later pass', () => errorFields(err))
           this.#retry = setTimeout(() => this.start(), this.retryMs)
           this.#retry.unref()
@@ -115,6 +120,8 @@ export class CacheWarmUp {
       const present = page.filter(({ appId }) => shards.get(appId) != null)
       if (present.length === 0) continue
       const read = await w.snapshot(present.map(({ key, appId }) => keys.licenseEpoch(shards.get(appId)!, key)))
+      // Read here first: the registry moves to it now, so a request that learns of it later finds it adopted.
+      if (read.generation > w.generation()) w.adopt(read.generation)
       if (generation !== null && read.generation !== generation) return this.#cutShort()
       generation = read.generation
       const rows = await w.rows(present.map(({ key }) => key))
@@ -125,6 +132,7 @@ export class CacheWarmUp {
         if (row?.appId !== appId) continue
         // Checked per entry, with its size: a page must not push out what an earlier one cached.
         if (!w.hasRoom(FILL, licenseBytes(row))) return cached
+        if (!w.admitsApp(FILL, appId)) continue
         if (w.keepIfMissing(appId, key, read.epochs[i] ?? 0, row, generation)) cached++
       }
     }

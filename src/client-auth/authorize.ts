@@ -57,6 +57,10 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
   let admitted: Bucket | null = null
   try {
     for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
+      // The generation the entries below are read under, taken before any of them: a load awaited on the
+      // way may move the registry to a newer one (emptying it), and an entry read before that move must
+      // not be checked as if it belonged to the new one (the store then answers new_generation).
+      const generation = actors.generation
       // The app's actor holds its state and its licenses: a cached request reads both through it.
       let actor = actors.existing(appId)
       let appEntry = actor?.app ?? actors.cachedApp(appId)
@@ -93,7 +97,6 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
       const { outcome, ipBucket: _, ...rest } = p
       if (!ctx.config.publicRateLimits) rest.buckets = []
       else if (admitted) rest.buckets = rest.buckets.filter((b) => b.key !== admitted!.key)
-      const generation = actors.generation
       let result: AuthorizeResult
       try {
         result = await ctx.store.authorize({ ...rest, nowMs, shard, generation, epochs, deny: !outcome.ok })

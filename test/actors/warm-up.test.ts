@@ -9,6 +9,8 @@ import type { CachedLicense } from '../../src/actors/load'
 import { CacheWarmUp } from '../../src/actors/warm-up'
 import { loadConfig } from '../../src/config'
 import type { Store } from '../../src/store/store'
+import { licenses } from '../../src/db/schema'
+import { generateLicenseKey } from '../../src/lib/crypto'
 import { hwid, insertLicense, nonce } from '../support/client'
 import { makeTestApp, sharedInfra, type TestApp } from '../support/helpers'
 import { startServer } from '../support/server-process'
@@ -134,8 +136,10 @@ function fakeWarmUp(licenseKeys: string[], retryMs = 10) {
       snapshot: async (epochKeys) => ({ generation: seen.generation, epochs: epochKeys.map(() => 0) }),
       rows: async (keys) => new Map(keys.map((key) => [key, { key, appId: 'app-1', hwids: [], label: null, variables: {} } as unknown as CachedLicense])),
       shardOfApp: async () => '',
+      adopt: () => {},
       keepIfMissing: (_, key) => seen.kept.push(key) > 0,
       hasRoom: () => true,
+      admitsApp: () => true,
       generation: () => seen.generation,
     },
     retryMs,
@@ -206,11 +210,53 @@ test('stop() ends a pass after its current page', async () => {
 })
 
 test('the warm-up stops short of the app bound too', async () => {
-  const apps = await Promise.all(Array.from({ length: 12 }, () => t.seed()))
-  for (const s of apps) await insertLicense(t.ctx, s.appId)
+  // Other test files' apps share the table: the bound is checked over every app that has licenses.
+  await Promise.all(Array.from({ length: 12 }, async () => insertLicense(t.ctx, (await t.seed()).appId)))
   const actors = new AppActors({ ...t.ctx }, { ...ACTOR_LIMITS, apps: 10 })
   await actors.startWarmUp().idle()
-  const withActors = apps.filter((s) => actors.existing(s.appId)).length
-  expect(withActors).toBeGreaterThan(0)
-  expect(withActors).toBeLessThanOrEqual(9)
+  const appIds = await t.ctx.database.db.selectDistinct({ appId: licenses.appId }).from(licenses)
+  const withActors = appIds.filter(({ appId }) => actors.existing(appId)).length
+  expect(withActors).toBe(9)
+})
+
+test('a generation the warm-up reads mid-pass is adopted at once: the pass starts over once, not again at its first entry', async () => {
+  const { store } = await sharedInfra()
+  const countPages = (bumpFrom: number) => {
+    const seen = { snapshots: 0 }
+    const watched = new Proxy(store, {
+      get(target, prop) {
+        if (prop === 'snapshot') {
+          return async (epochKeys: readonly string[]) => {
+            const read = await target.snapshot(epochKeys)
+            // From the bumpFrom-th call on, as if the store had lost its data in between.
+            return ++seen.snapshots >= bumpFrom ? { ...read, generation: read.generation + 1 } : read
+          }
+        }
+        const value = Reflect.get(target, prop, target)
+        return typeof value === 'function' ? value.bind(target) : value
+      },
+    }) as Store
+    return { actors: new AppActors({ ...t.ctx, store: watched }), seen }
+  }
+  // More than one page of licenses, so the change lands mid-pass.
+  const s = await t.seed()
+  await t.ctx.database.db.insert(licenses).values(Array.from({ length: 1_500 }, () => ({ key: generateLicenseKey(), appId: s.appId })))
+  const plain = countPages(Number.POSITIVE_INFINITY)
+  await plain.actors.startWarmUp().idle()
+  const pages = plain.seen.snapshots
+  expect(pages).toBeGreaterThan(1)
+  const bumped = countPages(2)
+  await bumped.actors.startWarmUp().idle()
+  // Page 1, then page 2 under the new generation (cut short), then every page once more.
+  expect(bumped.seen.snapshots).toBe(2 + pages)
+  expect(bumped.actors.cachedBytes).toBe(plain.actors.cachedBytes)
+})
+
+test('a late new_generation answer for the generation already adopted empties nothing', async () => {
+  const actors = new AppActors({ ...t.ctx })
+  await actors.startWarmUp().idle()
+  const bytes = actors.cachedBytes
+  expect(bytes).toBeGreaterThan(0)
+  actors.startOver(actors.generation)
+  expect(actors.cachedBytes).toBe(bytes)
 })

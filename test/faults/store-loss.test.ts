@@ -148,3 +148,26 @@ test('after Redis restarted empty, the cache warm-up fills the emptied cache aga
   expect(c.ctx.actors.cachedLicense(account.appId, second)?.value?.key).toBe(second)
   await warm.stop()
 })
+
+test('an app disabled before Redis restarted empty is refused by a request whose license load saw the restart', async () => {
+  const c = await instance()
+  // Sandbox: no charge, so no lost balance sends the request round again (that would hide the bug).
+  const own = await a.seed({ sandbox: true })
+  // The app's epoch key goes with a first loss, so c's copy is read under epoch 0: what a lost key reads as.
+  await restartEmpty()
+  const license = async () => {
+    const res = await a.req('POST', '/v1/licenses', { apiKey: own.apiKey, body: { appId: own.appId } })
+    expect(res.status, JSON.stringify(res.body)).toBe(201)
+    return res.body.licenses[0].licenseKey as string
+  }
+  const check = (licenseKey: string) =>
+    c.req('POST', '/auth/validate', { body: { appId: own.appId, appSecret: own.appSecret, licenseKey, hwid: hwid(), nonce: nonce() } })
+  expect((await check(await license())).status).toBe(200)
+  const res = await a.req('PATCH', `/v1/apps/${own.appId}`, { apiKey: own.apiKey, body: { disabled: true } })
+  expect(res.status, JSON.stringify(res.body)).toBe(200)
+  // The bump that made c's copy stale is lost with the data: only the generation says so now.
+  await restartEmpty()
+  // A license c never loaded: its load reads the new generation while the request holds the old app entry.
+  const refused = await check(await license())
+  expect(refused.body).toEqual({ status: 'failed', error: 'app_disabled' })
+})
