@@ -80,8 +80,11 @@ export async function spawnServer(entry: string, env: Record<string, string>, fl
           const left = deadline - Date.now()
           if (left <= 0) throw new Error(`not every process of ${entry} logged "${text}" within ${timeoutMs} ms`)
           await new Promise<void>((wake) => {
-            waiters.push(wake)
-            setTimeout(wake, left).unref()
+            const timer = setTimeout(wake, left)
+            waiters.push(() => {
+              clearTimeout(timer)
+              wake()
+            })
           })
         }
       },
