@@ -117,7 +117,8 @@ export class CacheWarmUp {
       after = page[page.length - 1]!.key
       const shards = new Map<string, Shard | null>()
       for (const { appId } of page) if (!shards.has(appId)) shards.set(appId, await w.shardOfApp(appId))
-      const present = page.filter(({ appId }) => shards.get(appId) != null)
+      // Apps beyond the app bound are left out before any read: nothing of theirs could be kept.
+      const present = page.filter(({ appId }) => shards.get(appId) != null && w.admitsApp(FILL, appId))
       if (present.length === 0) continue
       const read = await w.snapshot(present.map(({ key, appId }) => keys.licenseEpoch(shards.get(appId)!, key)))
       // Read here first: the registry moves to it now, so a request that learns of it later finds it adopted.
@@ -130,9 +131,10 @@ export class CacheWarmUp {
         const row = rows.get(key)
         // Gone since the page was read, or moved to another app: the first request loads it as a miss would.
         if (row?.appId !== appId) continue
-        // Checked per entry, with its size: a page must not push out what an earlier one cached.
-        if (!w.hasRoom(FILL, licenseBytes(row))) return cached
+        // Checked per entry (an earlier entry of the page may have taken the last app place), the bytes with
+        // the entry's own size: a page must not push out what an earlier one cached.
         if (!w.admitsApp(FILL, appId)) continue
+        if (!w.hasRoom(FILL, licenseBytes(row))) return cached
         if (w.keepIfMissing(appId, key, read.epochs[i] ?? 0, row, generation)) cached++
       }
     }

@@ -209,27 +209,34 @@ test('stop() ends a pass after its current page', async () => {
   expect(seen.pages).toBe(1)
 })
 
-test('the warm-up stops short of the app bound too', async () => {
+test('the warm-up stops short of the app bound, and still caches every license of the apps it took', async () => {
   // Other test files' apps share the table: the bound is checked over every app that has licenses.
-  await Promise.all(Array.from({ length: 12 }, async () => insertLicense(t.ctx, (await t.seed()).appId)))
+  await Promise.all(
+    Array.from({ length: 12 }, async () => {
+      const { appId } = await t.seed()
+      for (let i = 0; i < 3; i++) await insertLicense(t.ctx, appId)
+    }),
+  )
   const actors = new AppActors({ ...t.ctx }, { ...ACTOR_LIMITS, apps: 10 })
   await actors.startWarmUp().idle()
-  const appIds = await t.ctx.database.db.selectDistinct({ appId: licenses.appId }).from(licenses)
-  const withActors = appIds.filter(({ appId }) => actors.existing(appId)).length
-  expect(withActors).toBe(9)
+  const rows = await t.ctx.database.db.select({ key: licenses.key, appId: licenses.appId }).from(licenses)
+  const taken = new Set(rows.filter(({ appId }) => actors.existing(appId)).map(({ appId }) => appId))
+  expect(taken.size).toBe(9)
+  for (const { key, appId } of rows) if (taken.has(appId)) expect(actors.cachedLicense(appId, key)).toBeDefined()
 })
 
 test('a generation the warm-up reads mid-pass is adopted at once: the pass starts over once, not again at its first entry', async () => {
   const { store } = await sharedInfra()
   const countPages = (bumpFrom: number) => {
-    const seen = { snapshots: 0 }
+    const seen = { snapshots: 0, onThird: undefined as undefined | (() => void) }
     const watched = new Proxy(store, {
       get(target, prop) {
         if (prop === 'snapshot') {
           return async (epochKeys: readonly string[]) => {
             const read = await target.snapshot(epochKeys)
             // From the bumpFrom-th call on, as if the store had lost its data in between.
-            return ++seen.snapshots >= bumpFrom ? { ...read, generation: read.generation + 1 } : read
+            if (++seen.snapshots === 3) seen.onThird?.()
+            return seen.snapshots >= bumpFrom ? { ...read, generation: read.generation + 1 } : read
           }
         }
         const value = Reflect.get(target, prop, target)
@@ -246,6 +253,8 @@ test('a generation the warm-up reads mid-pass is adopted at once: the pass start
   const pages = plain.seen.snapshots
   expect(pages).toBeGreaterThan(1)
   const bumped = countPages(2)
+  // A request's late new_generation answer for the generation the warm-up adopted lands during its second pass.
+  bumped.seen.onThird = () => bumped.actors.startOver(bumped.actors.generation)
   await bumped.actors.startWarmUp().idle()
   // Page 1, then page 2 under the new generation (cut short), then every page once more.
   expect(bumped.seen.snapshots).toBe(2 + pages)
@@ -253,6 +262,7 @@ test('a generation the warm-up reads mid-pass is adopted at once: the pass start
 })
 
 test('a late new_generation answer for the generation already adopted empties nothing', async () => {
+  await insertLicense(t.ctx, (await t.seed()).appId)
   const actors = new AppActors({ ...t.ctx })
   await actors.startWarmUp().idle()
   const bytes = actors.cachedBytes
