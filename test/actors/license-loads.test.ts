@@ -6,9 +6,9 @@
 import { expect, test } from 'bun:test'
 import { AppActors } from '../../src/actors/registry'
 import { generateLicenseKey } from '../../src/lib/crypto'
-import type { Store } from '../../src/store/store'
 import { hwid, insertLicense, nonce } from '../support/client'
 import { makeTestApp, sharedInfra } from '../support/helpers'
+import { withOverrides } from '../support/overrides'
 
 const t = await makeTestApp()
 
@@ -16,28 +16,20 @@ const t = await makeTestApp()
 async function watchedStore() {
   const { store } = await sharedInfra()
   const seen = { snapshots: 0, afterSnapshot: null as null | (() => Promise<void>), beforeAuthorize: null as null | (() => Promise<void>) }
-  const watched = new Proxy(store, {
-    get(target, prop) {
-      if (prop === 'snapshotEach') {
-        return async (...args: Parameters<Store['snapshotEach']>) => {
-          seen.snapshots++
-          const read = await target.snapshotEach(...args)
-          const hook = seen.afterSnapshot
-          seen.afterSnapshot = null
-          await hook?.()
-          return read
-        }
-      }
-      if (prop === 'authorize') {
-        return async (...args: Parameters<Store['authorize']>) => {
-          const hook = seen.beforeAuthorize
-          seen.beforeAuthorize = null
-          await hook?.()
-          return target.authorize(...args)
-        }
-      }
-      const value = Reflect.get(target, prop, target)
-      return typeof value === 'function' ? value.bind(target) : value
+  const watched = withOverrides(store, {
+    snapshotEach: async (reads) => {
+      seen.snapshots++
+      const read = await store.snapshotEach(reads)
+      const hook = seen.afterSnapshot
+      seen.afterSnapshot = null
+      await hook?.()
+      return read
+    },
+    authorize: async (input) => {
+      const hook = seen.beforeAuthorize
+      seen.beforeAuthorize = null
+      await hook?.()
+      return store.authorize(input)
     },
   })
   return { store: watched, seen }
@@ -88,12 +80,8 @@ test('concurrent misses of one key share one store call and one row read', async
 test('a store that cannot be reached fails the batch as unavailable, and the next batch is served', async () => {
   const { store } = await sharedInfra()
   let down = true
-  const flaky = new Proxy(store, {
-    get(target, prop) {
-      if (prop === 'snapshotEach' && down) return async () => Promise.reject(new Error('connection lost'))
-      const value = Reflect.get(target, prop, target)
-      return typeof value === 'function' ? value.bind(target) : value
-    },
+  const flaky = withOverrides(store, {
+    snapshotEach: (reads) => (down ? Promise.reject(new Error('connection lost')) : store.snapshotEach(reads)),
   })
   const actors = new AppActors({ ...t.ctx, store: flaky })
   const s = await t.seed()

@@ -8,11 +8,11 @@ import { ACTOR_LIMITS, AppActors } from '../../src/actors/registry'
 import type { CachedLicense } from '../../src/actors/load'
 import { CacheWarmUp } from '../../src/actors/warm-up'
 import { loadConfig } from '../../src/config'
-import type { Store } from '../../src/store/store'
 import { licenses } from '../../src/db/schema'
 import { generateLicenseKey } from '../../src/lib/crypto'
 import { hwid, insertLicense, nonce } from '../support/client'
 import { makeTestApp, sharedInfra, type TestApp } from '../support/helpers'
+import { withOverrides } from '../support/overrides'
 import { startServer } from '../support/server-process'
 import { until } from '../support/servers'
 
@@ -76,20 +76,14 @@ async function hookedStore(match: (epochKeys: readonly string[]) => boolean) {
     hook.run = null
     await run()
   }
-  const watched = new Proxy(store, {
-    get(target, prop) {
-      if (prop === 'snapshot') {
-        return async (epochKeys: readonly string[]) => {
-          await once(epochKeys, true)
-          const read = await target.snapshot(epochKeys)
-          await once(epochKeys, false)
-          return read
-        }
-      }
-      const value = Reflect.get(target, prop, target)
-      return typeof value === 'function' ? value.bind(target) : value
+  const watched = withOverrides(store, {
+    snapshot: async (epochKeys) => {
+      await once(epochKeys, true)
+      const read = await store.snapshot(epochKeys)
+      await once(epochKeys, false)
+      return read
     },
-  }) as Store
+  })
   return { store: watched, hook }
 }
 
@@ -229,20 +223,14 @@ test('a generation the warm-up reads mid-pass is adopted at once: the pass start
   const { store } = await sharedInfra()
   const countPages = (bumpFrom: number) => {
     const seen = { snapshots: 0, onThird: undefined as undefined | (() => void) }
-    const watched = new Proxy(store, {
-      get(target, prop) {
-        if (prop === 'snapshot') {
-          return async (epochKeys: readonly string[]) => {
-            const read = await target.snapshot(epochKeys)
-            // From the bumpFrom-th call on, as if the store had lost its data in between.
-            if (++seen.snapshots === 3) seen.onThird?.()
-            return seen.snapshots >= bumpFrom ? { ...read, generation: read.generation + 1 } : read
-          }
-        }
-        const value = Reflect.get(target, prop, target)
-        return typeof value === 'function' ? value.bind(target) : value
+    const watched = withOverrides(store, {
+      snapshot: async (epochKeys) => {
+        const read = await store.snapshot(epochKeys)
+        // From the bumpFrom-th call on, as if the store had lost its data in between.
+        if (++seen.snapshots === 3) seen.onThird?.()
+        return seen.snapshots >= bumpFrom ? { ...read, generation: read.generation + 1 } : read
       },
-    }) as Store
+    })
     return { actors: new AppActors({ ...t.ctx, store: watched }), seen }
   }
   // More than one page of licenses, so the change lands mid-pass.

@@ -3,6 +3,7 @@ import { eq } from 'drizzle-orm'
 import { addCredits } from '../../src/accounts/service'
 import { accounts, creditFlushes, licenses } from '../../src/db/schema'
 import { makeTestApp } from '../support/helpers'
+import { withOverrides } from '../support/overrides'
 import { decode, hwid, insertLicense, nonce } from '../support/client'
 
 describe('credits on the client endpoints', async () => {
@@ -64,13 +65,7 @@ describe('credits on the client endpoints', async () => {
       await Bun.sleep(50)
       return store.creditsAdded(accountId, n)
     }
-    const racing = new Proxy(store, {
-      get(target, prop) {
-        if (prop === 'creditsAdded') return creditsAdded
-        const value = Reflect.get(target, prop)
-        return typeof value === 'function' ? value.bind(target) : value
-      },
-    })
+    const racing = withOverrides(store, { creditsAdded })
     await addCredits({ ...t.ctx, store: racing }, s.accountId, 5)
     await seed
     expect(await store.balance(s.accountId)).toBe(5)
