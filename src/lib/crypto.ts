@@ -11,6 +11,7 @@ import {
   sign,
   timingSafeEqual,
 } from 'node:crypto'
+import { utf8Bytes } from './scratch'
 
 export function sha256Hex(text: string): string {
   return createHash('sha256').update(text, 'utf8').digest('hex')
@@ -139,7 +140,7 @@ export function privateKeyFromPkcs8(der: Buffer): KeyObject {
 
 /** Ed25519 over the UTF-8 bytes of the text as sent; base64, 88 characters. */
 export function signText(text: string, key: KeyObject): string {
-  return sign(null, Buffer.from(text, 'utf8'), key).toString('base64')
+  return sign(null, utf8Bytes(text), key).toString('base64')
 }
 
 export function hmacHex(key: Buffer | string, body: string): string {

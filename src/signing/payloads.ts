@@ -1,6 +1,7 @@
 import type { CachedApp, CachedLicense } from '../actors/load'
 import type { VariableMap } from '../db/schema'
 import { LoggedPublicError } from '../lib/errors'
+import { utf8Base64 } from '../lib/scratch'
 import type { SignedResponse } from './model'
 import type { Signer } from './signer'
 import type { Session } from './session'
@@ -41,7 +42,7 @@ export class SignedPayloads {
       `{"sessionToken":${JSON.stringify(session.token)},"expiresIn":${JSON.stringify(exp)},` +
       `"sessionExpiresAt":"${this.#isoSeconds(exp)}","timestamp":"${this.#isoMillis(nowMs)}"` +
       `${nonce === undefined ? '' : `,"nonce":${JSON.stringify(nonce)}`},${this.#licenseFields(app, license, hwid)}`
-    const payload = Buffer.from(json, 'utf8').toString('base64')
+    const payload = utf8Base64(json, 'base64')
     const { keyId, key } = app.signing
     return { status: 'success', payload, signature: await this.signer.sign(keyId, key, payload), keyId }
   }

@@ -1,4 +1,5 @@
 import { timingSafeEqual } from 'node:crypto'
+import { decodeUtf8Base64, utf8Base64 } from '../lib/scratch'
 
 /** The contract's bounds on a requested session lifetime (seconds). */
 export const MIN_SESSION_TTL = 3600
@@ -24,6 +25,8 @@ export function clampTtl(requested: number | undefined, fallback: number): numbe
 }
 
 const JTI_BYTES = 9
+/** HMAC-SHA256. */
+const MAC_BYTES = 32
 
 /**
  * Stateless token `<b64url(JSON)>.<b64url(HMAC-SHA256)>`: nothing is stored, so a restart of Redis or
@@ -38,6 +41,8 @@ export class SessionTokens {
   readonly #hasher: Bun.CryptoHasher
   readonly #randomPool = Buffer.allocUnsafe(JTI_BYTES * 455)
   #randomOffset = this.#randomPool.length
+  readonly #givenMac = Buffer.allocUnsafe(64)
+  readonly #wantMac = Buffer.allocUnsafe(64)
 
   constructor(key: Buffer) {
     this.#hasher = new Bun.CryptoHasher('sha256', key)
@@ -55,7 +60,7 @@ export class SessionTokens {
       iat,
       jti: this.#randomJti(),
     }
-    const body = Buffer.from(JSON.stringify(session), 'utf8').toString('base64url')
+    const body = utf8Base64(JSON.stringify(session), 'base64url')
     return { token: `${body}.${this.#hasher.copy().update(body, 'utf8').digest('base64url')}`, session }
   }
 
@@ -64,12 +69,14 @@ export class SessionTokens {
     const dot = token.indexOf('.')
     if (dot <= 0 || dot !== token.lastIndexOf('.')) return null
     const body = token.slice(0, dot)
-    const given = Buffer.from(token.slice(dot + 1), 'base64url')
-    const want = this.#hasher.copy().update(body, 'utf8').digest() as Buffer
-    if (given.length !== want.length || !timingSafeEqual(given, want)) return null
+    // A MAC part longer than a MAC fills the buffer past MAC_BYTES and is refused like a short one.
+    const given = this.#givenMac.write(token.slice(dot + 1), 0, 'base64url')
+    // Bun writes an HMAC into a caller's array only when it has room for any digest (64 bytes).
+    this.#hasher.copy().update(body, 'utf8').digest(this.#wantMac)
+    if (given !== MAC_BYTES || !timingSafeEqual(this.#givenMac.subarray(0, MAC_BYTES), this.#wantMac.subarray(0, MAC_BYTES))) return null
     let s: Session
     try {
-      s = JSON.parse(Buffer.from(body, 'base64url').toString('utf8')) as Session
+      s = JSON.parse(decodeUtf8Base64(body, 'base64url')) as Session
     } catch {
       return null
     }
