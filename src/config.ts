@@ -1,6 +1,6 @@
 import { existsSync } from 'node:fs'
 import { isIP } from 'node:net'
-import { availableParallelism } from 'node:os'
+import { availableParallelism, totalmem } from 'node:os'
 import { type Cidr, parseCidr } from './lib/ip'
 
 /** Every setting the server and the CLI read, parsed once from the environment. */
@@ -140,6 +140,27 @@ function hostSetting(env: Env, name: string, fallback: string): string {
   return host
 }
 
+/**
+ * CACHE_MAX_MB unset: this share of the memory the server may use, split among its processes, so a
+ * host or container with room for its licenses holds them all (a million take ~1,300 MB) and a small
+ * one is not pushed past its memory by the default; never below MIN_DEFAULT_CACHE_MB.
+ */
+export const DEFAULT_CACHE_SHARE = 1 / 8
+export const MIN_DEFAULT_CACHE_MB = 32
+
+/**
+ * The memory this process may use, in MB: its cgroup's limit in a container (process.constrainedMemory
+ * reads it; Node answers 0 without one, Bun the machine's memory), else the machine's.
+ */
+export function usableMemoryMb(): number {
+  const machine = totalmem()
+  const constrained = process.constrainedMemory?.() ?? 0
+  return Math.floor((constrained > 0 ? Math.min(constrained, machine) : machine) / 2 ** 20)
+}
+
+export const defaultCacheMb = (memoryMb: number, processes: number): number =>
+  Math.max(MIN_DEFAULT_CACHE_MB, Math.floor((memoryMb * DEFAULT_CACHE_SHARE) / processes))
+
 /** Server processes a shared-store server runs when SERVER_PROCESSES is unset, at most. */
 export const DEFAULT_PROCESSES_CAP = 4
 
@@ -209,7 +230,7 @@ export function loadConfig(env: Env = process.env): Readonly<Config> {
     selfbanLimitPerIp: int(env, 'SELFBAN_LIMIT_PER_IP', 60, 1, 1e9),
     selfbanLimitPerLicense: int(env, 'SELFBAN_LIMIT_PER_LICENSE', 60, 1, 1e9),
     publicRateLimits: bool(env, 'PUBLIC_RATE_LIMITS', true),
-    cacheMaxMb: int(env, 'CACHE_MAX_MB', 256, 1, 1_048_576),
+    cacheMaxMb: int(env, 'CACHE_MAX_MB', defaultCacheMb(usableMemoryMb(), serverProcesses), 1, 1_048_576),
     cacheWarmUp: bool(env, 'CACHE_WARM_UP', true),
     sessionTtlSeconds: int(env, 'SESSION_TTL_SECONDS', 86_400, 3600, 604_800),
     tlsCertFile,

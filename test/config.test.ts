@@ -1,8 +1,8 @@
 import { describe, expect, test } from 'bun:test'
 import { mkdtempSync, writeFileSync } from 'node:fs'
-import { availableParallelism, tmpdir } from 'node:os'
+import { availableParallelism, tmpdir, totalmem } from 'node:os'
 import { join } from 'node:path'
-import { ConfigError, DEFAULT_PROCESSES_CAP, loadConfig } from '../src/config'
+import { ConfigError, DEFAULT_PROCESSES_CAP, defaultCacheMb, loadConfig, usableMemoryMb } from '../src/config'
 import { parseCidr } from '../src/lib/ip'
 import { runToExit } from './support/server-process'
 
@@ -31,7 +31,7 @@ describe('defaults', () => {
       selfbanLimitPerIp: 60,
       selfbanLimitPerLicense: 60,
       publicRateLimits: true,
-      cacheMaxMb: 256,
+      cacheMaxMb: Math.floor(usableMemoryMb() / 8),
       cacheWarmUp: true,
       sessionTtlSeconds: 86_400,
       tlsCertFile: null,
@@ -106,6 +106,32 @@ describe('each setting is parsed', () => {
     expect(loadConfig({ ...shared, SERVER_PROCESSES: '1' }).serverProcesses).toBe(1)
     expect(loadConfig({ DATABASE_URL: shared.DATABASE_URL }).serverProcesses).toBe(1)
     expect(loadConfig({ REDIS_URL: shared.REDIS_URL }).serverProcesses).toBe(1)
+  })
+
+  test('CACHE_MAX_MB unset: an eighth of the memory the server may use, split among its processes, at least 32', () => {
+    const shared = { DATABASE_URL: 'postgres://db/ls', REDIS_URL: 'redis://cache' }
+    expect(defaultCacheMb(24_105, 2)).toBe(1506)
+    expect(defaultCacheMb(4096, 4)).toBe(128)
+    expect(defaultCacheMb(512, 1)).toBe(64)
+    expect(defaultCacheMb(128, 1)).toBe(32)
+    expect(loadConfig({ ...shared, SERVER_PROCESSES: '2' }).cacheMaxMb).toBe(defaultCacheMb(usableMemoryMb(), 2))
+    expect(loadConfig({ ...shared, SERVER_PROCESSES: '2', CACHE_MAX_MB: '300' }).cacheMaxMb).toBe(300)
+  })
+
+  test('the memory the server may use is its cgroup limit when it has one below the machine\'s', () => {
+    const constrained = process.constrainedMemory
+    try {
+      process.constrainedMemory = () => 1024 * 2 ** 20
+      expect(usableMemoryMb()).toBe(1024)
+      expect(loadConfig({}).cacheMaxMb).toBe(128)
+      // Node's answer without a limit, and a limit above the machine's memory ("max" read as a huge number).
+      process.constrainedMemory = () => 0
+      expect(usableMemoryMb()).toBe(Math.floor(totalmem() / 2 ** 20))
+      process.constrainedMemory = () => 2 ** 62
+      expect(usableMemoryMb()).toBe(Math.floor(totalmem() / 2 ** 20))
+    } finally {
+      process.constrainedMemory = constrained
+    }
   })
 
   test('REDIS_CLUSTER: the seed nodes of REDIS_URL, comma-separated, and the shards (64 unless REDIS_CLUSTER_SHARDS)', () => {
