@@ -17,7 +17,7 @@
 import { existsSync, mkdtempSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { defaultCacheMb, usableMemoryMb } from '../src/config'
+import { loadConfig } from '../src/config'
 import { setLogLevel } from '../src/lib/log'
 import { procCpu } from './proc'
 import { seedBulk } from './seed'
@@ -34,7 +34,9 @@ const BIG = Number(process.env.BENCH_BIG ?? 1_000_000)
 const SMALL = Number(process.env.BENCH_SMALL ?? 2_000)
 // Unset, the bound a server started here with no CACHE_MAX_MB gets; set explicitly all the same, so the
 // summary and the RSS check read the bound the server ran with.
-const CACHE_MAX_MB = process.env.BENCH_CACHE_MAX_MB ?? String(defaultCacheMb(usableMemoryMb(), Number(PROCESSES)))
+const CACHE_MAX_MB =
+  process.env.BENCH_CACHE_MAX_MB ??
+  String(loadConfig({ DATABASE_URL: 'postgres://bench/default', REDIS_URL: 'redis://bench', SERVER_PROCESSES: PROCESSES }).cacheMaxMb)
 // What holds every license of both sets within the warm-up's 90% (an entry is estimated at ~1,120 bytes).
 const HOLDING_BOTH_MB = Math.ceil(((BIG + SMALL) * 1_300) / 0.9 / 2 ** 20)
 const COMPARE = process.env.BENCH_COMPARE

@@ -150,7 +150,8 @@ export const MIN_DEFAULT_CACHE_MB = 32
 
 /**
  * The memory this process may use, in MB: its cgroup's limit in a container (process.constrainedMemory
- * reads it; Node answers 0 without one, Bun the machine's memory), else the machine's.
+ * reads it: Bun the lower of memory.high and memory.max, the machine's memory without one; some Node
+ * versions answer 0 or a huge number then), else the machine's.
  */
 export function usableMemoryMb(): number {
   const machine = totalmem()

@@ -23,6 +23,7 @@ export interface ActorLimits {
   absent: number
 }
 
+// cacheBytes here serves a registry built without settings (a test's); the server's is CACHE_MAX_MB (boot.ts).
 export const ACTOR_LIMITS: ActorLimits = { apps: 10_000, cacheBytes: 256 * 2 ** 20, absent: 20_000 }
 const ABSENT_APPS_PER_MINUTE = 60
 

@@ -69,7 +69,7 @@ export class SessionTokens {
     const dot = token.indexOf('.')
     if (dot <= 0 || dot !== token.lastIndexOf('.')) return null
     const body = token.slice(0, dot)
-    // A MAC part longer than a MAC fills the buffer past MAC_BYTES and is refused like a short one.
+    // A MAC part that decodes to more than MAC_BYTES fills the buffer past them and is refused like a short one.
     const given = this.#givenMac.write(token.slice(dot + 1), 0, 'base64url')
     // Bun writes an HMAC into a caller's array only when it has room for any digest (64 bytes).
     this.#hasher.copy().update(body, 'utf8').digest(this.#wantMac)

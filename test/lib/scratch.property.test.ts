@@ -1,10 +1,12 @@
 /**
  * The scratch encoder (src/lib/scratch.ts) against the Buffer calls it replaces: the same text for
  * any string, lone surrogates and astral characters included, in and past the shared buffer's size,
- * and no answer changed by a later call overwriting the bytes.
+ * and the same signature from signText as from signing the text's own Buffer.
  */
 import { expect, test } from 'bun:test'
 import fc from 'fast-check'
+import { generateKeyPairSync, sign } from 'node:crypto'
+import { signText } from '../../src/lib/crypto'
 import { decodeUtf8Base64, utf8Base64, utf8Bytes } from '../../src/lib/scratch'
 
 const SEED = 20261124
@@ -37,12 +39,21 @@ test('decodeUtf8Base64 reads any text, well-formed base64 or not, as Buffer.from
   )
 })
 
-test('a text larger than the shared buffer is encoded whole, and answers given earlier keep their value', () => {
+test('a text larger than the shared buffer is encoded whole, whether its characters fit the buffer or only its bytes', () => {
+  const ascii = 'a'.repeat(40_000)
+  expect(utf8Base64(ascii, 'base64')).toBe(Buffer.from(ascii, 'utf8').toString('base64'))
   const large = `${'é€😀'.repeat(30_000)}\ud800end`
-  const small = 'payload é€😀'
-  const before = utf8Base64(small, 'base64')
   expect(utf8Base64(large, 'base64')).toBe(Buffer.from(large, 'utf8').toString('base64'))
   expect(decodeUtf8Base64(Buffer.from(large, 'utf8').toString('base64url'), 'base64url')).toBe(Buffer.from(large, 'utf8').toString('utf8'))
   expect(Buffer.compare(utf8Bytes(large), Buffer.from(large, 'utf8'))).toBe(0)
-  expect(before).toBe(Buffer.from(small, 'utf8').toString('base64'))
+})
+
+test('signText signs the UTF-8 of the text, as signing a Buffer of it does', () => {
+  const { privateKey } = generateKeyPairSync('ed25519')
+  fc.assert(
+    fc.property(text, (s) => {
+      expect(signText(s, privateKey)).toBe(sign(null, Buffer.from(s, 'utf8'), privateKey).toString('base64'))
+    }),
+    { seed: SEED, numRuns: 300 },
+  )
 })
