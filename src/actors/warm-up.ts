@@ -11,6 +11,14 @@ const FILL = 0.9
 const MAX_RESTARTS = 5
 /** After a failed pass (PostgreSQL or the store unreachable at start), the next one. */
 const RETRY_MS = 5_000
+/**
+ * Passes start at most once this often after the first two (the start and one refill go at once): a
+ * store connection that keeps being replaced empties the cache each time, and a pass reads up to 90% of
+ * CACHE_MAX_MB in every process, which would keep PostgreSQL and the server busy re-reading licenses
+ * few requests ask for. Between passes, misses load as they are asked for.
+ */
+const PASS_EVERY_MS = 60_000
+const PASS_BURST = 2
 
 /** What the warm-up reads and where it puts it (the registry). */
 export interface WarmUpWiring {
@@ -48,10 +56,12 @@ export class CacheWarmUp {
   #again = false
   #stopped = false
   #retry: ReturnType<typeof setTimeout> | null = null
+  /** When the next pass may start without using the burst (GCRA over pass starts). */
+  #nextPassAt = Number.NEGATIVE_INFINITY
 
   constructor(
     private readonly wiring: WarmUpWiring,
-    private readonly retryMs = RETRY_MS,
+    private readonly timing = { retryMs: RETRY_MS, passEveryMs: PASS_EVERY_MS },
   ) {}
 
   /** Starts a pass, or asks the one under way to start over (its entries went with a generation change). */
@@ -60,7 +70,9 @@ export class CacheWarmUp {
     this.#again = true
     if (this.#retry) clearTimeout(this.#retry)
     this.#retry = null
-    this.#running ??= this.#passes()
+    // A pass under way takes the request itself (its loop asks for the turn of the next one).
+    if (this.#running || this.#deferred()) return
+    this.#running = this.#passes()
   }
 
   /** Resolves when no pass is under way. */
@@ -87,8 +99,7 @@ export class CacheWarmUp {
         } catch (err) {
           if (this.#stopped) return
           logEvery('warn', 'license cache warm-up failed: licenses load on first use until a later pass', () => errorFields(err))
-          this.#retry = setTimeout(() => this.start(), this.retryMs)
-          this.#retry.unref()
+          this.#startIn(this.timing.retryMs)
           return
         }
         if (this.#stopped) return
@@ -97,12 +108,34 @@ export class CacheWarmUp {
           log.warn('license cache warm-up keeps being cut short by store generation changes: licenses load on first use')
           return
         }
+        // Asked again (cut short, or a start() meanwhile): the next pass waits for its turn.
+        if (this.#again && !this.#stopped && this.#deferred()) return
       }
     } finally {
       // In the same step as the loop's last look at #again (the pass awaited at least once, so
       // start() has assigned #running by now): a start() from here on begins a new pass.
       this.#running = null
     }
+  }
+
+  /** Whether the next pass must wait for its turn (then start() is called when it comes); otherwise the pass is counted. */
+  #deferred(): boolean {
+    const now = performance.now()
+    const { passEveryMs } = this.timing
+    const next = Math.max(this.#nextPassAt, now)
+    const wait = next - now - (PASS_BURST - 1) * passEveryMs
+    if (wait <= 0) {
+      this.#nextPassAt = next + passEveryMs
+      return false
+    }
+    logEvery('warn', 'license cache warm-up deferred: the cache keeps being emptied (store reconnects); licenses load on first use meanwhile', () => ({ waitMs: Math.round(wait) }))
+    this.#startIn(wait)
+    return true
+  }
+
+  #startIn(ms: number): void {
+    this.#retry = setTimeout(() => this.start(), ms)
+    this.#retry.unref()
   }
 
   /** One pass from the first key; the licenses it cached, or null when a generation change cut it short. */

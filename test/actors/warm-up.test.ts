@@ -116,7 +116,7 @@ for (const when of ['just before the epoch read', 'between the epoch read and th
 }
 
 /** CacheWarmUp over `keys` of one app, in pages of 1,000, with every call counted and hooks to steer it. */
-function fakeWarmUp(licenseKeys: string[], retryMs = 10) {
+function fakeWarmUp(licenseKeys: string[], timing = { retryMs: 10, passEveryMs: 0 }) {
   const seen = { pages: 0, kept: [] as string[], generation: 1, down: false, afterPage: null as null | ((last: boolean) => void) }
   const warm = new CacheWarmUp(
     {
@@ -136,7 +136,7 @@ function fakeWarmUp(licenseKeys: string[], retryMs = 10) {
       admitsApp: () => true,
       generation: () => seen.generation,
     },
-    retryMs,
+    timing,
   )
   return { warm, seen }
 }
@@ -186,6 +186,28 @@ test('a generation change read by the warm-up mid-pass restarts the pass once, u
   // Page 1 cached under generation 1, page 2 found generation 2: the pass began again and cached all.
   expect(seen.kept.length).toBe(1_000 + licenseKeys.length)
   expect(seen.pages).toBe(2 + 4)
+})
+
+test('after the start and one refill, passes wait their turn: a store that keeps reconnecting gets one pass per interval', async () => {
+  const { warm, seen } = fakeWarmUp(['K-1'], { retryMs: 10, passEveryMs: 300 })
+  const pass = async () => {
+    warm.start()
+    await warm.idle()
+    return seen.pages
+  }
+  // Each pass reads two pages (the key, then an empty page).
+  expect(await pass()).toBe(2)
+  expect(await pass()).toBe(4)
+  const deferredAt = performance.now()
+  expect(await pass()).toBe(4)
+  // Asked again meanwhile: still one pass, when its turn comes.
+  await Bun.sleep(100)
+  expect(await pass()).toBe(4)
+  expect(await until(async () => seen.pages, (n) => n > 4, 2_000)).toBe(6)
+  expect(performance.now() - deferredAt).toBeGreaterThan(250)
+  await Bun.sleep(100)
+  expect(seen.pages).toBe(6)
+  await warm.stop()
 })
 
 test('stop() ends a pass after its current page', async () => {
