@@ -7,8 +7,6 @@ import { type CachedLicense, licenseBytes } from './load'
 const PAGE = 1_000
 /** The warm-up stops once the cache holds this share of its bound: the rest is left to the misses of live traffic. */
 const FILL = 0.9
-/** Passes in a row cut short by generation changes before the warm-up waits for the next one. */
-const MAX_RESTARTS = 5
 /** After a failed pass (PostgreSQL or the store unreachable at start), the next one. */
 const RETRY_MS = 5_000
 /**
@@ -58,6 +56,7 @@ export class CacheWarmUp {
   #retry: ReturnType<typeof setTimeout> | null = null
   /** When the next pass may start without using the burst (GCRA over pass starts). */
   #nextPassAt = Number.NEGATIVE_INFINITY
+  #cachedThisPass = 0
 
   constructor(
     private readonly wiring: WarmUpWiring,
@@ -88,7 +87,6 @@ export class CacheWarmUp {
   }
 
   async #passes(): Promise<void> {
-    let restarts = 0
     try {
       while (this.#again && !this.#stopped) {
         this.#again = false
@@ -98,17 +96,17 @@ export class CacheWarmUp {
           cached = await this.#pass()
         } catch (err) {
           if (this.#stopped) return
+          // A pass that failed before caching anything (PostgreSQL still starting) read next to nothing:
+          // it does not take a turn, so the retry comes after retryMs, not after the pacing's minute.
+          if (this.#cachedThisPass === 0) this.#nextPassAt -= this.timing.passEveryMs
           logEvery('warn', 'license cache warm-up failed: licenses load on first use until a later pass', () => errorFields(err))
           this.#startIn(this.timing.retryMs)
           return
         }
         if (this.#stopped) return
         if (cached !== null) log.info('license cache warmed', { licenses: cached, ms: Math.round(performance.now() - startedAt) })
-        else if (++restarts === MAX_RESTARTS) {
-          log.warn('license cache warm-up keeps being cut short by store generation changes: licenses load on first use')
-          return
-        }
-        // Asked again (cut short, or a start() meanwhile): the next pass waits for its turn.
+        // Asked again (cut short, or a start() meanwhile): the next pass waits for its turn, so passes cut
+        // short by generation changes repeat at most once an interval.
         if (this.#again && !this.#stopped && this.#deferred()) return
       }
     } finally {
@@ -144,6 +142,7 @@ export class CacheWarmUp {
     let generation: number | null = null
     let after = ''
     let cached = 0
+    this.#cachedThisPass = 0
     while (!this.#stopped && !this.#again && w.hasRoom(FILL, 0)) {
       const page = await w.keyPage(after, PAGE)
       if (page.length === 0) break
@@ -168,7 +167,7 @@ export class CacheWarmUp {
         // the entry's own size: a page must not push out what an earlier one cached.
         if (!w.admitsApp(FILL, appId)) continue
         if (!w.hasRoom(FILL, licenseBytes(row))) return cached
-        if (w.keepIfMissing(appId, key, read.epochs[i] ?? 0, row, generation)) cached++
+        if (w.keepIfMissing(appId, key, read.epochs[i] ?? 0, row, generation)) this.#cachedThisPass = ++cached
       }
     }
     return this.#again ? null : cached
