@@ -56,6 +56,7 @@ export class CacheWarmUp {
   #retry: ReturnType<typeof setTimeout> | null = null
   /** When the next pass may start without using the burst (GCRA over pass starts). */
   #nextPassAt = Number.NEGATIVE_INFINITY
+  /** Licenses the pass under way (or the last one) cached. */
   #cachedThisPass = 0
 
   constructor(
@@ -141,7 +142,6 @@ export class CacheWarmUp {
     const w = this.wiring
     let generation: number | null = null
     let after = ''
-    let cached = 0
     this.#cachedThisPass = 0
     while (!this.#stopped && !this.#again && w.hasRoom(FILL, 0)) {
       const page = await w.keyPage(after, PAGE)
@@ -166,11 +166,11 @@ export class CacheWarmUp {
         // Checked per entry (an earlier entry of the page may have taken the last app place), the bytes with
         // the entry's own size: a page must not push out what an earlier one cached.
         if (!w.admitsApp(FILL, appId)) continue
-        if (!w.hasRoom(FILL, licenseBytes(row))) return cached
-        if (w.keepIfMissing(appId, key, read.epochs[i] ?? 0, row, generation)) this.#cachedThisPass = ++cached
+        if (!w.hasRoom(FILL, licenseBytes(row))) return this.#cachedThisPass
+        if (w.keepIfMissing(appId, key, read.epochs[i] ?? 0, row, generation)) this.#cachedThisPass++
       }
     }
-    return this.#again ? null : cached
+    return this.#again ? null : this.#cachedThisPass
   }
 
   /** The entries of this pass's generation went with it: the pass starts over under the new one. */
