@@ -1,9 +1,9 @@
 /**
  * Text encoded to UTF-8 in one buffer reused by every call on this thread, for bytes that are only read
  * back at once (as base64, or by a signature): a signed response encodes three texts, and a Buffer
- * allocated for each is memory the collector must find and free, which a load test measured at ~5 µs
- * a request, several times what the encoding itself costs. Synchronous use only: the next call
- * overwrites the bytes.
+ * allocated for each is memory the collector must find and free, which a closed in-process loop of
+ * validates measured at 3–6 µs a request, several times what the encoding itself costs. Synchronous
+ * use only: the next call overwrites the bytes.
  */
 const buffer = Buffer.allocUnsafe(64 * 1024)
 
