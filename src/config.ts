@@ -145,8 +145,8 @@ function hostSetting(env: Env, name: string, fallback: string): string {
  * host or container with room for its licenses holds them all (a million take ~1,300 MB) and a small
  * one is not pushed past its memory by the default; never below MIN_DEFAULT_CACHE_MB.
  */
-export const DEFAULT_CACHE_SHARE = 1 / 8
-export const MIN_DEFAULT_CACHE_MB = 32
+const DEFAULT_CACHE_SHARE = 1 / 8
+const MIN_DEFAULT_CACHE_MB = 32
 
 /**
  * The memory this process may use, in MB: its cgroup's limit in a container (process.constrainedMemory
