@@ -227,7 +227,8 @@ export function createApp(ctx: Context, scrape = new ServerMetrics(ctx, { kind: 
   // schema lacks is an error (500) rather than trimmed. strictPath: a trailing slash would otherwise
   // reach the parent route, and clients collapse a `.` or `..` path segment (an HWID being released) into
   // one: `DELETE /v1/licenses/K/hwids/..` must not become `DELETE /v1/licenses/K`.
-  return new Elysia({ name: 'license-service', normalize: false, strictPath: true })
+  const app = new Elysia({ name: 'license-service', normalize: false, strictPath: true })
+  return app
     .use(httpObservation(metrics))
     .onParse(async ({ request, path }) => {
       if (request.method === 'GET' || request.method === 'HEAD') return
@@ -290,7 +291,7 @@ export function createApp(ctx: Context, scrape = new ServerMetrics(ctx, { kind: 
     .use(variableRoutes(ctx))
     .use(securityRoutes(ctx))
     .use(webhookRoutes(ctx))
-    .use(clientRoutes(ctx))
+    .use(clientRoutes(ctx, () => app.server))
 }
 
 export type App = ReturnType<typeof createApp>

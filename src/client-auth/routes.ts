@@ -16,13 +16,19 @@ const security: [] = []
 /** What every request naming an app can fail with before the endpoint's own checks: the app, its sandbox ceiling. */
 const APP_CHECKS = ['invalid_app', 'app_disabled', 'demo_quota_exceeded'] as const
 
-export const clientRoutes = (ctx: Context) => {
+/** What the client IP is read from: the listening server, null in-process (app.handle). */
+export type PeerSource = () => { requestIP(r: Request): { address: string } | null } | null
+
+/**
+ * `serverOf` is read per request rather than the handler context's `server`: Elysia defines that as a
+ * getter on every request's context, an Object.defineProperty per request on the hot path.
+ */
+export const clientRoutes = (ctx: Context, serverOf: PeerSource) => {
   const addresses = new ClientAddresses(ctx.config.trustedProxies)
-  const ipOf = (request: Request, server: { requestIP(r: Request): { address: string } | null } | null) =>
-    addresses.of(server?.requestIP(request)?.address ?? null, request.headers.get('x-forwarded-for'))
+  const ipOf = (request: Request) => addresses.of(serverOf()?.requestIP(request)?.address ?? null, request.headers.get('x-forwarded-for'))
   return new Elysia({ name: 'routes-client', prefix: '/auth' })
     .model({ [SIGNED_PAYLOAD_MODEL]: SignedPayload })
-    .post('/validate', (context) => validate(ctx, context.body, ipOf(context.request, context.server), requestIdOf(context.request)), {
+    .post('/validate', (context) => validate(ctx, context.body, ipOf(context.request), requestIdOf(context.request)), {
       body: ValidateBody,
       response: {
         200: SignedResponse,
@@ -40,7 +46,7 @@ export const clientRoutes = (ctx: Context) => {
           'signed with the app key. Unlimited-seat keys bind nothing and never give hwid_mismatch.',
       },
     })
-    .post('/heartbeat', (context) => heartbeat(ctx, context.body, ipOf(context.request, context.server), requestIdOf(context.request)), {
+    .post('/heartbeat', (context) => heartbeat(ctx, context.body, ipOf(context.request), requestIdOf(context.request)), {
       body: HeartbeatBody,
       response: {
         200: SignedResponse,
@@ -57,7 +63,7 @@ export const clientRoutes = (ctx: Context) => {
           'costs 1 credit on billed apps. The optional nonce is echoed, not enforced.',
       },
     })
-    .post('/selfban', (context) => selfban(ctx, context.body, ipOf(context.request, context.server), requestIdOf(context.request)), {
+    .post('/selfban', (context) => selfban(ctx, context.body, ipOf(context.request), requestIdOf(context.request)), {
       body: SelfbanBody,
       response: {
         200: SelfbanResponse,
