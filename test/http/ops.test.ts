@@ -112,7 +112,7 @@ describe('/metrics', () => {
     ).toEndWith(' 2')
   })
 
-  test('error statuses are recorded as sent: validation 400 and thrown API errors', async () => {
+  test('error statuses are recorded as sent: validation 400, thrown API errors, a response off its schema', async () => {
     const { app, req } = await makeTestApp()
     const { t } = await import('elysia')
     const { ApiError } = await import('../../src/lib/errors')
@@ -128,16 +128,26 @@ describe('/metrics', () => {
             throw new ApiError('forbidden', 403, 'no')
           },
           { detail: { hide: true } },
-        ),
+        )
+        // Its handler returns, then the schema check fails: counted once, as the 500 sent.
+        .get('/v1/off-schema', () => ({ n: 'x' }) as unknown as { n: number }, {
+          response: t.Object({ n: t.Number() }),
+          detail: { hide: true },
+        }),
     )
     expect((await req('POST', '/v1/echo', { body: { n: 'x' } })).status).toBe(400)
     expect((await req('GET', '/v1/gone')).status).toBe(403)
+    expect((await req('GET', '/v1/off-schema')).status).toBe(500)
     const text = await until(async () => {
       const body = (await req('GET', '/metrics')).body as string
-      return body.includes('route="/v1/gone"') && body.includes('route="/v1/echo"')
+      return body.includes('route="/v1/gone"') && body.includes('route="/v1/echo"') && body.includes('route="/v1/off-schema"')
         ? body
         : undefined
     })
+    expect(
+      metricLine(text, 'http_requests_total', 'method="GET",route="/v1/off-schema",status="500"'),
+    ).toEndWith(' 1')
+    expect(text).not.toContain('route="/v1/off-schema",status="200"')
     expect(
       metricLine(text, 'http_requests_total', 'method="POST",route="/v1/echo",status="400"'),
     ).toEndWith(' 1')
