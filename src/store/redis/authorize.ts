@@ -23,11 +23,11 @@ interface PendingAuthorize {
 }
 
 /**
- * The public requests of one shard that arrived while its previous call was in flight go out together
- * as one script call (authorize-script.ts), answered as one array. One call per round trip instead of
- * one per request saves a command, a Lua call and a share of the loopback writes and wake-ups each;
- * under load a call carries 10 to 20. A call runs on one shard's slot, so each shard has its own
- * batch and its own call in flight (one of each on a single Redis).
+ * The public requests of one shard that arrived while its previous call was in flight, or in the turn
+ * of the loop after it came back, go out together as one script call (authorize-script.ts), answered
+ * as one array. One call per round trip instead of one per request saves a command, a Lua call and a
+ * share of the loopback writes and wake-ups each. A call runs on one shard's slot, so each shard has
+ * its own batch and its own call in flight (one of each on a single Redis).
  */
 export class RedisAuthorizer implements Authorizer {
   // The first request after a quiet spell goes at once (a microtask); later ones wait for the call in
@@ -83,9 +83,8 @@ export class RedisAuthorizer implements Authorizer {
     if (sent.length === 0) return undefined
     const cluster = this.conn.shards > 1 ? '1' : '0'
     const reply = this.conn.redis.lsAuthorize(keys.generation(shard), call.packed(), this.conn.storeGeneration(shard), randomUUID(), cluster)
-    // Registered before the batcher's own callback on the same promise, so the batcher sends what
-    // queued meanwhile right after this runs and before the callers' continuations: Redis works on the
-    // next batch while this one's requests go on.
+    // Registered before the batcher's own callback on the same promise: the callers are answered
+    // first, and what queued meanwhile goes a turn of the loop later with the requests read in it.
     reply.then(
       (replies) => this.#settle(sent, shard, sentAt, replies, null),
       (err: unknown) => this.#settle(sent, shard, sentAt, null, err),
