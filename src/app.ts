@@ -219,6 +219,8 @@ function validationMessage(error: unknown): string {
 /**
  * The server's routes. `scrape` is what /metrics answers (main.ts's knows the other server processes;
  * by default this process alone); with METRICS_PORT set, /metrics is on that listener instead, and here 404.
+ * The returned app is the one to listen (or to `handle` in-process): the client routes read the peer's
+ * address from its server, and mounted inside another app they would see none.
  */
 export function createApp(ctx: Context, scrape = new ServerMetrics(ctx, { kind: 'single' })) {
   const { metrics } = ctx

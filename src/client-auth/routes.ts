@@ -16,16 +16,16 @@ const security: [] = []
 /** What every request naming an app can fail with before the endpoint's own checks: the app, its sandbox ceiling. */
 const APP_CHECKS = ['invalid_app', 'app_disabled', 'demo_quota_exceeded'] as const
 
-/** What the client IP is read from: the listening server, null in-process (app.handle). */
-export type PeerSource = () => { requestIP(r: Request): { address: string } | null } | null
+/** The listening server, whose peer addresses the client IPs come from; null in-process (app.handle). */
+export type ListeningServer = () => { requestIP(r: Request): { address: string } | null } | null
 
 /**
- * `serverOf` is read per request rather than the handler context's `server`: Elysia defines that as a
+ * `server` is read per request rather than the handler context's `server`: Elysia defines that as a
  * getter on every request's context, an Object.defineProperty per request on the hot path.
  */
-export const clientRoutes = (ctx: Context, serverOf: PeerSource) => {
+export const clientRoutes = (ctx: Context, server: ListeningServer) => {
   const addresses = new ClientAddresses(ctx.config.trustedProxies)
-  const ipOf = (request: Request) => addresses.of(serverOf()?.requestIP(request)?.address ?? null, request.headers.get('x-forwarded-for'))
+  const ipOf = (request: Request) => addresses.of(server()?.requestIP(request)?.address ?? null, request.headers.get('x-forwarded-for'))
   return new Elysia({ name: 'routes-client', prefix: '/auth' })
     .model({ [SIGNED_PAYLOAD_MODEL]: SignedPayload })
     .post('/validate', (context) => validate(ctx, context.body, ipOf(context.request), requestIdOf(context.request)), {
