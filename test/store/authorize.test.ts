@@ -262,4 +262,24 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: one authorize call in flight', ()
       await store.close()
     }
   })
+
+  test('a call that throws before it is sent fails its own requests and holds up no later one', async () => {
+    const store = new RedisStore(TEST_REDIS_URL as string)
+    try {
+      const original = store.redis.lsAuthorize.bind(store.redis)
+      let throwNext = true
+      store.redis.lsAuthorize = (...args: Parameters<typeof original>) => {
+        if (!throwNext) return original(...args)
+        throwNext = false
+        throw new Error('refused before sending')
+      }
+      const read = await store.snapshot([PROBE])
+      const input = (): AuthorizeInput => request(read.generation, Date.now(), { shard: S, nonce: { key: `ls:test:n:${randomUUID()}`, ttlSeconds: 60 } })
+      const refused = Promise.all([store.authorize(input()), store.authorize(input())])
+      await expect(refused).rejects.toThrow('refused before sending')
+      expect((await store.authorize(input())).kind).toBe('ok')
+    } finally {
+      await store.close()
+    }
+  })
 })

@@ -31,7 +31,7 @@ interface PendingAuthorize {
  */
 export class RedisAuthorizer implements Authorizer {
   // The first request after a quiet spell goes at once (a microtask); later ones wait for the call in
-  // flight to come back. At most one batcher per shard.
+  // flight to come back, and one turn of the loop more. At most one batcher per shard.
   readonly #batchers = new Map<Shard, TurnBatcher<PendingAuthorize>>()
 
   constructor(
@@ -82,9 +82,15 @@ export class RedisAuthorizer implements Authorizer {
     }
     if (sent.length === 0) return undefined
     const cluster = this.conn.shards > 1 ? '1' : '0'
-    const reply = this.conn.redis.lsAuthorize(keys.generation(shard), call.packed(), this.conn.storeGeneration(shard), randomUUID(), cluster)
-    // Registered before the batcher's own callback on the same promise: the callers are answered
-    // first, and what queued meanwhile goes a turn of the loop later with the requests read in it.
+    let reply: ReturnType<AuthorizeCommands['lsAuthorize']>
+    try {
+      reply = this.conn.redis.lsAuthorize(keys.generation(shard), call.packed(), this.conn.storeGeneration(shard), randomUUID(), cluster)
+    } catch (err) {
+      // The batcher drops a batch whose send throws: its callers would wait for ever.
+      for (const p of sent) p.reject(err)
+      return undefined
+    }
+    // What queued meanwhile goes a turn of the loop later (TurnBatcher), with the requests read in it.
     reply.then(
       (replies) => this.#settle(sent, shard, sentAt, replies, null),
       (err: unknown) => this.#settle(sent, shard, sentAt, null, err),
