@@ -33,7 +33,8 @@ export interface LicenseLoadsWiring {
  * epoch (each miss taking its own admission token first; a refused one loads nothing and does not
  * hold up the others), then one PostgreSQL query reads every admitted row, a key asked twice once.
  * The rule that makes caching safe holds per entry: its epoch was read before its row, and it is kept
- * under the generation that read saw. One batch in flight: misses arriving meanwhile travel in the next.
+ * under the generation that read saw. One batch in flight: misses arriving meanwhile, or in the turn
+ * after it is served, travel in the next.
  */
 export class LicenseLoads {
   readonly #batcher = new TurnBatcher<Miss>((misses) => this.#serve(misses), { oneInFlight: true })
