@@ -17,6 +17,16 @@ function recordingSend() {
   return { calls, send }
 }
 
+/** A oneInFlight batcher over recordingSend, with its first call (of item 1) made and settled. */
+async function afterOneCall() {
+  const { calls, send } = recordingSend()
+  const batcher = new TurnBatcher<number>(send, { oneInFlight: true })
+  batcher.add(1)
+  await Promise.resolve()
+  calls[0]!.settle()
+  return { calls, batcher }
+}
+
 describe('TurnBatcher', () => {
   test('what one turn adds goes in one call, before the next turn', async () => {
     const batches: number[][] = []
@@ -52,11 +62,7 @@ describe('TurnBatcher', () => {
   })
 
   test('oneInFlight: with nothing waiting as a call settles, what the next turn reads still goes as one call', async () => {
-    const { calls, send } = recordingSend()
-    const batcher = new TurnBatcher<number>(send, { oneInFlight: true })
-    batcher.add(1)
-    await Promise.resolve()
-    calls[0]!.settle()
+    const { calls, batcher } = await afterOneCall()
     await Promise.resolve()
     batcher.add(2)
     await Promise.resolve()
@@ -66,11 +72,7 @@ describe('TurnBatcher', () => {
   })
 
   test('oneInFlight: an item that finds nothing in flight or waiting goes at once', async () => {
-    const { calls, send } = recordingSend()
-    const batcher = new TurnBatcher<number>(send, { oneInFlight: true })
-    batcher.add(1)
-    await Promise.resolve()
-    calls[0]!.settle()
+    const { calls, batcher } = await afterOneCall()
     await turns(2)
     batcher.add(2)
     await Promise.resolve()
