@@ -27,9 +27,10 @@ export const PROGRAM = 'bun run cli'
 const UUID_ANYWHERE = /[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}/gi
 const SECRET_SHAPED = /svc_live_|whsec_|[A-Za-z0-9_-]{32,}/i
 
+const looksSecret = (text: string) => SECRET_SHAPED.test(text.replace(UUID_ANYWHERE, ' '))
+
 /** The user's text as an error message shows it: in quotes, or not at all when it looks like a secret. */
-export const quoted = (text: string): string =>
-  SECRET_SHAPED.test(text.replace(UUID_ANYWHERE, ' ')) ? 'a value shaped like a key or secret (not shown)' : `"${text}"`
+export const quoted = (text: string): string => (looksSecret(text) ? 'a value shaped like a key or secret (not shown)' : `"${text}"`)
 
 interface ValueFlag {
   type: 'string'
@@ -215,6 +216,15 @@ export type Invocation = { help: string } | { command: CommandName; flags: Reado
 export function parseInvocation(argv: readonly string[]): Invocation {
   const { tokens } = parseArgs({ args: [...argv], options: PARSE_OPTIONS, strict: false, allowPositionals: true, tokens: true })
   const words = tokens.flatMap((t) => (t.kind === 'positional' ? [t.value] : []))
+  const name = words.slice(0, 2).join(' ')
+  // A key or secret starting with a dash reads as flags: `-7z9…h…` as a group of one-letter flags that
+  // asked for help, `--svc_live_…` as a flag an error would quote. Refused as what it is, first.
+  for (const token of tokens) {
+    if (token.kind !== 'option') continue
+    const raw = argv[token.index] ?? ''
+    const flag = raw.startsWith('--') ? raw.split('=', 1)[0]! : raw
+    if (looksSecret(flag)) throw new UsageError(`unexpected argument ${quoted(flag)}`, isCommand(name) ? name : undefined)
+  }
   const wantsHelp = tokens.some((t) => t.kind === 'option' && t.name === 'help')
   if (words[0] === 'help') {
     const topic = words.slice(1, 3).join(' ')
@@ -222,7 +232,6 @@ export function parseInvocation(argv: readonly string[]): Invocation {
     if (isCommand(topic)) return { help: helpText(topic) }
     throw new UsageError(`no command ${quoted(topic)}`)
   }
-  const name = words.slice(0, 2).join(' ')
   if (!isCommand(name)) {
     if (words.length === 0) {
       if (wantsHelp) return { help: helpText() }

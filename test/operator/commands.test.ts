@@ -28,11 +28,24 @@ describe('operator commands: what an error quotes back', () => {
     ['a key or secret as --add', (s: string) => ['account', 'credits', '--account', SOME_UUID, '--add', s]],
     ['a key or secret as --limit', (s: string) => ['account', 'list', '--limit', s]],
   ])('%s is named, never shown', (_, argv) => {
-    for (const secret of [apiKey, appSecret, webhookSecret, apiKey.slice('svc_live_'.length)]) {
+    // A bare key starts with a dash one time in 64: read as one-letter flags, with an h among them as help.
+    const dashed = `-h${appSecret.slice(2)}`
+    for (const secret of [apiKey, appSecret, webhookSecret, apiKey.slice('svc_live_'.length), dashed]) {
       const message = problem(argv(secret))
       expect(message).toContain('a value shaped like a key or secret (not shown)')
       expect(message).not.toContain(secret)
     }
+  })
+
+  test('a key pasted as a flag of its own is named, never shown', () => {
+    for (const argv of [['apikey', 'revoke', `--${apiKey}`], [`--${apiKey}`], ['help', `--${appSecret}`]]) {
+      const message = problem(argv)
+      expect(message).toContain('a value shaped like a key or secret (not shown)')
+      expect(message).not.toContain(apiKey.slice('svc_live_'.length))
+      expect(message).not.toContain(appSecret)
+    }
+    // Its value after `=` is a value: `--key=svc_live_…` is how a key is given.
+    expect(parseCommand(['apikey', 'revoke', `--key=${apiKey}`])).toEqual({ command: { kind: 'apikey revoke', key: apiKey } })
   })
 
   test('an ordinary mistake is still quoted back, a UUID-like id too', () => {
