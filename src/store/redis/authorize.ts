@@ -90,7 +90,6 @@ export class RedisAuthorizer implements Authorizer {
       for (const p of sent) p.reject(err)
       return undefined
     }
-    // What queued meanwhile goes a turn of the loop later (TurnBatcher), with the requests read in it.
     reply.then(
       (replies) => this.#settle(sent, shard, sentAt, replies, null),
       (err: unknown) => this.#settle(sent, shard, sentAt, null, err),
