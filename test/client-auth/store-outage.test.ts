@@ -1,4 +1,5 @@
 import { afterAll, expect, test } from 'bun:test'
+import { Redis } from 'ioredis'
 import { RedisStore } from '../../src/store/redis'
 import { makeTestApp } from '../support/helpers'
 import { decode, hwid, insertLicense, nonce } from '../support/client'
@@ -91,4 +92,46 @@ test('Redis killed under load: a real app is never answered invalid_app, however
   const beat = await t.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken: token, hwid: h } })
   expect(beat.status, JSON.stringify(beat.body)).toBe(200)
   await redis.start()
+})
+
+test('Redis that stops answering without closing the connection: validate fails closed and heartbeat fails open by the deadline, and a charge Redis made late is given back', async () => {
+  const stalled = await ownRedis()
+  const quiet = new RedisStore(stalled.url, { authorizeTimeoutMs: 300 })
+  const admin = new Redis(stalled.url)
+  try {
+    const app = await makeTestApp({ store: quiet })
+    const s = await app.seed({ credits: 10 })
+    const licenseKey = await insertLicense(app.ctx, s.appId)
+    const h = hwid()
+    const validate = () =>
+      app.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: h, nonce: nonce() } })
+    const credits = async () => (await app.req('GET', '/v1/account', { apiKey: s.apiKey })).body.credits
+    const first = await validate()
+    expect(first.status, JSON.stringify(first.body)).toBe(200)
+    const sessionToken = decode(first.body.payload).sessionToken
+    expect(await credits()).toBe(9)
+
+    // Redis keeps the connection and reads the commands, but runs none for 1.5 s.
+    const pausedMs = 1500
+    await admin.call('CLIENT', 'PAUSE', String(pausedMs), 'ALL')
+    const pausedAt = Date.now()
+    const [closed, open] = await Promise.all([
+      validate(),
+      app.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken, hwid: h } }),
+    ])
+    expect(Date.now() - pausedAt).toBeLessThan(pausedMs - 300)
+    expect(closed.body).toEqual({ status: 'failed', error: 'system_error' })
+    expect(open.status, JSON.stringify(open.body)).toBe(200)
+    expect(decode(open.body.payload).licenseKey).toBe(licenseKey)
+
+    // Once Redis runs the held validate it charges for it; the client was told it failed, so that comes back.
+    await Bun.sleep(pausedMs - (Date.now() - pausedAt) + 100)
+    expect(await until(credits, (n) => n === 9, 3000)).toBe(9)
+    expect((await validate()).status).toBe(200)
+    expect(await credits()).toBe(8)
+  } finally {
+    admin.disconnect()
+    await quiet.close()
+    await stalled.stop()
+  }
 })

@@ -4,6 +4,7 @@ import { MemoryStore } from '../../src/store/memory'
 import { RedisStore } from '../../src/store/redis'
 import { type AuthorizeInput, keys, type Store } from '../../src/store/store'
 import { TEST_REDIS_URL } from '../support/helpers'
+import { until } from '../support/servers'
 import { request } from './request'
 
 /** The one shard of a single Redis and of the in-process store; PROBE names it to a snapshot. */
@@ -278,6 +279,43 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: one authorize call in flight', ()
       const refused = Promise.all([store.authorize(input()), store.authorize(input())])
       await expect(refused).rejects.toThrow('refused before sending')
       expect((await store.authorize(input())).kind).toBe('ok')
+    } finally {
+      await store.close()
+    }
+  })
+
+  test('a call Redis does not answer in time fails its own requests, holds up no later one, and what it charged late is given back', async () => {
+    const store = new RedisStore(TEST_REDIS_URL as string, { authorizeTimeoutMs: 200 })
+    try {
+      // The first call reaches Redis and runs, but its reply is held back, as over a stalled connection.
+      const original = store.redis.lsAuthorize.bind(store.redis)
+      let deliver = () => {}
+      let holdNext = true
+      store.redis.lsAuthorize = (...args: Parameters<typeof original>) => {
+        const call = original(...args)
+        if (!holdNext) return call
+        holdNext = false
+        const held = new Promise<void>((resolve) => {
+          deliver = resolve
+        })
+        return call.then(async (reply) => {
+          await held
+          return reply
+        })
+      }
+      const acct = randomUUID()
+      await store.loadBalance(acct, { epoch: 0, flushId: null }, 5, false)
+      const read = await store.snapshot([PROBE])
+      const input = () => request(read.generation, Date.now(), { shard: S, charge: { accountId: acct, cost: 1, counter: null } })
+      const started = Date.now()
+      await expect(store.authorize(input())).rejects.toThrow('did not answer')
+      expect(Date.now() - started).toBeLessThan(1000)
+      // Redis did charge it; the next call is not held up behind the silent one.
+      expect(await store.balance(acct)).toBe(4)
+      expect(await store.authorize(input())).toEqual({ kind: 'ok', charged: 1 })
+      expect(await store.balance(acct)).toBe(3)
+      deliver()
+      expect(await until(() => store.balance(acct), (balance) => balance === 4)).toBe(4)
     } finally {
       await store.close()
     }

@@ -16,6 +16,11 @@ export const authorizeScripts: { [name in keyof AuthorizeCommands]: Script } = {
   lsAuthorize: { numberOfKeys: 1, lua: AUTHORIZE, pipelined: false },
 }
 
+type Reply = Awaited<ReturnType<AuthorizeCommands['lsAuthorize']>>
+
+/** How long an authorize call may go unanswered: hundreds of times its usual few milliseconds, the 2 s /readyz gives a ping. */
+const AUTHORIZE_TIMEOUT_MS = 2000
+
 interface PendingAuthorize {
   input: AuthorizeInput
   resolve(result: AuthorizeResult): void
@@ -31,12 +36,13 @@ interface PendingAuthorize {
  */
 export class RedisAuthorizer implements Authorizer {
   // The first request after a quiet spell goes at once (a microtask); later ones wait for the call in
-  // flight to come back, and one turn of the loop more. At most one batcher per shard.
+  // flight to come back (or pass its deadline), and one turn of the loop more. At most one batcher per shard.
   readonly #batchers = new Map<Shard, TurnBatcher<PendingAuthorize>>()
 
   constructor(
     private readonly conn: Connection<AuthorizeCommands>,
     private readonly credits: Pick<Credits, 'refund'>,
+    private readonly timeoutMs = AUTHORIZE_TIMEOUT_MS,
   ) {}
 
   authorize(input: AuthorizeInput): Promise<AuthorizeResult> {
@@ -60,7 +66,7 @@ export class RedisAuthorizer implements Authorizer {
     return { kind: 'new_generation', generation: this.conn.generation }
   }
 
-  /** Sends one call; the promise it returns settles when the reply is in, before the callers are answered. */
+  /** Sends one call; the promise it returns resolves once its callers are answered: by the reply, or as failed at the deadline. */
   #send(shard: Shard, queued: PendingAuthorize[]): Promise<unknown> | undefined {
     const sentAt = this.conn.generation
     let batch = queued
@@ -82,7 +88,7 @@ export class RedisAuthorizer implements Authorizer {
     }
     if (sent.length === 0) return undefined
     const cluster = this.conn.shards > 1 ? '1' : '0'
-    let reply: ReturnType<AuthorizeCommands['lsAuthorize']>
+    let reply: Promise<Reply>
     try {
       reply = this.conn.redis.lsAuthorize(keys.generation(shard), call.packed(), this.conn.storeGeneration(shard), randomUUID(), cluster)
     } catch (err) {
@@ -90,18 +96,40 @@ export class RedisAuthorizer implements Authorizer {
       for (const p of sent) p.reject(err)
       return undefined
     }
-    reply.then(
-      (replies) => this.#settle(sent, shard, sentAt, replies, null),
-      (err: unknown) => this.#settle(sent, shard, sentAt, null, err),
-    )
-    return reply
+    // A Redis that stops answering without closing the connection (a network partition, a stalled host)
+    // would hold these requests, and every later call of the shard queued behind this one, until TCP gives
+    // up, many minutes on: past the deadline they are answered as in an outage, and the batcher moves on.
+    let gaveUp = false
+    return new Promise<void>((callOver) => {
+      const deadline = setTimeout(() => {
+        gaveUp = true
+        const err = new Error(`redis did not answer an authorize call within ${this.timeoutMs} ms`)
+        for (const p of sent) p.reject(err)
+        callOver()
+      }, this.timeoutMs)
+      const settled = (replies: Reply | null, err: unknown) => {
+        clearTimeout(deadline)
+        if (gaveUp) this.#late(sent, replies)
+        else this.#settle(sent, shard, sentAt, replies, err)
+        callOver()
+      }
+      reply.then((replies) => settled(replies, null), (err: unknown) => settled(null, err))
+    })
+  }
+
+  /**
+   * A reply that came after its requests were answered as failed: whatever it charged is given back, as
+   * for a call whose connection was replaced; its nonces stay claimed (the clients retry with new ones).
+   */
+  #late(batch: PendingAuthorize[], reply: Reply | null): void {
+    if (reply && reply[0] !== -1) this.#refundAll(batch, reply as number[])
   }
 
   #settle(
     batch: PendingAuthorize[],
     shard: Shard,
     sentAt: number,
-    reply: [string, ...number[]] | [-1, string] | null,
+    reply: Reply | null,
     err: unknown,
   ): void {
     let replies = reply as number[] | null

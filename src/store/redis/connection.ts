@@ -15,6 +15,8 @@ export interface Script {
 export interface RedisStoreOptions {
   /** Tests: a short connect timeout and no retry storm against a stopped Redis. */
   connectTimeoutMs?: number
+  /** How long an authorize call may go unanswered before its requests are treated as made while Redis was unreachable (authorize.ts). */
+  authorizeTimeoutMs?: number
   /** A Redis Cluster reached through the seed nodes of the URL(s), its accounts spread over this many shards. */
   cluster?: { shards: number } | null
 }

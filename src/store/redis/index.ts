@@ -40,7 +40,7 @@ export class RedisStore implements Store {
     this.#limiter = new RedisLimiter(this.#conn)
     this.#epochs = new RedisEpochs(this.#conn)
     this.#credits = new RedisCredits(this.#conn)
-    this.#authorizer = new RedisAuthorizer(this.#conn, this.#credits)
+    this.#authorizer = new RedisAuthorizer(this.#conn, this.#credits, options.authorizeTimeoutMs)
   }
 
   get shards(): number {
