@@ -123,6 +123,11 @@ test('Redis that stops answering without closing the connection: validate fails 
     expect(closed.body).toEqual({ status: 'failed', error: 'system_error' })
     expect(open.status, JSON.stringify(open.body)).toBe(200)
     expect(decode(open.body.payload).licenseKey).toBe(licenseKey)
+    // While that call is unanswered, the next requests do not wait for their own deadline.
+    const again = Date.now()
+    expect((await app.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken, hwid: h } })).status).toBe(200)
+    expect((await validate()).body).toEqual({ status: 'failed', error: 'system_error' })
+    expect(Date.now() - again).toBeLessThan(500)
 
     // Once Redis runs the held validate it charges for it; the client was told it failed, so that comes back.
     await Bun.sleep(pausedMs - (Date.now() - pausedAt) + 100)

@@ -38,6 +38,8 @@ export class RedisAuthorizer implements Authorizer {
   // The first request after a quiet spell goes at once (a microtask); later ones wait for the call in
   // flight to come back (or pass its deadline), and one turn of the loop more. At most one batcher per shard.
   readonly #batchers = new Map<Shard, TurnBatcher<PendingAuthorize>>()
+  /** Shards with a call past its deadline and still unanswered: their requests fail at once meanwhile. */
+  readonly #overdue = new Set<Shard>()
 
   constructor(
     private readonly conn: Connection<AuthorizeCommands>,
@@ -53,6 +55,10 @@ export class RedisAuthorizer implements Authorizer {
     }
     if (input.generation !== this.conn.generation) return Promise.resolve(this.#newGeneration())
     const { shard } = input
+    // Replies on a connection come in order: behind an overdue one, none would come sooner.
+    if (this.#overdue.size > 0 && this.#overdue.has(shard)) {
+      return Promise.reject(new Error(`redis has not answered an authorize call of shard '${shard}' in ${this.timeoutMs} ms`))
+    }
     let batcher = this.#batchers.get(shard)
     if (!batcher) {
       batcher = new TurnBatcher<PendingAuthorize>((batch) => this.#send(shard, batch), { oneInFlight: true })
@@ -97,20 +103,26 @@ export class RedisAuthorizer implements Authorizer {
       return undefined
     }
     // A Redis that stops answering without closing the connection (a network partition, a stalled host)
-    // would hold these requests, and every later call of the shard queued behind this one, until TCP gives
-    // up, many minutes on: past the deadline they are answered as in an outage, and the batcher moves on.
+    // would hold these requests, and every later one of the shard, until TCP gives up, many minutes on:
+    // past the deadline they are answered as in an outage, and so is every request of the shard until
+    // this call is answered (or its connection closes).
     let gaveUp = false
     return new Promise<void>((callOver) => {
       const deadline = setTimeout(() => {
         gaveUp = true
+        this.#overdue.add(shard)
         const err = new Error(`redis did not answer an authorize call within ${this.timeoutMs} ms`)
         for (const p of sent) p.reject(err)
         callOver()
       }, this.timeoutMs)
       const settled = (replies: Reply | null, err: unknown) => {
         clearTimeout(deadline)
-        if (gaveUp) this.#late(sent, replies)
-        else this.#settle(sent, shard, sentAt, replies, err)
+        if (gaveUp) {
+          this.#overdue.delete(shard)
+          this.#late(sent, replies)
+        } else {
+          this.#settle(sent, shard, sentAt, replies, err)
+        }
         callOver()
       }
       reply.then((replies) => settled(replies, null), (err: unknown) => settled(null, err))
