@@ -55,10 +55,8 @@ export class RedisAuthorizer implements Authorizer {
     }
     if (input.generation !== this.conn.generation) return Promise.resolve(this.#newGeneration())
     const { shard } = input
-    // Replies on a connection come in order: behind an overdue one, none would come sooner.
-    if (this.#overdue.size > 0 && this.#overdue.has(shard)) {
-      return Promise.reject(new Error(`redis has not answered an authorize call of shard '${shard}' in ${this.timeoutMs} ms`))
-    }
+    const overdue = this.#overdueError(shard)
+    if (overdue) return Promise.reject(overdue)
     let batcher = this.#batchers.get(shard)
     if (!batcher) {
       batcher = new TurnBatcher<PendingAuthorize>((batch) => this.#send(shard, batch), { oneInFlight: true })
@@ -72,8 +70,20 @@ export class RedisAuthorizer implements Authorizer {
     return { kind: 'new_generation', generation: this.conn.generation }
   }
 
+  /** Replies on a connection come in order: behind an overdue call of the shard, none would come sooner. */
+  #overdueError(shard: Shard): Error | null {
+    if (this.#overdue.size === 0 || !this.#overdue.has(shard)) return null
+    return new Error(`redis has not answered an authorize call of shard '${shard}' in ${this.timeoutMs} ms`)
+  }
+
   /** Sends one call; the promise it returns resolves once its callers are answered: by the reply, or as failed at the deadline. */
   #send(shard: Shard, queued: PendingAuthorize[]): Promise<unknown> | undefined {
+    // Those that waited for a call that went overdue.
+    const overdue = this.#overdueError(shard)
+    if (overdue) {
+      for (const p of queued) p.reject(overdue)
+      return undefined
+    }
     const sentAt = this.conn.generation
     let batch = queued
     // The generation moved while some of them waited for the call in flight (rare: no copy otherwise).
