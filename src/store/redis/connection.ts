@@ -1,7 +1,7 @@
 import { Cluster, Redis, type RedisOptions } from 'ioredis'
 import { errorFields, log } from '../../lib/log'
 import { storeErrors } from '../../lib/metrics'
-import { type Shard, shardOf } from '../store'
+import { keys, type Shard, shardOf } from '../store'
 
 /** A Lua script sent as a named command (EVALSHA, with one EVAL fallback after a Redis restart). */
 export interface Script {
@@ -57,6 +57,12 @@ export class Connection<Commands extends object = object> {
   #generation = 1
   /** Each shard's generation value (keys.generation) read under #generation; a shard is missing until read on the current connections. */
   readonly #seen = new Map<Shard, string>()
+  /**
+   * Whether the shard count the store's keys were written with is this instance's (checkShardCount):
+   * 'pending' while Redis could not be asked, 'refused' once it answered another. Either way every
+   * operation fails as in an outage. 'unknown' until a check is asked for (tests, tools).
+   */
+  #shardCount: 'unknown' | 'pending' | 'matches' | 'refused' = 'unknown'
 
   constructor(url: string, options: RedisStoreOptions, scripts: { [name in keyof Commands]: Script }) {
     const named = Object.entries(scripts) as [string, Script][]
@@ -131,5 +137,71 @@ export class Connection<Commands extends object = object> {
     if (this.redis.status === 'reconnecting' || this.redis.status === 'close') {
       throw new Error(`redis connection ${this.redis.status}`)
     }
+    if (!this.shardCountAllows) throw new Error(`redis shard count ${this.#shardCount === 'pending' ? 'not checked yet' : "is not this instance's"}`)
+  }
+
+  /** False while a shard count check has no answer yet, or after one found another count (checkShardCount). */
+  get shardCountAllows(): boolean {
+    return this.#shardCount === 'unknown' || this.#shardCount === 'matches'
+  }
+
+  /**
+   * Refuses to work beside instances that spread accounts over another number of shards: their keys of
+   * one account would not meet (a nonce claimed twice, two balances). The first instance records its
+   * count; another throws ShardCountMismatch. When Redis cannot be asked it returns false, and every
+   * operation fails as in an outage until a check made each second from then on gets an answer (a
+   * mismatch found then is logged and refuses them until a restart).
+   */
+  async checkShardCount(): Promise<boolean> {
+    try {
+      this.#decide(await this.#recordedShardCount())
+      return true
+    } catch (err) {
+      if (err instanceof ShardCountMismatch) throw err
+      this.#shardCount = 'pending'
+      this.#checkAgain()
+      return false
+    }
+  }
+
+  #checkAgain(): void {
+    const retry = () =>
+      this.#recordedShardCount().then(
+        (recorded) => {
+          try {
+            this.#decide(recorded)
+            log.info('redis reached: its shard count is checked, store operations resume')
+          } catch (err) {
+            log.error('redis refused: store operations fail until this instance runs with the shard count the store was written with', errorFields(err))
+          }
+        },
+        // A closed store (its connection ended for good) stops asking.
+        () => this.redis.status !== 'end' && this.#checkAgain(),
+      )
+    setTimeout(retry, 1000).unref()
+  }
+
+  /** Settles the check on the count read; throws ShardCountMismatch on another than this instance's. */
+  #decide(recorded: string | null): void {
+    const mine = String(this.shards)
+    if (recorded !== null && recorded !== mine) {
+      this.#shardCount = 'refused'
+      throw new ShardCountMismatch(recorded, mine)
+    }
+    this.#shardCount = 'matches'
+  }
+
+  async #recordedShardCount(): Promise<string | null> {
+    await this.redis.set(keys.shardCount, String(this.shards), 'NX')
+    return this.redis.get(keys.shardCount)
+  }
+}
+
+/** The store's keys were written with another shard count than this instance's. */
+export class ShardCountMismatch extends Error {
+  constructor(recorded: string, mine: string) {
+    super(
+      `this store's keys were written with ${recorded} shard(s) and this instance uses ${mine} (REDIS_CLUSTER, REDIS_CLUSTER_SHARDS): every instance must use the same`,
+    )
   }
 }

@@ -1,6 +1,6 @@
 import { storeErrors } from '../../lib/metrics'
-import { errorFields, log } from '../../lib/log'
-import { type AuthorizeInput, type AuthorizeResult, type CreditState, type EpochRead, keys, type Shard, type Snapshot, type Snapshots, type Store, type TakeResult } from '../store'
+import { log } from '../../lib/log'
+import { type AuthorizeInput, type AuthorizeResult, type CreditState, type EpochRead, type Shard, type Snapshot, type Snapshots, type Store, type TakeResult } from '../store'
 import { type AuthorizeCommands, authorizeScripts, RedisAuthorizer } from './authorize'
 import { Connection, type RedisStoreOptions } from './connection'
 import { type CreditCommands, creditScripts, RedisCredits } from './credits'
@@ -116,7 +116,13 @@ export class RedisStore implements Store {
     return watched(this.#credits.endFlush(accountId, id))
   }
 
+  /** Connection.checkShardCount: false while Redis cannot be asked (operations fail meanwhile); throws on another count. */
+  checkShardCount(): Promise<boolean> {
+    return this.#conn.checkShardCount()
+  }
+
   async ping(): Promise<boolean> {
+    if (!this.#conn.shardCountAllows) return false
     try {
       return (await this.#conn.redis.ping()) === 'PONG'
     } catch {
@@ -137,29 +143,13 @@ export async function openStore(redisUrl: string | null, clusterShards: number |
     return new MemoryStore()
   }
   const store = new RedisStore(redisUrl, { cluster: clusterShards === null ? null : { shards: clusterShards } })
-  await checkShardCount(store)
-  return store
-}
-
-/**
- * Refuses to start beside instances that spread accounts over another number of shards: their keys of
- * one account would not meet (a nonce claimed twice, two balances). The first instance records its
- * count; an unreachable store is not a reason to refuse (the server starts and fails over as usual).
- */
-async function checkShardCount(store: RedisStore): Promise<void> {
-  const mine = String(store.shards)
-  let recorded: string | null
   try {
-    await store.redis.set(keys.shardCount, mine, 'NX')
-    recorded = await store.redis.get(keys.shardCount)
+    if (!(await store.checkShardCount())) {
+      log.warn('redis unreachable at start: store operations fail as in an outage until its shard count is checked')
+    }
   } catch (err) {
-    log.warn('redis unreachable at start: the shard count is not checked', errorFields(err))
-    return
-  }
-  if (recorded !== null && recorded !== mine) {
     await store.close()
-    throw new Error(
-      `this store's keys were written with ${recorded} shard(s) and this instance uses ${mine} (REDIS_CLUSTER, REDIS_CLUSTER_SHARDS): every instance must use the same`,
-    )
+    throw err
   }
+  return store
 }

@@ -1,0 +1,58 @@
+/**
+ * The shard-count guard of an instance that started while Redis was unreachable: it could not read the
+ * count the store's keys were written with then, so it reads it once Redis answers, and works only if
+ * that count is its own (a nonce or a balance under two counts would live under two keys).
+ */
+import { expect, test } from 'bun:test'
+import Redis from 'ioredis'
+import { openStore, type RedisStore } from '../../src/store/redis'
+import { keys } from '../../src/store/store'
+import { ownRedis, until } from '../support/servers'
+
+/** What a store operation answers: 'ok', or the message it failed with. */
+const attempt = (store: RedisStore) =>
+  store.take(`ls:test:shards:${crypto.randomUUID()}`, 10, 1, Date.now()).then(
+    () => 'ok',
+    (err: Error) => err.message,
+  )
+
+test('started without Redis: operations fail as in an outage until the shard count is read, then work, the count recorded', async () => {
+  const redis = await ownRedis()
+  await redis.stop()
+  const store = (await openStore(redis.url)) as RedisStore
+  try {
+    expect(await attempt(store)).not.toBe('ok')
+    expect(await store.ping()).toBe(false)
+    await redis.start()
+    expect(await until(() => attempt(store), (answer) => answer === 'ok')).toBe('ok')
+    expect(await store.ping()).toBe(true)
+    expect(await store.redis.get(keys.shardCount)).toBe('1')
+  } finally {
+    await store.close()
+    await redis.stop()
+  }
+})
+
+test('started without Redis, which comes back written with another shard count: every operation keeps failing, /readyz with it', async () => {
+  // Kept on disk across the restart, as the other instances' count would be.
+  const redis = await ownRedis(['--save', '', '--appendonly', 'yes', '--appendfsync', 'always'])
+  const admin = new Redis(redis.url)
+  await admin.set(keys.shardCount, '64')
+  admin.disconnect()
+  await redis.stop()
+  const store = (await openStore(redis.url)) as RedisStore
+  try {
+    await redis.start()
+    expect(await until(() => attempt(store), (answer) => answer.includes("is not this instance's"))).toBe(
+      "redis shard count is not this instance's",
+    )
+    // Redis answers, but none of this instance's keys may reach it.
+    expect(await store.redis.ping()).toBe('PONG')
+    expect(await store.ping()).toBe(false)
+    expect(await attempt(store)).toBe("redis shard count is not this instance's")
+    expect(await store.redis.get(keys.shardCount)).toBe('64')
+  } finally {
+    await store.close()
+    await redis.stop()
+  }
+})
