@@ -33,6 +33,25 @@ test('started without Redis: operations fail as in an outage until the shard cou
   }
 })
 
+test('a check Redis refuses (no access to the count\'s key) keeps every operation failing while Redis answers, until it is allowed', async () => {
+  const redis = await ownRedis()
+  const admin = new Redis(redis.url)
+  await admin.call('ACL', 'SETUSER', 'svc', 'on', '>pw', '~ls:test:*', '+@all')
+  const store = (await openStore(`redis://svc:pw@127.0.0.1:${redis.port}`)) as RedisStore
+  try {
+    expect(await store.redis.ping()).toBe('PONG')
+    expect(await attempt(store)).toBe('redis shard count not checked yet')
+    expect(await store.ping()).toBe(false)
+    await admin.call('ACL', 'SETUSER', 'svc', '~ls:shards')
+    expect(await until(() => attempt(store), (answer) => answer === 'ok')).toBe('ok')
+    expect(await admin.get(keys.shardCount)).toBe('1')
+  } finally {
+    admin.disconnect()
+    await store.close()
+    await redis.stop()
+  }
+})
+
 test('started without Redis, which comes back written with another shard count: every operation keeps failing, /readyz with it', async () => {
   // Kept on disk across the restart, as the other instances' count would be.
   const redis = await ownRedis(['--save', '', '--appendonly', 'yes', '--appendfsync', 'always'])
@@ -51,6 +70,7 @@ test('started without Redis, which comes back written with another shard count: 
     expect(await store.ping()).toBe(false)
     expect(await attempt(store)).toBe("redis shard count is not this instance's")
     expect(await store.redis.get(keys.shardCount)).toBe('64')
+    expect(await store.redis.keys('ls:test:*')).toEqual([])
   } finally {
     await store.close()
     await redis.stop()

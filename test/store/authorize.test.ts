@@ -285,7 +285,7 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: one authorize call in flight', ()
   })
 
   test('a call Redis does not answer in time fails its requests, and the shard\'s next ones at once until it is answered; what it charged late is given back', async () => {
-    const store = new RedisStore(TEST_REDIS_URL as string, { authorizeTimeoutMs: 200 })
+    const store = new RedisStore(TEST_REDIS_URL as string, { callTimeoutMs: 1000 })
     try {
       // The first call reaches Redis and runs, but its reply is held back, as over a stalled connection.
       const original = store.redis.lsAuthorize.bind(store.redis)
@@ -314,7 +314,7 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: one authorize call in flight', ()
       const behind = store.authorize(input())
       await expect(silent).rejects.toThrow('did not answer')
       await expect(behind).rejects.toThrow('has not answered')
-      expect(Date.now() - started).toBeLessThan(1000)
+      expect(Date.now() - started).toBeLessThan(3000)
       const next = Date.now()
       await expect(store.authorize(input())).rejects.toThrow('has not answered')
       expect(Date.now() - next).toBeLessThan(100)

@@ -18,9 +18,6 @@ export const authorizeScripts: { [name in keyof AuthorizeCommands]: Script } = {
 
 type Reply = Awaited<ReturnType<AuthorizeCommands['lsAuthorize']>>
 
-/** How long an authorize call may go unanswered: hundreds of times its usual few milliseconds, the 2 s /readyz gives a ping. */
-const AUTHORIZE_TIMEOUT_MS = 2000
-
 interface PendingAuthorize {
   input: AuthorizeInput
   resolve(result: AuthorizeResult): void
@@ -44,7 +41,6 @@ export class RedisAuthorizer implements Authorizer {
   constructor(
     private readonly conn: Connection<AuthorizeCommands>,
     private readonly credits: Pick<Credits, 'refund'>,
-    private readonly timeoutMs = AUTHORIZE_TIMEOUT_MS,
   ) {}
 
   authorize(input: AuthorizeInput): Promise<AuthorizeResult> {
@@ -73,7 +69,7 @@ export class RedisAuthorizer implements Authorizer {
   /** Replies on a connection come in order: behind an overdue call of the shard, none would come sooner. */
   #overdueError(shard: Shard): Error | null {
     if (this.#overdue.size === 0 || !this.#overdue.has(shard)) return null
-    return new Error(`redis has not answered an authorize call of shard '${shard}' in ${this.timeoutMs} ms`)
+    return new Error(`redis has not answered an authorize call of shard '${shard}' in ${this.conn.callTimeoutMs} ms`)
   }
 
   /** Sends one call; the promise it returns resolves once its callers are answered: by the reply, or as failed at the deadline. */
@@ -112,28 +108,31 @@ export class RedisAuthorizer implements Authorizer {
       for (const p of sent) p.reject(err)
       return undefined
     }
-    // A Redis that stops answering without closing the connection (a network partition, a stalled host)
-    // would hold these requests, and every later one of the shard, until TCP gives up, many minutes on:
-    // past the deadline they are answered as in an outage, and so is every request of the shard until
-    // this call is answered (or its connection closes).
+    // Past the deadline (Connection.callTimeoutMs) these requests are answered as in an outage, and so
+    // is every request of the shard until this call is answered or fails (ioredis sends it again on a new connection, and fails it when the
+    // reconnect does).
     let gaveUp = false
     return new Promise<void>((callOver) => {
       const deadline = setTimeout(() => {
         gaveUp = true
         this.#overdue.add(shard)
-        const err = new Error(`redis did not answer an authorize call within ${this.timeoutMs} ms`)
+        const err = new Error(`redis did not answer an authorize call within ${this.conn.callTimeoutMs} ms`)
         for (const p of sent) p.reject(err)
         callOver()
-      }, this.timeoutMs)
+      }, this.conn.callTimeoutMs)
       const settled = (replies: Reply | null, err: unknown) => {
         clearTimeout(deadline)
-        if (gaveUp) {
-          this.#overdue.delete(shard)
-          this.#late(sent, replies)
-        } else {
-          this.#settle(sent, shard, sentAt, replies, err)
+        try {
+          if (gaveUp) {
+            this.#overdue.delete(shard)
+            this.#late(sent, replies)
+          } else {
+            this.#settle(sent, shard, sentAt, replies, err)
+          }
+        } finally {
+          // Whatever happened to its answers, the shard's next call must go.
+          callOver()
         }
-        callOver()
       }
       reply.then((replies) => settled(replies, null), (err: unknown) => settled(null, err))
     })
@@ -186,17 +185,23 @@ export class RedisAuthorizer implements Authorizer {
     }
   }
 
+  /** Gives back what a call charged for requests that were answered as failed (a late reply, a replaced connection). */
   #refundAll(batch: PendingAuthorize[], replies: number[]): void {
     let at = 1
-    for (const p of batch) {
-      const [result, next] = authorizeResult(replies, at)
-      at = next
-      const accountId = p.input.charge?.accountId
-      if (result.kind === 'ok' && result.charged > 0 && accountId) {
-        this.credits.refund(accountId, result.charged).catch((e: unknown) =>
-          log.warn('refund after a replaced redis connection failed', errorFields(e)),
-        )
+    try {
+      for (const p of batch) {
+        const [result, next] = authorizeResult(replies, at)
+        at = next
+        const accountId = p.input.charge?.accountId
+        if (result.kind === 'ok' && result.charged > 0 && accountId) {
+          this.credits.refund(accountId, result.charged).catch((e: unknown) =>
+            log.warn('refund of a call answered as failed did not reach redis', errorFields(e)),
+          )
+        }
       }
+    } catch (err) {
+      // Thrown before its callers are answered, it would leave them waiting for ever.
+      log.error('unreadable authorize reply: the charges of a call answered as failed were not given back', errorFields(err))
     }
   }
 }

@@ -1,5 +1,6 @@
 import { Cluster, Redis, type RedisOptions } from 'ioredis'
-import { errorFields, log } from '../../lib/log'
+import { errorFields, log, logEvery } from '../../lib/log'
+import { withTimeout } from '../../lib/with-timeout'
 import { storeErrors } from '../../lib/metrics'
 import { keys, type Shard, shardOf } from '../store'
 
@@ -15,8 +16,8 @@ export interface Script {
 export interface RedisStoreOptions {
   /** Tests: a short connect timeout and no retry storm against a stopped Redis. */
   connectTimeoutMs?: number
-  /** How long an authorize call may go unanswered before its requests are treated as made while Redis was unreachable (authorize.ts). */
-  authorizeTimeoutMs?: number
+  /** Tests: another deadline for the store calls a client request waits for (callTimeoutMs). */
+  callTimeoutMs?: number
   /** A Redis Cluster reached through the seed nodes of the URL(s), its accounts spread over this many shards. */
   cluster?: { shards: number } | null
 }
@@ -53,6 +54,13 @@ export class Connection<Commands extends object = object> {
   readonly redis: (Redis | Cluster) & Commands
   /** How many shards the accounts are spread over: 1 on a single Redis. */
   readonly shards: number
+  /**
+   * How long a store call a client request waits for may go unanswered before the request is treated as
+   * made while Redis was unreachable: hundreds of times such a call's usual few milliseconds, the 2 s
+   * /readyz gives a ping. Without it, a Redis that stops answering but keeps the connection (a network
+   * partition, a stalled host) would hold those requests until TCP gives up, many minutes on.
+   */
+  readonly callTimeoutMs: number
   /** Snapshot.generation: this process's name for the store contents its callers' epochs were read from. */
   #generation = 1
   /** Each shard's generation value (keys.generation) read under #generation; a shard is missing until read on the current connections. */
@@ -63,6 +71,9 @@ export class Connection<Commands extends object = object> {
    * operation fails as in an outage. 'unknown' until a check is asked for (tests, tools).
    */
   #shardCount: 'unknown' | 'pending' | 'matches' | 'refused' = 'unknown'
+  #recordedShardCount = ''
+  /** Set when the check at start got no answer: the one that comes later is logged. */
+  #announceShardCount = false
 
   constructor(url: string, options: RedisStoreOptions, scripts: { [name in keyof Commands]: Script }) {
     const named = Object.entries(scripts) as [string, Script][]
@@ -78,6 +89,7 @@ export class Connection<Commands extends object = object> {
       maxRetriesPerRequest: 1,
     }
     this.shards = options.cluster?.shards ?? 1
+    this.callTimeoutMs = options.callTimeoutMs ?? 2000
     const redis = options.cluster
       ? clusterClient(url, common)
       : new Redis(url, { ...common, retryStrategy: (times) => Math.min(times * 200, 2000) })
@@ -148,60 +160,56 @@ export class Connection<Commands extends object = object> {
   /**
    * Refuses to work beside instances that spread accounts over another number of shards: their keys of
    * one account would not meet (a nonce claimed twice, two balances). The first instance records its
-   * count; another throws ShardCountMismatch. When Redis cannot be asked it returns false, and every
-   * operation fails as in an outage until a check made each second from then on gets an answer (a
-   * mismatch found then is logged and refuses them until a restart).
+   * count; another throws ShardCountMismatch. Without an answer within `waitMs` (Redis unreachable, or a
+   * cluster not ready, whose client holds commands until it is) it returns false, and every operation
+   * fails as in an outage until the check, asked again each second meanwhile, is answered; a mismatch
+   * found then is logged and refuses them until a restart.
    */
-  async checkShardCount(): Promise<boolean> {
-    try {
-      this.#decide(await this.#recordedShardCount())
-      return true
-    } catch (err) {
-      if (err instanceof ShardCountMismatch) throw err
-      this.#shardCount = 'pending'
-      this.#checkAgain()
+  async checkShardCount(waitMs: number): Promise<boolean> {
+    this.#shardCount = 'pending'
+    await withTimeout(this.#askShardCount(), waitMs)
+    if (this.#shardCount === 'pending') {
+      this.#announceShardCount = true
       return false
     }
+    if (this.#shardCount === 'refused') throw this.#mismatch()
+    return true
   }
 
-  #checkAgain(): void {
-    const retry = () =>
-      this.#recordedShardCount().then(
-        (recorded) => {
-          try {
-            this.#decide(recorded)
-            log.info('redis reached: its shard count is checked, store operations resume')
-          } catch (err) {
-            log.error('redis refused: store operations fail until this instance runs with the shard count the store was written with', errorFields(err))
-          }
-        },
-        // A closed store (its connection ended for good) stops asking.
-        () => this.redis.status !== 'end' && this.#checkAgain(),
-      )
-    setTimeout(retry, 1000).unref()
-  }
-
-  /** Settles the check on the count read; throws ShardCountMismatch on another than this instance's. */
-  #decide(recorded: string | null): void {
+  /** One read of the recorded count at a time: a failed one is asked again a second later. */
+  #askShardCount(): Promise<void> {
     const mine = String(this.shards)
-    if (recorded !== null && recorded !== mine) {
-      this.#shardCount = 'refused'
-      throw new ShardCountMismatch(recorded, mine)
+    const read = async () => {
+      await this.redis.set(keys.shardCount, mine, 'NX')
+      return this.redis.get(keys.shardCount)
     }
-    this.#shardCount = 'matches'
+    return read().then(
+      (recorded) => {
+        this.#recordedShardCount = recorded ?? mine
+        this.#shardCount = this.#recordedShardCount === mine ? 'matches' : 'refused'
+        if (!this.#announceShardCount) return
+        if (this.#shardCount === 'matches') log.info('redis answered: its shard count is this instance\'s, store operations resume')
+        else log.error('store operations fail until this instance runs with the shard count the store was written with', errorFields(this.#mismatch()))
+      },
+      (err: unknown) => {
+        logEvery('warn', 'redis shard count not checked yet: store operations fail as in an outage', () => errorFields(err))
+        // A closed store stops asking.
+        if (this.redis.status !== 'end') setTimeout(() => void this.#askShardCount(), 1000).unref()
+      },
+    )
   }
 
-  async #recordedShardCount(): Promise<string | null> {
-    await this.redis.set(keys.shardCount, String(this.shards), 'NX')
-    return this.redis.get(keys.shardCount)
+  #mismatch(): ShardCountMismatch {
+    return new ShardCountMismatch(this.#recordedShardCount, String(this.shards))
   }
 }
 
 /** The store's keys were written with another shard count than this instance's. */
-export class ShardCountMismatch extends Error {
+class ShardCountMismatch extends Error {
   constructor(recorded: string, mine: string) {
     super(
       `this store's keys were written with ${recorded} shard(s) and this instance uses ${mine} (REDIS_CLUSTER, REDIS_CLUSTER_SHARDS): every instance must use the same`,
     )
   }
 }
+

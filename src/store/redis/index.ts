@@ -1,4 +1,5 @@
 import { storeErrors } from '../../lib/metrics'
+import { withDeadline } from '../../lib/with-timeout'
 import { log } from '../../lib/log'
 import { type AuthorizeInput, type AuthorizeResult, type CreditState, type EpochRead, type Shard, type Snapshot, type Snapshots, type Store, type TakeResult } from '../store'
 import { type AuthorizeCommands, authorizeScripts, RedisAuthorizer } from './authorize'
@@ -40,7 +41,17 @@ export class RedisStore implements Store {
     this.#limiter = new RedisLimiter(this.#conn)
     this.#epochs = new RedisEpochs(this.#conn)
     this.#credits = new RedisCredits(this.#conn)
-    this.#authorizer = new RedisAuthorizer(this.#conn, this.#credits, options.authorizeTimeoutMs)
+    this.#authorizer = new RedisAuthorizer(this.#conn, this.#credits)
+  }
+
+  /**
+   * A call a client request waits for on a cache miss or an unloaded balance, with the deadline of its
+   * authorize calls. What Redis does with it after the deadline is harmless: reads, admission tokens
+   * taken, a balance seeded as it would have been. Adding credits, refunds and credit flushes have none:
+   * one that ran after its caller gave up would count credits the database rolled back, or twice.
+   */
+  #waited<T>(reply: Promise<T>): Promise<T> {
+    return withDeadline(reply, this.#conn.callTimeoutMs, 'a redis call')
   }
 
   get shards(): number {
@@ -73,11 +84,11 @@ export class RedisStore implements Store {
   }
 
   snapshot(keys: readonly string[]): Promise<Snapshot> {
-    return watched(this.#epochs.snapshot(keys))
+    return watched(this.#waited(this.#epochs.snapshot(keys)))
   }
 
   snapshotEach(reads: readonly EpochRead[]): Promise<Snapshots> {
-    return watched(this.#epochs.snapshotEach(reads))
+    return watched(this.#waited(this.#epochs.snapshotEach(reads)))
   }
 
   authorize(input: AuthorizeInput): Promise<AuthorizeResult> {
@@ -85,11 +96,11 @@ export class RedisStore implements Store {
   }
 
   loadBalance(accountId: string, seen: CreditState, reconciled: number, flushCommitted: boolean): Promise<'ok' | 'stale'> {
-    return watched(this.#credits.loadBalance(accountId, seen, reconciled, flushCommitted))
+    return watched(this.#waited(this.#credits.loadBalance(accountId, seen, reconciled, flushCommitted)))
   }
 
   creditState(accountId: string): Promise<CreditState> {
-    return watched(this.#credits.creditState(accountId))
+    return watched(this.#waited(this.#credits.creditState(accountId)))
   }
 
   balance(accountId: string): Promise<number | null> {
@@ -116,9 +127,9 @@ export class RedisStore implements Store {
     return watched(this.#credits.endFlush(accountId, id))
   }
 
-  /** Connection.checkShardCount: false while Redis cannot be asked (operations fail meanwhile); throws on another count. */
-  checkShardCount(): Promise<boolean> {
-    return this.#conn.checkShardCount()
+  /** Connection.checkShardCount: false when Redis gave no answer in `waitMs` (operations fail until it does); throws on another count. */
+  checkShardCount(waitMs: number): Promise<boolean> {
+    return this.#conn.checkShardCount(waitMs)
   }
 
   async ping(): Promise<boolean> {
@@ -135,6 +146,9 @@ export class RedisStore implements Store {
   }
 }
 
+/** How long the start waits for the shard count: ioredis's connect timeout, then the server starts without it. */
+const SHARD_COUNT_WAIT_MS = 2000
+
 /** The store the settings name: Redis, a Redis Cluster (`clusterShards`), or the in-process twin without REDIS_URL. */
 export async function openStore(redisUrl: string | null, clusterShards: number | null = null): Promise<Store> {
   if (!redisUrl) {
@@ -144,8 +158,8 @@ export async function openStore(redisUrl: string | null, clusterShards: number |
   }
   const store = new RedisStore(redisUrl, { cluster: clusterShards === null ? null : { shards: clusterShards } })
   try {
-    if (!(await store.checkShardCount())) {
-      log.warn('redis unreachable at start: store operations fail as in an outage until its shard count is checked')
+    if (!(await store.checkShardCount(SHARD_COUNT_WAIT_MS))) {
+      log.warn('redis gave no answer at start: store operations fail as in an outage until it does')
     }
   } catch (err) {
     await store.close()
