@@ -2,8 +2,9 @@ import { type CachedApp, type CachedLicense, StoreUnavailable } from '../actors/
 import type { Context } from '../context'
 import { LoggedPublicError, PublicError } from '../lib/errors'
 import { errorFields, logEvery } from '../lib/log'
+import { withDeadline } from '../lib/with-timeout'
 import type { AuthorizeInput, AuthorizeResult, Shard } from '../store/store'
-import { keys } from '../store/store'
+import { keys, STORE_CALL_TIMEOUT_MS } from '../store/store'
 import { type Bucket, type Outcome, rateLimited } from './policy'
 
 const MAX_ATTEMPTS = 5
@@ -116,7 +117,8 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
           }
           continue
         case 'no_balance':
-          await ctx.credits.loadLiveBalance(app.accountId).catch((err: unknown) => {
+          // The seed itself runs on past the deadline: it holds the account row until Redis answers.
+          await withDeadline(ctx.credits.loadLiveBalance(app.accountId), STORE_CALL_TIMEOUT_MS, 'a balance load').catch((err: unknown) => {
             throw new StoreUnavailable(err)
           })
           continue

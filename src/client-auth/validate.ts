@@ -2,7 +2,8 @@ import type { CachedApp, CachedLicense } from '../actors/load'
 import type { Context } from '../context'
 import { PublicError } from '../lib/errors'
 import { countResult } from '../lib/metrics'
-import { keys } from '../store/store'
+import { withTimeout } from '../lib/with-timeout'
+import { keys, STORE_CALL_TIMEOUT_MS } from '../store/store'
 import { authorize } from './authorize'
 import type { SignedReply, ValidateInput } from './model'
 import {
@@ -63,7 +64,8 @@ async function validateAndSign(ctx: Context, input: ValidateInput, ip: string, r
     try {
       license = await bindHwid(ctx, app, license.key, hwid)
     } catch (err) {
-      if (auth.charged > 0) await ctx.store.refund(app.accountId, auth.charged)
+      // Not held past the store's deadline: the refund runs on, and the client learns of the failure.
+      if (auth.charged > 0) await withTimeout(ctx.store.refund(app.accountId, auth.charged), STORE_CALL_TIMEOUT_MS)
       throw err
     }
   }

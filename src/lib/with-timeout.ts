@@ -1,8 +1,10 @@
-/** What `work` resolves to, or null once `ms` passed first (the work itself runs on). */
-export async function withTimeout<T>(work: Promise<T>, ms: number): Promise<T | null> {
+const TIMED_OUT = Symbol('timed out')
+
+/** What `work` settles to, or TIMED_OUT once `ms` passed first (the work itself runs on). */
+async function race<T>(work: Promise<T>, ms: number): Promise<T | typeof TIMED_OUT> {
   let timer: ReturnType<typeof setTimeout> | undefined
-  const timeout = new Promise<null>((resolve) => {
-    timer = setTimeout(() => resolve(null), ms)
+  const timeout = new Promise<typeof TIMED_OUT>((resolve) => {
+    timer = setTimeout(() => resolve(TIMED_OUT), ms)
   })
   try {
     return await Promise.race([work, timeout])
@@ -11,19 +13,15 @@ export async function withTimeout<T>(work: Promise<T>, ms: number): Promise<T | 
   }
 }
 
-/** What `work` resolves to, or a rejection once `ms` passed first (the work itself runs on). */
-export function withDeadline<T>(work: Promise<T>, ms: number, what: string): Promise<T> {
-  return new Promise((resolve, reject) => {
-    const deadline = setTimeout(() => reject(new Error(`${what} did not finish within ${ms} ms`)), ms)
-    work.then(
-      (value) => {
-        clearTimeout(deadline)
-        resolve(value)
-      },
-      (err: unknown) => {
-        clearTimeout(deadline)
-        reject(err)
-      },
-    )
-  })
+/** What `work` resolves to, or null once `ms` passed first (the work itself runs on). */
+export async function withTimeout<T>(work: Promise<T>, ms: number): Promise<T | null> {
+  const result = await race(work, ms)
+  return result === TIMED_OUT ? null : result
+}
+
+/** What `work` resolves to, or a rejection naming `what` once `ms` passed first (the work itself runs on). */
+export async function withDeadline<T>(work: Promise<T>, ms: number, what: string): Promise<T> {
+  const result = await race(work, ms)
+  if (result === TIMED_OUT) throw new Error(`${what} did not finish within ${ms} ms`)
+  return result
 }

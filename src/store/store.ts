@@ -172,6 +172,14 @@ export interface TakeResult {
  */
 export type Shard = string
 
+/**
+ * How long a client request waits for a store call before it is answered as in an outage: hundreds of
+ * times such a call's usual few milliseconds, the 2 s /readyz gives a ping. Without it, a Redis that
+ * stops answering but keeps the connection (a network partition, a stalled host) would hold those
+ * requests until TCP gives up, many minutes on.
+ */
+export const STORE_CALL_TIMEOUT_MS = 2000
+
 /** `ls:` and the shard's tag: what every key of the shard starts with. */
 export const shardPrefix = (shard: Shard) => (shard === '' ? 'ls:' : `ls:${shard}:`)
 

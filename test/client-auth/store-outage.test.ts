@@ -131,7 +131,8 @@ test('Redis that stops answering without closing the connection: client requests
     const again = Date.now()
     expect((await app.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken, hwid: h } })).status).toBe(200)
     expect((await validate()).body).toEqual({ status: 'failed', error: 'system_error' })
-    expect(Date.now() - again).toBeLessThan(800)
+    // Each would wait out its own second otherwise.
+    expect(Date.now() - again).toBeLessThan(1800)
 
     // Once Redis runs the held validate it charges for it; the client was told it failed, so that comes back
     // (the balance is read on the same connection, after the held call).

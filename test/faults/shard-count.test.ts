@@ -33,6 +33,24 @@ test('started without Redis: operations fail as in an outage until the shard cou
   }
 })
 
+test('a Redis that holds the check unanswered: the start goes on after its wait, operations fail until the answer comes, then work', async () => {
+  const redis = await ownRedis()
+  const admin = new Redis(redis.url)
+  await admin.call('CLIENT', 'PAUSE', '3000', 'ALL')
+  const pausedAt = Date.now()
+  const store = (await openStore(redis.url, null, 500)) as RedisStore
+  try {
+    expect(Date.now() - pausedAt).toBeLessThan(2500)
+    expect(await attempt(store)).toBe('redis shard count not checked yet')
+    expect(await until(() => attempt(store), (answer) => answer === 'ok')).toBe('ok')
+    expect(Date.now() - pausedAt).toBeGreaterThan(2800)
+  } finally {
+    admin.disconnect()
+    await store.close()
+    await redis.stop()
+  }
+})
+
 test('a check Redis refuses (no access to the count\'s key) keeps every operation failing while Redis answers, until it is allowed', async () => {
   const redis = await ownRedis()
   const admin = new Redis(redis.url)

@@ -2,7 +2,7 @@ import { Cluster, Redis, type RedisOptions } from 'ioredis'
 import { errorFields, log, logEvery } from '../../lib/log'
 import { withTimeout } from '../../lib/with-timeout'
 import { storeErrors } from '../../lib/metrics'
-import { keys, type Shard, shardOf } from '../store'
+import { keys, type Shard, STORE_CALL_TIMEOUT_MS, shardOf } from '../store'
 
 /** A Lua script sent as a named command (EVALSHA, with one EVAL fallback after a Redis restart). */
 export interface Script {
@@ -16,7 +16,7 @@ export interface Script {
 export interface RedisStoreOptions {
   /** Tests: a short connect timeout and no retry storm against a stopped Redis. */
   connectTimeoutMs?: number
-  /** Tests: another deadline for the store calls a client request waits for (callTimeoutMs). */
+  /** Tests: a shorter deadline than STORE_CALL_TIMEOUT_MS. */
   callTimeoutMs?: number
   /** A Redis Cluster reached through the seed nodes of the URL(s), its accounts spread over this many shards. */
   cluster?: { shards: number } | null
@@ -54,12 +54,7 @@ export class Connection<Commands extends object = object> {
   readonly redis: (Redis | Cluster) & Commands
   /** How many shards the accounts are spread over: 1 on a single Redis. */
   readonly shards: number
-  /**
-   * How long a store call a client request waits for may go unanswered before the request is treated as
-   * made while Redis was unreachable: hundreds of times such a call's usual few milliseconds, the 2 s
-   * /readyz gives a ping. Without it, a Redis that stops answering but keeps the connection (a network
-   * partition, a stalled host) would hold those requests until TCP gives up, many minutes on.
-   */
+  /** STORE_CALL_TIMEOUT_MS, or the test's: the deadline of the calls that have one (authorize.ts, RedisStore). */
   readonly callTimeoutMs: number
   /** Snapshot.generation: this process's name for the store contents its callers' epochs were read from. */
   #generation = 1
@@ -89,7 +84,7 @@ export class Connection<Commands extends object = object> {
       maxRetriesPerRequest: 1,
     }
     this.shards = options.cluster?.shards ?? 1
-    this.callTimeoutMs = options.callTimeoutMs ?? 2000
+    this.callTimeoutMs = options.callTimeoutMs ?? STORE_CALL_TIMEOUT_MS
     const redis = options.cluster
       ? clusterClient(url, common)
       : new Redis(url, { ...common, retryStrategy: (times) => Math.min(times * 200, 2000) })

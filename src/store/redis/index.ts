@@ -45,10 +45,12 @@ export class RedisStore implements Store {
   }
 
   /**
-   * A call a client request waits for on a cache miss or an unloaded balance, with the deadline of its
-   * authorize calls. What Redis does with it after the deadline is harmless: reads, admission tokens
-   * taken, a balance seeded as it would have been. Adding credits, refunds and credit flushes have none:
-   * one that ran after its caller gave up would count credits the database rolled back, or twice.
+   * A call with the deadline of the authorize calls (STORE_CALL_TIMEOUT_MS): those that only read, take
+   * admission tokens or bump epochs, which Redis may still run after the caller gave up without harm (a
+   * failed bump is retried anyway). The balance seed has none: run after its caller released the account
+   * row, it could seed a balance a flush has moved since (ledger.ts); a client request waits for it under
+   * a deadline of its own. Adding credits, refunds and flushes have none either: run late, they would
+   * count credits the database rolled back, or twice.
    */
   #waited<T>(reply: Promise<T>): Promise<T> {
     return withDeadline(reply, this.#conn.callTimeoutMs, 'a redis call')
@@ -80,7 +82,7 @@ export class RedisStore implements Store {
   }
 
   bump(keys: readonly string[]): Promise<void> {
-    return watched(this.#epochs.bump(keys))
+    return watched(this.#waited(this.#epochs.bump(keys)))
   }
 
   snapshot(keys: readonly string[]): Promise<Snapshot> {
@@ -96,7 +98,7 @@ export class RedisStore implements Store {
   }
 
   loadBalance(accountId: string, seen: CreditState, reconciled: number, flushCommitted: boolean): Promise<'ok' | 'stale'> {
-    return watched(this.#waited(this.#credits.loadBalance(accountId, seen, reconciled, flushCommitted)))
+    return watched(this.#credits.loadBalance(accountId, seen, reconciled, flushCommitted))
   }
 
   creditState(accountId: string): Promise<CreditState> {
@@ -146,11 +148,17 @@ export class RedisStore implements Store {
   }
 }
 
-/** How long the start waits for the shard count: ioredis's connect timeout, then the server starts without it. */
-const SHARD_COUNT_WAIT_MS = 2000
+/**
+ * How long the start waits for the shard count before the server starts without it: a cluster client
+ * answers nothing until it has reached the cluster and read its slots.
+ */
+const SHARD_COUNT_WAIT_MS = 5000
 
-/** The store the settings name: Redis, a Redis Cluster (`clusterShards`), or the in-process twin without REDIS_URL. */
-export async function openStore(redisUrl: string | null, clusterShards: number | null = null): Promise<Store> {
+/**
+ * The store the settings name: Redis, a Redis Cluster (`clusterShards`), or the in-process twin without
+ * REDIS_URL. `shardCountWaitMs`: tests.
+ */
+export async function openStore(redisUrl: string | null, clusterShards: number | null = null, shardCountWaitMs = SHARD_COUNT_WAIT_MS): Promise<Store> {
   if (!redisUrl) {
     const { MemoryStore } = await import('../memory')
     log.info('REDIS_URL is not set: rate-limit, nonce and session state is kept in this process (one instance only)')
@@ -158,8 +166,8 @@ export async function openStore(redisUrl: string | null, clusterShards: number |
   }
   const store = new RedisStore(redisUrl, { cluster: clusterShards === null ? null : { shards: clusterShards } })
   try {
-    if (!(await store.checkShardCount(SHARD_COUNT_WAIT_MS))) {
-      log.warn('redis gave no answer at start: store operations fail as in an outage until it does')
+    if (!(await store.checkShardCount(shardCountWaitMs))) {
+      log.warn('redis did not confirm its shard count at start: store operations fail as in an outage until it does')
     }
   } catch (err) {
     await store.close()
