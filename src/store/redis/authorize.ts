@@ -109,8 +109,8 @@ export class RedisAuthorizer implements Authorizer {
       return undefined
     }
     // Past the deadline (Connection.callTimeoutMs) these requests are answered as in an outage, and so
-    // is every request of the shard until this call is answered or fails (ioredis sends it again on a new connection, and fails it when the
-    // reconnect does).
+    // is every request of the shard until this call is answered or fails (ioredis sends it again on a
+    // new connection, and fails it when the reconnect does).
     let gaveUp = false
     return new Promise<void>((callOver) => {
       const deadline = setTimeout(() => {

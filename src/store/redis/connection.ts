@@ -207,4 +207,3 @@ class ShardCountMismatch extends Error {
     )
   }
 }
-
