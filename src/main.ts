@@ -126,10 +126,20 @@ async function main(): Promise<void> {
     )
     return
   }
-  // The others start once this one has a port (PORT=0 picks one) and has run the migrations.
-  if (config.serverProcesses > 1) {
-    others = await startOtherServerProcesses(config.serverProcesses, port, (from, message) => scrape.receive(message, from))
-    scrape.attach(others)
+  // The others start once this one has a port (PORT=0 picks one) and has run the migrations. A shutdown
+  // that began meanwhile starts none, and one that begins while they start stops them too: else they
+  // would outlive this process on the port (one still starting has not yet watched for its going).
+  if (config.serverProcesses > 1 && !stopping) {
+    const starting = startOtherServerProcesses(config.serverProcesses, port, (from, message) => scrape.receive(message, from))
+    others = starting
+    try {
+      await starting.started
+    } catch (err) {
+      // Stopped by the shutdown under way, which exits.
+      if (stopping) return
+      throw err
+    }
+    scrape.attach(starting)
   }
   log.info('listening', {
     url: `${tls ? 'https' : 'http'}://${config.host}:${port}`,

@@ -11,7 +11,9 @@ export const serverProcessIndex = (): number => Number(process.env[INDEX_VARIABL
 const RESTART_DELAY_MS = 1000
 
 export interface OtherServerProcesses {
-  /** SIGTERM to each, resolved once all have exited (each finishes its own shutdown first). */
+  /** Resolves once each one listens; rejects when one exits before. */
+  started: Promise<void>
+  /** SIGTERM to each, started or still starting, resolved once all have exited (each finishes its own shutdown first); none is started after. */
   stop(): Promise<void>
   /** The indexes of the processes running now. */
   indexes(): number[]
@@ -24,15 +26,11 @@ export type FromServerProcess = (index: number, message: unknown) => void
 
 /**
  * Starts server processes 1 to count-1 of this entry point on `port`, beside the first: every one
- * listens with SO_REUSEPORT and the kernel spreads connections across them. Resolves once each one
- * listens. They share nothing in memory: every invariant holds across processes the way it holds
- * across instances (PostgreSQL and Redis). One that exits while the server runs is started again.
+ * listens with SO_REUSEPORT and the kernel spreads connections across them. `started` resolves once
+ * each one listens. They share nothing in memory: every invariant holds across processes the way it
+ * holds across instances (PostgreSQL and Redis). One that exits while the server runs is started again.
  */
-export async function startOtherServerProcesses(
-  count: number,
-  port: number,
-  received: FromServerProcess,
-): Promise<OtherServerProcesses> {
+export function startOtherServerProcesses(count: number, port: number, received: FromServerProcess): OtherServerProcesses {
   let stopping = false
   const running = new Map<number, Subprocess>()
   const spawnOne = (index: number) =>
@@ -57,8 +55,8 @@ export async function startOtherServerProcesses(
       })
       running.set(index, child)
     })
-  await Promise.all(Array.from({ length: count - 1 }, (_, i) => spawnOne(i + 1)))
   return {
+    started: Promise.all(Array.from({ length: count - 1 }, (_, i) => spawnOne(i + 1))).then(() => {}),
     async stop() {
       stopping = true
       const children = [...running.values()]
@@ -96,7 +94,8 @@ export const sendToFirstServerProcess = (message: unknown): boolean => process.s
  * on the port.
  */
 export function reportToFirstServerProcess(shutdown: () => void, received: (message: unknown) => void): void {
-  sendToFirstServerProcess('listening')
   process.on('disconnect', shutdown)
   process.on('message', received)
+  // Gone while this one started: its channel closed before there was a handler to hear it.
+  if (!sendToFirstServerProcess('listening')) shutdown()
 }

@@ -1,12 +1,30 @@
 import { afterAll, describe, expect, test } from 'bun:test'
-import { availableParallelism } from 'node:os'
+import { mkdtempSync, readdirSync, readFileSync } from 'node:fs'
+import { availableParallelism, tmpdir } from 'node:os'
+import { join } from 'node:path'
 import { decode, hwid, insertLicense, nonce, verifySigned } from './support/client'
-import { makeTestApp, MODE, TEST_DATABASE_URL, TEST_REDIS_URL } from './support/helpers'
+import { makeTestApp, MODE, TEST_DATABASE_URL, TEST_MASTER_KEY, TEST_REDIS_URL } from './support/helpers'
 import { type ServerProcess, startServer } from './support/server-process'
+import { freePort } from './support/servers'
 
 /** Pids of the processes `pid` started itself (the other server processes; workers are threads). */
 const childrenOf = (pid: number) =>
   Bun.spawnSync(['pgrep', '-P', String(pid)]).stdout.toString().split('\n').filter(Boolean).map(Number)
+
+/** Server processes a first one started for `port` (by their environment: once it is gone they belong to no one). */
+function startedFor(port: number): number[] {
+  return readdirSync('/proc')
+    .filter((name) => /^\d+$/.test(name))
+    .filter((pid) => {
+      try {
+        const env = readFileSync(`/proc/${pid}/environ`, 'utf8').split('\0')
+        return env.includes(`PORT=${port}`) && env.some((v) => v.startsWith('LS_SERVER_PROCESS_INDEX='))
+      } catch {
+        return false
+      }
+    })
+    .map(Number)
+}
 
 const alive = (pid: number) => {
   try {
@@ -17,10 +35,10 @@ const alive = (pid: number) => {
   }
 }
 
-async function until<T>(probe: () => T | undefined, timeoutMs = 10_000): Promise<T> {
+async function until<T>(probe: () => T | undefined | Promise<T | undefined>, timeoutMs = 10_000): Promise<T> {
   const end = Date.now() + timeoutMs
   for (;;) {
-    const value = probe()
+    const value = await probe()
     if (value !== undefined) return value
     if (Date.now() > end) throw new Error('timed out')
     await Bun.sleep(50)
@@ -108,6 +126,35 @@ if (MODE === 'postgres') {
       expect(await server.stop()).toBe(0)
       for (const pid of others) expect(alive(pid)).toBe(false)
     })
+  })
+
+  test('SIGTERM while the other processes are still starting stops them too: none is left on the port', async () => {
+    const port = await freePort()
+    const server = Bun.spawn([process.execPath, join(import.meta.dir, '..', 'src', 'main.ts')], {
+      env: {
+        ...process.env,
+        HOST: '127.0.0.1',
+        PORT: String(port),
+        DATA_DIR: mkdtempSync(join(tmpdir(), 'ls-proc-')),
+        MASTER_KEY: TEST_MASTER_KEY.toString('hex'),
+        DATABASE_URL: TEST_DATABASE_URL!,
+        REDIS_URL: TEST_REDIS_URL!,
+        SERVER_PROCESSES: '2',
+      },
+      stdout: 'ignore',
+      stderr: 'ignore',
+    })
+    const healthy = () => fetch(`http://127.0.0.1:${port}/healthz`).then((r) => r.ok, () => false)
+    try {
+      // The first process answers as soon as it listens, before the other one does.
+      await until(async () => ((await healthy()) ? true : undefined))
+      server.kill('SIGTERM')
+      expect(await server.exited).toBe(0)
+      await until(() => (startedFor(port).length === 0 ? true : undefined))
+      expect(await healthy()).toBe(false)
+    } finally {
+      for (const pid of startedFor(port)) process.kill(pid, 'SIGKILL')
+    }
   })
 
   test('the other processes stop when the first one is killed outright', async () => {
