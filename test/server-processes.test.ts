@@ -1,4 +1,4 @@
-import { afterAll, describe, expect, test } from 'bun:test'
+import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { mkdtempSync, readdirSync, readFileSync } from 'node:fs'
 import { availableParallelism, tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -79,10 +79,11 @@ if (MODE === 'postgres') {
 
   describe('SERVER_PROCESSES=2', async () => {
     const t = await makeTestApp()
-    const server: ServerProcess = await startServer({
-      DATABASE_URL: TEST_DATABASE_URL!,
-      REDIS_URL: TEST_REDIS_URL!,
-      SERVER_PROCESSES: '2',
+    // Started before the first test, not in the describe body: a run whose filter (bun test -t) leaves
+    // none of these tests runs the body all the same, but neither hook, and would leave the server running.
+    let server: ServerProcess
+    beforeAll(async () => {
+      server = await startServer({ DATABASE_URL: TEST_DATABASE_URL!, REDIS_URL: TEST_REDIS_URL!, SERVER_PROCESSES: '2' })
     })
     afterAll(async () => {
       if (alive(server.pid)) await server.stop()
