@@ -41,12 +41,13 @@ export async function spawnServer(entry: string, env: Record<string, string>, fl
     stderr: 'pipe',
   })
   const reader = proc.stderr.getReader()
+  // stream: a multi-byte character split between two chunks is decoded whole, not as two U+FFFD.
   const decoder = new TextDecoder()
   let seen = ''
   for (;;) {
     const { value, done } = await reader.read()
     if (done) throw new Error(`${entry} exited before listening:\n${seen}`)
-    seen += decoder.decode(value)
+    seen += decoder.decode(value, { stream: true })
     const line = seen.split('\n').find((l) => l.includes('"listening"'))
     if (!line) continue
     // Everything logged, kept for `logged`: only the servers' few info lines (the benches run at info).
@@ -57,7 +58,7 @@ export async function spawnServer(entry: string, env: Record<string, string>, fl
       for (;;) {
         const { value, done } = await reader.read()
         if (done) exited = true
-        else seen += decoder.decode(value)
+        else seen += decoder.decode(value, { stream: true })
         for (const wake of waiters.splice(0)) wake()
         if (done) return
       }
