@@ -146,3 +146,33 @@ test('Redis that stops answering without closing the connection: client requests
     await stalled.stop()
   }
 })
+
+test('Redis that stops answering without closing the connection: Developer API requests are answered by the deadline, without limit headers and with the balance PostgreSQL holds', async () => {
+  const stalled = await ownRedis()
+  const quiet = new RedisStore(stalled.url, { callTimeoutMs: 1000 })
+  const admin = new Redis(stalled.url)
+  try {
+    const app = await makeTestApp({ store: quiet })
+    const s = await app.seed({ credits: 10 })
+    const account = () => app.req('GET', '/v1/account', { apiKey: s.apiKey })
+    const before = await account()
+    expect(before.status).toBe(200)
+    expect(before.headers.get('ratelimit-limit')).toBe('100')
+
+    const pausedMs = 5000
+    await admin.call('CLIENT', 'PAUSE', String(pausedMs), 'ALL')
+    const pausedAt = Date.now()
+    const during = await account()
+    // Both the limiter and the live balance waited out their deadline, not the pause.
+    expect(Date.now() - pausedAt).toBeLessThan(pausedMs - 1500)
+    expect(during.status).toBe(200)
+    expect(during.headers.get('ratelimit-limit')).toBeNull()
+    expect(during.body.credits).toBe(10)
+
+    expect(await until(async () => (await account()).headers.get('ratelimit-limit'), (limit) => limit === '100', 10_000)).toBe('100')
+  } finally {
+    admin.disconnect()
+    await quiet.close()
+    await stalled.stop()
+  }
+})

@@ -46,8 +46,8 @@ export class RedisStore implements Store {
 
   /**
    * A call with the deadline of the authorize calls (STORE_CALL_TIMEOUT_MS): those that only read, take
-   * admission tokens or bump epochs, which Redis may still run after the caller gave up without harm (a
-   * failed bump is retried anyway). The balance seed has none: run after its caller released the account
+   * rate-limit or admission tokens or bump epochs, which Redis may still run after the caller gave up
+   * without harm (a token taken late is one token, a failed bump is retried anyway). The balance seed has none: run after its caller released the account
    * row, it could seed a balance a flush has moved since (ledger.ts); a client request waits for it under
    * a deadline of its own. Adding credits, refunds and flushes have none either: run late, they would
    * count credits the database rolled back, or twice.
@@ -70,7 +70,7 @@ export class RedisStore implements Store {
   }
 
   take(key: string, capacity: number, refillPerSecond: number, nowMs: number, cost?: number): Promise<TakeResult> {
-    return watched(this.#limiter.take(key, capacity, refillPerSecond, nowMs, cost))
+    return watched(this.#waited(this.#limiter.take(key, capacity, refillPerSecond, nowMs, cost)))
   }
 
   claimOnce(key: string, ttlSeconds: number): Promise<boolean> {
@@ -106,7 +106,7 @@ export class RedisStore implements Store {
   }
 
   balance(accountId: string): Promise<number | null> {
-    return watched(this.#credits.balance(accountId))
+    return watched(this.#waited(this.#credits.balance(accountId)))
   }
 
   creditsAdded(accountId: string, n: number): Promise<void> {
