@@ -84,12 +84,6 @@ export class MemoryStore implements Store {
     this.set(key, state, ttlMs, nowMs)
   }
 
-  async claimOnce(key: string, ttlSeconds: number): Promise<boolean> {
-    if (this.get(key) !== undefined) return false
-    this.set(key, 1, ttlSeconds * 1000)
-    return true
-  }
-
   async epochs(keys: readonly string[]): Promise<number[]> {
     return keys.map((k) => (this.get(k) as number | undefined) ?? 0)
   }

@@ -14,15 +14,13 @@ export interface Store extends Limiter, Epochs, Credits, Authorizer {
   close(): Promise<void>
 }
 
-/** Token buckets and one-time claims. */
+/** Token buckets. */
 export interface Limiter {
   /**
    * Token bucket of `capacity` tokens refilling continuously at `refillPerSecond`. Takes `cost`
    * tokens when available. `retryAfterMs` is how long until `cost` tokens are there again.
    */
   take(key: string, capacity: number, refillPerSecond: number, nowMs: number, cost?: number): Promise<TakeResult>
-  /** Marks `key` used for `ttlSeconds`; false when it was already used. */
-  claimOnce(key: string, ttlSeconds: number): Promise<boolean>
 }
 
 /** Cache-invalidation epochs and the store generation they are read under. */

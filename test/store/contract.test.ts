@@ -121,24 +121,6 @@ describe.each(backends)('$name', ({ store }) => {
     })
   })
 
-  describe('claimOnce', () => {
-    test('the first claim wins and every later one loses', async () => {
-      const key = fresh('nonce')
-      expect(await store().claimOnce(key, 60)).toBe(true)
-      expect(await store().claimOnce(key, 60)).toBe(false)
-      expect(await store().claimOnce(key, 60)).toBe(false)
-      expect(await store().claimOnce(fresh('nonce'), 60)).toBe(true)
-    })
-
-    test('of concurrent claims exactly one wins', async () => {
-      const key = fresh('nonce')
-      const results = await Promise.all(
-        Array.from({ length: 20 }, () => store().claimOnce(key, 60)),
-      )
-      expect(results.filter(Boolean)).toHaveLength(1)
-    })
-  })
-
   describe('epochs and bump', () => {
     test('a key never bumped is at epoch 0', async () => {
       expect(await store().epochs([fresh('ep'), fresh('ep')])).toEqual([0, 0])

@@ -73,10 +73,6 @@ export class RedisStore implements Store {
     return watched(this.#waited(this.#limiter.take(key, capacity, refillPerSecond, nowMs, cost)))
   }
 
-  claimOnce(key: string, ttlSeconds: number): Promise<boolean> {
-    return watched(this.#limiter.claimOnce(key, ttlSeconds))
-  }
-
   epochs(keys: readonly string[]): Promise<number[]> {
     return watched(this.#epochs.epochs(keys))
   }

@@ -40,9 +40,4 @@ export class RedisLimiter implements Limiter {
     const [ok, remaining, retryAfterMs] = await this.conn.redis.lsTake(key, capacity, refillPerSecond, nowMs, cost)
     return { ok: ok === 1, remaining, retryAfterMs }
   }
-
-  async claimOnce(key: string, ttlSeconds: number): Promise<boolean> {
-    this.conn.failFastWhenLost()
-    return (await this.conn.redis.set(key, '1', 'EX', ttlSeconds, 'NX')) === 'OK'
-  }
 }
