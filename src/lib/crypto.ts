@@ -24,13 +24,6 @@ export function safeEqual(a: string, b: string): boolean {
   return timingSafeEqual(ha, hb)
 }
 
-/** Compares a presented secret with a stored SHA-256 hex digest in constant time. */
-export function matchesHash(presented: string, storedHex: string): boolean {
-  const got = createHash('sha256').update(presented, 'utf8').digest()
-  const want = Buffer.from(storedHex, 'hex')
-  return want.length === got.length && timingSafeEqual(got, want)
-}
-
 export function randomToken(bytes = 32): string {
   return randomBytes(bytes).toString('base64url')
 }
