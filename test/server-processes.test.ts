@@ -86,7 +86,8 @@ if (MODE === 'postgres') {
       server = await startServer({ DATABASE_URL: TEST_DATABASE_URL!, REDIS_URL: TEST_REDIS_URL!, SERVER_PROCESSES: '2' })
     })
     afterAll(async () => {
-      if (alive(server.pid)) await server.stop()
+      // Unset when the start failed: that error is the one to see.
+      if (server && alive(server.pid)) await server.stop()
     })
     const fresh = (path: string, init: RequestInit = {}) => freshFetch(server, path, init)
     const labelsSeen = (enough: (seen: Set<string>) => boolean) => processLabelsSeen(server, enough)

@@ -134,8 +134,9 @@ test('Redis that stops answering without closing the connection: client requests
     // Each would wait out its own second otherwise.
     expect(Date.now() - again).toBeLessThan(1800)
 
-    // Once Redis runs the held validate it charges for it; the client was told it failed, so that comes back
-    // (the balance is read on the same connection, after the held call).
+    // Once Redis runs the held validate it charges for it; the client was told it failed, so that comes back.
+    // Until then the balance read gives up at its deadline and PostgreSQL's 10 is read instead (this app
+    // runs no reconciler); after it, the read queues behind the held call on the same connection.
     expect(await until(credits, (n) => n === 9, 10_000)).toBe(9)
     expect(Date.now() - pausedAt).toBeGreaterThan(pausedMs - 200)
     expect((await validate()).status).toBe(200)
@@ -154,22 +155,30 @@ test('Redis that stops answering without closing the connection: Developer API r
   try {
     const app = await makeTestApp({ store: quiet })
     const s = await app.seed({ credits: 10 })
+    const licenseKey = await insertLicense(app.ctx, s.appId)
     const account = () => app.req('GET', '/v1/account', { apiKey: s.apiKey })
+    // A validate charges the live balance in Redis; PostgreSQL keeps 10 until a flush (this app runs none).
+    const validated = await app.req('POST', '/auth/validate', {
+      body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: hwid(), nonce: nonce() },
+    })
+    expect(validated.status, JSON.stringify(validated.body)).toBe(200)
     const before = await account()
     expect(before.status).toBe(200)
     expect(before.headers.get('ratelimit-limit')).toBe('100')
+    expect(before.body.credits).toBe(9)
 
-    const pausedMs = 5000
+    const pausedMs = 7000
     await admin.call('CLIENT', 'PAUSE', String(pausedMs), 'ALL')
     const pausedAt = Date.now()
     const during = await account()
-    // Both the limiter and the live balance waited out their deadline, not the pause.
-    expect(Date.now() - pausedAt).toBeLessThan(pausedMs - 1500)
+    // Both the limiter and the live balance waited out their deadline (1 s each), not the pause.
+    expect(Date.now() - pausedAt).toBeLessThan(pausedMs - 2500)
     expect(during.status).toBe(200)
     expect(during.headers.get('ratelimit-limit')).toBeNull()
     expect(during.body.credits).toBe(10)
 
     expect(await until(async () => (await account()).headers.get('ratelimit-limit'), (limit) => limit === '100', 10_000)).toBe('100')
+    expect((await account()).body.credits).toBe(9)
   } finally {
     admin.disconnect()
     await quiet.close()

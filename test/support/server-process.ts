@@ -28,13 +28,14 @@ export async function startServer(env: Record<string, string>): Promise<ServerPr
     stdout: 'ignore',
     stderr: 'pipe',
   })
+  // stream: a multi-byte character split between two chunks is decoded whole, not as two U+FFFD.
   const decoder = new TextDecoder()
   let seen = ''
   const reader = proc.stderr.getReader()
   while (true) {
     const { value, done } = await reader.read()
     if (done) throw new Error(`server exited before listening:\n${seen}`)
-    seen += decoder.decode(value)
+    seen += decoder.decode(value, { stream: true })
     const line = seen.split('\n').find((l) => l.includes('"listening"'))
     if (line) {
       const url = (JSON.parse(line) as { url: string }).url
@@ -43,7 +44,7 @@ export async function startServer(env: Record<string, string>): Promise<ServerPr
         for (;;) {
           const next = await reader.read()
           if (next.done) return
-          seen += decoder.decode(next.value)
+          seen += decoder.decode(next.value, { stream: true })
         }
       })()
       return {

@@ -47,9 +47,10 @@ export class RedisStore implements Store {
   /**
    * A call with the deadline of the authorize calls (STORE_CALL_TIMEOUT_MS): those that only read, take
    * rate-limit or admission tokens or bump epochs, which Redis may still run after the caller gave up
-   * without harm (a token taken late is one token, a failed bump is retried anyway). The balance seed has none: run after its caller released the account
-   * row, it could seed a balance a flush has moved since (ledger.ts); a client request waits for it under
-   * a deadline of its own. Adding credits, refunds and flushes have none either: run late, they would
+   * without harm (a token it takes then is charged to a request that went through unlimited anyway; a
+   * failed bump is retried). The balance seed has none: run after its caller released the account row,
+   * it could seed a balance a flush has moved since (ledger.ts); a client request waits for it under a
+   * deadline of its own. Adding credits, refunds and flushes have none either: run late, they would
    * count credits the database rolled back, or twice.
    */
   #waited<T>(reply: Promise<T>): Promise<T> {
