@@ -1,7 +1,7 @@
 import { afterAll, expect, test } from 'bun:test'
 import { Redis } from 'ioredis'
 import { RedisStore } from '../../src/store/redis'
-import { makeTestApp } from '../support/helpers'
+import { makeTestApp, type TestApp } from '../support/helpers'
 import { decode, hwid, insertLicense, nonce } from '../support/client'
 import { ownRedis, until } from '../support/servers'
 
@@ -94,7 +94,13 @@ test('Redis killed under load: a real app is never answered invalid_app, however
   await redis.start()
 })
 
-test('Redis that stops answering without closing the connection: client requests are answered as in an outage by the deadline, cache misses too, and a charge Redis made late is given back', async () => {
+/**
+ * `run` on an app with 10 credits and a license, whose store has a Redis of its own that `pause` makes
+ * hold every command (the connection stays open) and gives up on a call after 1 s.
+ */
+async function onStallingRedis(
+  run: (r: { app: TestApp; s: Awaited<ReturnType<TestApp['seed']>>; licenseKey: string; pause(ms: number): Promise<unknown> }) => Promise<void>,
+): Promise<void> {
   const stalled = await ownRedis()
   const quiet = new RedisStore(stalled.url, { callTimeoutMs: 1000 })
   const admin = new Redis(stalled.url)
@@ -102,6 +108,16 @@ test('Redis that stops answering without closing the connection: client requests
     const app = await makeTestApp({ store: quiet })
     const s = await app.seed({ credits: 10 })
     const licenseKey = await insertLicense(app.ctx, s.appId)
+    await run({ app, s, licenseKey, pause: (ms) => admin.call('CLIENT', 'PAUSE', String(ms), 'ALL') })
+  } finally {
+    admin.disconnect()
+    await quiet.close()
+    await stalled.stop()
+  }
+}
+
+test('Redis that stops answering without closing the connection: client requests are answered as in an outage by the deadline, cache misses too, and a charge Redis made late is given back', () =>
+  onStallingRedis(async ({ app, s, licenseKey, pause }) => {
     // Never requested: its first validate has to read its epoch from Redis before the authorize call.
     const uncached = await insertLicense(app.ctx, s.appId)
     const h = hwid()
@@ -115,7 +131,7 @@ test('Redis that stops answering without closing the connection: client requests
 
     // Redis keeps the connection and reads the commands, but runs none for a while.
     const pausedMs = 5000
-    await admin.call('CLIENT', 'PAUSE', String(pausedMs), 'ALL')
+    await pause(pausedMs)
     const pausedAt = Date.now()
     const [closed, open, miss] = await Promise.all([
       validate(),
@@ -141,21 +157,10 @@ test('Redis that stops answering without closing the connection: client requests
     expect(Date.now() - pausedAt).toBeGreaterThan(pausedMs - 200)
     expect((await validate()).status).toBe(200)
     expect(await credits()).toBe(8)
-  } finally {
-    admin.disconnect()
-    await quiet.close()
-    await stalled.stop()
-  }
-})
+  }))
 
-test('Redis that stops answering without closing the connection: Developer API requests are answered by the deadline, without limit headers and with the balance PostgreSQL holds', async () => {
-  const stalled = await ownRedis()
-  const quiet = new RedisStore(stalled.url, { callTimeoutMs: 1000 })
-  const admin = new Redis(stalled.url)
-  try {
-    const app = await makeTestApp({ store: quiet })
-    const s = await app.seed({ credits: 10 })
-    const licenseKey = await insertLicense(app.ctx, s.appId)
+test('Redis that stops answering without closing the connection: Developer API requests are answered by the deadline, without limit headers and with the balance PostgreSQL holds', () =>
+  onStallingRedis(async ({ app, s, licenseKey, pause }) => {
     const account = () => app.req('GET', '/v1/account', { apiKey: s.apiKey })
     // A validate charges the live balance in Redis; PostgreSQL keeps 10 until a flush (this app runs none).
     const validated = await app.req('POST', '/auth/validate', {
@@ -168,7 +173,7 @@ test('Redis that stops answering without closing the connection: Developer API r
     expect(before.body.credits).toBe(9)
 
     const pausedMs = 7000
-    await admin.call('CLIENT', 'PAUSE', String(pausedMs), 'ALL')
+    await pause(pausedMs)
     const pausedAt = Date.now()
     const during = await account()
     // Both the limiter and the live balance waited out their deadline (1 s each), not the pause.
@@ -179,9 +184,4 @@ test('Redis that stops answering without closing the connection: Developer API r
 
     expect(await until(async () => (await account()).headers.get('ratelimit-limit'), (limit) => limit === '100', 10_000)).toBe('100')
     expect((await account()).body.credits).toBe(9)
-  } finally {
-    admin.disconnect()
-    await quiet.close()
-    await stalled.stop()
-  }
-})
+  }))
