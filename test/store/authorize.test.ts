@@ -362,7 +362,8 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: one authorize call in flight', ()
     const proxy = await replyLosingProxy({ host: redisUrl.hostname, port: Number(redisUrl.port || 6379) })
     const viaProxy = new URL(redisUrl)
     viaProxy.port = String(proxy.port)
-    const store = new RedisStore(viaProxy.toString())
+    // A deadline the reconnect cannot outrun on a loaded machine: the call must end on its re-sent reply.
+    const store = new RedisStore(viaProxy.toString(), { callTimeoutMs: 10_000 })
     try {
       const acct = randomUUID()
       await store.loadBalance(acct, { epoch: 0, flushId: null }, 5, false)

@@ -1,10 +1,11 @@
 import { luaConstants, luaUnpack } from './wire'
 
 /**
- * How long a call's answer is kept under its call key (ARGV[5]). ioredis sends a call again once the
- * connection that replaces one dropped before the reply is up: after a brief drop, within a second or
- * two. A call sent again later runs again (a charge of its first run stays): the price of not keeping a
- * key per charging call for longer.
+ * How long a call's answer is kept under its call key (ARGV[5]). ioredis sends a call again when its
+ * first reconnect after the drop gets through (connection.ts allows no second: the call fails unsent),
+ * a cluster client on its retry 100 ms after a failover: within a second or two. Later (a reconnect held
+ * up while Redis loads its data) the call runs again and a charge of its first run stays: the price of
+ * not keeping a key per charging call longer.
  */
 export const CALL_ANSWER_KEPT_MS = 10_000
 
