@@ -24,6 +24,8 @@ async function hwidsRecorded(appIds: string[]): Promise<string[]> {
     .select({ data: events.data })
     .from(events)
     .where(and(inArray(events.appId, appIds), eq(events.event, 'license.validated')))
+    // Written order: without ORDER BY a later chunk's rows came back first once (CI, the shared database).
+    .orderBy(events.id)
   return rows.map((r) => String(r.data.hwid))
 }
 
