@@ -223,8 +223,6 @@ export const keys = {
   shardCount: 'ls:shards',
   /** A random id written when missing: a shard that lost its data comes back without it (Snapshot). */
   generation: (shard: Shard) => `${shardPrefix(shard)}gen`,
-  /** One authorize call's answer, kept a while in case the call is sent again (authorize-script.ts). */
-  authorizeCall: (shard: Shard, callId: string) => `${shardPrefix(shard)}call:${callId}`,
 }
 
 /** The shard tag a key starts with after `ls:`; '' (the single Redis's one shard) for a key with none. */

@@ -3,7 +3,7 @@
  * test stops, restarts (empty) and starts again without touching the machine's shared servers.
  */
 import { chownSync, mkdtempSync, rmSync } from 'node:fs'
-import { type AddressInfo, connect, createServer, type Socket } from 'node:net'
+import { createServer } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 
@@ -54,45 +54,6 @@ async function waitForPort(port: number, ms = 10_000): Promise<void> {
       }).catch(() => resolve(false))
     })
   if (!(await until(open, (up) => up, ms))) throw new Error(`nothing listens on port ${port}`)
-}
-
-/**
- * A TCP proxy to `target` on a port of its own. `loseNextReply()` makes it swallow the next bytes the
- * target sends and close that connection: a link that dropped after the server ran a command and
- * before its reply came back.
- */
-export async function replyLosingProxy(target: { host: string; port: number }) {
-  let lose = false
-  const sockets = new Set<Socket>()
-  const server = createServer((client) => {
-    const upstream = connect(target.port, target.host)
-    const close = () => {
-      client.destroy()
-      upstream.destroy()
-    }
-    for (const s of [client, upstream]) {
-      sockets.add(s)
-      s.on('close', close)
-      s.on('error', close)
-    }
-    client.on('data', (chunk) => upstream.write(chunk))
-    upstream.on('data', (chunk) => {
-      if (!lose) return void client.write(chunk)
-      lose = false
-      close()
-    })
-  })
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
-  return {
-    port: (server.address() as AddressInfo).port,
-    loseNextReply() {
-      lose = true
-    },
-    close() {
-      for (const s of sockets) s.destroy()
-      return new Promise<void>((resolve) => server.close(() => resolve()))
-    },
-  }
 }
 
 export interface OwnRedis {

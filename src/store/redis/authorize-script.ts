@@ -1,14 +1,5 @@
 import { luaConstants, luaUnpack } from './wire'
 
-/**
- * How long a call's answer is kept under its call key (ARGV[5]). ioredis sends a call again when its
- * first reconnect after the drop gets through (connection.ts allows no second: the call fails unsent),
- * a cluster client on its retry 100 ms after a failover: within a second or two. Later (a reconnect held
- * up while Redis loads its data) the call runs again and a charge of its first run stays: the price of
- * not keeping a key per charging call longer.
- */
-export const CALL_ANSWER_KEPT_MS = 10_000
-
 // The public requests of one call (see authorize.ts), each checked in order (AuthorizeInput in
 // store.ts documents the order of one request's checks; memory.ts mirrors it), answered as one array.
 // The script works on the batch, not on each request: every key is read once by one MGET, each
@@ -23,24 +14,8 @@ export const CALL_ANSWER_KEPT_MS = 10_000
 // and the current value and runs nothing, since epochs that restarted after a data loss would make old
 // cache entries look fresh. Otherwise the answer is the generation, then each request's (REPLIES).
 // ARGV[1] is the batch in the wire format of wire.ts, whose tables name every h[...] read here; ARGV[4]
-// is '1' on a cluster. ARGV[5] is the call's own key (of the same shard): a call that charged keeps its
-// answer there, and the same call sent again (after a dropped connection lost the reply) gets that
-// answer back instead of running twice, so what the first run charged is what the caller gives back.
+// is '1' on a cluster.
 export const AUTHORIZE = `${luaConstants}
--- A kept answer is the generation, ':' and the integers as doubles (struct.pack: a fraction of what
--- writing each as text costs). unpack has a stack limit: the integers go in slices.
-local kept = redis.call('GET', ARGV[5])
-if kept then
-  local at = string.find(kept, ':', 1, true)
-  local answer = { string.sub(kept, 1, at - 1) }
-  local pos, count = at + 1, (#kept - at) / 8
-  for from = 1, count, 500 do
-    local slice = { struct.unpack('<' .. string.rep('d', math.min(500, count - from + 1)), kept, pos) }
-    pos = table.remove(slice)
-    for _, n in ipairs(slice) do answer[#answer + 1] = n end
-  end
-  return answer
-end
 local gen = redis.call('GET', KEYS[1])
 if not gen then
   gen = ARGV[3]
@@ -162,16 +137,6 @@ for bal, amount in pairs(spent) do
   if redis.call('INCRBY', names[h[F_PENDING_KEY]], amount) == amount then
     redis.call('SADD', names[h[F_DIRTY_KEY]], names[h[F_ACCOUNT]])
   end
-end
--- Only a call that charged keeps its answer: run again, one that charged nothing gives nothing back
--- wrongly (its nonces answer replay, and whatever the second run charges, the caller gives back).
-if next(spent) then
-  local keep = { out[1], ':' }
-  for from = 2, #out, 500 do
-    local to = math.min(from + 499, #out)
-    keep[#keep + 1] = struct.pack('<' .. string.rep('d', to - from + 1), unpack(out, from, to))
-  end
-  redis.call('SET', ARGV[5], table.concat(keep), 'PX', ${CALL_ANSWER_KEPT_MS})
 end
 return out
 `

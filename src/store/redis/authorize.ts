@@ -8,7 +8,7 @@ import { AuthorizeArgs, authorizeResult } from './wire'
 
 export interface AuthorizeCommands {
   /** [-1, the generation] when it is not the one expected, else [the generation, ...each request's answer]. */
-  lsAuthorize(generationKey: string, packed: Buffer, generation: string, fresh: string, cluster: '1' | '0', callKey: string): Promise<[string, ...number[]] | [-1, string]>
+  lsAuthorize(generationKey: string, packed: Buffer, generation: string, fresh: string, cluster: '1' | '0'): Promise<[string, ...number[]] | [-1, string]>
 }
 
 export const authorizeScripts: { [name in keyof AuthorizeCommands]: Script } = {
@@ -102,14 +102,7 @@ export class RedisAuthorizer implements Authorizer {
     const cluster = this.conn.shards > 1 ? '1' : '0'
     let reply: Promise<Reply>
     try {
-      reply = this.conn.redis.lsAuthorize(
-        keys.generation(shard),
-        call.packed(),
-        this.conn.storeGeneration(shard),
-        randomUUID(),
-        cluster,
-        keys.authorizeCall(shard, randomUUID()),
-      )
+      reply = this.conn.redis.lsAuthorize(keys.generation(shard), call.packed(), this.conn.storeGeneration(shard), randomUUID(), cluster)
     } catch (err) {
       // The batcher drops a batch whose send throws: its callers would wait for ever.
       for (const p of sent) p.reject(err)
@@ -169,7 +162,7 @@ export class RedisAuthorizer implements Authorizer {
       // ioredis re-sent the call on a new connection, where the shard's generation key may have
       // survived a loss of later writes (a failover), or the reply showed that key changed after a
       // call sent before this process had read it: its verdicts cannot be trusted, and its charges
-      // are given back (a re-sent call whose first run charged answers that run's reply: the script).
+      // are given back.
       err = new Error('redis connection was replaced during the call')
       this.#refundAll(batch, replies)
       replies = null
