@@ -56,6 +56,16 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     expect((await store.authorize(base({ nowMs: now + 1000, buckets: [a, b] }))).kind).toBe('ok')
   })
 
+  test('a bucket that refilled while its key lives on holds its capacity from now, not from its old arrival time', async () => {
+    const a = { key: `ls:test:b:${id()}`, capacity: 2, refillPerSecond: 1 }
+    expect((await store.authorize(base({ buckets: [a] }))).kind).toBe('ok')
+    // Full again five seconds later (the key outlives its arrival time by a second of real time).
+    const later = now + 5000
+    expect((await store.authorize(base({ nowMs: later, buckets: [a] }))).kind).toBe('ok')
+    expect((await store.authorize(base({ nowMs: later, buckets: [a] }))).kind).toBe('ok')
+    expect(await store.authorize(base({ nowMs: later, buckets: [a] }))).toEqual({ kind: 'limited', retryAfterMs: 1000 })
+  })
+
   test('the ceiling counts before the buckets and limits', async () => {
     const ceiling = { key: `ls:test:d:${id()}`, limit: 2, ttlSeconds: 60 }
     const bucket = { key: `ls:test:b:${id()}`, capacity: 1, refillPerSecond: 0.001 }

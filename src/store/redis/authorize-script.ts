@@ -60,74 +60,110 @@ for from = 1, #reads, 500 do
   for i = 1, #slice do val[reads[from + i - 1]] = tonumber(v[i]) end
 end
 
--- One request's answer, appended to out as integers (REPLIES in wire.ts).
+-- Each request's answer, appended to out as integers (REPLIES in wire.ts). Written inline in one loop,
+-- "repeat ... until true" standing in for the continue Lua 5.1 lacks (break ends a request): a function
+-- call per request, a closure call per answer and a table per request's buckets cost ~0.8 µs a request
+-- in-script (~8% of the script), and the script's time is what the server processes wait on.
 local out = { gen }
-local function put(x) out[#out + 1] = x end
-local function one(h)
-  local now, ne, nb = h[F_NOW], h[F_EPOCH_COUNT], h[F_BUCKET_COUNT]
-  local e = HEAD_WIDTH + 1
-  local b = e + EPOCH_WIDTH * ne
-  local stale = false
-  for i = e, b - 1, EPOCH_WIDTH do
-    if (val[h[i + EPOCH_KEY]] or 0) ~= h[i + EPOCH_EXPECTED] then stale = true end
-  end
-  if stale then
-    put(R_STALE)
-    put(ne)
-    for i = e, b - 1, EPOCH_WIDTH do put(val[h[i + EPOCH_KEY]] or 0) end
-    return
-  end
-  local bal = h[F_BALANCE_KEY]
-  if bal > 0 and not val[bal] then return put(R_NO_BALANCE) end
-  local ceil = h[F_CEILING_KEY]
-  if ceil > 0 then
-    local count = redis.call('INCR', names[ceil])
-    if count == 1 then redis.call('EXPIRE', names[ceil], h[F_CEILING_TTL]) end
-    if count > h[F_CEILING_LIMIT] then return put(R_QUOTA) end
-  end
-  if nb > 0 then
-    local last = b + BUCKET_WIDTH * nb - 1
-    local tats = {}
-    local short = 0
-    for j = b, last, BUCKET_WIDTH do
-      local t = 1000 / h[j + BUCKET_REFILL_PER_SECOND]
-      local tat = math.max(val[h[j + BUCKET_KEY]] or now, now) + t
-      tats[j] = tat
-      local over = tat - now - h[j + BUCKET_CAPACITY] * t
-      if over > 1e-6 then short = math.max(short, math.ceil(over)) end
+local n = 1
+for _, h in ipairs(reqs) do
+  repeat
+    local now, ne, nb = h[F_NOW], h[F_EPOCH_COUNT], h[F_BUCKET_COUNT]
+    local e = HEAD_WIDTH + 1
+    local b = e + EPOCH_WIDTH * ne
+    local stale = false
+    for i = e, b - 1, EPOCH_WIDTH do
+      if (val[h[i + EPOCH_KEY]] or 0) ~= h[i + EPOCH_EXPECTED] then stale = true end
     end
-    if short > 0 then
-      put(R_LIMITED)
-      return put(short)
-    end
-    for j = b, last, BUCKET_WIDTH do
-      val[h[j + BUCKET_KEY]] = tats[j]
-      bucket_px[h[j + BUCKET_KEY]] = math.ceil(tats[j] - now) + 1000
-    end
-  end
-  local nonce = h[F_NONCE_KEY]
-  if nonce > 0 and not redis.call('SET', names[nonce], '1', 'NX', 'EX', h[F_NONCE_TTL]) then return put(R_REPLAY) end
-  if h[F_DENY] == 1 then return put(R_DENIED) end
-  local cost = 0
-  if bal > 0 then
-    cost = h[F_COST]
-    local ctr = h[F_COUNTER_KEY]
-    if ctr > 0 and redis.call('INCR', names[ctr]) % h[F_COUNTER_EVERY] ~= 0 then cost = 0 end
-    if cost > 0 then
-      if val[bal] < cost then
-        if ctr > 0 then redis.call('DECR', names[ctr]) end
-        return put(R_NO_CREDITS)
+    if stale then
+      out[n + 1] = R_STALE
+      out[n + 2] = ne
+      n = n + 2
+      for i = e, b - 1, EPOCH_WIDTH do
+        n = n + 1
+        out[n] = val[h[i + EPOCH_KEY]] or 0
       end
-      val[bal] = val[bal] - cost
-      spent[bal] = (spent[bal] or 0) + cost
-      charged_by[bal] = h
+      break
     end
-  end
-  put(R_OK)
-  put(cost)
+    local bal = h[F_BALANCE_KEY]
+    if bal > 0 and not val[bal] then
+      n = n + 1
+      out[n] = R_NO_BALANCE
+      break
+    end
+    local ceil = h[F_CEILING_KEY]
+    if ceil > 0 then
+      local count = redis.call('INCR', names[ceil])
+      if count == 1 then redis.call('EXPIRE', names[ceil], h[F_CEILING_TTL]) end
+      if count > h[F_CEILING_LIMIT] then
+        n = n + 1
+        out[n] = R_QUOTA
+        break
+      end
+    end
+    if nb > 0 then
+      -- All of a request's buckets or none: the first pass finds the longest wait, the second takes.
+      local last = b + BUCKET_WIDTH * nb - 1
+      local short = 0
+      for j = b, last, BUCKET_WIDTH do
+        local t = 1000 / h[j + BUCKET_REFILL_PER_SECOND]
+        local tat = val[h[j + BUCKET_KEY]] or now
+        if tat < now then tat = now end
+        local over = tat + t - now - h[j + BUCKET_CAPACITY] * t
+        if over > 1e-6 then
+          over = math.ceil(over)
+          if over > short then short = over end
+        end
+      end
+      if short > 0 then
+        out[n + 1] = R_LIMITED
+        out[n + 2] = short
+        n = n + 2
+        break
+      end
+      for j = b, last, BUCKET_WIDTH do
+        local k = h[j + BUCKET_KEY]
+        local tat = val[k] or now
+        if tat < now then tat = now end
+        tat = tat + 1000 / h[j + BUCKET_REFILL_PER_SECOND]
+        val[k] = tat
+        bucket_px[k] = math.ceil(tat - now) + 1000
+      end
+    end
+    local nonce = h[F_NONCE_KEY]
+    if nonce > 0 and not redis.call('SET', names[nonce], '1', 'NX', 'EX', h[F_NONCE_TTL]) then
+      n = n + 1
+      out[n] = R_REPLAY
+      break
+    end
+    if h[F_DENY] == 1 then
+      n = n + 1
+      out[n] = R_DENIED
+      break
+    end
+    local cost = 0
+    if bal > 0 then
+      cost = h[F_COST]
+      local ctr = h[F_COUNTER_KEY]
+      if ctr > 0 and redis.call('INCR', names[ctr]) % h[F_COUNTER_EVERY] ~= 0 then cost = 0 end
+      if cost > 0 then
+        if val[bal] < cost then
+          if ctr > 0 then redis.call('DECR', names[ctr]) end
+          n = n + 1
+          out[n] = R_NO_CREDITS
+          break
+        end
+        val[bal] = val[bal] - cost
+        spent[bal] = (spent[bal] or 0) + cost
+        charged_by[bal] = h
+      end
+    end
+    out[n + 1] = R_OK
+    out[n + 2] = cost
+    n = n + 2
+  until true
 end
 
-for _, h in ipairs(reqs) do one(h) end
 for k, px in pairs(bucket_px) do
   redis.call('SET', names[k], val[k], 'PX', px)
 end
