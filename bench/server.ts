@@ -2,9 +2,11 @@ import { existsSync, readFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { procCpu } from './proc'
 
-/** A server under test, as the benches start it: its URL, its processes' CPU and memory, and a stop. */
+/** A server under test, as the benches and the tests start it: its URL, its processes' CPU and memory, its log, and a stop. */
 export interface Server {
   url: string
+  /** The first process's (with SERVER_PROCESSES above 1, the one that started the others). */
+  pid: number
   /** Server processes sharing the port, as the first one logs it (the baseline logs none: 1). */
   processes: number
   /** CPU seconds the server's processes have used so far (user + system, all threads). */
@@ -13,9 +15,12 @@ export interface Server {
   mainCpu(): number
   /** Resident memory of each of the server's processes, in MB (VmRSS). */
   rssMb(): number[]
+  /** Everything the server has logged so far (stderr). */
+  log(): string
   /** Resolves once every server process has logged a line containing `text`; throws when the server exits first or `timeoutMs` passes. */
   logged(text: string, timeoutMs?: number): Promise<void>
-  stop(): Promise<void>
+  /** SIGTERM, then the exit code. */
+  stop(): Promise<number>
 }
 
 /** The server entry of a checkout; checkouts from before the move to feature rooms start at src/index.ts. */
@@ -69,10 +74,12 @@ export async function spawnServer(entry: string, env: Record<string, string>, fl
     const listening = JSON.parse(line) as { url: string; processes?: number }
     return {
       url: listening.url,
+      pid: proc.pid,
       processes: listening.processes ?? 1,
       cpu: () => sum((pid) => pid),
       mainCpu: () => sum((pid) => `${pid}/task/${pid}`),
       rssMb: () => pids.map(rssMb),
+      log: () => seen,
       async logged(text, timeoutMs = 300_000) {
         const processes = listening.processes ?? 1
         const deadline = Date.now() + timeoutMs
@@ -91,7 +98,7 @@ export async function spawnServer(entry: string, env: Record<string, string>, fl
       },
       async stop() {
         proc.kill('SIGTERM')
-        await proc.exited
+        return proc.exited
       },
     }
   }
