@@ -19,9 +19,15 @@ export async function withTimeout<T>(work: Promise<T>, ms: number): Promise<T | 
   return result === TIMED_OUT ? null : result
 }
 
-/** What `work` resolves to, or a rejection naming `what` once `ms` passed first (the work itself runs on). */
-export async function withDeadline<T>(work: Promise<T>, ms: number, what: string): Promise<T> {
+/**
+ * What `work` resolves to, or a rejection naming `what` once `ms` passed first (the work itself runs
+ * on; `late` is told it did).
+ */
+export async function withDeadline<T>(work: Promise<T>, ms: number, what: string, late?: () => void): Promise<T> {
   const result = await race(work, ms)
-  if (result === TIMED_OUT) throw new Error(`${what} did not finish within ${ms} ms`)
+  if (result === TIMED_OUT) {
+    late?.()
+    throw new Error(`${what} did not finish within ${ms} ms`)
+  }
   return result
 }

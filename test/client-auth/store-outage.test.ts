@@ -118,8 +118,9 @@ async function onStallingRedis(
 
 test('Redis that stops answering without closing the connection: client requests are answered as in an outage by the deadline, cache misses too, and a charge Redis made late is given back', () =>
   onStallingRedis(async ({ app, s, licenseKey, pause }) => {
-    // Never requested: its first validate has to read its epoch from Redis before the authorize call.
+    // Never requested: their first validate has to read their epoch from Redis before the authorize call.
     const uncached = await insertLicense(app.ctx, s.appId)
+    const uncachedToo = await insertLicense(app.ctx, s.appId)
     const h = hwid()
     const validate = (key = licenseKey) =>
       app.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey: key, hwid: h, nonce: nonce() } })
@@ -143,16 +144,18 @@ test('Redis that stops answering without closing the connection: client requests
     expect(open.status, JSON.stringify(open.body)).toBe(200)
     expect(decode(open.body.payload).licenseKey).toBe(licenseKey)
     expect(miss.body).toEqual({ status: 'failed', error: 'system_error' })
-    // While that call is unanswered, the next requests do not wait for their own deadline.
+    // While those calls are unanswered, the next requests do not wait for their own deadline, a cache
+    // miss's epoch read neither (it would be answered after them on the same connection).
     const again = Date.now()
     expect((await app.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken, hwid: h } })).status).toBe(200)
     expect((await validate()).body).toEqual({ status: 'failed', error: 'system_error' })
+    expect((await validate(uncachedToo)).body).toEqual({ status: 'failed', error: 'system_error' })
     // Each would wait out its own second otherwise.
-    expect(Date.now() - again).toBeLessThan(1800)
+    expect(Date.now() - again).toBeLessThan(900)
 
     // Once Redis runs the held validate it charges for it; the client was told it failed, so that comes back.
-    // Until then the balance read gives up at its deadline and PostgreSQL's 10 is read instead (this app
-    // runs no reconciler); after it, the read queues behind the held call on the same connection.
+    // Until then the balance read fails at once (a call is overdue) and PostgreSQL's 10 is read instead
+    // (this app runs no reconciler).
     expect(await until(credits, (n) => n === 9, 10_000)).toBe(9)
     expect(Date.now() - pausedAt).toBeGreaterThan(pausedMs - 200)
     expect((await validate()).status).toBe(200)
@@ -176,11 +179,19 @@ test('Redis that stops answering without closing the connection: Developer API r
     await pause(pausedMs)
     const pausedAt = Date.now()
     const during = await account()
-    // Both the limiter and the live balance waited out their deadline (1 s each), not the pause.
+    // The limiter waited out its deadline (1 s), not the pause; the balance read behind it failed at once.
     expect(Date.now() - pausedAt).toBeLessThan(pausedMs - 2500)
     expect(during.status).toBe(200)
     expect(during.headers.get('ratelimit-limit')).toBeNull()
     expect(during.body.credits).toBe(10)
+    // That call is still unanswered: the next request's would be answered after it, so they fail at
+    // once instead of waiting out their own deadlines.
+    const again = Date.now()
+    const next = await account()
+    expect(Date.now() - again).toBeLessThan(500)
+    expect(next.status).toBe(200)
+    expect(next.headers.get('ratelimit-limit')).toBeNull()
+    expect(next.body.credits).toBe(10)
 
     expect(await until(async () => (await account()).headers.get('ratelimit-limit'), (limit) => limit === '100', 10_000)).toBe('100')
     expect((await account()).body.credits).toBe(9)

@@ -66,9 +66,12 @@ export class RedisAuthorizer implements Authorizer {
     return { kind: 'new_generation', generation: this.conn.generation }
   }
 
-  /** Replies on a connection come in order: behind an overdue call of the shard, none would come sooner. */
+  /**
+   * Replies on a connection come in order: behind an overdue call of the shard, none would come sooner;
+   * on one Redis, behind any overdue call (Connection.overdue).
+   */
   #overdueError(shard: Shard): Error | null {
-    if (this.#overdue.size === 0 || !this.#overdue.has(shard)) return null
+    if (this.#overdue.size === 0 || !this.#overdue.has(shard)) return this.conn.stalled()
     return new Error(`redis has not answered an authorize call of shard '${shard}' in ${this.conn.callTimeoutMs} ms`)
   }
 
@@ -116,6 +119,7 @@ export class RedisAuthorizer implements Authorizer {
       const deadline = setTimeout(() => {
         gaveUp = true
         this.#overdue.add(shard)
+        this.conn.overdue(reply)
         const err = new Error(`redis did not answer an authorize call within ${this.conn.callTimeoutMs} ms`)
         for (const p of sent) p.reject(err)
         callOver()

@@ -69,6 +69,8 @@ export class Connection<Commands extends object = object> {
   #recordedShardCount = ''
   /** Set when the check at start got no answer: the one that comes later is logged. */
   #announceShardCount = false
+  /** Calls on one Redis that went past their deadline and are still unanswered (overdue). */
+  #overdueCalls = 0
 
   constructor(url: string, options: RedisStoreOptions, scripts: { [name in keyof Commands]: Script }) {
     const named = Object.entries(scripts) as [string, Script][]
@@ -145,6 +147,26 @@ export class Connection<Commands extends object = object> {
       throw new Error(`redis connection ${this.redis.status}`)
     }
     if (!this.shardCountAllows) throw new Error(`redis shard count ${this.#shardCount === 'pending' ? 'not checked yet' : "is not this instance's"}`)
+  }
+
+  /**
+   * A call that went past its deadline unanswered. On one Redis, replies come in the order the calls
+   * went, so until it is answered (or fails with its connection) none sent after it would be answered
+   * sooner: `stalled` refuses them meanwhile instead of letting each wait out its own deadline. A
+   * cluster's nodes answer apart, and which one holds the call is not tracked here.
+   */
+  overdue(reply: Promise<unknown>): void {
+    if (this.redis instanceof Cluster) return
+    this.#overdueCalls++
+    const answered = () => {
+      this.#overdueCalls--
+    }
+    reply.then(answered, answered)
+  }
+
+  /** The error to fail a call with at once while a call on one Redis is overdue (see overdue), else null. */
+  stalled(): Error | null {
+    return this.#overdueCalls > 0 ? new Error(`redis has not answered a call in ${this.callTimeoutMs} ms`) : null
   }
 
   /** False while a shard count check has no answer yet, or after one found another count (checkShardCount). */

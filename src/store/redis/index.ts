@@ -48,13 +48,17 @@ export class RedisStore implements Store {
    * A call with the deadline of the authorize calls (STORE_CALL_TIMEOUT_MS): those that only read, take
    * rate-limit or admission tokens or bump epochs, which Redis may still run after the caller gave up
    * without harm (a token it takes then is charged to a request that went through unlimited anyway; a
-   * failed bump is retried). The balance seed has none: run after its caller released the account row,
-   * it could seed a balance a flush has moved since (ledger.ts); a client request waits for it under a
-   * deadline of its own. Adding credits, refunds and flushes have none either: run late, they would
-   * count credits the database rolled back, or twice.
+   * failed bump is retried). While an earlier call is overdue on one Redis they fail at once, unsent.
+   * The balance seed has none: run after its caller released the account row, it could seed a balance a
+   * flush has moved since (ledger.ts); a client request waits for it under a deadline of its own.
+   * Adding credits, refunds and flushes have none either: run late, they would count credits the
+   * database rolled back, or twice.
    */
-  #waited<T>(reply: Promise<T>): Promise<T> {
-    return withDeadline(reply, this.#conn.callTimeoutMs, 'a redis call')
+  #waited<T>(call: () => Promise<T>): Promise<T> {
+    const stalled = this.#conn.stalled()
+    if (stalled) return Promise.reject(stalled)
+    const reply = call()
+    return withDeadline(reply, this.#conn.callTimeoutMs, 'a redis call', () => this.#conn.overdue(reply))
   }
 
   get shards(): number {
@@ -71,7 +75,7 @@ export class RedisStore implements Store {
   }
 
   take(key: string, capacity: number, refillPerSecond: number, nowMs: number, cost?: number): Promise<TakeResult> {
-    return watched(this.#waited(this.#limiter.take(key, capacity, refillPerSecond, nowMs, cost)))
+    return watched(this.#waited(() => this.#limiter.take(key, capacity, refillPerSecond, nowMs, cost)))
   }
 
   epochs(keys: readonly string[]): Promise<number[]> {
@@ -79,15 +83,15 @@ export class RedisStore implements Store {
   }
 
   bump(keys: readonly string[]): Promise<void> {
-    return watched(this.#waited(this.#epochs.bump(keys)))
+    return watched(this.#waited(() => this.#epochs.bump(keys)))
   }
 
   snapshot(keys: readonly string[]): Promise<Snapshot> {
-    return watched(this.#waited(this.#epochs.snapshot(keys)))
+    return watched(this.#waited(() => this.#epochs.snapshot(keys)))
   }
 
   snapshotEach(reads: readonly EpochRead[]): Promise<Snapshots> {
-    return watched(this.#waited(this.#epochs.snapshotEach(reads)))
+    return watched(this.#waited(() => this.#epochs.snapshotEach(reads)))
   }
 
   authorize(input: AuthorizeInput): Promise<AuthorizeResult> {
@@ -99,11 +103,11 @@ export class RedisStore implements Store {
   }
 
   creditState(accountId: string): Promise<CreditState> {
-    return watched(this.#waited(this.#credits.creditState(accountId)))
+    return watched(this.#waited(() => this.#credits.creditState(accountId)))
   }
 
   balance(accountId: string): Promise<number | null> {
-    return watched(this.#waited(this.#credits.balance(accountId)))
+    return watched(this.#waited(() => this.#credits.balance(accountId)))
   }
 
   creditsAdded(accountId: string, n: number): Promise<void> {
