@@ -93,6 +93,7 @@ export interface AuthorizeInput {
   generation: number
   epochs: { key: string; expected: number }[]
   ceiling: { key: string; limit: number; ttlSeconds: number } | null
+  /** Each key once (the Redis store refuses a request that names one twice). */
   buckets: { key: string; capacity: number; refillPerSecond: number }[]
   nonce: { key: string; ttlSeconds: number } | null
   deny: boolean

@@ -150,6 +150,20 @@ describe('authorize wire: packing', () => {
     expect(decode(args.packed()).requests).toEqual(decode(before).requests)
   })
 
+  test('a request that names one bucket twice is refused and leaves the call as it was', () => {
+    const args = new AuthorizeArgs(S)
+    args.add(full)
+    const before = args.packed()
+    const bucket = { key: keys.bucket(S, 'ip', '203.0.113.9'), capacity: 5, refillPerSecond: 1 }
+    const other = { ...bucket, key: keys.bucket(S, 'lic', 'K') }
+    expect(() => args.add({ ...bare, buckets: [bucket, other, { ...bucket, capacity: 9 }] })).toThrow('names one bucket twice')
+    expect(decode(args.packed()).requests).toEqual(decode(before).requests)
+    // Two requests of one call may share a bucket: each takes from it in turn.
+    args.add({ ...bare, buckets: [bucket, other] })
+    args.add({ ...bare, buckets: [other, bucket] })
+    expect(decode(args.packed()).requests).toHaveLength(3)
+  })
+
   test('keys outside ASCII keep their bytes', () => {
     const a = { ...bare, nonce: { key: keys.nonce(S, 'app-1', 'nonce-é-ü-漢'), ttlSeconds: 5 } }
     expect(decode(packOf([a])).requests[0]?.head.nonceKey).toBe(a.nonce.key)

@@ -181,8 +181,15 @@ export class AuthorizeArgs {
       n[group + E.expected] = e.expected
       group += EPOCH.length
     }
+    const firstBucket = group
     for (const b of a.buckets) {
-      n[group + B.key] = this.#key(b.key)
+      const key = this.#key(b.key)
+      // The script takes each group's token from the bucket as the groups before it left it: a key named
+      // twice would be taken from twice, its capacity checked for each alone.
+      for (let g = firstBucket; g < group; g += BUCKET.length) {
+        if (n[g + B.key] === key) throw new Error('a request that names one bucket twice')
+      }
+      n[group + B.key] = key
       n[group + B.capacity] = b.capacity
       n[group + B.refillPerSecond] = b.refillPerSecond
       group += BUCKET.length
