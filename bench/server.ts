@@ -19,8 +19,8 @@ export interface Server {
   log(): string
   /** Resolves once every server process has logged a line containing `text`; throws when the server exits first or `timeoutMs` passes. */
   logged(text: string, timeoutMs?: number): Promise<void>
-  /** SIGTERM, then the exit code. */
-  stop(): Promise<number>
+  /** SIGTERM (or `signal`), then the exit code. */
+  stop(signal?: 'SIGTERM' | 'SIGKILL'): Promise<number>
 }
 
 /** The server entry of a checkout; checkouts from before the move to feature rooms start at src/index.ts. */
@@ -33,6 +33,15 @@ function rssMb(pid: string): number {
     return kb ? Number(kb) / 1024 : 0
   } catch {
     return 0
+  }
+}
+
+/** The processes `pid` started; none where pgrep is missing (the tests start servers with this too). */
+function childPids(pid: number): string[] {
+  try {
+    return Bun.spawnSync(['pgrep', '-P', String(pid)]).stdout.toString().split('\n').filter(Boolean)
+  } catch {
+    return []
   }
 }
 
@@ -69,7 +78,7 @@ export async function spawnServer(entry: string, env: Record<string, string>, fl
       }
     })()
     // With SERVER_PROCESSES above 1 the first process has started the others before it logs.
-    const pids = [String(proc.pid), ...Bun.spawnSync(['pgrep', '-P', String(proc.pid)]).stdout.toString().split('\n').filter(Boolean)]
+    const pids = [String(proc.pid), ...childPids(proc.pid)]
     const sum = (path: (pid: string) => string) => pids.reduce((total, pid) => total + procCpu(path(pid)).seconds, 0)
     const listening = JSON.parse(line) as { url: string; processes?: number }
     return {
@@ -96,8 +105,8 @@ export async function spawnServer(entry: string, env: Record<string, string>, fl
           })
         }
       },
-      async stop() {
-        proc.kill('SIGTERM')
+      async stop(signal = 'SIGTERM') {
+        proc.kill(signal)
         return proc.exited
       },
     }

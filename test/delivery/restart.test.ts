@@ -2,7 +2,6 @@ import { expect, test } from 'bun:test'
 import { mkdtempSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import type { Subprocess } from 'bun'
 import { buildContext } from '../../src/boot'
 import { loadConfig } from '../../src/config'
 import { createAccount } from '../../src/accounts/service'
@@ -10,31 +9,8 @@ import { createApplication } from '../../src/apps/service'
 import { type EventName, recordEvents } from '../../src/delivery/outbox'
 import { createWebhook } from '../../src/webhooks/service'
 import { TEST_DATABASE_URL, TEST_MASTER_KEY, TEST_REDIS_URL } from '../support/helpers'
+import { startServer } from '../support/server-process'
 import { signatureValid, startReceiver, testCertificate, until } from '../support/webhooks-receiver'
-
-const root = join(import.meta.dir, '..', '..')
-
-/** The real server, as an operator runs it, on a free port; resolves once it listens. */
-async function startServer(env: Record<string, string>) {
-  const proc = Bun.spawn([process.execPath, 'src/main.ts'], { cwd: root, env, stdout: 'ignore', stderr: 'pipe' })
-  let log = ''
-  let base: string | null = null
-  void (async () => {
-    const decoder = new TextDecoder()
-    for await (const chunk of proc.stderr) {
-      log += decoder.decode(chunk)
-      base ??= /"msg":"listening","url":"(https?:\/\/[^"]+)"/.exec(log)?.[1]?.replace('0.0.0.0', '127.0.0.1') ?? null
-    }
-  })()
-  await until(() => base !== null || proc.exitCode !== null, 'the server to listen', 30_000)
-  if (!base) throw new Error(`server exited early:\n${log}`)
-  return { proc, base: base as string, log: () => log }
-}
-
-async function stop(proc: Subprocess, signal: 'SIGKILL' | 'SIGTERM') {
-  proc.kill(signal)
-  return proc.exited
-}
 
 // Spawns the server twice and opens the database three times: a budget of its own.
 test('events committed while the server was dead are delivered once after a kill -9 and restart', async () => {
@@ -92,10 +68,10 @@ test('events committed while the server was dead are delivered once after a kill
   try {
     await until(() => keysAt().length >= expected.length, 'the backlog from before the first start')
     // A change made through the running server's API is delivered by it as well.
-    expected.push(await createLicense(first.base))
+    expected.push(await createLicense(first.url))
     await until(() => keysAt().length >= expected.length, 'the license.created of the API call')
   } finally {
-    await stop(first.proc, 'SIGKILL')
+    await first.stop('SIGKILL')
   }
 
   // Committed while no server runs: exactly the "died between commit and delivery" case.
@@ -109,11 +85,11 @@ test('events committed while the server was dead are delivered once after a kill
   try {
     await until(() => keysAt().length >= expected.length, 'the events committed while the server was dead')
     // Deliveries go out in commit order: once a later change's arrives, anything repeated would have too.
-    expected.push(await createLicense(second.base))
+    expected.push(await createLicense(second.url))
     await until(() => keysAt().includes(expected.at(-1)!), 'the sentinel after the restart')
     expect(keysAt().sort()).toEqual([...expected].sort())
     for (const r of rx.at('/restart')) expect(signatureValid(r, hook.secret)).toBe(true)
   } finally {
-    expect(await stop(second.proc, 'SIGTERM')).toBe(0)
+    expect(await second.stop()).toBe(0)
   }
 }, 90_000)
