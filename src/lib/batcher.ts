@@ -25,11 +25,6 @@ export class TurnBatcher<T> {
     if (this.#items.push(item) === 1 && !this.#inFlight) queueMicrotask(this.#flush)
   }
 
-  /** Items waiting for the next call. */
-  get pending(): number {
-    return this.#items.length
-  }
-
   readonly #flush = (): void => {
     const items = this.#items
     if (items.length === 0 || this.#inFlight) return
