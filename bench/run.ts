@@ -5,7 +5,8 @@
  * Settings (environment): BENCH_PG_ADMIN_URL (default postgres://postgres@127.0.0.1:5432/postgres; a
  * database ls_bench_<pid> is created there and dropped at the end), BENCH_REDIS_URL (default
  * redis://127.0.0.1:6379/14; flushed before and after), BENCH_DURATION seconds per scenario and round (5),
- * BENCH_LICENSES (1000), BENCH_ROUNDS (4), BENCH_PROCESSES (the server's SERVER_PROCESSES; unset, the server
+ * BENCH_LICENSES (1000), BENCH_ROUNDS (4; the Redis database is first filled with keys standing for a week's nonces, sized to
+ * leave room for the run's own: presizeKeyspace in stores.ts), BENCH_PROCESSES (the server's SERVER_PROCESSES; unset, the server
  * gets none and runs its default, the configuration a production install with DATABASE_URL and REDIS_URL gets), BENCH_PROFILE_DIR (when set, the server under test writes a CPU
  * profile in markdown there when it stops; its first process only), BENCH_COMPARE (the root of another
  * checkout of this project, e.g. a `git worktree` of the commit before a change: its servers, limits on and
@@ -20,7 +21,7 @@ import { join } from 'node:path'
 import { setLogLevel } from '../src/lib/log'
 import { seedAuthData } from './seed'
 import { runWrk, type Server, serverEntry, spawnServer } from './server'
-import { benchStores, median } from './stores'
+import { benchStores, median, presizeKeyspace } from './stores'
 
 const ADMIN_URL = process.env.BENCH_PG_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
 const REDIS_URL = process.env.BENCH_REDIS_URL ?? 'redis://127.0.0.1:6379/14'
@@ -110,6 +111,12 @@ async function main() {
     }
     console.log(`seeding ${LICENSES} licenses with bound HWIDs…`)
     await seedAuthData(env, LICENSES, join(work, 'data.txt'))
+    // The nonces of every validate run, at up to 30,000 a second with 64 or 16 connections and 5,000 with one.
+    const servers64 = COMPARE ? 4 : 2
+    const seconds64 = ROUNDS * DURATION * servers64 + 3 * servers64
+    const seconds1 = (COMPARE ? ROUNDS * DURATION * 2 : 0) + DURATION
+    console.log('readying the Redis keyspace for the run\'s nonces…')
+    await presizeKeyspace(stores.redis, seconds64 * 30_000 + seconds1 * 5_000)
 
     const baseline = await spawnServer(join(import.meta.dir, 'baseline.ts'), {})
     servers.push(baseline)

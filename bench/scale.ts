@@ -5,8 +5,8 @@
  * over several rounds of one run. Prints per scenario req/s, p50/p99, server CPU per request, the ratio
  * 1M ÷ 2k per round and the server's RSS at the end of each round. Needs wrk.
  *
- * Settings (environment): BENCH_PG_ADMIN_URL, BENCH_REDIS_URL (flushed before and after; default
- * redis://127.0.0.1:6379/13), BENCH_DURATION seconds per scenario and round (5), BENCH_ROUNDS (4),
+ * Settings (environment): BENCH_PG_ADMIN_URL, BENCH_REDIS_URL (flushed before and after, and first
+ * filled with keys standing for a week's nonces as in bench/run.ts; default redis://127.0.0.1:6379/13), BENCH_DURATION seconds per scenario and round (5), BENCH_ROUNDS (4),
  * BENCH_CONNECTIONS (64), BENCH_PROCESSES (SERVER_PROCESSES, 2), BENCH_BIG (1000000), BENCH_SMALL (2000),
  * BENCH_CACHE_MAX_MB (the server's CACHE_MAX_MB; unset: the server's default, an eighth of this machine's memory split among
  * the processes, which the summary says whether it holds both sets), BENCH_PROFILE_DIR (a CPU profile
@@ -22,7 +22,7 @@ import { setLogLevel } from '../src/lib/log'
 import { procCpu } from './proc'
 import { seedBulk } from './seed'
 import { runWrk, type Server, serverEntry, spawnServer } from './server'
-import { benchStores, median } from './stores'
+import { benchStores, median, presizeKeyspace } from './stores'
 
 const ADMIN_URL = process.env.BENCH_PG_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
 const REDIS_URL = process.env.BENCH_REDIS_URL ?? 'redis://127.0.0.1:6379/13'
@@ -114,6 +114,8 @@ async function main() {
       { prefix: 'BIGS', count: BIG },
     ])) as [LicenseSet, LicenseSet]
     console.log(`seeded ${SMALL} + ${BIG} licenses with bound HWIDs in ${((performance.now() - seedStart) / 1000).toFixed(1)} s`)
+    // The nonces of every run, each server's warm-ups included, at up to 30,000 validates a second.
+    await presizeKeyspace(stores.redis, (COMPARE ? 2 : 1) * (ROUNDS * 2 * DURATION + 3 + DURATION) * 30_000)
     const profile = process.env.BENCH_PROFILE_DIR
     const checkouts: { name: string; server: Server }[] = []
     const start = async (name: string, checkout: string, flags: string[] = []) => {
