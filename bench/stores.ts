@@ -50,6 +50,16 @@ export async function benchStores(adminUrl: string, redisUrl: string, name: stri
  */
 export async function presizeKeyspace(redis: Redis, arrivals: number): Promise<void> {
   const half = 2 ** Math.ceil(Math.log2(Math.max(arrivals, 1)))
+  // ~140 bytes a key here (key, value, both tables): a Redis with less room would refuse the fill or
+  // evict the server's own keys for it.
+  const room = await redis.config('GET', 'maxmemory').then(
+    (reply) => Number((reply as string[])[1] ?? 0),
+    () => 0,
+  )
+  if (room > 0 && room < half * 140 * 1.5) {
+    console.log(`Redis maxmemory ${room} bytes leaves no room for ${half} keys: measuring without filling it first`)
+    return
+  }
   const each = (command: string) => `for i = tonumber(ARGV[1]), tonumber(ARGV[2]) do ${command} end`
   const steps = [each("redis.call('SET', 'bench:filler:' .. i, '1', 'EX', 604800)"), each("redis.call('EXISTS', 'bench:filler:' .. i)")]
   for (const script of steps) {
