@@ -4,7 +4,7 @@ import { Value } from '@sinclair/typebox/value'
 import { Elysia } from 'elysia'
 import type { Context } from './context'
 import { ApiError, LoggedPublicError, PublicError } from './lib/errors'
-import { httpObservation, requestIdOf, UNMATCHED_ROUTE } from './http/metrics'
+import { HttpObservation, requestIdOf, UNMATCHED_ROUTE } from './http/metrics'
 import { REQUEST_ID_HEADER } from './http/request-id'
 import { ServerMetrics } from './http/scrape'
 import { isDatabaseError, countDatabaseError } from './db/errors'
@@ -230,17 +230,17 @@ export function createApp(ctx: Context, scrape = new ServerMetrics(ctx, { kind: 
   // reach the parent route, and clients collapse a `.` or `..` path segment (an HWID being released) into
   // one: `DELETE /v1/licenses/K/hwids/..` must not become `DELETE /v1/licenses/K`.
   const app = new Elysia({ name: 'license-service', normalize: false, strictPath: true })
+  const observation = new HttpObservation(metrics)
   return app
-    .use(httpObservation(metrics))
+    .use(observation.plugin)
     .onParse(async ({ request, path }) => {
       if (request.method === 'GET' || request.method === 'HEAD') return
       return parseBody(request, path)
     })
     .onError(({ code, error, path, request, route, set }) => {
       const requestId = requestIdOf(request)
-      // Records the status on `set` too: the metrics hook reads it there, as a returned Response does not.
       const reply = (status: number, errorCode: string, message: string, headers: Record<string, string> = {}) => {
-        set.status = status
+        observation.answered(request, route, status)
         return errorResponse(path, status, errorCode, message, { ...headers, [REQUEST_ID_HEADER]: requestId })
       }
       const internalError = () =>

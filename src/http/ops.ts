@@ -2,7 +2,7 @@ import { Elysia, t } from 'elysia'
 import type { Context } from '../context'
 import { errorFields, log } from '../lib/log'
 import { withTimeout } from '../lib/with-timeout'
-import { httpObservation, requestIdOf } from './metrics'
+import { HttpObservation, requestIdOf } from './metrics'
 import { REQUEST_ID_HEADER } from './request-id'
 import type { ServerMetrics } from './scrape'
 
@@ -104,17 +104,22 @@ export const metricsRoutes = (scrape: ServerMetrics) =>
  * log but are not counted: http_requests_total describes the client port. A failed scrape is logged
  * here, and answered without Elysia's default body, which would carry the error's message.
  */
-export const internalMetricsApp = (scrape: ServerMetrics) =>
-  new Elysia({ name: 'internal-metrics', strictPath: true })
-    .use(httpObservation(null))
-    .onError((context) => {
-      if (context.code === 'NOT_FOUND') return
-      const requestId = requestIdOf(context.request)
-      log.error('metrics scrape failed', { requestId, ...errorFields(context.error) })
-      context.set.status = 500
-      return new Response('internal error\n', {
-        status: 500,
-        headers: { 'content-type': 'text/plain; charset=utf-8', [REQUEST_ID_HEADER]: requestId },
-      })
+export function internalMetricsApp(scrape: ServerMetrics) {
+  const observation = new HttpObservation(null)
+  return new Elysia({ name: 'internal-metrics', strictPath: true })
+    .use(observation.plugin)
+    .onError(({ code, error, request, route }) => {
+      const requestId = requestIdOf(request)
+      const text = (status: number, body: string) => {
+        observation.answered(request, route, status)
+        return new Response(body, {
+          status,
+          headers: { 'content-type': 'text/plain; charset=utf-8', [REQUEST_ID_HEADER]: requestId },
+        })
+      }
+      if (code === 'NOT_FOUND') return text(404, 'NOT_FOUND')
+      log.error('metrics scrape failed', { requestId, ...errorFields(error) })
+      return text(500, 'internal error\n')
     })
     .use(metricsRoutes(scrape))
+}

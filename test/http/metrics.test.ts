@@ -66,12 +66,31 @@ describe('client requests by result', () => {
     expect(sample(text, 'license_validations_total{result="hwid_mismatch"}')).toBe(4)
   })
 
-  test('HTTP requests carry the route pattern, the status and its class', async () => {
+  test('HTTP requests carry the route pattern, the status and its class, each answer counted once', async () => {
     const t = await makeTestApp()
-    await t.req('GET', '/v1/account')
-    // Recorded once the response is sent.
-    const series = 'http_requests_total{method="GET",route="/v1/account",status="401",class="4xx"}'
-    await until(async () => countSoFar(await scrape(t), series) === 1, 'the 401 counted')
+    const s = await t.seed()
+    const licenseKey = await insertLicense(t.ctx, s.appId)
+    // A handler's object, a body the schema refuses, an error the app answers, a Response, a status(),
+    // a Response's own status, and no route at all.
+    expect((await validate(t, s, licenseKey)).status).toBe(200)
+    expect((await t.req('POST', '/auth/validate', { body: { appId: 7 } })).status).toBe(400)
+    expect((await t.req('GET', '/v1/account')).status).toBe(401)
+    expect((await t.req('GET', '/docs')).status).toBe(200)
+    expect((await t.req('GET', '/docs/assets/nope.js')).status).toBe(404)
+    expect((await t.req('GET', '/no/such/route')).status).toBe(404)
+    const series = [
+      'http_requests_total{method="POST",route="/auth/validate",status="200",class="2xx"}',
+      'http_requests_total{method="POST",route="/auth/validate",status="400",class="4xx"}',
+      'http_requests_total{method="GET",route="/v1/account",status="401",class="4xx"}',
+      'http_requests_total{method="GET",route="/docs",status="200",class="2xx"}',
+      'http_requests_total{method="GET",route="/docs/assets/:file",status="404",class="4xx"}',
+      'http_requests_total{method="GET",route="unmatched",status="404",class="4xx"}',
+    ]
+    const text = await scrape(t)
+    expect(series.map((line) => countSoFar(text, line))).toEqual(series.map(() => 1))
+    // Nothing else counted: the scrape's own request is counted once its answer is made.
+    const counted = text.split('\n').filter((l) => l.startsWith('http_requests_total{'))
+    expect(counted.reduce((sum, l) => sum + Number(l.slice(l.lastIndexOf(' ') + 1)), 0)).toBe(series.length)
   })
 })
 
