@@ -70,8 +70,8 @@ describe('client requests by result', () => {
     const t = await makeTestApp()
     const s = await t.seed()
     const licenseKey = await insertLicense(t.ctx, s.appId)
-    // A handler's object, a body the schema refuses, an error the app answers, a Response, a status(),
-    // a Response's own status, and no route at all.
+    // A handler's object, a body the schema refuses, an error the app answers, a Response, a status()
+    // call, and no route at all.
     expect((await validate(t, s, licenseKey)).status).toBe(200)
     expect((await t.req('POST', '/auth/validate', { body: { appId: 7 } })).status).toBe(400)
     expect((await t.req('GET', '/v1/account')).status).toBe(401)
