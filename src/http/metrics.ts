@@ -21,10 +21,9 @@ const observed = new WeakMap<Request, Observed>()
 
 /**
  * The request's id and start, made by the first hook or handler that asks: the body parser for a
- * request with a body, the transform hook below for the others, the error handler for one refused
- * before either (no route, an unreadable body). Not an onRequest hook: with one, Elysia routes every
- * request through its own router and builds its URL and query first, where without one Bun routes it
- * to its handler.
+ * request with a body, the transform hook below for the others, the error handler for a request no
+ * route matched. Not an onRequest hook: with one, Elysia builds every request's URL and query index
+ * before its handler.
  */
 function observe(request: Request): Observed {
   let seen = observed.get(request)
@@ -49,8 +48,8 @@ function statusOf(answer: unknown, set: number | keyof typeof StatusMap | undefi
  * Every request's id (taken or made, answered in X-Request-Id on every response, errors included),
  * the timing behind http_requests_total (not counted without `metrics`: the internal metrics
  * listener's requests stay out of the public series) and, at debug, one access log line. `plugin` is
- * global hooks; an answer it does not see, one made by an app's onError, is reported with `answered`
- * (app.ts's onError also puts the id in its headers).
+ * global hooks; an app's onError reports the answers it makes with `answered` (the hooks never see a
+ * 404's) and puts the id in their headers itself.
  */
 export class HttpObservation {
   readonly plugin
