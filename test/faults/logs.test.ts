@@ -225,7 +225,10 @@ if (MODE === 'postgres') {
           (r) => r.status === 200,
           30_000,
         )
-        expect(back.status, JSON.stringify(back.body)).toBe(200)
+        // Seen twice in CI (0 here: each try cut by its 10 s timeout), never alone: the server's last
+        // warnings say what it waited for.
+        const lastWarnings = () => server.log().split('\n').filter((l) => /"level":"(warn|error)"/.test(l)).slice(-20).join('\n')
+        expect(back.status, `${JSON.stringify(back.body)}\n${back.status === 200 ? '' : lastWarnings()}`).toBe(200)
         await tenant.round()
         await tenant.selfbanOne()
       } finally {
