@@ -2,9 +2,11 @@
 
 # Production dependencies exactly as package-lock.json pins them (npm ci); the Bun image carries no npm.
 # bun is a devDependency: the base image below brings the runtime, so --omit=dev leaves out a second one.
+# npm ci's postinstall applies patches/ (patch-package) to the installed drivers.
 FROM node:22-bookworm-slim AS deps
 WORKDIR /app
 COPY package.json package-lock.json ./
+COPY patches ./patches
 RUN npm ci --omit=dev --no-audit --no-fund
 
 FROM oven/bun:1.4.5

@@ -82,6 +82,8 @@ describe('the production image', () => {
     const image = buildImage()
     const app = join(image.root, image.workdir)
     expect(existsSync(join(app, 'node_modules', 'elysia'))).toBe(true)
+    // npm ci's postinstall patched the driver (patches/): a connection lost in a transaction would end the process.
+    expect(readFileSync(join(app, 'node_modules', 'postgres', 'src', 'index.js'), 'utf8')).toContain('connection.onclose = e => reject(closed = e)')
     for (const path of ['bun', '@oven', '.bin/bun']) expect(existsSync(join(app, 'node_modules', path))).toBe(false)
 
     expect(image.user === null || ['root', '0'].includes(image.user.split(':')[0] ?? '')).toBe(false)
