@@ -1,51 +1,115 @@
 /**
  * A PostgreSQL connection lost in the middle of a transaction (a failover, a restart, a terminated
- * backend) fails that transaction and nothing else. postgres.js 3.4.9 writes its own ROLLBACK to the
- * dead connection, and that write, deferred to a setImmediate, threw from there: an uncaught error that
- * ends a server process (main.ts exits on one). patches/postgres+3.4.9.patch refuses a transaction's
- * statements once its connection closed and settles a write that finds no socket.
+ * backend, a reset by the network) fails that transaction and nothing else. postgres.js 3.4.9, the
+ * newest release, got this wrong three ways, each fixed by patches/postgres+3.4.9.patch and each
+ * failing this test without it:
+ * - it wrote its transaction's own ROLLBACK to the closed socket from a setImmediate, and threw there:
+ *   an uncaught error, which ends a server process (main.ts);
+ * - the dead backend's last error failed the next query its connection ran after reconnecting;
+ * - after a reset, that ROLLBACK stayed queued unsent, and the reconnected connection waited for its
+ *   answer for ever: every later query on it hung.
  */
-import { describe, expect, test } from 'bun:test'
+import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { type AddressInfo, connect, createServer, type Server, type Socket } from 'node:net'
 import { sql } from 'drizzle-orm'
 import postgres from 'postgres'
-import { openDb } from '../../src/db/client'
+import { type Database, openDb } from '../../src/db/client'
 import { MODE, TEST_DATABASE_URL } from '../support/helpers'
+
+/** A TCP proxy to the test database that can reset (RST) the client side of every connection through it. */
+class ResettingProxy {
+  readonly #server: Server
+  readonly #clients = new Set<Socket>()
+
+  constructor(target: URL) {
+    this.#server = createServer((client) => {
+      const upstream = connect(Number(target.port || 5432), target.hostname)
+      client.pipe(upstream).pipe(client)
+      for (const end of [client, upstream]) end.on('error', () => {})
+      this.#clients.add(client)
+      client.on('close', () => {
+        this.#clients.delete(client)
+        upstream.destroy()
+      })
+    })
+  }
+
+  async listen(): Promise<number> {
+    await new Promise<void>((resolve) => this.#server.listen(0, '127.0.0.1', resolve))
+    return (this.#server.address() as AddressInfo).port
+  }
+
+  resetAll(): void {
+    for (const client of this.#clients) client.resetAndDestroy()
+  }
+
+  close(): void {
+    this.#server.close()
+  }
+}
 
 if (MODE === 'postgres') {
   describe('a connection lost inside a transaction', () => {
-    test('fails that transaction only: no uncaught error, and the pool serves the next queries', async () => {
-      const uncaught: unknown[] = []
-      const keep = (err: unknown) => uncaught.push(err)
+    const uncaught: unknown[] = []
+    const keep = (err: unknown) => uncaught.push(err)
+    const proxy = new ResettingProxy(new URL(TEST_DATABASE_URL!))
+    const killer = postgres(TEST_DATABASE_URL!, { max: 1, onnotice: () => {} })
+    beforeAll(() => {
       process.on('uncaughtException', keep)
-      const database = await openDb({ databaseUrl: TEST_DATABASE_URL!, dataDir: null, poolSize: 2 })
-      const killer = postgres(TEST_DATABASE_URL!, { max: 1, onnotice: () => {} })
-      try {
-        for (let round = 0; round < 3; round++) {
-          let pid: number | null = null
-          const transaction = database.db.transaction(async (tx) => {
+      process.on('unhandledRejection', keep)
+    })
+    afterAll(async () => {
+      process.off('uncaughtException', keep)
+      process.off('unhandledRejection', keep)
+      proxy.close()
+      await killer.end()
+    })
+
+    /** Three rounds of: a transaction loses its connection mid-statement, then the pool serves transactions and queries. */
+    async function loseAndRecover(database: Database, lose: (backendPid: number) => Promise<unknown>) {
+      for (let round = 0; round < 3; round++) {
+        let pid: number | null = null
+        const failed = database.db
+          .transaction(async (tx) => {
             const [row] = (await tx.execute(sql`SELECT pg_backend_pid() AS pid`)) as unknown as { pid: number }[]
             pid = row!.pid
             await tx.execute(sql`SELECT pg_sleep(5)`)
           })
-          const failed = transaction.then(
+          .then(
             () => null,
             (err: unknown) => err,
           )
-          while (pid === null) await Bun.sleep(10)
-          await killer`SELECT pg_terminate_backend(${pid})`
-          // The backend's own word (57P01) or the driver's for the closed socket, whichever lands first.
-          expect(['57P01', 'CONNECTION_CLOSED']).toContain(((await failed) as { code?: string } | null)?.code ?? 'none')
-          // The deferred write ran a turn or two after the failure.
-          await Bun.sleep(50)
-          expect(uncaught).toEqual([])
-          const answers = await Promise.all(
-            Array.from({ length: 6 }, (_, i) => database.db.transaction(async (tx) => tx.execute(sql`SELECT ${i}::int AS i`))),
-          )
-          expect(answers.map((rows) => (rows as unknown as { i: number }[])[0]?.i)).toEqual([0, 1, 2, 3, 4, 5])
-        }
+        while (pid === null) await Bun.sleep(10)
+        await lose(pid)
+        // The backend's own word (57P01) or the driver's for the closed socket, whichever lands first.
+        expect(['57P01', 'CONNECTION_CLOSED']).toContain(((await failed) as { code?: string } | null)?.code ?? 'none')
+        // The deferred write ran a turn or two after the failure.
+        await Bun.sleep(50)
+        expect(uncaught).toEqual([])
+        const answers = await Promise.all(
+          Array.from({ length: 6 }, (_, i) => database.db.transaction(async (tx) => tx.execute(sql`SELECT ${i}::int AS i`))),
+        )
+        expect(answers.map((rows) => (rows as unknown as { i: number }[])[0]?.i)).toEqual([0, 1, 2, 3, 4, 5])
+        expect(await database.ping()).toBe(true)
+      }
+    }
+
+    test('by a terminated backend: fails that transaction only, and the pool serves the next ones', async () => {
+      const database = await openDb({ databaseUrl: TEST_DATABASE_URL!, dataDir: null, poolSize: 2 })
+      try {
+        await loseAndRecover(database, (pid) => killer`SELECT pg_terminate_backend(${pid})`)
       } finally {
-        process.off('uncaughtException', keep)
-        await killer.end()
+        await database.close()
+      }
+    }, 30_000)
+
+    test('by a reset connection: fails that transaction only, and the pool serves the next ones', async () => {
+      const url = new URL(TEST_DATABASE_URL!)
+      url.port = String(await proxy.listen())
+      const database = await openDb({ databaseUrl: url.toString(), dataDir: null, poolSize: 2 })
+      try {
+        await loseAndRecover(database, async () => proxy.resetAll())
+      } finally {
         await database.close()
       }
     }, 30_000)
