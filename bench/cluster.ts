@@ -19,7 +19,7 @@ import { join } from 'node:path'
 import { setLogLevel } from '../src/lib/log'
 import { ownRedisCluster } from '../test/support/redis-cluster'
 import { seedAuthData } from './seed'
-import { runWrk, type Server, serverEntry, spawnServer } from './server'
+import { launchServer, runWrk, type Server } from './server'
 import { benchStores, median } from './stores'
 
 const ADMIN_URL = process.env.BENCH_PG_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
@@ -67,9 +67,9 @@ async function main() {
     }
     console.log(`seeding ${LICENSES} licenses with bound HWIDs…`)
     await seedAuthData(env, LICENSES, join(work, 'data.txt'))
-    const single = await spawnServer(serverEntry(root), env)
+    const single = await launchServer(root, env)
     servers.push(single)
-    const clustered = await spawnServer(serverEntry(root), { ...env, REDIS_URL: cluster.url, REDIS_CLUSTER: 'true' })
+    const clustered = await launchServer(root, { ...env, REDIS_URL: cluster.url, REDIS_CLUSTER: 'true' })
     servers.push(clustered)
     for (const server of servers) for (const mode of ['validate', 'heartbeat']) wrk(server, mode, 16, 3)
 

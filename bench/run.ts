@@ -20,7 +20,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { setLogLevel } from '../src/lib/log'
 import { seedAuthData } from './seed'
-import { runWrk, type Server, serverEntry, spawnServer } from './server'
+import { launchServer, runWrk, type Server, spawnServer } from './server'
 import { benchStores, median, presizeKeyspace } from './stores'
 
 const ADMIN_URL = process.env.BENCH_PG_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
@@ -121,18 +121,14 @@ async function main() {
     const baseline = await spawnServer(join(import.meta.dir, 'baseline.ts'), {})
     servers.push(baseline)
     const profile = process.env.BENCH_PROFILE_DIR
-    const limited = await spawnServer(
-      serverEntry(root),
-      env,
-      profile ? ['--cpu-prof-md', `--cpu-prof-dir=${profile}`] : [],
-    )
+    const limited = await launchServer(root, env, profile ? ['--cpu-prof-md', `--cpu-prof-dir=${profile}`] : [])
     servers.push(limited)
-    const unlimited = await spawnServer(serverEntry(root), { ...env, PUBLIC_RATE_LIMITS: 'false' })
+    const unlimited = await launchServer(root, { ...env, PUBLIC_RATE_LIMITS: 'false' })
     servers.push(unlimited)
     const before = COMPARE
       ? {
-          limited: await spawnServer(serverEntry(COMPARE), env),
-          unlimited: await spawnServer(serverEntry(COMPARE), { ...env, PUBLIC_RATE_LIMITS: 'false' }),
+          limited: await launchServer(COMPARE, env),
+          unlimited: await launchServer(COMPARE, { ...env, PUBLIC_RATE_LIMITS: 'false' }),
         }
       : null
     if (before) servers.push(before.limited, before.unlimited)

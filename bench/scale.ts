@@ -21,7 +21,7 @@ import { loadConfig } from '../src/config'
 import { setLogLevel } from '../src/lib/log'
 import { procCpu } from './proc'
 import { seedBulk } from './seed'
-import { runWrk, type Server, serverEntry, spawnServer } from './server'
+import { launchServer, runWrk, type Server } from './server'
 import { benchStores, median, presizeKeyspace } from './stores'
 
 const ADMIN_URL = process.env.BENCH_PG_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
@@ -120,7 +120,7 @@ async function main() {
     const checkouts: { name: string; server: Server }[] = []
     const start = async (name: string, checkout: string, flags: string[] = []) => {
       const startedAt = performance.now()
-      const server = await spawnServer(serverEntry(checkout), env, flags)
+      const server = await launchServer(checkout, env, flags)
       servers.push(server)
       checkouts.push({ name, server })
       // A checkout that fills its cache at start is measured once it has (each process logs it).

@@ -1,6 +1,7 @@
 import { existsSync, readFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { procCpu } from './proc'
+import { LAUNCH_ENV } from '../src/server-processes'
 
 /** A server under test, as the benches and the tests start it: its URL, its processes' CPU and memory, its log, and a stop. */
 export interface Server {
@@ -24,8 +25,12 @@ export interface Server {
 }
 
 /** The server entry of a checkout; checkouts from before the move to feature rooms start at src/index.ts. */
-export const serverEntry = (checkout: string) =>
+const serverEntry = (checkout: string) =>
   [join(checkout, 'src', 'main.ts'), join(checkout, 'src', 'index.ts')].find((entry) => existsSync(entry)) as string
+
+/** Starts a checkout's server as the image and `npm start` launch it (LAUNCH_ENV), with `env` on top. */
+export const launchServer = (checkout: string, env: Record<string, string>, flags: string[] = []) =>
+  spawnServer(serverEntry(checkout), { ...LAUNCH_ENV, ...env }, flags)
 
 function rssMb(pid: string): number {
   try {
@@ -47,8 +52,9 @@ function childPids(pid: number): string[] {
 
 /** Starts `entry` with `env` on a free port and resolves once it logs that it listens. */
 export async function spawnServer(entry: string, env: Record<string, string>, flags: string[] = []): Promise<Server> {
-  // A SERVER_PROCESSES of the shell running the bench must not leak into the default configuration.
-  const { SERVER_PROCESSES: _, ...inherited } = process.env
+  // A SERVER_PROCESSES or an allocator setting of the shell running the bench must not leak into the
+  // default configuration: a server gets LAUNCH_ENV from launchServer or from the process that started it.
+  const inherited = Object.fromEntries(Object.entries(process.env).filter(([name]) => name !== 'SERVER_PROCESSES' && !(name in LAUNCH_ENV)))
   const proc = Bun.spawn([process.execPath, ...flags, entry], {
     env: { ...inherited, HOST: '127.0.0.1', PORT: '0', LOG_LEVEL: 'info', ...env },
     stdout: 'ignore',

@@ -21,6 +21,7 @@ import { mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import postgres from 'postgres'
+import { LAUNCH_ENV } from '../src/server-processes'
 import { procCpu } from './proc'
 import { type Seeded, seedBench } from './seed'
 
@@ -157,6 +158,8 @@ const receiverCounts = async () =>
   (await (await fetch(`https://127.0.0.1:${receiverPort}/`, { tls: receiverTls })).json()) as { received: number; rejected: number }
 
 const env: Record<string, string> = {
+  // As the image and `npm start` launch the server.
+  ...LAUNCH_ENV,
   ...(process.env as Record<string, string>),
   HOST: '127.0.0.1',
   PORT: '0',

@@ -6,6 +6,7 @@ import { decode, hwid, insertLicense, nonce, verifySigned } from './support/clie
 import { makeTestApp, MODE, TEST_DATABASE_URL, TEST_MASTER_KEY, TEST_REDIS_URL } from './support/helpers'
 import { type ServerProcess, startServer } from './support/server-process'
 import { freePort } from './support/servers'
+import { LAUNCH_ENV } from '../src/server-processes'
 
 /** Pids of the processes `pid` started itself (the other server processes; workers are threads). */
 const childrenOf = (pid: number) =>
@@ -69,6 +70,11 @@ if (MODE === 'postgres') {
     try {
       expect(server.log()).toContain(`"processes":${cores}`)
       expect(childrenOf(server.pid)).toHaveLength(cores - 1)
+      // Started without the launchers' allocator setting, the first process still gives it to the others.
+      for (const child of childrenOf(server.pid)) {
+        const env = readFileSync(`/proc/${child}/environ`, 'utf8').split('\0')
+        for (const [name, value] of Object.entries(LAUNCH_ENV)) expect(env).toContain(`${name}=${value}`)
+      }
       const seen = await processLabelsSeen(server, (labels) => labels.size === cores)
       // One process labels nothing: its metrics are the server's.
       expect(seen.size).toBe(cores > 1 ? cores : 0)

@@ -10,6 +10,7 @@ import { tmpdir } from 'node:os'
 import { basename, join, posix } from 'node:path'
 import { freePort, until } from '../support/servers'
 import { MODE, TEST_DATABASE_URL, TEST_MASTER_KEY, TEST_REDIS_URL } from '../support/helpers'
+import { LAUNCH_ENV } from '../../src/server-processes'
 import { copyArgs, envPairs, execForm, healthcheckCommand, parseDockerfile, type Stage } from './dockerfile'
 
 const ROOT = join(import.meta.dir, '..', '..')
@@ -111,6 +112,9 @@ describe('the production image', () => {
     const serverLog = new Response(server.stderr).text()
     try {
       expect(await until(healthy, (ok) => ok || server.exitCode !== null, 45_000)).toBe(true)
+      // The allocator reads its setting only as the process starts: the image's ENV must carry it.
+      const serverEnv = readFileSync(`/proc/${server.pid}/environ`, 'utf8').split('\0')
+      for (const [name, value] of Object.entries(LAUNCH_ENV)) expect(serverEnv).toContain(`${name}=${value}`)
 
       const cli = inImage(['bun', 'run', 'cli', 'account', 'create', '--name', 'Image check'])
       const [out, code] = await Promise.all([new Response(cli.stdout).text(), cli.exited])
@@ -126,4 +130,10 @@ describe('the production image', () => {
     // The probe can fail: with the server gone it reports unhealthy.
     expect(await healthy()).toBe(false)
   }, 90_000)
+
+  test('npm start launches the server with the same allocator setting as the image', () => {
+    const { scripts } = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { scripts: Record<string, string> }
+    const settings = Object.entries(LAUNCH_ENV).map(([name, value]) => `${name}=${value}`)
+    expect(scripts.start).toBe(`${settings.join(' ')} bun src/main.ts`)
+  })
 })
