@@ -158,9 +158,9 @@ const receiverCounts = async () =>
   (await (await fetch(`https://127.0.0.1:${receiverPort}/`, { tls: receiverTls })).json()) as { received: number; rejected: number }
 
 const env: Record<string, string> = {
+  ...(process.env as Record<string, string>),
   // As the image and `npm start` launch the server.
   ...LAUNCH_ENV,
-  ...(process.env as Record<string, string>),
   HOST: '127.0.0.1',
   PORT: '0',
   DATA_DIR: dir,

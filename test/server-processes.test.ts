@@ -4,7 +4,7 @@ import { availableParallelism, tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { decode, hwid, insertLicense, nonce, verifySigned } from './support/client'
 import { makeTestApp, MODE, TEST_DATABASE_URL, TEST_MASTER_KEY, TEST_REDIS_URL } from './support/helpers'
-import { type ServerProcess, startServer } from './support/server-process'
+import { launchSettingsOf, type ServerProcess, startServer } from './support/server-process'
 import { freePort } from './support/servers'
 import { LAUNCH_ENV } from '../src/server-processes'
 
@@ -71,10 +71,7 @@ if (MODE === 'postgres') {
       expect(server.log()).toContain(`"processes":${cores}`)
       expect(childrenOf(server.pid)).toHaveLength(cores - 1)
       // Started without the launchers' allocator setting, the first process still gives it to the others.
-      for (const child of childrenOf(server.pid)) {
-        const env = readFileSync(`/proc/${child}/environ`, 'utf8').split('\0')
-        for (const [name, value] of Object.entries(LAUNCH_ENV)) expect(env).toContain(`${name}=${value}`)
-      }
+      for (const child of childrenOf(server.pid)) expect(launchSettingsOf(child)).toEqual(LAUNCH_ENV)
       const seen = await processLabelsSeen(server, (labels) => labels.size === cores)
       // One process labels nothing: its metrics are the server's.
       expect(seen.size).toBe(cores > 1 ? cores : 0)

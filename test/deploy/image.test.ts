@@ -8,6 +8,7 @@ import { afterAll, describe, expect, test } from 'bun:test'
 import { cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { basename, join, posix } from 'node:path'
+import { launchSettingsOf } from '../support/server-process'
 import { freePort, until } from '../support/servers'
 import { MODE, TEST_DATABASE_URL, TEST_MASTER_KEY, TEST_REDIS_URL } from '../support/helpers'
 import { LAUNCH_ENV } from '../../src/server-processes'
@@ -113,8 +114,7 @@ describe('the production image', () => {
     try {
       expect(await until(healthy, (ok) => ok || server.exitCode !== null, 45_000)).toBe(true)
       // The allocator reads its setting only as the process starts: the image's ENV must carry it.
-      const serverEnv = readFileSync(`/proc/${server.pid}/environ`, 'utf8').split('\0')
-      for (const [name, value] of Object.entries(LAUNCH_ENV)) expect(serverEnv).toContain(`${name}=${value}`)
+      expect(launchSettingsOf(server.pid)).toEqual(LAUNCH_ENV)
 
       const cli = inImage(['bun', 'run', 'cli', 'account', 'create', '--name', 'Image check'])
       const [out, code] = await Promise.all([new Response(cli.stdout).text(), cli.exited])

@@ -1,8 +1,9 @@
-import { mkdtempSync } from 'node:fs'
+import { mkdtempSync, readFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { type Server, spawnServer } from '../../bench/server'
 import { TEST_MASTER_KEY } from './helpers'
+import { LAUNCH_ENV } from '../../src/server-processes'
 
 export type ServerProcess = Server
 
@@ -14,6 +15,17 @@ export const startServer = (env: Record<string, string>): Promise<ServerProcess>
     WEBHOOK_ALLOW_PRIVATE_TARGETS: 'true',
     ...env,
   })
+
+/** What a running process's environment says of the LAUNCH_ENV variables (src/server-processes.ts). */
+export function launchSettingsOf(pid: number): Record<string, string> {
+  const env = readFileSync(`/proc/${pid}/environ`, 'utf8').split('\0')
+  const settings: Record<string, string> = {}
+  for (const name of Object.keys(LAUNCH_ENV)) {
+    const entry = env.find((e) => e.startsWith(`${name}=`))
+    if (entry !== undefined) settings[name] = entry.slice(name.length + 1)
+  }
+  return settings
+}
 
 /** Runs one of the project's entry points (`src/operator/cli.ts`, `src/main.ts`) to its exit and collects its output. */
 export async function runToExit(
