@@ -231,6 +231,31 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: generation', () => {
   })
 })
 
+describe.skipIf(!TEST_REDIS_URL)('redis store: expiries', () => {
+  test('a bucket key lives until a second after its bucket is full again, in whole seconds; a nonce for its ttl', async () => {
+    const store = new RedisStore(TEST_REDIS_URL as string)
+    try {
+      const { generation } = await store.snapshot([PROBE])
+      // Ten seconds a token: after three takes the bucket is full again in 30 s.
+      const bucket = { key: `ls:test:b:${randomUUID()}`, capacity: 5, refillPerSecond: 0.1 }
+      const nonceKeys = [0, 1, 2].map(() => `ls:test:n:${randomUUID()}`)
+      const now = Date.now()
+      const answers = await Promise.all(
+        nonceKeys.map((key, i) => store.authorize(request(generation, now, { buckets: [bucket], nonce: { key, ttlSeconds: 60 + i } }))),
+      )
+      expect(answers.map((a) => a.kind)).toEqual(['ok', 'ok', 'ok'])
+      const bucketTtl = await store.redis.pttl(bucket.key)
+      expect(bucketTtl).toBeGreaterThan(30_000)
+      expect(bucketTtl).toBeLessThanOrEqual(31_000)
+      const nonceTtls = await Promise.all(nonceKeys.map((key) => store.redis.ttl(key)))
+      // Each its own, though all three went in one call (one text per distinct value).
+      expect(nonceTtls.map((ttl, i) => 60 + i - ttl).every((lag) => lag >= 0 && lag <= 1)).toBe(true)
+    } finally {
+      await store.close()
+    }
+  })
+})
+
 describe.skipIf(!TEST_REDIS_URL)('redis store: one authorize call in flight', () => {
   test('requests that arrive while a call is in flight ride together on the next one', async () => {
     const store = new RedisStore(TEST_REDIS_URL as string)
