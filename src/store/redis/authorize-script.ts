@@ -28,14 +28,15 @@ local bucket_ex = {}
 local spent = {}
 local charged_by = {}
 -- Redis turns a number argument of redis.call into text with a full-precision conversion, ~2,500
--- instructions each (callgrind, 2.5% of the script a request): the expiries, few distinct values a
--- call, are made text once each. The time-valued ones (a bucket's arrival time) stay numbers.
+-- instructions each (callgrind, 2.5% of the script a request): the expiries, whole seconds and few
+-- distinct values a call, are made text once each ('%d': exact for any of them, where tostring would
+-- write a large one as 1e+15). The time-valued ones (a bucket's arrival time) stay numbers.
 local texts = {}
-local function as_text(n)
-  local s = texts[n]
+local function as_text(seconds)
+  local s = texts[seconds]
   if not s then
-    s = tostring(n)
-    texts[n] = s
+    s = string.format('%d', seconds)
+    texts[seconds] = s
   end
   return s
 end
