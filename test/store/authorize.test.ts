@@ -264,9 +264,9 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: one authorize call in flight', ()
       const sizes: number[] = []
       let inFlight = 0
       let mostInFlight = 0
-      store.redis.lsAuthorize = async (generationKey: string, packed: Buffer, generation: string, fresh: string, cluster: '1' | '0') => {
+      store.redis.lsAuthorize = async (generationKey: string, packed: Buffer, generation: string, fresh: string) => {
         mostInFlight = Math.max(mostInFlight, ++inFlight)
-        const call = original(generationKey, packed, generation, fresh, cluster)
+        const call = original(generationKey, packed, generation, fresh)
         // The call's argument starts with its key count; each request here has one key, its nonce.
         sizes.push(packed.readUInt32LE(0))
         try {

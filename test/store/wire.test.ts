@@ -65,16 +65,16 @@ const sharing: AuthorizeInput = {
 }
 const inputs = [full, bare, sharing]
 
-const packOf = (batch: AuthorizeInput[]) => {
-  const args = new AuthorizeArgs(S)
+const packOf = (batch: AuthorizeInput[], readEveryKey = false) => {
+  const args = new AuthorizeArgs(S, readEveryKey)
   for (const a of batch) args.add(a)
   return args.packed()
 }
 
 /** Reads the packed argument back the way the script's wire description says, into field names. */
-function decode(packed: Buffer): { names: string[]; requests: Expected[] } {
+function decode(packed: Buffer): { names: string[]; reads: string[]; requests: Expected[] } {
   const names: string[] = []
-  let at = 4
+  let at = 8
   for (let i = packed.readUInt32LE(0); i > 0; i--) {
     const length = packed.readUInt16LE(at)
     names.push(packed.toString('utf8', at + 2, at + 2 + length))
@@ -101,7 +101,7 @@ function decode(packed: Buffer): { names: string[]; requests: Expected[] } {
     expect(group - 1).toBe(count)
     requests.push({ head, epochs, buckets })
   }
-  return { names, requests }
+  return { names, reads: names.slice(0, packed.readUInt32LE(4)), requests }
 }
 
 describe('authorize wire: the field table', () => {
@@ -136,6 +136,32 @@ describe('authorize wire: packing', () => {
     expect(new Set(names).size).toBe(names.length)
     expect(names.filter((n) => n === keys.appEpoch(S, 'app-1'))).toHaveLength(1)
     expect(names.filter((n) => n === keys.balance(S, 'acct-1'))).toHaveLength(1)
+  })
+
+  test('the keys the script reads come first: on one Redis the balances, epochs and buckets; on a cluster every key', () => {
+    const sorted = (list: string[]) => [...list].sort()
+    const readKeys = new Set(
+      inputs.flatMap((a) => [...(a.charge ? [keys.balance(S, a.charge.accountId)] : []), ...a.epochs.map((e) => e.key), ...a.buckets.map((b) => b.key)]),
+    )
+    const single = decode(packOf(inputs))
+    expect(sorted(single.reads)).toEqual(sorted([...readKeys]))
+    // Every field still names its key, those placed after the reads too.
+    expect(single.requests).toEqual(inputs.map(expected))
+    const cluster = decode(packOf(inputs, true))
+    expect(sorted(cluster.reads)).toEqual(sorted(cluster.names.filter((n) => n !== 'acct-1')))
+    expect(cluster.names.at(-1)).toBe('acct-1')
+    expect(cluster.requests).toEqual(inputs.map(expected))
+  })
+
+  test('a name the script would read for one request and not for another is refused and leaves the call as it was', () => {
+    const args = new AuthorizeArgs(S)
+    args.add(full)
+    const before = args.packed()
+    const nonceAsBucket = { ...bare, buckets: [{ key: keys.nonce(S, 'app-1', 'n-1'), capacity: 1, refillPerSecond: 1 }] }
+    expect(() => args.add(nonceAsBucket)).toThrow('both as a key the script reads and as one it does not')
+    expect(decode(args.packed())).toEqual(decode(before))
+    args.add(sharing)
+    expect(decode(args.packed()).requests).toEqual([full, sharing].map(expected))
   })
 
   test('a request of another shard, or with a key of another, is refused and leaves the call as it was', () => {

@@ -2,7 +2,7 @@ import { luaConstants, luaUnpack } from './wire'
 
 // The public requests of one call (see authorize.ts), each checked in order (AuthorizeInput in
 // store.ts documents the order of one request's checks; memory.ts mirrors it), answered as one array.
-// The script works on the batch, not on each request: every key is read once by one MGET, each
+// The script works on the batch, not on each request: every key it reads is read once by one MGET, each
 // request sees the changes of those before it in a Lua table, and each bucket or balance is written
 // once at the end, so the ones many requests share (the caller's IP, the account) cost one write per
 // call; nonces, counters and ceilings are written as each request goes.
@@ -13,8 +13,7 @@ import { luaConstants, luaUnpack } from './wire'
 // entries came from it); ARGV[3] is written when the key is missing. On any other value it answers -1
 // and the current value and runs nothing, since epochs that restarted after a data loss would make old
 // cache entries look fresh. Otherwise the answer is the generation, then each request's (REPLIES).
-// ARGV[1] is the batch in the wire format of wire.ts, whose tables name every h[...] read here; ARGV[4]
-// is '1' on a cluster.
+// ARGV[1] is the batch in the wire format of wire.ts, whose tables name every h[...] read here.
 export const AUTHORIZE = `${luaConstants}
 local gen = redis.call('GET', KEYS[1])
 if not gen then
@@ -41,44 +40,12 @@ local function as_text(seconds)
   return s
 end
 
--- Inline, not a function per key: a Lua call per read key cost ~2% of the script (callgrind).
-local reads, read_count, seen = {}, 0, {}
--- On a cluster (ARGV[4] is '1') every key of the call is read here, the ones only written later too: a
--- key this node does not serve (a slot being migrated) then fails this MGET, before anything is
--- written, instead of a write half-way through that Redis would keep. One Redis has no such keys.
-local read_fields = { F_BALANCE_KEY }
-if ARGV[4] == '1' then
-  read_fields = { F_BALANCE_KEY, F_PENDING_KEY, F_DIRTY_KEY, F_CEILING_KEY, F_NONCE_KEY, F_COUNTER_KEY }
-end
-for _, h in ipairs(reqs) do
-  for i = 1, #read_fields do
-    local k = h[read_fields[i]]
-    if k > 0 and not seen[k] then
-      seen[k] = true
-      read_count = read_count + 1
-      reads[read_count] = k
-    end
-  end
-  local p = HEAD_WIDTH + 1
-  local epochs_end = p + EPOCH_WIDTH * h[F_EPOCH_COUNT]
-  local groups_end = epochs_end + BUCKET_WIDTH * h[F_BUCKET_COUNT]
-  while p < groups_end do
-    local epoch = p < epochs_end
-    local k = h[p + (epoch and EPOCH_KEY or BUCKET_KEY)]
-    if not seen[k] then
-      seen[k] = true
-      read_count = read_count + 1
-      reads[read_count] = k
-    end
-    p = p + (epoch and EPOCH_WIDTH or BUCKET_WIDTH)
-  end
-end
--- unpack has a stack limit: a large batch reads in slices.
+-- The keys the call reads are names[1..read_count] (wire.ts puts them first): one MGET, in slices (unpack
+-- has a stack limit), before anything is written.
 for from = 1, read_count, 500 do
-  local slice = {}
-  for i = from, math.min(from + 499, read_count) do slice[#slice + 1] = names[reads[i]] end
-  local v = redis.call('MGET', unpack(slice))
-  for i = 1, #slice do val[reads[from + i - 1]] = tonumber(v[i]) end
+  local to = math.min(from + 499, read_count)
+  local v = redis.call('MGET', unpack(names, from, to))
+  for i = from, to do val[i] = tonumber(v[i - from + 1]) end
 end
 
 -- Each request's answer, appended to out as integers (REPLIES in wire.ts). Written inline in one loop,

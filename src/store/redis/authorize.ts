@@ -8,7 +8,7 @@ import { AuthorizeArgs, authorizeResult } from './wire'
 
 export interface AuthorizeCommands {
   /** [-1, the generation] when it is not the one expected, else [the generation, ...each request's answer]. */
-  lsAuthorize(generationKey: string, packed: Buffer, generation: string, fresh: string, cluster: '1' | '0'): Promise<[string, ...number[]] | [-1, string]>
+  lsAuthorize(generationKey: string, packed: Buffer, generation: string, fresh: string): Promise<[string, ...number[]] | [-1, string]>
 }
 
 export const authorizeScripts: { [name in keyof AuthorizeCommands]: Script } = {
@@ -91,7 +91,7 @@ export class RedisAuthorizer implements Authorizer {
       for (const p of queued) if (p.input.generation !== sentAt) p.resolve(this.#newGeneration())
       if (batch.length === 0) return undefined
     }
-    const call = new AuthorizeArgs(shard)
+    const call = new AuthorizeArgs(shard, this.conn.shards > 1)
     const sent: PendingAuthorize[] = []
     for (const p of batch) {
       try {
@@ -102,10 +102,9 @@ export class RedisAuthorizer implements Authorizer {
       }
     }
     if (sent.length === 0) return undefined
-    const cluster = this.conn.shards > 1 ? '1' : '0'
     let reply: Promise<Reply>
     try {
-      reply = this.conn.redis.lsAuthorize(keys.generation(shard), call.packed(), this.conn.storeGeneration(shard), randomUUID(), cluster)
+      reply = this.conn.redis.lsAuthorize(keys.generation(shard), call.packed(), this.conn.storeGeneration(shard), randomUUID())
     } catch (err) {
       // The batcher drops a batch whose send throws: its callers would wait for ever.
       for (const p of sent) p.reject(err)

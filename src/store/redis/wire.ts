@@ -5,8 +5,9 @@ import { type AuthorizeInput, type AuthorizeResult, keys, type Shard, shardPrefi
  * where these tables put it, and the script reads it through Lua constants made from the same tables
  * (`luaConstants`), so a change here changes both sides.
  *
- * The call's one argument (ARGV[1]) is the key count (uint32), each distinct key once as its UTF-8
- * length (uint16) and bytes, then every number of the batch as a double, all little-endian. A request's
+ * The call's one argument (ARGV[1]) is the key count (uint32), the read count (uint32), each distinct
+ * key once as its UTF-8 length (uint16) and bytes, the first `read count` of them the keys the script
+ * reads (AuthorizeArgs), then every number of the batch as a double, all little-endian. A request's
  * numbers are their count, then the head (`HEAD`, read by the script as h[F_NOW] and so on), then
  * `epochCount` epoch groups and `bucketCount` bucket groups. A field of type 'key' is the 1-based
  * position of a string in the key section (a Redis key, or the account id), 0 when absent; every field
@@ -94,10 +95,13 @@ export const luaConstants = [
   ...REPLIES.map((r, code) => `local R_${luaName(r.kind)} = ${code}`),
 ].join('\n')
 
-/** Lua that reads ARGV[1] into `names` (the keys) and `reqs` (each request's numbers as h[1..count]). */
+/**
+ * Lua that reads ARGV[1] into `names` (the keys, the first `read_count` of them the ones the call reads)
+ * and `reqs` (each request's numbers as h[1..count]).
+ */
 export const luaUnpack = `
 local packed = ARGV[1]
-local key_count, pos = struct.unpack('<I4', packed, 1)
+local key_count, read_count, pos = struct.unpack('<I4I4', packed, 1)
 local names = {}
 for i = 1, key_count do names[i], pos = struct.unpack('<Hc0', packed, pos) end
 local reqs = {}
@@ -116,29 +120,58 @@ end
 `
 
 /**
- * One authorize call's single argument: each distinct key once, then the numbers of every request. The
- * call runs on its shard's slot (authorize-script.ts), so a request with a key of another shard is
- * refused here before any of it is written.
+ * What a key is to the script: one it reads (in the call's one MGET, before anything is written), one it
+ * only writes, or the account id (a name the dirty set holds, no key).
+ */
+type KeyRole = 'read' | 'written' | 'id'
+
+/**
+ * One authorize call's single argument: each distinct key once, the ones the script reads first, then
+ * the numbers of every request. The call runs on its shard's slot (authorize-script.ts), so a request
+ * with a key of another shard is refused here before any of it is written.
  */
 export class AuthorizeArgs {
-  readonly #keys: string[] = []
+  /** The keys the script reads: positions 1 to reads.length. */
+  readonly #reads: string[] = []
+  /** The other names, after the reads: a position here is -(index + 1) until packed() places them. */
+  readonly #others: string[] = []
   readonly #positions = new Map<string, number>()
   readonly #numbers: number[] = []
+  /** Where #numbers holds a position among #others, in ascending order. */
+  readonly #otherRefs: number[] = []
   readonly #prefix: string
 
-  constructor(readonly shard: Shard) {
+  /**
+   * `readEveryKey` (a cluster): the script reads every key of the call, the ones it only writes too, so
+   * that a key this node does not serve (a slot being migrated) fails the MGET before anything is
+   * written, instead of a write half-way through that Redis would keep. One Redis has no such keys.
+   */
+  constructor(
+    readonly shard: Shard,
+    private readonly readEveryKey = false,
+  ) {
     this.#prefix = shardPrefix(shard)
   }
 
-  /** The name's position among the keys (1-based), sending it only the first time; `key`: a Redis key, of the call's shard. */
-  #key(name: string, key = true): number {
-    let at = this.#positions.get(name)
-    if (at === undefined) {
-      if (key && !name.startsWith(this.#prefix)) throw new Error(`a key of another shard than ${this.shard} in one authorize call`)
-      at = this.#keys.push(name)
-      this.#positions.set(name, at)
+  /** Writes the name's position at n[at], placing the name the first time; `name` undefined writes 0. */
+  #key(at: number, name: string | undefined, role: KeyRole): void {
+    const n = this.#numbers
+    if (name === undefined) {
+      n[at] = 0
+      return
     }
-    return at
+    const read = role === 'read' || (role === 'written' && this.readEveryKey)
+    let position = this.#positions.get(name)
+    if (position === undefined) {
+      if (role !== 'id' && !name.startsWith(this.#prefix)) throw new Error(`a key of another shard than ${this.shard} in one authorize call`)
+      position = read ? this.#reads.push(name) : -this.#others.push(name)
+      this.#positions.set(name, position)
+    } else if (position > 0 !== read) {
+      // The script would read it for one request and not for another: roles come from its kind of key.
+      throw new Error(`a name used both as a key the script reads and as one it does not in one authorize call`)
+    }
+    n[at] = position
+    if (position < 0) this.#otherRefs.push(at)
   }
 
   /** Appends one request; throws, adding nothing, when it names a key of another shard. */
@@ -148,6 +181,8 @@ export class AuthorizeArgs {
       this.#add(a, at)
     } catch (err) {
       this.#numbers.length = at
+      const refs = this.#otherRefs
+      while (refs.length > 0 && (refs[refs.length - 1] as number) >= at) refs.pop()
       throw err
     }
   }
@@ -163,33 +198,32 @@ export class AuthorizeArgs {
     n[at + F.epochCount] = a.epochs.length
     n[at + F.bucketCount] = a.buckets.length
     n[at + F.deny] = a.deny ? 1 : 0
-    n[at + F.ceilingKey] = ceiling ? this.#key(ceiling.key) : 0
+    this.#key(at + F.ceilingKey, ceiling?.key, 'written')
     n[at + F.ceilingLimit] = ceiling ? ceiling.limit : 0
     n[at + F.ceilingTtl] = ceiling ? ceiling.ttlSeconds : 0
-    n[at + F.nonceKey] = nonce ? this.#key(nonce.key) : 0
+    this.#key(at + F.nonceKey, nonce?.key, 'written')
     n[at + F.nonceTtl] = nonce ? nonce.ttlSeconds : 0
-    n[at + F.account] = charge ? this.#key(charge.accountId, false) : 0
-    n[at + F.balanceKey] = charge ? this.#key(keys.balance(shard, charge.accountId)) : 0
-    n[at + F.pendingKey] = charge ? this.#key(keys.pendingCharges(shard, charge.accountId)) : 0
-    n[at + F.dirtyKey] = charge ? this.#key(keys.dirtyAccounts(shard)) : 0
+    this.#key(at + F.account, charge?.accountId, 'id')
+    this.#key(at + F.balanceKey, charge ? keys.balance(shard, charge.accountId) : undefined, 'read')
+    this.#key(at + F.pendingKey, charge ? keys.pendingCharges(shard, charge.accountId) : undefined, 'written')
+    this.#key(at + F.dirtyKey, charge ? keys.dirtyAccounts(shard) : undefined, 'written')
     n[at + F.cost] = charge ? charge.cost : 0
-    n[at + F.counterKey] = counter ? this.#key(counter.key) : 0
+    this.#key(at + F.counterKey, counter?.key, 'written')
     n[at + F.counterEvery] = counter ? counter.every : 0
     let group = at + HEAD.length + 1
     for (const e of a.epochs) {
-      n[group + E.key] = this.#key(e.key)
+      this.#key(group + E.key, e.key, 'read')
       n[group + E.expected] = e.expected
       group += EPOCH.length
     }
     const firstBucket = group
     for (const b of a.buckets) {
-      const key = this.#key(b.key)
+      this.#key(group + B.key, b.key, 'read')
       // The script takes each group's token from the bucket as the groups before it left it: a key named
       // twice would be taken from twice, its capacity checked for each alone.
       for (let g = firstBucket; g < group; g += BUCKET.length) {
-        if (n[g + B.key] === key) throw new Error('a request that names one bucket twice')
+        if (n[g + B.key] === n[group + B.key]) throw new Error('a request that names one bucket twice')
       }
-      n[group + B.key] = key
       n[group + B.capacity] = b.capacity
       n[group + B.refillPerSecond] = b.refillPerSecond
       group += BUCKET.length
@@ -200,21 +234,34 @@ export class AuthorizeArgs {
   /**
    * The argument as one Buffer, because ioredis spends ~0.5 µs on each argument of a call, and a call
    * carries 3 to 9 keys a request; doubles because struct.unpack reads them exactly, ~1 µs a request
-   * against ~3.5 for cjson.
+   * against ~3.5 for cjson. The other names go after the reads, and their positions with them.
    */
   packed(): Buffer {
-    let size = 4 + this.#numbers.length * 8
+    const readCount = this.#reads.length
+    const names = this.#others.length === 0 ? this.#reads : [...this.#reads, ...this.#others]
+    let size = 8 + this.#numbers.length * 8
     // A UTF-16 code unit is at most 3 bytes of UTF-8.
-    for (const k of this.#keys) size += 2 + k.length * 3
+    for (const k of names) size += 2 + k.length * 3
     const out = Buffer.allocUnsafe(size)
-    out.writeUInt32LE(this.#keys.length, 0)
-    let at = 4
-    for (const k of this.#keys) {
+    out.writeUInt32LE(names.length, 0)
+    out.writeUInt32LE(readCount, 4)
+    let at = 8
+    for (const k of names) {
       const length = out.write(k, at + 2)
       out.writeUInt16LE(length, at)
       at += 2 + length
     }
-    for (const n of this.#numbers) at = out.writeDoubleLE(n, at)
+    const n = this.#numbers
+    const refs = this.#otherRefs
+    let nextRef = 0
+    for (let i = 0; i < n.length; i++) {
+      let value = n[i] as number
+      if (i === refs[nextRef]) {
+        value = readCount - value
+        nextRef++
+      }
+      at = out.writeDoubleLE(value, at)
+    }
     return out.subarray(0, at)
   }
 }
