@@ -168,7 +168,7 @@ export class AuthorizeArgs {
       this.#positions.set(name, position)
     } else if (position > 0 !== read) {
       // The script would read it for one request and not for another: roles come from its kind of key.
-      throw new Error(`a name used both as a key the script reads and as one it does not in one authorize call`)
+      throw new Error('a name used both as a key the script reads and as one it does not in one authorize call')
     }
     n[at] = position
     if (position < 0) this.#otherRefs.push(at)
