@@ -7,7 +7,9 @@
  *   an uncaught error, which ends a server process (main.ts);
  * - the dead backend's last error failed the next query its connection ran after reconnecting;
  * - after a reset, that ROLLBACK stayed queued unsent, and the reconnected connection waited for its
- *   answer for ever: every later query on it hung.
+ *   answer for ever: every later query on it hung;
+ * - it dropped the promise of a new connection's fetch of array types, so a connection lost during
+ *   that fetch was an unhandled rejection, which also ends a server process.
  */
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { type AddressInfo, connect, createServer, type Server, type Socket } from 'node:net'
@@ -16,26 +18,64 @@ import postgres from 'postgres'
 import { type Database, openDb } from '../../src/db/client'
 import { MODE, TEST_DATABASE_URL } from '../support/helpers'
 
-/** A TCP proxy to the test database that can reset (RST) the client side of every connection through it. */
+/** A connection through the proxy, held at its fetch of array types (postgres.js's first statement). */
+interface HeldConnection {
+  /** Its backend's process id, from the server's BackendKeyData. */
+  backendPid: number
+  /** Sends the held statement on. */
+  forward(): void
+  /** Resets (RST) the client side. */
+  reset(): void
+}
+
+/** The backend pid in a server-to-client chunk carrying BackendKeyData ('K', length 12, pid, secret), else 0. */
+function backendKeyPid(chunk: Buffer): number {
+  const at = chunk.indexOf(Buffer.from([0x4b, 0, 0, 0, 12]))
+  return at >= 0 && at + 9 <= chunk.length ? chunk.readInt32BE(at + 5) : 0
+}
+
+/**
+ * A TCP proxy to the test database that can reset (RST) the client side of every connection through
+ * it, or hold one new connection at its fetch of array types.
+ */
 class ResettingProxy {
   readonly #server: Server
   readonly #clients = new Set<Socket>()
+  #holdTypesFetch: ((held: HeldConnection) => void) | null = null
 
   constructor(target: URL) {
     this.#server = createServer((client) => {
       const upstream = connect(Number(target.port || 5432), target.hostname)
-      client.pipe(upstream).pipe(client)
+      let backendPid = 0
+      upstream.on('data', (chunk: Buffer) => {
+        backendPid ||= backendKeyPid(chunk)
+      })
+      upstream.pipe(client)
+      client.on('data', (chunk: Buffer) => {
+        const hold = this.#holdTypesFetch
+        if (!hold || !chunk.includes('pg_catalog.pg_type')) return void upstream.write(chunk)
+        this.#holdTypesFetch = null
+        hold({ backendPid, forward: () => upstream.write(chunk), reset: () => client.resetAndDestroy() })
+      })
       for (const end of [client, upstream]) end.on('error', () => {})
       this.#clients.add(client)
       client.on('close', () => {
         this.#clients.delete(client)
         upstream.destroy()
       })
+      // A write to a closed upstream fails it, and a failed source ends no pipe: the server's close
+      // must still reach the client.
+      upstream.on('close', () => client.end())
     })
   }
 
+  /** The next connection to fetch its array types is handed to `hold` with that statement unsent. */
+  holdNextTypesFetch(hold: (held: HeldConnection) => void): void {
+    this.#holdTypesFetch = hold
+  }
+
   async listen(): Promise<number> {
-    await new Promise<void>((resolve) => this.#server.listen(0, '127.0.0.1', resolve))
+    if (!this.#server.listening) await new Promise<void>((resolve) => this.#server.listen(0, '127.0.0.1', resolve))
     return (this.#server.address() as AddressInfo).port
   }
 
@@ -113,5 +153,48 @@ if (MODE === 'postgres') {
         await database.close()
       }
     }, 30_000)
+
+    // postgres.js 3.4.9 drops the promise of that fetch, so its failure was an unhandled rejection
+    // (porsager/postgres#1192, #1223): once a server process's exit, on a PostgreSQL restart under load.
+    describe('lost while a new connection fetches its array types', () => {
+      const losses: [string, (held: HeldConnection) => Promise<void>][] = [
+        ['by a reset connection', async (held) => held.reset()],
+        [
+          'by a terminated backend',
+          async (held) => {
+            await killer`SELECT pg_terminate_backend(${held.backendPid})`
+            held.forward()
+          },
+        ],
+      ]
+      for (const [how, lose] of losses) {
+        test(`${how}: fails or reruns the query waiting for that connection, and the process lives on`, async () => {
+          const url = new URL(TEST_DATABASE_URL!)
+          url.port = String(await proxy.listen())
+          // openDb's migrations run on a connection of their own: the pool's first query opens the one held.
+          const database = await openDb({ databaseUrl: url.toString(), dataDir: null, poolSize: 1 })
+          try {
+            let lost: Promise<void> | null = null
+            proxy.holdNextTypesFetch((held) => {
+              lost = lose(held)
+            })
+            const first = await database.db.execute(sql`SELECT 1 AS one`).then(
+              () => 'ran',
+              (err: unknown) => (err instanceof Error && (err.cause as { code?: string } | undefined)?.code) || String(err),
+            )
+            await lost
+            // It fails with the lost connection, or postgres.js opens another for it and it runs there;
+            // never with the dead backend's 57P01 carried over to the next connection.
+            expect(['ran', 'ECONNRESET', 'CONNECTION_CLOSED']).toContain(first)
+            // A rejection nobody handles is reported turns later.
+            await Bun.sleep(50)
+            expect(uncaught).toEqual([])
+            expect(await database.ping()).toBe(true)
+          } finally {
+            await database.close()
+          }
+        }, 30_000)
+      }
+    })
   })
 }
