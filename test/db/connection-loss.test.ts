@@ -155,7 +155,7 @@ if (MODE === 'postgres') {
     }, 30_000)
 
     // postgres.js 3.4.9 drops the promise of that fetch, so its failure was an unhandled rejection
-    // (porsager/postgres#1192, #1223): once a server process's exit, on a PostgreSQL restart under load.
+    // (porsager/postgres#1192, #1223), which ended a server process when PostgreSQL restarted under load.
     describe('lost while a new connection fetches its array types', () => {
       const losses: [string, (held: HeldConnection) => Promise<void>][] = [
         ['by a reset connection', async (held) => held.reset()],
@@ -182,6 +182,7 @@ if (MODE === 'postgres') {
               () => 'ran',
               (err: unknown) => (err instanceof Error && (err.cause as { code?: string } | undefined)?.code) || String(err),
             )
+            expect(lost).not.toBeNull()
             await lost
             // It fails with the lost connection, or postgres.js opens another for it and it runs there;
             // never with the dead backend's 57P01 carried over to the next connection.
