@@ -20,7 +20,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { setLogLevel } from '../src/lib/log'
 import { seedAuthData } from './seed'
-import { launchServer, runWrk, type Server, spawnServer } from './server'
+import { DIE_WITH_BENCH, launchServer, runWrk, type Server, spawnServer } from './server'
 import { benchStores, median, presizeKeyspace } from './stores'
 
 const ADMIN_URL = process.env.BENCH_PG_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
@@ -118,7 +118,7 @@ async function main() {
     console.log('readying the Redis keyspace for the run\'s nonces…')
     await presizeKeyspace(stores.redis, seconds64 * 30_000 + seconds1 * 5_000)
 
-    const baseline = await spawnServer(join(import.meta.dir, 'baseline.ts'), {})
+    const baseline = await spawnServer(join(import.meta.dir, 'baseline.ts'), {}, [DIE_WITH_BENCH])
     servers.push(baseline)
     const profile = process.env.BENCH_PROFILE_DIR
     const limited = await launchServer(root, env, profile ? ['--cpu-prof-md', `--cpu-prof-dir=${profile}`] : [])

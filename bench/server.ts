@@ -28,9 +28,16 @@ export interface Server {
 const serverEntry = (checkout: string) =>
   [join(checkout, 'src', 'main.ts'), join(checkout, 'src', 'index.ts')].find((entry) => existsSync(entry)) as string
 
-/** Starts a checkout's server as the image and `npm start` launch it (LAUNCH_ENV), with `env` on top. */
+/**
+ * Bun's flag that kills a process when its parent dies: a bench killed outright (a timeout's SIGKILL)
+ * must not leave servers running to skew the next run. Benches only: under it a server's own
+ * processes die with the first one whether or not the server sees to it, which a test checks.
+ */
+export const DIE_WITH_BENCH = '--no-orphans'
+
+/** Starts a checkout's server as the image and `npm start` launch it (LAUNCH_ENV), with `env` on top; it dies with the bench. */
 export const launchServer = (checkout: string, env: Record<string, string>, flags: string[] = []) =>
-  spawnServer(serverEntry(checkout), { ...LAUNCH_ENV, ...env }, flags)
+  spawnServer(serverEntry(checkout), { ...LAUNCH_ENV, ...env }, [DIE_WITH_BENCH, ...flags])
 
 function rssMb(pid: string): number {
   try {
