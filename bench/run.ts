@@ -3,7 +3,8 @@
  * with a bare Elysia route measured in the same run as the baseline. Needs wrk (apt-get install wrk).
  *
  * Settings (environment): BENCH_PG_ADMIN_URL (default postgres://postgres@127.0.0.1:5432/postgres; a
- * database ls_bench_<pid> is created there and dropped at the end), BENCH_REDIS_URL (default
+ * database ls_bench_<pid> is created there and dropped at the end, and those of benches killed before
+ * theirs on a local PostgreSQL are dropped first), BENCH_REDIS_URL (default
  * redis://127.0.0.1:6379/14; flushed before and after), BENCH_DURATION seconds per scenario and round (5),
  * BENCH_LICENSES (1000), BENCH_ROUNDS (4; the Redis database is first filled with keys standing for a week's nonces, sized to
  * leave room for the run's own: presizeKeyspace in stores.ts), BENCH_PROCESSES (the server's SERVER_PROCESSES; unset, the server

@@ -18,8 +18,34 @@ export interface BenchStores {
   close(): Promise<void>
 }
 
+/** Whether process `pid` runs on this machine (a pid reused since reads as running: nothing is lost). */
+function running(pid: number): boolean {
+  try {
+    process.kill(pid, 0)
+    return true
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM'
+  }
+}
+
+/**
+ * Drops the databases of benches killed before they dropped their own (a million licenses is ~0.5 GB
+ * of disk a run): named `ls_bench…_<pid>` with no such process. Only on a PostgreSQL of this machine,
+ * the only one whose benches' pids this machine can tell apart.
+ */
+async function dropAbandoned(admin: postgres.Sql, adminUrl: string): Promise<void> {
+  if (!['127.0.0.1', 'localhost', '[::1]', ''].includes(new URL(adminUrl).hostname)) return
+  const rows = await admin<{ datname: string }[]>`SELECT datname FROM pg_database WHERE datname ~ '^ls_bench[a-z_]*_[0-9]+$'`
+  for (const { datname } of rows) {
+    if (running(Number(datname.slice(datname.lastIndexOf('_') + 1)))) continue
+    await admin.unsafe(`DROP DATABASE IF EXISTS ${datname} WITH (FORCE)`)
+    console.log(`dropped ${datname}, left by a bench that no longer runs`)
+  }
+}
+
 export async function benchStores(adminUrl: string, redisUrl: string, name: string): Promise<BenchStores> {
   const admin = postgres(adminUrl, { max: 1, onnotice: () => {} })
+  await dropAbandoned(admin, adminUrl)
   await admin.unsafe(`CREATE DATABASE ${name}`)
   const url = new URL(adminUrl)
   url.pathname = `/${name}`
