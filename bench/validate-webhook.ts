@@ -24,6 +24,7 @@ import postgres from 'postgres'
 import { LAUNCH_ENV } from '../src/server-processes'
 import { procCpu } from './proc'
 import { type Seeded, seedBench } from './seed'
+import { DIE_WITH_BENCH } from './server'
 
 const args = process.argv.slice(2)
 const flag = (name: string, fallback: number) => {
@@ -54,7 +55,7 @@ async function startServer(env: Record<string, string>) {
   // BENCH_PROFILE_DIR: the server writes a CPU profile (markdown) there when it stops.
   const profile = process.env.BENCH_PROFILE_DIR
   const flags = profile ? ['--cpu-prof-md', `--cpu-prof-dir=${profile}`] : []
-  const proc = Bun.spawn([process.execPath, ...flags, 'src/main.ts'], { cwd: root, env, stdout: 'ignore', stderr: 'pipe' })
+  const proc = Bun.spawn([process.execPath, DIE_WITH_BENCH, ...flags, 'src/main.ts'], { cwd: root, env, stdout: 'ignore', stderr: 'pipe' })
   let log = ''
   let base: string | null = null
   void (async () => {
@@ -149,7 +150,7 @@ dbUrl.pathname = `/${dbName}`
 const { certFile, keyFile } = certificate()
 
 // A receiver is another machine in production: niced here so it takes CPU only when the server leaves some.
-const receiver = Bun.spawn(['nice', '-n', '19', process.execPath, join(import.meta.dir, 'webhook-receiver.ts'), certFile, keyFile], {
+const receiver = Bun.spawn(['nice', '-n', '19', process.execPath, DIE_WITH_BENCH, join(import.meta.dir, 'webhook-receiver.ts'), certFile, keyFile], {
   stdout: 'pipe',
 })
 const receiverPort = Number(new TextDecoder().decode((await receiver.stdout.getReader().read()).value).trim())
