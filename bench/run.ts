@@ -9,7 +9,7 @@
  * BENCH_LICENSES (1000), BENCH_ROUNDS (4; the Redis database is first filled with keys standing for a week's nonces, sized to
  * leave room for the run's own: presizeKeyspace in stores.ts), BENCH_PROCESSES (the server's SERVER_PROCESSES; unset, the server
  * gets none and runs its default, the configuration a production install with DATABASE_URL and REDIS_URL gets), BENCH_PROFILE_DIR (when set, the server under test writes a CPU
- * profile in markdown there when it stops; its first process only), BENCH_COMPARE (the root of another
+ * profile there when it stops, in markdown and as samples for bench/profile.ts; its first process only), BENCH_COMPARE (the root of another
  * checkout of this project, e.g. a `git worktree` of the commit before a change: its servers, limits on and
  * off, run beside this checkout's on the same database and Redis, and each round measures every scenario
  * of both back to back, in turn first, so "this checkout ÷ BENCH_COMPARE" per scenario is read in one run
@@ -21,7 +21,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { setLogLevel } from '../src/lib/log'
 import { seedAuthData } from './seed'
-import { DIE_WITH_BENCH, launchServer, runWrk, type Server, spawnServer } from './server'
+import { DIE_WITH_BENCH, launchServer, profileFlags, runWrk, type Server, spawnServer } from './server'
 import { benchStores, median, presizeKeyspace } from './stores'
 
 const ADMIN_URL = process.env.BENCH_PG_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
@@ -121,8 +121,7 @@ async function main() {
 
     const baseline = await spawnServer(join(import.meta.dir, 'baseline.ts'), {}, [DIE_WITH_BENCH])
     servers.push(baseline)
-    const profile = process.env.BENCH_PROFILE_DIR
-    const limited = await launchServer(root, env, profile ? ['--cpu-prof-md', `--cpu-prof-dir=${profile}`] : [])
+    const limited = await launchServer(root, env, profileFlags())
     servers.push(limited)
     const unlimited = await launchServer(root, { ...env, PUBLIC_RATE_LIMITS: 'false' })
     servers.push(unlimited)

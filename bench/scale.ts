@@ -10,7 +10,7 @@
  * BENCH_CONNECTIONS (64), BENCH_PROCESSES (SERVER_PROCESSES, 2), BENCH_BIG (1000000), BENCH_SMALL (2000),
  * BENCH_CACHE_MAX_MB (the server's CACHE_MAX_MB; unset: the server's default, an eighth of this machine's memory split among
  * the processes, which the summary says whether it holds both sets), BENCH_PROFILE_DIR (a CPU profile
- * in markdown from the server's first process), BENCH_COMPARE (the root of another checkout, e.g. a
+ * from the server's first process, in markdown and as samples for bench/profile.ts), BENCH_COMPARE (the root of another checkout, e.g. a
  * `git worktree` of the commit before a change: its server runs beside this one on the same database and
  * Redis, each scenario of both back to back, in turn first, so the two are compared in one run).
  */
@@ -21,7 +21,7 @@ import { loadConfig } from '../src/config'
 import { setLogLevel } from '../src/lib/log'
 import { procCpu } from './proc'
 import { seedBulk } from './seed'
-import { launchServer, runWrk, type Server } from './server'
+import { launchServer, profileFlags, runWrk, type Server } from './server'
 import { benchStores, median, presizeKeyspace } from './stores'
 
 const ADMIN_URL = process.env.BENCH_PG_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
@@ -116,7 +116,6 @@ async function main() {
     console.log(`seeded ${SMALL} + ${BIG} licenses with bound HWIDs in ${((performance.now() - seedStart) / 1000).toFixed(1)} s`)
     // The nonces of every run, each server's warm-ups included, at up to 30,000 validates a second.
     await presizeKeyspace(stores.redis, (COMPARE ? 2 : 1) * (ROUNDS * 2 * DURATION + 3 + DURATION) * 30_000)
-    const profile = process.env.BENCH_PROFILE_DIR
     const checkouts: { name: string; server: Server }[] = []
     const start = async (name: string, checkout: string, flags: string[] = []) => {
       const startedAt = performance.now()
@@ -128,7 +127,7 @@ async function main() {
       await server.logged('license cache warmed')
       console.log(`${name}: cache warmed ${((performance.now() - startedAt) / 1000).toFixed(1)} s after start`)
     }
-    await start('this checkout', root, profile ? ['--cpu-prof-md', `--cpu-prof-dir=${profile}`] : [])
+    await start('this checkout', root, profileFlags())
     if (COMPARE) await start('BENCH_COMPARE', COMPARE)
     const rssLine = (when: string) =>
       console.log(`RSS ${when} (MB per server process): ${checkouts.map(({ name, server }) => `${name} ${server.rssMb().map((mb) => mb.toFixed(0)).join(' + ')}`).join('; ')}`)

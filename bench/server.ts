@@ -35,6 +35,17 @@ const serverEntry = (checkout: string) =>
  */
 export const DIE_WITH_BENCH = '--no-orphans'
 
+/**
+ * BENCH_PROFILE_DIR's flags: the server writes its CPU profile there when it stops, as markdown to read
+ * and as the raw samples (.cpuprofile), which `bun bench/profile.ts` counts. The markdown weighs each
+ * sample by the time since the one before it, so a timer that fires after an idle spell between
+ * scenarios carries the whole spell; counting the samples of the load alone does not.
+ */
+export function profileFlags(): string[] {
+  const dir = process.env.BENCH_PROFILE_DIR
+  return dir ? ['--cpu-prof', '--cpu-prof-md', `--cpu-prof-dir=${dir}`] : []
+}
+
 /** Starts a checkout's server as the image and `npm start` launch it (LAUNCH_ENV), with `env` on top; it dies with the bench. */
 export const launchServer = (checkout: string, env: Record<string, string>, flags: string[] = []) =>
   spawnServer(serverEntry(checkout), { ...LAUNCH_ENV, ...env }, [DIE_WITH_BENCH, ...flags])

@@ -4,7 +4,8 @@
  *
  *   bun bench/validate-webhook.ts [--duration 10] [--connections 64] [--rounds 3]
  *
- * Needs wrk, PostgreSQL and Redis (BENCH_PG_ADMIN_URL, BENCH_REDIS_URL). It creates and drops its
+ * Needs wrk, PostgreSQL and Redis (BENCH_PG_ADMIN_URL, BENCH_REDIS_URL; BENCH_PROFILE_DIR as in
+ * bench/run.ts). It creates and drops its
  * own database, starts the real server (src/main.ts) on a free port, and runs an HTTPS receiver
  * with a self-signed certificate the server trusts through NODE_EXTRA_CA_CERTS. Runs alternate
  * (without, with, without, with) because this machine is noisy: compare the medians of one run.
@@ -24,7 +25,7 @@ import postgres from 'postgres'
 import { LAUNCH_ENV } from '../src/server-processes'
 import { procCpu } from './proc'
 import { type Seeded, seedBench } from './seed'
-import { DIE_WITH_BENCH } from './server'
+import { DIE_WITH_BENCH, profileFlags } from './server'
 
 const args = process.argv.slice(2)
 const flag = (name: string, fallback: number) => {
@@ -52,10 +53,7 @@ function certificate() {
 }
 
 async function startServer(env: Record<string, string>) {
-  // BENCH_PROFILE_DIR: the server writes a CPU profile (markdown) there when it stops.
-  const profile = process.env.BENCH_PROFILE_DIR
-  const flags = profile ? ['--cpu-prof-md', `--cpu-prof-dir=${profile}`] : []
-  const proc = Bun.spawn([process.execPath, DIE_WITH_BENCH, ...flags, 'src/main.ts'], { cwd: root, env, stdout: 'ignore', stderr: 'pipe' })
+  const proc = Bun.spawn([process.execPath, DIE_WITH_BENCH, ...profileFlags(), 'src/main.ts'], { cwd: root, env, stdout: 'ignore', stderr: 'pipe' })
   let log = ''
   let base: string | null = null
   void (async () => {
