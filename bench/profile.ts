@@ -29,11 +29,11 @@ const { values, positionals } = parseArgs({
   options: { top: { type: 'string', default: '40' } },
 })
 const file = positionals[0]
-if (!file) {
+const top = Number(values.top)
+if (!file || !Number.isInteger(top) || top < 1) {
   console.error('usage: bun bench/profile.ts <file.cpuprofile> [--top 40]')
   process.exit(2)
 }
-const top = Number(values.top)
 
 const profile = JSON.parse(readFileSync(file, 'utf8')) as CpuProfile
 const nodes = new Map(profile.nodes.map((node) => [node.id, node]))

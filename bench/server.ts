@@ -39,7 +39,7 @@ export const DIE_WITH_BENCH = '--no-orphans'
  * BENCH_PROFILE_DIR's flags: the server writes its CPU profile there when it stops, as markdown to read
  * and as the raw samples (.cpuprofile), which `bun bench/profile.ts` counts. The markdown weighs each
  * sample by the time since the one before it, so a timer that fires after an idle spell between
- * scenarios carries the whole spell; counting the samples of the load alone does not.
+ * scenarios carries the whole spell; a count of the samples does not.
  */
 export function profileFlags(): string[] {
   const dir = process.env.BENCH_PROFILE_DIR
