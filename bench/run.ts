@@ -56,27 +56,35 @@ interface Result {
   idlePct: number
   /** Redis CPU per request (µs; the whole Redis server, so other users of it add to it). */
   redisUs: number
+  /** The part of redisUs spent running scripts (the authorize call's, mostly). */
+  scriptUs: number
   /** wrk's own CPU per request (µs): its Lua builds every request body. */
   wrkUs: number
 }
 
 
-/** CPU seconds the Redis server has used (INFO cpu), read with redis-cli so no client sits in this process. */
-function redisCpu(): number {
+/**
+ * The Redis server's CPU seconds (INFO cpu) and the microseconds it spent running scripts (INFO
+ * commandstats: EVAL and EVALSHA, the commands the scripts call included), read with redis-cli so no
+ * client sits in this process. Script time apart from the rest (the sockets, the event loop) tells what
+ * the authorize script itself costs, e.g. of the rate limits' keys.
+ */
+function redisCounters(): { cpuSeconds: number; scriptUs: number } {
   let info = ''
   try {
-    info = Bun.spawnSync(['redis-cli', '-u', REDIS_URL, 'info', 'cpu']).stdout.toString()
+    info = Bun.spawnSync(['redis-cli', '-u', REDIS_URL, 'info', 'all']).stdout.toString()
   } catch {
-    // No redis-cli here: the Redis column shows NaN, the rest of the run is unaffected.
+    // No redis-cli here: the Redis columns show NaN, the rest of the run is unaffected.
   }
   const field = (name: string) => Number(new RegExp(`^${name}:([\\d.]+)`, 'm').exec(info)?.[1] ?? Number.NaN)
-  return field('used_cpu_user') + field('used_cpu_sys')
+  const usec = (command: string) => Number(new RegExp(`^cmdstat_${command}:.*usec=(\\d+)`, 'm').exec(info)?.[1] ?? 0)
+  return { cpuSeconds: field('used_cpu_user') + field('used_cpu_sys'), scriptUs: info ? usec('eval') + usec('evalsha') : Number.NaN }
 }
 
 let runCounter = 0
 function wrk(name: string, server: Server, mode: string, connections: number, seconds: number): Result {
   const url = server.url
-  const redis0 = redisCpu()
+  const redis0 = redisCounters()
   const cpu0 = server.cpu()
   const main0 = server.mainCpu()
   const ticks0 = machineTicks()
@@ -90,9 +98,11 @@ function wrk(name: string, server: Server, mode: string, connections: number, se
   const mainUs = ((server.mainCpu() - main0) * 1e6) / total
   const ticks = machineTicks()
   const idlePct = (100 * (ticks.idle - ticks0.idle)) / (ticks.total - ticks0.total)
-  const redisUs = ((redisCpu() - redis0) * 1e6) / total
+  const redis = redisCounters()
+  const redisUs = ((redis.cpuSeconds - redis0.cpuSeconds) * 1e6) / total
+  const scriptUs = (redis.scriptUs - redis0.scriptUs) / total
   const wrkUs = wrkCpuUs / total
-  return { name, connections, rps, p50, p99, errors, cpuUs, mainUs, idlePct, redisUs, wrkUs }
+  return { name, connections, rps, p50, p99, errors, cpuUs, mainUs, idlePct, redisUs, scriptUs, wrkUs }
 }
 
 async function main() {
@@ -141,7 +151,7 @@ async function main() {
     const run = (name: string, server: Server, mode: string, c: number) => {
       const r = wrk(name, server, mode, c, DURATION)
       results.push(r)
-      console.log(`  ${name.padEnd(36)} c=${String(c).padStart(2)}  ${r.rps.toFixed(0).padStart(7)} req/s  p50 ${r.p50.toFixed(2)} ms  p99 ${r.p99.toFixed(2)} ms  server CPU ${r.cpuUs.toFixed(0)} µs/req (main thread ${r.mainUs.toFixed(0)}), Redis ${r.redisUs.toFixed(0)}, wrk ${r.wrkUs.toFixed(0)}; machine idle ${r.idlePct.toFixed(0)}%${r.errors ? `  non-2xx ${r.errors}` : ''}`)
+      console.log(`  ${name.padEnd(36)} c=${String(c).padStart(2)}  ${r.rps.toFixed(0).padStart(7)} req/s  p50 ${r.p50.toFixed(2)} ms  p99 ${r.p99.toFixed(2)} ms  server CPU ${r.cpuUs.toFixed(0)} µs/req (main thread ${r.mainUs.toFixed(0)}), Redis ${r.redisUs.toFixed(0)} (scripts ${r.scriptUs.toFixed(0)}), wrk ${r.wrkUs.toFixed(0)}; machine idle ${r.idlePct.toFixed(0)}%${r.errors ? `  non-2xx ${r.errors}` : ''}`)
       return r
     }
     // The machine is shared and noisy: interleave the scenarios over several rounds and keep each
@@ -213,7 +223,8 @@ async function main() {
       console.log(`  ${check(ratio >= 0.97)} ${name} c=${c}: this checkout ÷ BENCH_COMPARE = ${ratio.toFixed(3)} req/s, median of the rounds' back-to-back pairs (${ratios.map((r) => r.toFixed(3)).join(', ')}) (>= 0.97)`)
     }
     const machineUs = (r: Result) => r.cpuUs + r.redisUs + r.wrkUs
-    console.log(`  CPU per validate (server + Redis + wrk, median): limits on ${median(samples.val!.map(machineUs)).toFixed(0)} µs, off ${median(samples.off!.map(machineUs)).toFixed(0)} µs`)
+    const scriptMedian = (list: Result[]) => median(list.map((r) => r.scriptUs)).toFixed(0)
+    console.log(`  CPU per validate (server + Redis + wrk, median): limits on ${median(samples.val!.map(machineUs)).toFixed(0)} µs, off ${median(samples.off!.map(machineUs)).toFixed(0)} µs; of Redis's, its scripts ${scriptMedian(samples.val!)} µs on, ${scriptMedian(samples.off!)} off`)
     const errors = results.reduce((n, r) => n + (r.name.startsWith('baseline') ? 0 : r.errors), 0)
     console.log(`  ${check(errors === 0)} non-2xx responses on the auth routes: ${errors}`)
   } finally {
