@@ -56,7 +56,7 @@ interface Result {
   idlePct: number
   /** Redis CPU per request (µs; the whole Redis server, so other users of it add to it). */
   redisUs: number
-  /** The part of redisUs spent running scripts (the authorize call's, mostly). */
+  /** Redis's time inside scripts per request (µs; the authorize call's, mostly): commandstats count wall time, so a preempted Redis adds to it. */
   scriptUs: number
   /** wrk's own CPU per request (µs): its Lua builds every request body. */
   wrkUs: number
@@ -77,7 +77,7 @@ function redisCounters(): { cpuSeconds: number; scriptUs: number } {
     // No redis-cli here: the Redis columns show NaN, the rest of the run is unaffected.
   }
   const field = (name: string) => Number(new RegExp(`^${name}:([\\d.]+)`, 'm').exec(info)?.[1] ?? Number.NaN)
-  const usec = (command: string) => Number(new RegExp(`^cmdstat_${command}:.*usec=(\\d+)`, 'm').exec(info)?.[1] ?? 0)
+  const usec = (command: string) => Number(new RegExp(`^cmdstat_${command}:calls=\\d+,usec=(\\d+)`, 'm').exec(info)?.[1] ?? 0)
   return { cpuSeconds: field('used_cpu_user') + field('used_cpu_sys'), scriptUs: info ? usec('eval') + usec('evalsha') : Number.NaN }
 }
 
