@@ -1,0 +1,113 @@
+/**
+ * Redis answers with a reply the client cannot take: a compromised or impostor server, or someone on the
+ * path of a connection without TLS. The calls on that connection fail as in an outage (a validate with
+ * system_error, a heartbeat served from PostgreSQL), the process goes on, and once the replies are sound
+ * again the store reconnects and serves as before. Unpatched, the client's parser threw such a reply's
+ * RangeError out of the socket's 'data' listener: an uncaught error, which ends the server process.
+ */
+import { afterAll, expect, test } from 'bun:test'
+import { connect, createServer, type Server, type Socket } from 'node:net'
+import { RedisStore } from '../../src/store/redis'
+import { decode, hwid, nonce } from '../support/client'
+import { makeTestApp } from '../support/helpers'
+import { ownRedis, until } from '../support/servers'
+
+/**
+ * Forwards each connection to the test's Redis. While `hostile` is set, every read from Redis is
+ * answered with it instead, written in pieces of `pieceBytes` a timer apart, so that the client's
+ * parser meets it across many reads as well as in one.
+ */
+class TamperingProxy {
+  hostile: Buffer | null = null
+  pieceBytes = Number.POSITIVE_INFINITY
+  readonly #server: Server
+  readonly #sockets = new Set<Socket>()
+
+  constructor(upstreamPort: number) {
+    this.#server = createServer((client) => {
+      const upstream = connect(upstreamPort, '127.0.0.1')
+      for (const socket of [client, upstream]) {
+        this.#sockets.add(socket)
+        socket.on('error', () => {})
+        socket.on('close', () => {
+          this.#sockets.delete(socket)
+          client.destroy()
+          upstream.destroy()
+        })
+      }
+      client.on('data', (data) => upstream.write(data))
+      upstream.on('data', (data) => {
+        if (this.hostile) this.#send(client, this.hostile)
+        else client.write(data)
+      })
+    })
+  }
+
+  #send(client: Socket, reply: Buffer): void {
+    const next = (at: number) => {
+      if (at >= reply.length || client.destroyed) return
+      const end = Math.min(reply.length, at + this.pieceBytes)
+      client.write(reply.subarray(at, end))
+      setTimeout(() => next(end), 1)
+    }
+    next(0)
+  }
+
+  listen(): Promise<number> {
+    return new Promise((resolve) => this.#server.listen(0, '127.0.0.1', () => resolve((this.#server.address() as { port: number }).port)))
+  }
+
+  close(): void {
+    for (const socket of this.#sockets) socket.destroy()
+    this.#server.close()
+  }
+}
+
+const redis = await ownRedis()
+const proxy = new TamperingProxy(redis.port)
+const store = new RedisStore(`redis://127.0.0.1:${await proxy.listen()}`)
+afterAll(async () => {
+  await store.close()
+  proxy.close()
+  await redis.stop()
+})
+
+const t = await makeTestApp({ store })
+const account = await t.seed({ credits: 1000 })
+const created = await t.req('POST', '/v1/licenses', { apiKey: account.apiKey, body: { appId: account.appId } })
+expect(created.status, JSON.stringify(created.body)).toBe(201)
+const licenseKey: string = created.body.licenses[0].licenseKey
+const h = hwid()
+
+const validate = () =>
+  t.req('POST', '/auth/validate', { body: { appId: account.appId, appSecret: account.appSecret, licenseKey, hwid: h, nonce: nonce() } })
+const heartbeat = (sessionToken: string) => t.req('POST', '/auth/heartbeat', { body: { appId: account.appId, sessionToken, hwid: h } })
+
+const first = await validate()
+expect(first.status, JSON.stringify(first.body)).toBe(200)
+const sessionToken: string = decode(first.body.payload).sessionToken
+
+const HOSTILE = {
+  'arrays nested 200,000 deep, in one read': { reply: `${'*1\r\n'.repeat(200_000)}:1\r\n`, pieceBytes: Number.POSITIVE_INFINITY },
+  'arrays nested 200,000 deep, in 64 KiB pieces': { reply: `${'*1\r\n'.repeat(200_000)}:1\r\n`, pieceBytes: 65_536 },
+  'an array length no array can have': { reply: '*99999999999\r\n:1\r\n', pieceBytes: Number.POSITIVE_INFINITY },
+}
+
+for (const [name, { reply, pieceBytes }] of Object.entries(HOSTILE)) {
+  test(`${name}: the calls fail as in an outage, the process goes on, the store comes back`, async () => {
+    proxy.hostile = Buffer.from(reply)
+    proxy.pieceBytes = pieceBytes
+    try {
+      const refused = await validate()
+      expect(refused.body).toEqual({ status: 'failed', error: 'system_error' })
+      expect(refused.status).toBe(500)
+      // A heartbeat needs no nonce: without the store it is served from PostgreSQL.
+      const beat = await heartbeat(sessionToken)
+      expect(beat.status, JSON.stringify(beat.body)).toBe(200)
+    } finally {
+      proxy.hostile = null
+    }
+    const back = await until(validate, (res) => res.status === 200)
+    expect(back.status, JSON.stringify(back.body)).toBe(200)
+  })
+}
