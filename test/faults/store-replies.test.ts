@@ -87,9 +87,10 @@ const first = await validate()
 expect(first.status, JSON.stringify(first.body)).toBe(200)
 const sessionToken: string = decode(first.body.payload).sessionToken
 
+const DEEP = `${'*1\r\n'.repeat(200_000)}:1\r\n`
 const HOSTILE = {
-  'arrays nested 200,000 deep, in one read': { reply: `${'*1\r\n'.repeat(200_000)}:1\r\n`, pieceBytes: Number.POSITIVE_INFINITY },
-  'arrays nested 200,000 deep, in 64 KiB pieces': { reply: `${'*1\r\n'.repeat(200_000)}:1\r\n`, pieceBytes: 65_536 },
+  'arrays nested 200,000 deep, in one read': { reply: DEEP, pieceBytes: Number.POSITIVE_INFINITY },
+  'arrays nested 200,000 deep, in 64 KiB pieces': { reply: DEEP, pieceBytes: 65_536 },
   'an array length no array can have': { reply: '*99999999999\r\n:1\r\n', pieceBytes: Number.POSITIVE_INFINITY },
 }
 
