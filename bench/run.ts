@@ -16,10 +16,11 @@
  * on one machine state).
  * `npm run bench:webhooks` (bench/validate-webhook.ts) is the variant with a subscribed license.validated webhook.
  */
-import { mkdtempSync, readFileSync } from 'node:fs'
+import { mkdtempSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { setLogLevel } from '../src/lib/log'
+import { machineTicks, redisCounters } from './proc'
 import { seedAuthData } from './seed'
 import { DIE_WITH_BENCH, launchServer, profileFlags, runWrk, type Server, spawnServer } from './server'
 import { benchStores, median, presizeKeyspace } from './stores'
@@ -34,12 +35,6 @@ const COMPARE = process.env.BENCH_COMPARE
 const MASTER_KEY = Buffer.alloc(32, 42).toString('hex')
 const root = join(import.meta.dir, '..')
 const work = mkdtempSync(join(tmpdir(), 'ls-bench-'))
-
-/** Idle and total jiffies of the whole machine, from the first line of /proc/stat. */
-function machineTicks(): { idle: number; total: number } {
-  const f = (readFileSync('/proc/stat', 'utf8').split('\n')[0] ?? '').trim().split(/\s+/).slice(1).map(Number)
-  return { idle: (f[3] ?? 0) + (f[4] ?? 0), total: f.reduce((a, b) => a + b, 0) }
-}
 
 interface Result {
   name: string
@@ -63,28 +58,10 @@ interface Result {
 }
 
 
-/**
- * The Redis server's CPU seconds (INFO cpu) and the microseconds it spent running scripts (INFO
- * commandstats: EVAL and EVALSHA, the commands the scripts call included), read with redis-cli so no
- * client sits in this process. Script time apart from the rest (the sockets, the event loop) tells what
- * the authorize script itself costs, e.g. of the rate limits' keys.
- */
-function redisCounters(): { cpuSeconds: number; scriptUs: number } {
-  let info = ''
-  try {
-    info = Bun.spawnSync(['redis-cli', '-u', REDIS_URL, 'info', 'all']).stdout.toString()
-  } catch {
-    // No redis-cli here: the Redis columns show NaN, the rest of the run is unaffected.
-  }
-  const field = (name: string) => Number(new RegExp(`^${name}:([\\d.]+)`, 'm').exec(info)?.[1] ?? Number.NaN)
-  const usec = (command: string) => Number(new RegExp(`^cmdstat_${command}:calls=\\d+,usec=(\\d+)`, 'm').exec(info)?.[1] ?? 0)
-  return { cpuSeconds: field('used_cpu_user') + field('used_cpu_sys'), scriptUs: info ? usec('eval') + usec('evalsha') : Number.NaN }
-}
-
 let runCounter = 0
 function wrk(name: string, server: Server, mode: string, connections: number, seconds: number): Result {
   const url = server.url
-  const redis0 = redisCounters()
+  const redis0 = redisCounters(REDIS_URL)
   const cpu0 = server.cpu()
   const main0 = server.mainCpu()
   const ticks0 = machineTicks()
@@ -98,7 +75,7 @@ function wrk(name: string, server: Server, mode: string, connections: number, se
   const mainUs = ((server.mainCpu() - main0) * 1e6) / total
   const ticks = machineTicks()
   const idlePct = (100 * (ticks.idle - ticks0.idle)) / (ticks.total - ticks0.total)
-  const redis = redisCounters()
+  const redis = redisCounters(REDIS_URL)
   const redisUs = ((redis.cpuSeconds - redis0.cpuSeconds) * 1e6) / total
   const scriptUs = (redis.scriptUs - redis0.scriptUs) / total
   const wrkUs = wrkCpuUs / total

@@ -19,7 +19,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { loadConfig } from '../src/config'
 import { setLogLevel } from '../src/lib/log'
-import { procCpu } from './proc'
+import { machineTicks, procCpu, redisCounters } from './proc'
 import { seedBulk } from './seed'
 import { launchServer, profileFlags, runWrk, type Server } from './server'
 import { benchStores, median, presizeKeyspace } from './stores'
@@ -59,6 +59,13 @@ interface Result {
   mainUs: number
   /** CPU of the PostgreSQL backends serving this bench's database, per request. */
   pgUs: number
+  /** The whole Redis server's CPU per request, and of it the time inside scripts (bench/proc.ts redisCounters). */
+  redisUs: number
+  scriptUs: number
+  /** wrk's own CPU per request: the machine's third user, on the same two cores. */
+  wrkUs: number
+  /** Share of the machine's CPU time left idle: above a few % the run was not CPU-bound. */
+  idlePct: number
 }
 
 /** CPU seconds of the PostgreSQL backends connected to `dbName` (this bench's alone, not the other users of the server). */
@@ -68,22 +75,42 @@ let runs = 0
 
 async function wrk(server: Server, set: LicenseSet, seconds: number): Promise<Result> {
   const pg0 = await pgCpu()
+  const redis0 = redisCounters(REDIS_URL)
+  const ticks0 = machineTicks()
   const cpu0 = server.cpu()
   const main0 = server.mainCpu()
   const runId = `${process.pid.toString(16)}s${(runs++).toString(16)}x`
-  const { rps, p50, p99, errors, total } = runWrk([
+  const { rps, p50, p99, errors, total, cpuUs: wrkCpuUs } = runWrk([
     '-t2', `-c${CONNECTIONS}`, `-d${seconds}s`, '-s', join(import.meta.dir, 'scale.lua'),
     server.url, '--', set.appId, set.appSecret, set.prefix, String(set.count), runId,
   ])
+  const cpuUs = ((server.cpu() - cpu0) * 1e6) / total
+  const mainUs = ((server.mainCpu() - main0) * 1e6) / total
+  const ticks = machineTicks()
+  const redis = redisCounters(REDIS_URL)
   return {
     rps,
     p50,
     p99,
     errors,
-    cpuUs: ((server.cpu() - cpu0) * 1e6) / total,
-    mainUs: ((server.mainCpu() - main0) * 1e6) / total,
+    cpuUs,
+    mainUs,
     pgUs: (((await pgCpu()) - pg0) * 1e6) / total,
+    redisUs: ((redis.cpuSeconds - redis0.cpuSeconds) * 1e6) / total,
+    scriptUs: (redis.scriptUs - redis0.scriptUs) / total,
+    wrkUs: wrkCpuUs / total,
+    idlePct: (100 * (ticks.idle - ticks0.idle)) / (ticks.total - ticks0.total),
   }
+}
+
+/** Where a request's CPU went, in µs: the server (its main threads), PostgreSQL, Redis (its scripts), wrk. */
+const cpuLine = (r: Omit<Result, 'rps' | 'p50' | 'p99' | 'errors' | 'idlePct'>) =>
+  `server CPU ${r.cpuUs.toFixed(0)} µs/req (main threads ${r.mainUs.toFixed(0)}), PostgreSQL ${r.pgUs.toFixed(0)}, Redis ${r.redisUs.toFixed(0)} (scripts ${r.scriptUs.toFixed(0)}), wrk ${r.wrkUs.toFixed(0)}`
+
+/** Each CPU figure's median over the rounds. */
+const medianResult = (list: Result[]) => {
+  const m = (f: (r: Result) => number) => median(list.map(f))
+  return { cpuUs: m((r) => r.cpuUs), mainUs: m((r) => r.mainUs), pgUs: m((r) => r.pgUs), redisUs: m((r) => r.redisUs), scriptUs: m((r) => r.scriptUs), wrkUs: m((r) => r.wrkUs) }
 }
 
 async function main() {
@@ -146,7 +173,7 @@ async function main() {
           samples[i]![which].push(r)
           const label = `${name}, ${which === 'small' ? `${SMALL} licenses` : `${BIG} licenses`}`
           console.log(
-            `  ${label.padEnd(34)} ${r.rps.toFixed(0).padStart(7)} req/s  p50 ${r.p50.toFixed(2)} ms  p99 ${r.p99.toFixed(2)} ms  server CPU ${r.cpuUs.toFixed(0)} µs/req (main threads ${r.mainUs.toFixed(0)}), PostgreSQL ${r.pgUs.toFixed(0)}${r.errors ? `  non-2xx ${r.errors}` : ''}`,
+            `  ${label.padEnd(34)} ${r.rps.toFixed(0).padStart(7)} req/s  p50 ${r.p50.toFixed(2)} ms  p99 ${r.p99.toFixed(2)} ms  ${cpuLine(r)}; machine idle ${r.idlePct.toFixed(0)}%${r.errors ? `  non-2xx ${r.errors}` : ''}`,
           )
         }),
       )
@@ -164,7 +191,7 @@ async function main() {
       const errors = [...s.small, ...s.big].reduce((n, r) => n + r.errors, 0)
       console.log(`  ${name}:`)
       for (const [label, list] of [[`${SMALL} licenses`, s.small], [`${BIG} licenses`, s.big]] as const) {
-        console.log(`    ${label.padEnd(17)} ${m(list, (r) => r.rps).toFixed(0).padStart(7)} req/s  p50 ${m(list, (r) => r.p50).toFixed(2)} ms  p99 ${m(list, (r) => r.p99).toFixed(2)} ms  server CPU ${m(list, (r) => r.cpuUs).toFixed(0)} µs/req (main threads ${m(list, (r) => r.mainUs).toFixed(0)}), PostgreSQL ${m(list, (r) => r.pgUs).toFixed(0)}`)
+        console.log(`    ${label.padEnd(17)} ${m(list, (r) => r.rps).toFixed(0).padStart(7)} req/s  p50 ${m(list, (r) => r.p50).toFixed(2)} ms  p99 ${m(list, (r) => r.p99).toFixed(2)} ms  ${cpuLine(medianResult(list))}`)
       }
       console.log(`    ${median(ratios) >= 0.9 ? 'ok  ' : 'MISS'} ${BIG} ÷ ${SMALL}: ${median(ratios).toFixed(2)} (rounds: ${ratios.map((r) => r.toFixed(2)).join(', ')}) (>= 0.90)`)
       const largest = s.rss.map((list) => Math.max(...list))
