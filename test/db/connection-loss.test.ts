@@ -11,12 +11,13 @@
  * - it dropped the promise of a new connection's fetch of array types, so a connection lost during
  *   that fetch was an unhandled rejection, which also ends a server process.
  */
-import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { afterAll, describe, expect, test } from 'bun:test'
 import { type AddressInfo, connect, createServer, type Server, type Socket } from 'node:net'
 import { sql } from 'drizzle-orm'
 import postgres from 'postgres'
 import { type Database, openDb } from '../../src/db/client'
 import { MODE, TEST_DATABASE_URL } from '../support/helpers'
+import { collectUncaught } from '../support/uncaught'
 
 /** A connection through the proxy, held at its fetch of array types (postgres.js's first statement). */
 interface HeldConnection {
@@ -90,17 +91,10 @@ class ResettingProxy {
 
 if (MODE === 'postgres') {
   describe('a connection lost inside a transaction', () => {
-    const uncaught: unknown[] = []
-    const keep = (err: unknown) => uncaught.push(err)
+    const uncaught = collectUncaught()
     const proxy = new ResettingProxy(new URL(TEST_DATABASE_URL!))
     const killer = postgres(TEST_DATABASE_URL!, { max: 1, onnotice: () => {} })
-    beforeAll(() => {
-      process.on('uncaughtException', keep)
-      process.on('unhandledRejection', keep)
-    })
     afterAll(async () => {
-      process.off('uncaughtException', keep)
-      process.off('unhandledRejection', keep)
       proxy.close()
       await killer.end()
     })

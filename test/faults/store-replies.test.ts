@@ -6,62 +6,11 @@
  * RangeError out of the socket's 'data' listener: an uncaught error, which ends the server process.
  */
 import { afterAll, expect, test } from 'bun:test'
-import { connect, createServer, type Server, type Socket } from 'node:net'
 import { RedisStore } from '../../src/store/redis'
 import { decode, hwid, nonce } from '../support/client'
 import { makeTestApp } from '../support/helpers'
 import { ownRedis, until } from '../support/servers'
-
-/**
- * Forwards each connection to the test's Redis. While `hostile` is set, every read from Redis is
- * answered with it instead, written in pieces of `pieceBytes` a timer apart, so that the client's
- * parser meets it across many reads as well as in one.
- */
-class TamperingProxy {
-  hostile: Buffer | null = null
-  pieceBytes = Number.POSITIVE_INFINITY
-  readonly #server: Server
-  readonly #sockets = new Set<Socket>()
-
-  constructor(upstreamPort: number) {
-    this.#server = createServer((client) => {
-      const upstream = connect(upstreamPort, '127.0.0.1')
-      for (const socket of [client, upstream]) {
-        this.#sockets.add(socket)
-        socket.on('error', () => {})
-        socket.on('close', () => {
-          this.#sockets.delete(socket)
-          client.destroy()
-          upstream.destroy()
-        })
-      }
-      client.on('data', (data) => upstream.write(data))
-      upstream.on('data', (data) => {
-        if (this.hostile) this.#send(client, this.hostile)
-        else client.write(data)
-      })
-    })
-  }
-
-  #send(client: Socket, reply: Buffer): void {
-    const next = (at: number) => {
-      if (at >= reply.length || client.destroyed) return
-      const end = Math.min(reply.length, at + this.pieceBytes)
-      client.write(reply.subarray(at, end))
-      setTimeout(() => next(end), 1)
-    }
-    next(0)
-  }
-
-  listen(): Promise<number> {
-    return new Promise((resolve) => this.#server.listen(0, '127.0.0.1', () => resolve((this.#server.address() as { port: number }).port)))
-  }
-
-  close(): void {
-    for (const socket of this.#sockets) socket.destroy()
-    this.#server.close()
-  }
-}
+import { TamperingProxy } from '../support/tampering-proxy'
 
 const redis = await ownRedis()
 const proxy = new TamperingProxy(redis.port)

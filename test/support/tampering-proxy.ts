@@ -1,0 +1,79 @@
+import { connect, createServer, type Server, type Socket } from 'node:net'
+
+/**
+ * A TCP proxy in front of a real server (Redis, PostgreSQL) that can answer for it: the tests of what
+ * a compromised or impostor server, or someone on the path of a connection without TLS, can send.
+ */
+export class TamperingProxy {
+  /**
+   * While set, every read from the server is answered with this instead, written in pieces of
+   * `pieceBytes` a timer apart, so that the client meets it across many reads as well as in one.
+   */
+  hostile: Buffer | null = null
+  pieceBytes = Number.POSITIVE_INFINITY
+  /**
+   * While set, a new connection does not reach the server: its n-th write is answered with the n-th
+   * of these (a startup exchange), later ones with nothing.
+   */
+  impostor: Buffer[] | null = null
+  readonly #server: Server
+  readonly #sockets = new Set<Socket>()
+
+  constructor(upstreamPort: number) {
+    this.#server = createServer((client) => {
+      const script = this.impostor
+      this.#keep(client)
+      if (script) {
+        let writes = 0
+        client.on('data', () => {
+          const reply = script[writes++]
+          if (reply) client.write(reply)
+        })
+        return
+      }
+      const upstream = connect(upstreamPort, '127.0.0.1')
+      this.#keep(upstream)
+      for (const [from, to] of [
+        [client, upstream],
+        [upstream, client],
+      ] as const) {
+        from.on('close', () => to.destroy())
+      }
+      client.on('data', (data) => upstream.write(data))
+      upstream.on('data', (data) => {
+        if (this.hostile) this.#send(client, this.hostile)
+        else client.write(data)
+      })
+    })
+  }
+
+  #keep(socket: Socket): void {
+    this.#sockets.add(socket)
+    socket.on('error', () => {})
+    socket.on('close', () => this.#sockets.delete(socket))
+  }
+
+  #send(client: Socket, reply: Buffer): void {
+    const next = (at: number) => {
+      if (at >= reply.length || client.destroyed) return
+      const end = Math.min(reply.length, at + this.pieceBytes)
+      client.write(reply.subarray(at, end))
+      setTimeout(() => next(end), 1)
+    }
+    next(0)
+  }
+
+  listen(): Promise<number> {
+    return new Promise((resolve) => this.#server.listen(0, '127.0.0.1', () => resolve((this.#server.address() as { port: number }).port)))
+  }
+
+  /** Ends every connection through the proxy: the clients' next ones meet `impostor` while it is set. */
+  dropAll(): void {
+    for (const socket of this.#sockets) socket.destroy()
+  }
+
+  close(): void {
+    this.dropAll()
+    this.#server.close()
+  }
+}
