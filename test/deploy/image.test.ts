@@ -84,10 +84,13 @@ describe('the production image', () => {
     const image = buildImage()
     const app = join(image.root, image.workdir)
     expect(existsSync(join(app, 'node_modules', 'elysia'))).toBe(true)
-    // npm ci's postinstall patched the drivers (patches/): a connection lost in a transaction, or a Redis
-    // reply nested past the stack, would end the process.
+    // npm ci's postinstall patched the drivers (patches/): a connection lost in a transaction, a
+    // PostgreSQL message or a Redis reply the client cannot take, or a cluster's slots of another shape,
+    // would end the process.
     expect(readFileSync(join(app, 'node_modules', 'postgres', 'src', 'index.js'), 'utf8')).toContain('connection.onclose = e => reject(closed = e)')
+    expect(readFileSync(join(app, 'node_modules', 'postgres', 'src', 'connection.js'), 'utf8')).toContain('function nameEnd(')
     expect(readFileSync(join(app, 'node_modules', 'redis-parser', 'lib', 'parser.js'), 'utf8')).toContain('const MAX_NESTING = 1024')
+    expect(readFileSync(join(app, 'node_modules', 'ioredis', 'built', 'cluster', 'index.js'), 'utf8')).toContain('function isSlotsReply(')
     for (const path of ['bun', '@oven', '.bin/bun']) expect(existsSync(join(app, 'node_modules', path))).toBe(false)
 
     expect(image.user === null || ['root', '0'].includes(image.user.split(':')[0] ?? '')).toBe(false)

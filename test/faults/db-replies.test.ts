@@ -110,7 +110,7 @@ if (MODE === 'postgres') {
     for (const [name, script] of Object.entries(AT_CONNECT)) {
       test(`${name}: the connection fails, the process goes on, the pool comes back`, () =>
         failsAloneThenRecovers(() => {
-          proxy.impostor = script
+          proxy.impostor = (_, n) => script[n]
           proxy.dropAll()
         }))
     }

@@ -12,21 +12,21 @@ export class TamperingProxy {
   hostile: Buffer | null = null
   pieceBytes = Number.POSITIVE_INFINITY
   /**
-   * While set, a new connection does not reach the server: its n-th write is answered with the n-th
-   * of these (a startup exchange), later ones with nothing.
+   * While set, a new connection does not reach the server: each of its writes (the n-th from 0) is
+   * answered with what this returns for it, if anything.
    */
-  impostor: Buffer[] | null = null
+  impostor: ((data: Buffer, n: number) => Buffer | undefined) | null = null
   readonly #server: Server
   readonly #sockets = new Set<Socket>()
 
   constructor(upstreamPort: number) {
     this.#server = createServer((client) => {
-      const script = this.impostor
+      const impostor = this.impostor
       this.#keep(client)
-      if (script) {
+      if (impostor) {
         let writes = 0
-        client.on('data', () => {
-          const reply = script[writes++]
+        client.on('data', (data: Buffer) => {
+          const reply = impostor(data, writes++)
           if (reply) client.write(reply)
         })
         return
