@@ -2,8 +2,9 @@
  * `npm run bench:scale`: does a license the server has not cached cost what a cached one does? Seeds a
  * 2,000-license app and a 1,000,000-license app (bench/seed.ts seedBulk, HWIDs bound), starts the real
  * server on PostgreSQL + Redis and runs validate for licenses picked at random in each set, alternating,
- * over several rounds of one run. Prints per scenario req/s, p50/p99, server CPU per request, the ratio
- * 1M ÷ 2k per round and the server's RSS at the end of each round. Needs wrk.
+ * over several rounds of one run. Prints per scenario req/s, p50/p99, the CPU per request of the server,
+ * PostgreSQL, Redis and wrk, the ratio 1M ÷ 2k per round and the server's RSS at the end of each round.
+ * Needs wrk.
  *
  * Settings (environment): BENCH_PG_ADMIN_URL, BENCH_REDIS_URL (flushed before and after, and first
  * filled with keys standing for a week's nonces as in bench/run.ts; default redis://127.0.0.1:6379/13), BENCH_DURATION seconds per scenario and round (5), BENCH_ROUNDS (4),
