@@ -61,6 +61,7 @@ if (MODE === 'postgres') {
     const proxy = new TamperingProxy(Number(target.port || 5432))
     const url = new URL(target)
     url.port = String(await proxy.listen())
+    // One connection: one left waiting for a reply it will not see would be the whole pool.
     const database = await openDb({ databaseUrl: url.toString(), dataDir: null, poolSize: 1 })
     const t = await makeTestApp({ database })
     const uncaught = collectUncaught()
