@@ -33,12 +33,8 @@ export class TamperingProxy {
       }
       const upstream = connect(upstreamPort, '127.0.0.1')
       this.#keep(upstream)
-      for (const [from, to] of [
-        [client, upstream],
-        [upstream, client],
-      ] as const) {
-        from.on('close', () => to.destroy())
-      }
+      client.on('close', () => upstream.destroy())
+      upstream.on('close', () => client.destroy())
       client.on('data', (data) => upstream.write(data))
       upstream.on('data', (data) => {
         if (this.hostile) this.#send(client, this.hostile)
