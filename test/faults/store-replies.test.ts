@@ -61,3 +61,21 @@ for (const [name, { reply, pieceBytes }] of Object.entries(HOSTILE)) {
     expect(back.status, JSON.stringify(back.body)).toBe(200)
   })
 }
+
+// Sound RESP of another shape than the limit script's answer: read as "limited", it refused the request
+// with 429 and a Retry-After of NaN. It is the store failing: the Developer API is let through, as in an
+// outage, without limit headers.
+for (const reply of ['$3\r\nabc\r\n', '*0\r\n', ':1\r\n', '*3\r\n:2\r\n:0\r\n:0\r\n']) {
+  test(`the API limit answered with ${JSON.stringify(reply)}: the request is let through as in an outage`, async () => {
+    proxy.hostile = Buffer.from(reply)
+    try {
+      const res = await t.req('GET', '/v1/apps', { apiKey: account.apiKey })
+      expect(res.status, JSON.stringify(res.body)).toBe(200)
+      expect(res.headers.get('ratelimit-remaining')).toBeNull()
+    } finally {
+      proxy.hostile = null
+    }
+    const back = await until(() => t.req('GET', '/v1/apps', { apiKey: account.apiKey }), (res) => res.headers.get('ratelimit-remaining') !== null)
+    expect(back.status).toBe(200)
+  })
+}

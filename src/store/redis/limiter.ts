@@ -25,8 +25,18 @@ return { ok, math.floor(tokens), retry }
 `
 
 export interface LimiterCommands {
-  lsTake(key: string, cap: number, rate: number, now: number, cost: number): Promise<[number, number, number]>
+  lsTake(key: string, cap: number, rate: number, now: number, cost: number): Promise<unknown>
 }
+
+/** The script's answer: whether the token was taken (1 or 0), the tokens left, the wait for the next. */
+const isTakeReply = (reply: unknown): reply is [0 | 1, number, number] =>
+  Array.isArray(reply) &&
+  reply.length === 3 &&
+  (reply[0] === 0 || reply[0] === 1) &&
+  Number.isSafeInteger(reply[1]) &&
+  reply[1] >= 0 &&
+  Number.isSafeInteger(reply[2]) &&
+  reply[2] >= 0
 
 export const limiterScripts: { [name in keyof LimiterCommands]: Script } = {
   lsTake: { numberOfKeys: 1, lua: TAKE },
@@ -37,7 +47,11 @@ export class RedisLimiter implements Limiter {
 
   async take(key: string, capacity: number, refillPerSecond: number, nowMs: number, cost = 1): Promise<TakeResult> {
     this.conn.failFastWhenLost()
-    const [ok, remaining, retryAfterMs] = await this.conn.redis.lsTake(key, capacity, refillPerSecond, nowMs, cost)
+    const reply = await this.conn.redis.lsTake(key, capacity, refillPerSecond, nowMs, cost)
+    // Any other answer (from a broken or impostor server) was read as "limited", with a wait of NaN in
+    // the Retry-After header: it is the store failing, as an outage is, and the caller decides.
+    if (!isTakeReply(reply)) throw new Error('unexpected limiter reply')
+    const [ok, remaining, retryAfterMs] = reply
     return { ok: ok === 1, remaining, retryAfterMs }
   }
 }
