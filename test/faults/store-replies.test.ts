@@ -6,6 +6,8 @@
  * RangeError out of the socket's 'data' listener: an uncaught error, which ends the server process.
  */
 import { afterAll, expect, test } from 'bun:test'
+import { eq } from 'drizzle-orm'
+import { accounts } from '../../src/db/schema'
 import { RedisStore } from '../../src/store/redis'
 import { decode, hwid, nonce } from '../support/client'
 import { makeTestApp } from '../support/helpers'
@@ -79,3 +81,30 @@ for (const reply of ['$3\r\nabc\r\n', '*0\r\n', ':1\r\n', '*3\r\n:2\r\n:0\r\n:0\
     expect(back.status).toBe(200)
   })
 }
+
+// The credit counts the scripts keep as text: read as NaN, a flush would take NaN credits to PostgreSQL.
+test('a flush amount or a credit epoch that is no count is the store failing', async () => {
+  for (const [reply, call, what] of [
+    ['$6\r\nid:abc\r\n', () => store.beginFlush(account.accountId, 'id'), 'flush amount'],
+    ['*2\r\n$3\r\nabc\r\n$-1\r\n', () => store.creditState(account.accountId), 'credit epoch'],
+  ] as const) {
+    proxy.hostile = Buffer.from(reply)
+    try {
+      await expect(call()).rejects.toThrow(`unexpected ${what} in the store`)
+    } finally {
+      proxy.hostile = null
+    }
+  }
+})
+
+test('a balance the store holds as text that is no count: the account is answered from PostgreSQL', async () => {
+  const reconciled = await t.ctx.database.db.select({ credits: accounts.credits }).from(accounts).where(eq(accounts.id, account.accountId))
+  proxy.hostile = Buffer.from('$3\r\nabc\r\n')
+  try {
+    const res = await t.req('GET', '/v1/account', { apiKey: account.apiKey })
+    expect(res.status, JSON.stringify(res.body)).toBe(200)
+    expect(res.body.credits).toBe(reconciled[0]!.credits)
+  } finally {
+    proxy.hostile = null
+  }
+})

@@ -80,6 +80,17 @@ export const creditScripts: { [name in keyof CreditCommands]: Script } = {
 /** The id of a flush record "<flush id>:<amount>". */
 const flushIdOf = (record: string) => record.slice(0, record.lastIndexOf(':'))
 
+/**
+ * A count the scripts keep as text (a balance, an epoch, a flush's amount). Text that is not one (from
+ * a broken or impostor server) is the store failing: read as NaN it answered 500 from a schema check,
+ * and would have reached a flush to PostgreSQL.
+ */
+function storedCount(text: string, what: string): number {
+  const n = Number(text)
+  if (!Number.isSafeInteger(n)) throw new Error(`unexpected ${what} in the store`)
+  return n
+}
+
 /** An account's credit keys, all in its shard, as each script takes them. */
 function accountKeys(conn: Connection, accountId: string) {
   const shard = conn.shardOf(accountId)
@@ -115,13 +126,13 @@ export class RedisCredits implements Credits {
     this.conn.failFastWhenLost()
     const k = accountKeys(this.conn, accountId)
     const [epoch, flushing] = await this.conn.redis.mget(k.epoch, k.flushing)
-    return { epoch: Number(epoch ?? 0), flushId: flushing ? flushIdOf(flushing) : null }
+    return { epoch: epoch ? storedCount(epoch, 'credit epoch') : 0, flushId: flushing ? flushIdOf(flushing) : null }
   }
 
   async balance(accountId: string): Promise<number | null> {
     this.conn.failFastWhenLost()
     const v = await this.conn.redis.get(accountKeys(this.conn, accountId).balance)
-    return v === null ? null : Number(v)
+    return v === null ? null : storedCount(v, 'balance')
   }
 
   async creditsAdded(accountId: string, n: number): Promise<void> {
@@ -148,7 +159,7 @@ export class RedisCredits implements Credits {
     const k = accountKeys(this.conn, accountId)
     const record = await this.conn.redis.lsBeginFlush(k.pending, k.flushing, newId)
     if (!record) return null
-    return { id: flushIdOf(record), amount: Number(record.slice(record.lastIndexOf(':') + 1)) }
+    return { id: flushIdOf(record), amount: storedCount(record.slice(record.lastIndexOf(':') + 1), 'flush amount') }
   }
 
   async endFlush(accountId: string, id: string): Promise<void> {
