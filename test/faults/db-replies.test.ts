@@ -79,20 +79,16 @@ if (MODE === 'postgres') {
     const bound = hwid()
     expect((await validate(bound)).status).toBe(200)
 
-    /** While `arm`'s tampering lasts a new seat fails and a bound one is served; after it, both are. */
-    async function failsAloneThenRecovers(arm: () => void) {
-      arm()
-      try {
+    /** While the proxy tampers (`tampered` runs the checks under it) a new seat fails and a bound one is served; after it, both are. */
+    async function failsAloneThenRecovers(tampered: (checks: () => Promise<void>) => Promise<void>) {
+      await tampered(async () => {
         // A new HWID is a seat bind: a write to PostgreSQL.
         const refused = await validate(hwid())
         expect(refused.body).toEqual({ status: 'failed', error: 'system_error' })
         expect(refused.status).toBe(500)
         const served = await validate(bound)
         expect(served.status, JSON.stringify(served.body)).toBe(200)
-      } finally {
-        proxy.hostile = null
-        proxy.impostor = null
-      }
+      })
       // A stream's error or a dropped promise surfaces a turn or two after the failure.
       await Bun.sleep(50)
       expect(uncaught).toEqual([])
@@ -103,17 +99,12 @@ if (MODE === 'postgres') {
 
     for (const [name, reply] of Object.entries(MID_SESSION)) {
       test(`${name}: the query and its connection fail, the process goes on, the pool comes back`, () =>
-        failsAloneThenRecovers(() => {
-          proxy.hostile = reply
-        }))
+        failsAloneThenRecovers((checks) => proxy.replying(reply, checks)))
     }
 
     for (const [name, script] of Object.entries(AT_CONNECT)) {
       test(`${name}: the connection fails, the process goes on, the pool comes back`, () =>
-        failsAloneThenRecovers(() => {
-          proxy.impostor = (_, n) => script[n]
-          proxy.dropAll()
-        }))
+        failsAloneThenRecovers((checks) => proxy.impersonating((_, n) => script[n], checks)))
     }
   })
 }

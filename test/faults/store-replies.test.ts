@@ -47,18 +47,18 @@ const HOSTILE = {
 
 for (const [name, { reply, pieceBytes }] of Object.entries(HOSTILE)) {
   test(`${name}: the calls fail as in an outage, the process goes on, the store comes back`, async () => {
-    proxy.hostile = Buffer.from(reply)
-    proxy.pieceBytes = pieceBytes
-    try {
-      const refused = await validate()
-      expect(refused.body).toEqual({ status: 'failed', error: 'system_error' })
-      expect(refused.status).toBe(500)
-      // A heartbeat needs no nonce: without the store it is served from PostgreSQL.
-      const beat = await heartbeat(sessionToken)
-      expect(beat.status, JSON.stringify(beat.body)).toBe(200)
-    } finally {
-      proxy.hostile = null
-    }
+    await proxy.replying(
+      reply,
+      async () => {
+        const refused = await validate()
+        expect(refused.body).toEqual({ status: 'failed', error: 'system_error' })
+        expect(refused.status).toBe(500)
+        // A heartbeat needs no nonce: without the store it is served from PostgreSQL.
+        const beat = await heartbeat(sessionToken)
+        expect(beat.status, JSON.stringify(beat.body)).toBe(200)
+      },
+      pieceBytes,
+    )
     const back = await until(validate, (res) => res.status === 200)
     expect(back.status, JSON.stringify(back.body)).toBe(200)
   })
@@ -69,14 +69,9 @@ for (const [name, { reply, pieceBytes }] of Object.entries(HOSTILE)) {
 // outage, without limit headers.
 for (const reply of ['$3\r\nabc\r\n', '*0\r\n', ':1\r\n', '*3\r\n:2\r\n:0\r\n:0\r\n']) {
   test(`the API limit answered with ${JSON.stringify(reply)}: the request is let through as in an outage`, async () => {
-    proxy.hostile = Buffer.from(reply)
-    try {
-      const res = await t.req('GET', '/v1/apps', { apiKey: account.apiKey })
-      expect(res.status, JSON.stringify(res.body)).toBe(200)
-      expect(res.headers.get('ratelimit-remaining')).toBeNull()
-    } finally {
-      proxy.hostile = null
-    }
+    const res = await proxy.replying(reply, () => t.req('GET', '/v1/apps', { apiKey: account.apiKey }))
+    expect(res.status, JSON.stringify(res.body)).toBe(200)
+    expect(res.headers.get('ratelimit-remaining')).toBeNull()
     const back = await until(() => t.req('GET', '/v1/apps', { apiKey: account.apiKey }), (res) => res.headers.get('ratelimit-remaining') !== null)
     expect(back.status).toBe(200)
   })
@@ -88,23 +83,15 @@ test('a flush amount or a credit epoch that is no count is the store failing', a
     ['$6\r\nid:abc\r\n', () => store.beginFlush(account.accountId, 'id'), 'flush amount'],
     ['*2\r\n$3\r\nabc\r\n$-1\r\n', () => store.creditState(account.accountId), 'credit epoch'],
   ] as const) {
-    proxy.hostile = Buffer.from(reply)
-    try {
+    await proxy.replying(reply, async () => {
       await expect(call()).rejects.toThrow(`unexpected ${what} in the store`)
-    } finally {
-      proxy.hostile = null
-    }
+    })
   }
 })
 
 test('a balance the store holds as text that is no count: the account is answered from PostgreSQL', async () => {
   const reconciled = await t.ctx.database.db.select({ credits: accounts.credits }).from(accounts).where(eq(accounts.id, account.accountId))
-  proxy.hostile = Buffer.from('$3\r\nabc\r\n')
-  try {
-    const res = await t.req('GET', '/v1/account', { apiKey: account.apiKey })
-    expect(res.status, JSON.stringify(res.body)).toBe(200)
-    expect(res.body.credits).toBe(reconciled[0]!.credits)
-  } finally {
-    proxy.hostile = null
-  }
+  const res = await proxy.replying('$3\r\nabc\r\n', () => t.req('GET', '/v1/account', { apiKey: account.apiKey }))
+  expect(res.status, JSON.stringify(res.body)).toBe(200)
+  expect(res.body.credits).toBe(reconciled[0]!.credits)
 })

@@ -59,6 +59,28 @@ export class TamperingProxy {
     next(0)
   }
 
+  /** Runs `work` with `hostile` set to `reply`, then forwards soundly again whatever `work` did. */
+  async replying<T>(reply: string | Buffer, work: () => Promise<T>, pieceBytes = Number.POSITIVE_INFINITY): Promise<T> {
+    this.hostile = Buffer.from(reply)
+    this.pieceBytes = pieceBytes
+    try {
+      return await work()
+    } finally {
+      this.hostile = null
+    }
+  }
+
+  /** Runs `work` with `impostor` answering every new connection (the open ones are dropped first), then lets them through again. */
+  async impersonating<T>(impostor: NonNullable<TamperingProxy['impostor']>, work: () => Promise<T>): Promise<T> {
+    this.impostor = impostor
+    this.dropAll()
+    try {
+      return await work()
+    } finally {
+      this.impostor = null
+    }
+  }
+
   listen(): Promise<number> {
     return new Promise((resolve) => this.#server.listen(0, '127.0.0.1', () => resolve((this.#server.address() as { port: number }).port)))
   }
