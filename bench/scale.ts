@@ -4,7 +4,10 @@
  * server on PostgreSQL + Redis and runs validate for licenses picked at random in each set, alternating,
  * over several rounds of one run. Prints per scenario req/s, p50/p99, the CPU per request of the server,
  * PostgreSQL, Redis and wrk, the ratio 1M ÷ 2k per round and the server's RSS at the end of each round.
- * Needs wrk.
+ * Both sets are held by one server, so that ratio cannot see what holding the million costs every
+ * request: each round also runs the 2k set against a second server started without the warm-up, which
+ * holds only them, and prints the first server's 2k ÷ the second's. Every server but the one measured is
+ * paused meanwhile (SIGSTOP), so no idle server's timers or collector take the cores. Needs wrk.
  *
  * Settings (environment): BENCH_PG_ADMIN_URL, BENCH_REDIS_URL (flushed before and after, and first
  * filled with keys standing for a week's nonces as in bench/run.ts; default redis://127.0.0.1:6379/13), BENCH_DURATION seconds per scenario and round (5), BENCH_ROUNDS (4),
@@ -74,7 +77,20 @@ let pgCpu: () => Promise<number> = async () => 0
 
 let runs = 0
 
+/** Every server started, each paused while another is measured. */
+const servers: Server[] = []
+
 async function wrk(server: Server, set: LicenseSet, seconds: number): Promise<Result> {
+  const others = servers.filter((other) => other !== server)
+  for (const other of others) other.pause(true)
+  try {
+    return await measure(server, set, seconds)
+  } finally {
+    for (const other of others) other.pause(false)
+  }
+}
+
+async function measure(server: Server, set: LicenseSet, seconds: number): Promise<Result> {
   const pg0 = await pgCpu()
   const redis0 = redisCounters(REDIS_URL)
   const ticks0 = machineTicks()
@@ -119,7 +135,6 @@ async function main() {
   const dbName = `ls_bench_scale_${process.pid}`
   const stores = await benchStores(ADMIN_URL, REDIS_URL, dbName)
   const { admin } = stores
-  const servers: Server[] = []
   pgCpu = async () => {
     const rows = await admin<{ pid: number }[]>`SELECT pid FROM pg_stat_activity WHERE datname = ${dbName}`
     return rows.reduce((total, { pid }) => total + procCpu(String(pid)).seconds, 0)
@@ -157,27 +172,34 @@ async function main() {
     }
     await start('this checkout', root, profileFlags())
     if (COMPARE) await start('BENCH_COMPARE', COMPARE)
+    const alone = await launchServer(root, { ...env, CACHE_WARM_UP: 'false' })
+    servers.push(alone)
     const rssLine = (when: string) =>
       console.log(`RSS ${when} (MB per server process): ${checkouts.map(({ name, server }) => `${name} ${server.rssMb().map((mb) => mb.toFixed(0)).join(' + ')}`).join('; ')}`)
     rssLine('at start')
     // Warm-up: JIT, connection pools, the small set into the caches, the big one to its steady state.
-    for (const { server } of checkouts) await wrk(server, small, 3)
+    for (const { server } of [...checkouts, { server: alone }]) await wrk(server, small, 3)
     rssLine(`after the ${SMALL} licenses' warm-up`)
     for (const { server } of checkouts) await wrk(server, big, DURATION)
     const samples = checkouts.map(() => ({ small: [] as Result[], big: [] as Result[], rss: [] as number[][] }))
+    const aloneSamples: Result[] = []
+    const aloneLabel = `holding only the ${SMALL}`
+    const run = async (label: string, server: Server, set: LicenseSet, into: Result[]) => {
+      const r = await wrk(server, set, DURATION)
+      into.push(r)
+      console.log(
+        `  ${label.padEnd(34)} ${r.rps.toFixed(0).padStart(7)} req/s  p50 ${r.p50.toFixed(2)} ms  p99 ${r.p99.toFixed(2)} ms  ${cpuLine(r)}; machine idle ${r.idlePct.toFixed(0)}%${r.errors ? `  non-2xx ${r.errors}` : ''}`,
+      )
+    }
     for (let round = 1; round <= ROUNDS; round++) {
       console.log(`round ${round}/${ROUNDS}`)
       // Each scenario of every checkout back to back, in turn first: one ratio sees one machine state.
       const steps = checkouts.flatMap(({ name, server }, i) =>
-        (['small', 'big'] as const).map((which) => async () => {
-          const r = await wrk(server, which === 'small' ? small : big, DURATION)
-          samples[i]![which].push(r)
-          const label = `${name}, ${which === 'small' ? `${SMALL} licenses` : `${BIG} licenses`}`
-          console.log(
-            `  ${label.padEnd(34)} ${r.rps.toFixed(0).padStart(7)} req/s  p50 ${r.p50.toFixed(2)} ms  p99 ${r.p99.toFixed(2)} ms  ${cpuLine(r)}; machine idle ${r.idlePct.toFixed(0)}%${r.errors ? `  non-2xx ${r.errors}` : ''}`,
-          )
-        }),
+        (['small', 'big'] as const).map(
+          (which) => () => run(`${name}, ${which === 'small' ? SMALL : BIG} licenses`, server, which === 'small' ? small : big, samples[i]![which]),
+        ),
       )
+      steps.push(() => run(aloneLabel, alone, small, aloneSamples))
       for (const step of round % 2 === 1 ? steps : steps.reverse()) await step()
       checkouts.forEach(({ server }, i) => samples[i]!.rss.push(server.rssMb()))
       rssLine('at the end of the round')
@@ -200,6 +222,12 @@ async function main() {
       console.log(`    ${Math.max(...largest) <= ceiling ? 'ok  ' : 'MISS'} RSS at the end of each round, largest process: ${largest.map((mb) => mb.toFixed(0)).join(', ')} MB (<= CACHE_MAX_MB + 150 = ${ceiling})`)
       console.log(`    ${errors === 0 ? 'ok  ' : 'MISS'} non-2xx responses: ${errors}`)
     })
+    const aloneMedian = (f: (r: Result) => number) => median(aloneSamples.map(f))
+    console.log(`  a server ${aloneLabel} (RSS ${alone.rssMb().map((mb) => mb.toFixed(0)).join(' + ')} MB):`)
+    console.log(`    ${`${SMALL} licenses`.padEnd(17)} ${aloneMedian((r) => r.rps).toFixed(0).padStart(7)} req/s  p50 ${aloneMedian((r) => r.p50).toFixed(2)} ms  p99 ${aloneMedian((r) => r.p99).toFixed(2)} ms  ${cpuLine(medianResult(aloneSamples))}`)
+    // No target of the issue's: what holding the big set costs every request, which 1M ÷ 2k cannot see.
+    const beside = samples[0]!.small.map((r, j) => r.rps / aloneSamples[j]!.rps)
+    console.log(`    this checkout's ${SMALL} beside the ${BIG} ÷ ${aloneLabel}: ${median(beside).toFixed(2)} (rounds: ${beside.map((r) => r.toFixed(2)).join(', ')})`)
   } finally {
     await Promise.all(servers.map((s) => s.stop()))
     await stores.close()

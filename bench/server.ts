@@ -22,6 +22,11 @@ export interface Server {
   logged(text: string, timeoutMs?: number): Promise<void>
   /** SIGTERM (or `signal`), then the exit code. */
   stop(signal?: 'SIGTERM' | 'SIGKILL'): Promise<number>
+  /**
+   * Stops every process of the server (SIGSTOP) or lets them go on (SIGCONT): while another server on
+   * the same cores is measured, this one's timers and collector then take none of their time.
+   */
+  pause(paused: boolean): void
 }
 
 /** The server entry of a checkout; checkouts from before the move to feature rooms start at src/index.ts. */
@@ -132,6 +137,9 @@ export async function spawnServer(entry: string, env: Record<string, string>, fl
       async stop(signal = 'SIGTERM') {
         proc.kill(signal)
         return proc.exited
+      },
+      pause(paused) {
+        for (const pid of pids) process.kill(Number(pid), paused ? 'SIGSTOP' : 'SIGCONT')
       },
     }
   }
