@@ -124,6 +124,12 @@ async function measure(server: Server, set: LicenseSet, seconds: number): Promis
 const cpuLine = (r: Omit<Result, 'rps' | 'p50' | 'p99' | 'errors' | 'idlePct'>) =>
   `server CPU ${r.cpuUs.toFixed(0)} µs/req (main threads ${r.mainUs.toFixed(0)}), PostgreSQL ${r.pgUs.toFixed(0)}, Redis ${r.redisUs.toFixed(0)} (scripts ${r.scriptUs.toFixed(0)}), wrk ${r.wrkUs.toFixed(0)}`
 
+/** One scenario's medians over the rounds: req/s, p50/p99 and where its CPU went. */
+const summaryLine = (label: string, list: Result[]) => {
+  const m = (f: (r: Result) => number) => median(list.map(f))
+  return `    ${label.padEnd(17)} ${m((r) => r.rps).toFixed(0).padStart(7)} req/s  p50 ${m((r) => r.p50).toFixed(2)} ms  p99 ${m((r) => r.p99).toFixed(2)} ms  ${cpuLine(medianResult(list))}`
+}
+
 /** Each CPU figure's median over the rounds. */
 const medianResult = (list: Result[]) => {
   const m = (f: (r: Result) => number) => median(list.map(f))
@@ -210,11 +216,10 @@ async function main() {
     checkouts.forEach(({ name }, i) => {
       const s = samples[i]!
       const ratios = s.big.map((r, j) => r.rps / s.small[j]!.rps)
-      const m = (list: Result[], f: (r: Result) => number) => median(list.map(f))
       const errors = [...s.small, ...s.big].reduce((n, r) => n + r.errors, 0)
       console.log(`  ${name}:`)
       for (const [label, list] of [[`${SMALL} licenses`, s.small], [`${BIG} licenses`, s.big]] as const) {
-        console.log(`    ${label.padEnd(17)} ${m(list, (r) => r.rps).toFixed(0).padStart(7)} req/s  p50 ${m(list, (r) => r.p50).toFixed(2)} ms  p99 ${m(list, (r) => r.p99).toFixed(2)} ms  ${cpuLine(medianResult(list))}`)
+        console.log(summaryLine(label, list))
       }
       console.log(`    ${median(ratios) >= 0.9 ? 'ok  ' : 'MISS'} ${BIG} ÷ ${SMALL}: ${median(ratios).toFixed(2)} (rounds: ${ratios.map((r) => r.toFixed(2)).join(', ')}) (>= 0.90)`)
       const largest = s.rss.map((list) => Math.max(...list))
@@ -222,9 +227,8 @@ async function main() {
       console.log(`    ${Math.max(...largest) <= ceiling ? 'ok  ' : 'MISS'} RSS at the end of each round, largest process: ${largest.map((mb) => mb.toFixed(0)).join(', ')} MB (<= CACHE_MAX_MB + 150 = ${ceiling})`)
       console.log(`    ${errors === 0 ? 'ok  ' : 'MISS'} non-2xx responses: ${errors}`)
     })
-    const aloneMedian = (f: (r: Result) => number) => median(aloneSamples.map(f))
     console.log(`  a server ${aloneLabel} (RSS ${alone.rssMb().map((mb) => mb.toFixed(0)).join(' + ')} MB):`)
-    console.log(`    ${`${SMALL} licenses`.padEnd(17)} ${aloneMedian((r) => r.rps).toFixed(0).padStart(7)} req/s  p50 ${aloneMedian((r) => r.p50).toFixed(2)} ms  p99 ${aloneMedian((r) => r.p99).toFixed(2)} ms  ${cpuLine(medianResult(aloneSamples))}`)
+    console.log(summaryLine(`${SMALL} licenses`, aloneSamples))
     // No target of the issue's: what holding the big set costs every request, which 1M ÷ 2k cannot see.
     const beside = samples[0]!.small.map((r, j) => r.rps / aloneSamples[j]!.rps)
     console.log(`    this checkout's ${SMALL} beside the ${BIG} ÷ ${aloneLabel}: ${median(beside).toFixed(2)} (rounds: ${beside.map((r) => r.toFixed(2)).join(', ')})`)
