@@ -124,16 +124,16 @@ async function measure(server: Server, set: LicenseSet, seconds: number): Promis
 const cpuLine = (r: Omit<Result, 'rps' | 'p50' | 'p99' | 'errors' | 'idlePct'>) =>
   `server CPU ${r.cpuUs.toFixed(0)} µs/req (main threads ${r.mainUs.toFixed(0)}), PostgreSQL ${r.pgUs.toFixed(0)}, Redis ${r.redisUs.toFixed(0)} (scripts ${r.scriptUs.toFixed(0)}), wrk ${r.wrkUs.toFixed(0)}`
 
-/** One scenario's medians over the rounds: req/s, p50/p99 and where its CPU went. */
-const summaryLine = (label: string, list: Result[]) => {
-  const m = (f: (r: Result) => number) => median(list.map(f))
-  return `    ${label.padEnd(17)} ${m((r) => r.rps).toFixed(0).padStart(7)} req/s  p50 ${m((r) => r.p50).toFixed(2)} ms  p99 ${m((r) => r.p99).toFixed(2)} ms  ${cpuLine(medianResult(list))}`
-}
-
-/** Each CPU figure's median over the rounds. */
+/** Each figure's median over the rounds. */
 const medianResult = (list: Result[]) => {
   const m = (f: (r: Result) => number) => median(list.map(f))
-  return { cpuUs: m((r) => r.cpuUs), mainUs: m((r) => r.mainUs), pgUs: m((r) => r.pgUs), redisUs: m((r) => r.redisUs), scriptUs: m((r) => r.scriptUs), wrkUs: m((r) => r.wrkUs) }
+  return { rps: m((r) => r.rps), p50: m((r) => r.p50), p99: m((r) => r.p99), cpuUs: m((r) => r.cpuUs), mainUs: m((r) => r.mainUs), pgUs: m((r) => r.pgUs), redisUs: m((r) => r.redisUs), scriptUs: m((r) => r.scriptUs), wrkUs: m((r) => r.wrkUs) }
+}
+
+/** One scenario's medians over the rounds: req/s, p50/p99 and where its CPU went. */
+const summaryLine = (label: string, list: Result[]) => {
+  const r = medianResult(list)
+  return `    ${label.padEnd(17)} ${r.rps.toFixed(0).padStart(7)} req/s  p50 ${r.p50.toFixed(2)} ms  p99 ${r.p99.toFixed(2)} ms  ${cpuLine(r)}`
 }
 
 async function main() {
