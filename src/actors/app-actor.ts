@@ -3,7 +3,8 @@ import type { EventBus } from '../delivery/outbox'
 import { keys, type Shard } from '../store/store'
 import type { Entry, Held, Holder, SharedBound } from './bounded'
 import type { Invalidator } from './invalidate'
-import { appBytes, type CachedApp, type CachedLicense, licenseBytes } from './load'
+import type { LicenseCache } from './license-cache'
+import { appBytes, type CachedApp } from './load'
 import { Mailbox } from './mailbox'
 import { SeatBinder } from './seat-binder'
 import { type SelfbanDone, type SelfbanWish, selfbanTransaction } from './selfban'
@@ -24,8 +25,10 @@ export interface ActorHost {
   bus: EventBus
   clock: () => number
   invalidator: Invalidator
-  /** Bounds the app and license entries of all actors together, in bytes. */
+  /** Bounds the app entries of all actors, in bytes; the licenses take the rest of the same bound. */
   bound: SharedBound
+  /** The license entries of every app (LicenseCache). */
+  licenses: LicenseCache
   /** The shards whose epochs a committed change of the app bumps (AppActors.shardsToBump). */
   shardsToBump(appId: string): Promise<Shard[]>
 }
@@ -34,13 +37,11 @@ export interface ActorHost {
  * One app's live state in this process and the one way it changes here. Every change of the app's
  * data (licenses, seats, lists, variables, signing keys, webhooks, selfban) runs through its mailbox, one at a time, and is
  * published by `publish`; the client endpoints read the state it holds (settings, lists, variables,
- * signing key, licenses) without PostgreSQL. Across processes its copies are kept honest by the
+ * signing key), and its licenses in the process's LicenseCache, without PostgreSQL. Across processes its copies are kept honest by the
  * store's epochs, and its writes by SQL conditions and row locks, not by the mailbox.
  */
 export class AppActor implements Holder {
   #app: Entry<CachedApp> | undefined = undefined
-  /** This app's licenses as last loaded, by key: set by `setLicense`, dropped by `forgetLicense` or by the shared bound (its oldest entry, or all of them on a new store generation). */
-  readonly licenses = new Map<string, Entry<CachedLicense>>()
   readonly mailbox = new Mailbox()
   readonly #seats: SeatBinder
 
@@ -65,34 +66,12 @@ export class AppActor implements Holder {
     const { bound } = this.host
     bound.release(this.#app)
     this.#app = entry && bound.hold(this, this.id, entry, entry.value ? appBytes(entry.value) : 0)
+    this.host.licenses.trim()
   }
 
-  setLicense(licenseKey: string, entry: Entry<CachedLicense>): void {
-    const { bound } = this.host
-    bound.release(this.licenses.get(licenseKey))
-    // One copy of the app's id for all its entries, and of the key for the entry, its Map and its bound,
-    // not one string per row read.
-    if (entry.value?.appId === this.id) entry.value.appId = this.id
-    if (entry.value?.key === licenseKey) entry.value.key = licenseKey
-    const bytes = entry.value ? licenseBytes(entry.value) : 0
-    this.licenses.set(licenseKey, bound.hold(this, licenseKey, entry, bytes))
-  }
-
-  forgetLicense(licenseKey: string): void {
-    this.host.bound.release(this.licenses.get(licenseKey))
-    this.licenses.delete(licenseKey)
-  }
-
-  /** The shared bound dropped one of this actor's entries. */
-  evicted(key: string, entry: Held): void {
+  /** The shared bound dropped this actor's app entry. */
+  evicted(_key: string, entry: Held): void {
     if (entry === this.#app) this.#app = undefined
-    else if (this.licenses.get(key) === entry) this.licenses.delete(key)
-  }
-
-  /** Drops every entry: the registry is letting the actor go. */
-  forgetAll(): void {
-    this.setApp(undefined)
-    for (const key of [...this.licenses.keys()]) this.forgetLicense(key)
   }
 
   /** Runs `work` after every earlier change of this app, then publishes what `changed` says it touched. */
@@ -110,7 +89,7 @@ export class AppActor implements Holder {
    */
   async publish({ app = false, licenses = [], events = false }: Changed): Promise<void> {
     if (app) this.setApp(undefined)
-    for (const key of licenses) this.forgetLicense(key)
+    for (const key of licenses) this.host.licenses.delete(this.id, key)
     if (events) this.host.bus.notify()
     if (!app && licenses.length === 0) return
     const epochKeys: string[] = []

@@ -183,26 +183,6 @@ function cachedLicense(row: Omit<InferSelectModel<typeof licenses>, 'createdAt'>
   }
 }
 
-/**
- * What a license entry costs in memory, estimated on the high side. Measured with Bun 1.4 (10^4
- * entries loaded through the registry and answered for, JavaScript heap after a full collection:
- * test/actors/load.test.ts): ~680 bytes per entry holding a 19-character key and one 17-character
- * HWID (1,375 while each kept its payload text), counting its row, its Entry and its place in the
- * actor's Map and in the bound. Text counts twice per character (UTF-16 at worst).
- */
-export function licenseBytes(license: CachedLicense): number {
-  let chars = license.key.length + (license.label?.length ?? 0) + variablesChars(license.variables)
-  for (const hwid of license.hwids) chars += hwid.length + 24
-  return LICENSE_ENTRY_BYTES + 2 * chars
-}
-
-/**
- * Measured ~560 plus the characters; the rest is room for the heap's own overhead around them and for
- * the garbage a full cache leaves behind while entries churn (with 800 here, a full default bound under
- * a million licenses at random read up to 413 MB RSS, over the bound + 150).
- */
-const LICENSE_ENTRY_BYTES = 1_000
-
 /** Characters of variables as JSON. */
 const variablesChars = (variables: VariableMap) => (Object.keys(variables).length === 0 ? 0 : JSON.stringify(variables).length)
 

@@ -9,6 +9,7 @@ import { LicenseLoads, type LicenseRead } from './license-loads'
 import { type ActorHost, AppActor, type Changed } from './app-actor'
 import { AbsentAppBudget, BoundedMap, type Entry, SharedBound } from './bounded'
 import { Invalidator } from './invalidate'
+import { LicenseCache } from './license-cache'
 import { CacheWarmUp } from './warm-up'
 import { type CachedApp, type CachedLicense, StateLoader, StoreUnavailable } from './load'
 import type { SelfbanDone, SelfbanWish } from './selfban'
@@ -17,7 +18,7 @@ import type { SelfbanDone, SelfbanWish } from './selfban'
 export interface ActorLimits {
   /** Actors, one per app. */
   apps: number
-  /** The app and license entries of all actors together, in bytes as estimated (load.ts appBytes, licenseBytes): CACHE_MAX_MB. */
+  /** The app entries (as estimated: load.ts appBytes) and the license records (exactly: LicenseCache) together, in bytes: CACHE_MAX_MB. */
   cacheBytes: number
   /** Absent apps, and absent licenses, each (entries, each a few hundred bytes). */
   absent: number
@@ -49,6 +50,7 @@ export class AppActors {
   /** Apps that do not exist, kept apart so made-up ids never push a real app's actor out. */
   readonly #absentApps: BoundedMap<Entry<CachedApp>>
   readonly #bound: SharedBound
+  readonly #licenses: LicenseCache
   readonly #licenseLoads: LicenseLoads
   readonly #host: ActorHost
   readonly #load: StateLoader
@@ -71,6 +73,7 @@ export class AppActors {
     this.#absentApps = new BoundedMap(limits.absent)
     this.#appShards = new BoundedMap(limits.apps)
     this.#bound = new SharedBound(limits.cacheBytes, limits.absent)
+    this.#licenses = new LicenseCache(limits.cacheBytes, limits.absent, () => this.#bound.bytes)
     this.invalidator = new Invalidator(wiring.store)
     this.#load = new StateLoader(wiring.database, wiring.sealer)
     this.loads = this.#load.loads
@@ -80,6 +83,7 @@ export class AppActors {
       clock: wiring.clock,
       invalidator: this.invalidator,
       bound: this.#bound,
+      licenses: this.#licenses,
       shardsToBump: (appId) => this.shardsToBump(appId),
     }
     this.#licenseLoads = new LicenseLoads({
@@ -87,14 +91,14 @@ export class AppActors {
       load: (licenseKeys) => this.#load.licenses(licenseKeys),
       loadOne: (licenseKey) => this.#load.license(licenseKey),
       keep: (appId, licenseKey, entry, generation) => {
-        if (this.#accepts(generation)) this.of(appId).setLicense(licenseKey, entry)
+        if (this.#accepts(generation)) this.#licenses.set(appId, licenseKey, entry)
       },
     })
   }
 
-  /** Bytes the cached entries are estimated to hold (ActorLimits.cacheBytes bounds them). */
+  /** Bytes the cached entries hold, the apps' as estimated (ActorLimits.cacheBytes bounds them). */
   get cachedBytes(): number {
-    return this.#bound.bytes
+    return this.#bound.bytes + this.#licenses.bytes
   }
 
   /**
@@ -151,7 +155,7 @@ export class AppActors {
     for (const [appId, actor] of this.#actors) {
       this.#actors.delete(appId)
       if (actor.idle) {
-        actor.forgetAll()
+        actor.setApp(undefined)
         return
       }
       this.#actors.set(appId, actor)
@@ -170,7 +174,7 @@ export class AppActors {
     try {
       return await actor.write(work, changed)
     } finally {
-      if (actor.idle && actor.app === undefined && actor.licenses.size === 0 && this.#actors.get(appId) === actor) {
+      if (actor.idle && actor.app === undefined && this.#actors.get(appId) === actor) {
         this.#actors.delete(appId)
       }
     }
@@ -186,7 +190,7 @@ export class AppActors {
   }
 
   cachedLicense(appId: string, licenseKey: string): Entry<CachedLicense> | undefined {
-    return this.#actors.get(appId)?.licenses.get(licenseKey)
+    return this.#licenses.get(appId, licenseKey)
   }
 
   /** Drops every entry: the store answered with a newer generation than the one they were read under. */
@@ -205,6 +209,7 @@ export class AppActors {
     if (generation <= this.generation) return false
     this.#absentApps.clear()
     this.#bound.clear()
+    this.#licenses.clear()
     this.generation = generation
     return true
   }
@@ -218,14 +223,11 @@ export class AppActors {
       shardOfApp: (appId) => this.shardOfApp(appId),
       adopt: (generation) => this.#adopt(generation),
       keepIfMissing: (appId, licenseKey, epoch, value, generation) => {
-        if (generation !== this.generation) return false
-        const actor = this.of(appId)
-        if (actor.licenses.has(licenseKey)) return false
-        actor.setLicense(licenseKey, { epoch, value })
+        if (generation !== this.generation || this.#licenses.has(appId, licenseKey)) return false
+        this.#licenses.set(appId, licenseKey, { epoch, value })
         return true
       },
-      hasRoom: (fill, bytes) => this.#bound.bytes + bytes <= fill * this.limits.cacheBytes,
-      admitsApp: (fill, appId) => this.#actors.has(appId) || this.#actors.size < fill * this.limits.apps,
+      hasRoom: (fill, bytes) => this.cachedBytes + bytes <= fill * this.limits.cacheBytes,
       generation: () => this.generation,
     })
     this.#warmUp.start()
@@ -287,11 +289,11 @@ export class AppActors {
   /** Loads from PostgreSQL into the actor of `appId` (the app the caller asked under). */
   async reloadLicense(appId: string, licenseKey: string, epoch: number, generation: number): Promise<void> {
     const value = await this.loadLicense(licenseKey)
-    if (this.#accepts(generation)) this.of(appId).setLicense(licenseKey, { epoch, value })
+    if (this.#accepts(generation)) this.#licenses.set(appId, licenseKey, { epoch, value })
   }
 
   forgetLicense(appId: string, licenseKey: string): void {
-    this.#actors.get(appId)?.forgetLicense(licenseKey)
+    this.#licenses.delete(appId, licenseKey)
   }
 
   /** Straight from PostgreSQL, bypassing the actors (used while the store is unreachable). */

@@ -1,7 +1,8 @@
 import { errorFields, log, logEvery } from '../lib/log'
 import type { Shard, Snapshot } from '../store/store'
 import { keys } from '../store/store'
-import { type CachedLicense, licenseBytes } from './load'
+import { licenseRecordBytes } from './license-cache'
+import type { CachedLicense } from './load'
 
 /** Licenses read per step: one key page, one store call, one row query. */
 const PAGE = 1_000
@@ -34,8 +35,6 @@ export interface WarmUpWiring {
   keepIfMissing(appId: string, licenseKey: string, epoch: number, value: CachedLicense, generation: number): boolean
   /** Whether the cache may take `bytes` more (0: anything at all) and stay within `fill` of its byte bound. */
   hasRoom(fill: number, bytes: number): boolean
-  /** Whether the app has an actor, or one more stays within `fill` of the app bound. */
-  admitsApp(fill: number, appId: string): boolean
   /** The generation every entry is read under now; a change drops them all. */
   generation(): number
 }
@@ -149,8 +148,7 @@ export class CacheWarmUp {
       after = page[page.length - 1]!.key
       const shards = new Map<string, Shard | null>()
       for (const { appId } of page) if (!shards.has(appId)) shards.set(appId, await w.shardOfApp(appId))
-      // Apps beyond the app bound are left out before any read: nothing of theirs could be kept.
-      const present = page.filter(({ appId }) => shards.get(appId) != null && w.admitsApp(FILL, appId))
+      const present = page.filter(({ appId }) => shards.get(appId) != null)
       if (present.length === 0) continue
       const read = await w.snapshot(present.map(({ key, appId }) => keys.licenseEpoch(shards.get(appId)!, key)))
       // Read here first: the registry moves to it now, so a request that learns of it later finds it adopted.
@@ -163,10 +161,8 @@ export class CacheWarmUp {
         const row = rows.get(key)
         // Gone since the page was read, or moved to another app: the first request loads it as a miss would.
         if (row?.appId !== appId) continue
-        // Checked per entry (an earlier entry of the page may have taken the last app place), the bytes with
-        // the entry's own size: a page must not push out what an earlier one cached.
-        if (!w.admitsApp(FILL, appId)) continue
-        if (!w.hasRoom(FILL, licenseBytes(row))) return this.#cachedThisPass
+        // Checked per entry, with the entry's own size: a page must not push out what an earlier one cached.
+        if (!w.hasRoom(FILL, licenseRecordBytes(appId, key, row))) return this.#cachedThisPass
         if (w.keepIfMissing(appId, key, read.epochs[i] ?? 0, row, generation)) this.#cachedThisPass++
       }
     }

@@ -62,21 +62,18 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
       // way may move the registry to a newer one (emptying it), and an entry read before that move must
       // not be checked as if it belonged to the new one (the store then answers new_generation).
       const generation = actors.generation
-      // The app's actor holds its state and its licenses: a cached request reads both through it.
-      let actor = actors.existing(appId)
-      let appEntry = actor?.app ?? actors.cachedApp(appId)
+      let appEntry = actors.cachedApp(appId)
       // Awaited only on a miss: the common all-cached request skips a promise and a microtask turn.
       if (!appEntry) {
         if (!actors.absentAppBudget.allows(ip, nowMs)) throw new PublicError('invalid_app')
         await actors.ensureApp(appId)
-        actor = actors.existing(appId)
-        appEntry = actor?.app ?? actors.cachedApp(appId)
+        appEntry = actors.cachedApp(appId)
         if (!appEntry) continue
         if (appEntry.value === null) actors.absentAppBudget.charge(ip, nowMs)
       }
       const app = appEntry.value
       const shard = app ? ctx.store.shardOf(app.accountId) : ''
-      let licenseEntry = licenseKey === null ? undefined : actor?.licenses.get(licenseKey)
+      let licenseEntry = licenseKey === null ? undefined : actors.cachedLicense(appId, licenseKey)
       let p = plan(app, licenseEntry?.value ?? null, nowMs, shard)
       if (licenseKey !== null && !licenseEntry && licenseDecides(p)) {
         // The app secret (or session), the app's state and its lists passed: only now may the key reach

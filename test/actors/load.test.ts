@@ -1,32 +1,32 @@
 import { heapStats } from 'bun:jsc'
 import { expect, test } from 'bun:test'
-import { licenseBytes } from '../../src/actors/load'
+import { licenseRecordBytes } from '../../src/actors/license-cache'
 import { AppActors } from '../../src/actors/registry'
 import { licenses } from '../../src/db/schema'
 import { makeTestApp } from '../support/helpers'
 
 const t = await makeTestApp()
 
-/** Bytes the JavaScript heap holds after a full collection, strings' characters included. */
-function heldBytes(): number {
+/** What the JavaScript heap holds after a full collection: bytes (its size counts strings' characters and buffers) and objects. */
+function held(): { bytes: number; objects: number } {
   Bun.gc(true)
-  const { heapSize, extraMemorySize } = heapStats()
-  return heapSize + extraMemorySize
+  const { heapSize, objectCount } = heapStats()
+  return { bytes: heapSize, objects: objectCount }
 }
 
-/** heldBytes once it has stopped falling: what earlier test files left to be freed (servers closing) is gone. */
-async function quietHeldBytes(): Promise<number> {
-  let last = heldBytes()
+/** held() once it has stopped falling: what earlier test files left to be freed (servers closing) is gone. */
+async function quietHeld(): Promise<{ bytes: number; objects: number }> {
+  let last = held()
   for (let i = 0; i < 20; i++) {
     await Bun.sleep(50)
-    const now = heldBytes()
-    if (now >= last - 64 * 1024) return now
+    const now = held()
+    if (now.bytes >= last.bytes - 64 * 1024) return now
     last = now
   }
   return last
 }
 
-test('the byte estimate of a license entry covers what caching and answering for it keeps', async () => {
+test("a cached license is counted at its record's exact size and holds no objects on the heap", async () => {
   const n = 10_000
   const s = await t.seed()
   // Keys spelled like real ones (19 characters), one 17-character HWID each.
@@ -41,11 +41,11 @@ test('the byte estimate of a license entry covers what caching and answering for
   const session = { token: 'x'.repeat(100), session: { exp: 2_000_000_000 } } as Parameters<typeof t.ctx.payloads.sign>[3]
 
   const appOnly = actors.cachedBytes
-  const before = await quietHeldBytes()
+  const before = await quietHeld()
   for (let i = 0; i < n; i += 1_000) {
     await Promise.all(keys.slice(i, i + 1_000).map((key) => actors.ensureLicense(s.appId, key)))
   }
-  // Answering for each cached license must not keep anything the estimate does not count.
+  // Answering for each cached license must not keep anything either.
   for (let i = 0; i < n; i += 1_000) {
     await Promise.all(
       keys.slice(i, i + 1_000).map((key) => {
@@ -54,14 +54,12 @@ test('the byte estimate of a license entry covers what caching and answering for
       }),
     )
   }
-  const perEntry = (heldBytes() - before) / n
+  const after = held()
 
-  const estimate = licenseBytes(actors.cachedLicense(s.appId, keys[0]!)!.value!)
-  expect(actors.cachedBytes - appOnly).toBe(n * estimate)
-  expect(perEntry).toBeLessThanOrEqual(estimate)
-  // High, not wildly so: a bound counting five times what entries hold would keep a fifth of what it may.
-  // (Not tighter: the estimate also covers the garbage of churning entries, which this test does not make,
-  // and the suite's other files share this heap: what they free meanwhile reads as negative growth here,
-  // down to 280 bytes in a full run; it now waits for a quiet heap first.)
-  expect(perEntry).toBeGreaterThan(estimate / 5)
+  const record = licenseRecordBytes(s.appId, keys[0]!, actors.cachedLicense(s.appId, keys[0]!)!.value!)
+  expect(actors.cachedBytes - appOnly).toBe(n * record)
+  // Held as objects, each license was six or seven of them for the collector to walk.
+  expect((after.objects - before.objects) / n).toBeLessThan(0.5)
+  // The arena keeps room to grow (up to as much again as its records) and the table a few slots a license.
+  expect((after.bytes - before.bytes) / n).toBeLessThanOrEqual(2 * record + 64)
 })

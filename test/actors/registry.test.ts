@@ -1,14 +1,14 @@
 import { expect, test } from 'bun:test'
 import { AppActors } from '../../src/actors/registry'
-import { licenseBytes } from '../../src/actors/load'
+import { licenseRecordBytes } from '../../src/actors/license-cache'
 import { generateLicenseKey } from '../../src/lib/crypto'
 import { insertLicense } from '../support/client'
 import { makeTestApp } from '../support/helpers'
 
 const t = await makeTestApp()
-/** The estimate of each license these tests insert (a 19-character key, nothing else). */
-const LICENSE_BYTES = licenseBytes({
-  key: generateLicenseKey(),
+/** The record of each license these tests insert (a 19-character key under a UUID app id, nothing else). */
+const LICENSE_BYTES = licenseRecordBytes(crypto.randomUUID(), generateLicenseKey(), {
+  key: '',
   appId: '',
   status: 'active',
   expiresAt: null,
