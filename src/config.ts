@@ -29,7 +29,7 @@ export interface Config {
   validateLimitPerLicense: number
   selfbanLimitPerIp: number
   selfbanLimitPerLicense: number
-  /** CACHE_MAX_MB: what the cached app and license entries may hold, as estimated per entry (the process uses more: code, pools, buffers). */
+  /** CACHE_MAX_MB: what the cached app entries (as estimated) and license records (exactly) may hold (the process uses more: code, pools, buffers). */
   cacheMaxMb: number
   /** CACHE_WARM_UP: the server fills the license cache from PostgreSQL at start (actors/warm-up.ts). */
   cacheWarmUp: boolean
@@ -142,7 +142,7 @@ function hostSetting(env: Env, name: string, fallback: string): string {
 
 /**
  * CACHE_MAX_MB unset: this share of the memory the server may use, split among its processes, so a
- * host or container with room for its licenses holds them all (a million take ~1,300 MB) and a small
+ * host or container with room for its licenses holds them all (a million take ~190 MB) and a small
  * one is not pushed past its memory by the default; never below MIN_DEFAULT_CACHE_MB.
  */
 const DEFAULT_CACHE_SHARE = 1 / 8

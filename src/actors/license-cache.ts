@@ -4,11 +4,14 @@ import type { CachedLicense } from './load'
 
 /**
  * Fixed part of a record: size u32 | hash u32 | epoch f64 | expiresAt f64 (NaN: none) | maxHwidSlots u32 |
- * flags u8 | pad u8 | hwid count u16. Then the identity (app id, key: each u32 length + UTF-16 code units,
+ * flags u8 | 3 bytes of padding | hwid count u32 | 4 bytes of padding. Then the identity (app id, key: each u32 length + UTF-16 code units,
  * so two different strings never share bytes), the label and the variables' JSON (u32 length + UTF-8),
  * the license's own app id when OTHER_APP, each HWID (u32 length + UTF-8), padded to 8.
  */
-const HEADER = 32
+const HEADER = 40
+const HWID_COUNT = 32
+/** Where a record's flags byte sits. */
+const FLAGS = 28
 const LIVE = 1
 const REVOKED = 2
 const UNLIMITED = 4
@@ -17,7 +20,7 @@ const LABELLED = 8
 const OTHER_APP = 16
 const ALIGN = 8
 const MIN_CAPACITY = 1 << 16
-/** The largest arena one ArrayBuffer takes here (Bun 1.4 refuses 4 GiB). */
+/** The largest arena one ArrayBuffer takes here (Bun 1.4 refuses 4 GiB): what each cache reserves (address space, not memory). */
 const MAX_CAPACITY = 2 ** 31
 const MIN_SLOTS = 1 << 12
 const NO_VARIABLES: VariableMap = Object.freeze({})
@@ -44,14 +47,17 @@ export function licenseRecordBytes(appId: string, key: string, license: CachedLi
  *
  * Records sit in the arena in the order they were written, so the oldest go first when the bound
  * (`maxBytes`, less what `otherBytes` says the app entries hold) needs room. A replaced or dropped
- * record stays in place, dead, until the arena runs out at its end: then the live records are copied
- * to its front, into an arena twice their size (at most `maxBytes`), oldest first still. Keys that name
- * no license are kept apart, on the heap and bounded by count: anyone can send made-up keys, and they
- * must never push real entries out.
+ * record stays in place, dead, until the arena runs out at its end: then the live records move to its
+ * front, oldest first still, and the arena grows in place (a resizable ArrayBuffer reserved at the
+ * bound, so nothing is copied to grow and no outgrown buffer lingers) to twice what they hold. Its
+ * memory follows what it held at most, up to `maxBytes`. Keys that name no license are kept apart, on
+ * the heap and bounded by count: anyone can send made-up keys, and they must never push real entries out.
  */
 export class LicenseCache {
-  #arena: Buffer
-  #view: DataView
+  readonly #backing: ArrayBuffer
+  /** Views of the backing's whole length, made again when it is resized. */
+  #arena!: Buffer
+  #view!: DataView
   /** Where the next record goes; records lie between #tail and here. */
   #head = 0
   /** The oldest record that may still be live. */
@@ -71,8 +77,9 @@ export class LicenseCache {
     absentLimit: number,
     private readonly otherBytes: () => number = () => 0,
   ) {
-    this.#arena = Buffer.alloc(Math.min(MIN_CAPACITY, this.#most))
-    this.#view = new DataView(this.#arena.buffer, this.#arena.byteOffset, this.#arena.length)
+    // Reserved up to the largest arena, not the bound: a single license larger than the bound is still held, alone.
+    this.#backing = new ArrayBuffer(Math.min(MIN_CAPACITY, this.#most), { maxByteLength: MAX_CAPACITY })
+    this.#resize(this.#backing.byteLength)
     this.#absent = new BoundedMap(absentLimit)
   }
 
@@ -131,8 +138,7 @@ export class LicenseCache {
 
   /** Drops every entry. */
   clear(): void {
-    this.#arena = Buffer.alloc(Math.min(MIN_CAPACITY, this.#most))
-    this.#view = new DataView(this.#arena.buffer, this.#arena.byteOffset, this.#arena.length)
+    this.#resize(Math.min(MIN_CAPACITY, this.#most))
     this.#head = this.#tail = this.#live = this.#count = 0
     this.#slots = new Uint32Array(MIN_SLOTS)
     this.#hashes = new Uint32Array(MIN_SLOTS)
@@ -149,7 +155,7 @@ export class LicenseCache {
     while (this.#live > 0 && this.#live + bytes + this.otherBytes() > limit) {
       const at = this.#tail
       const size = this.#view.getUint32(at, true)
-      if (this.#arena[at + 28]! & LIVE) this.#kill(at, this.#slotOf(at))
+      if (this.#arena[at + FLAGS]! & LIVE) this.#kill(at, this.#slotOf(at))
       this.#tail = at + size
     }
     if (this.#live === 0) this.#head = this.#tail = 0
@@ -157,37 +163,48 @@ export class LicenseCache {
 
   /** Marks the record at `at` dead and empties its slot. */
   #kill(at: number, slot: number): void {
-    this.#arena[at + 28]! &= ~LIVE
+    this.#arena[at + FLAGS]! &= ~LIVE
     this.#live -= this.#view.getUint32(at, true)
     this.#count--
     this.#removeSlot(slot)
   }
 
   /**
-   * Copies the live records to the front of an arena twice their size and `need` (in steps of the
-   * minimum, at most the bound), oldest first, and rebuilds the table over their new places.
+   * Moves the live records to the front of the arena, oldest first, and grows it in place to twice
+   * their size and `need` (in steps of the minimum, at most the bound); the table follows them.
    */
   #compact(need: number): void {
-    const most = alignUp(Math.min(this.maxBytes, MAX_CAPACITY))
-    // A large arena at its largest keeps a quarter free after a compaction: full, it would copy itself
-    // for every record written. (A small one may: a copy of at most MIN_CAPACITY costs little.)
+    const most = this.#most
+    // A large arena at its largest keeps a quarter free after a compaction: full, it would move its
+    // records for every one written. (A small one may: a move of at most MIN_CAPACITY costs little.)
     if (most > MIN_CAPACITY && 2 * (this.#live + need) > most) this.#evictFor(need, (3 * most) / 4)
-    const twice = Math.ceil((2 * (this.#live + need)) / MIN_CAPACITY) * MIN_CAPACITY
-    const capacity = Math.max(Math.min(twice, most), this.#live + need)
-    const from = this.#arena
-    const to = capacity === from.length ? from : Buffer.alloc(capacity)
+    const arena = this.#arena
     let head = 0
+    // Runs of live records move in one copy each (a copy within one buffer is a memmove): growing an
+    // arena with nothing dead in it moves nothing.
+    let run = this.#tail
     for (let at = this.#tail; at < this.#head; ) {
-      const size = from.readUInt32LE(at)
-      // Copied forward within one arena, the target never overtakes the source: copy is a memmove.
-      if (from[at + 28]! & LIVE) head += from.copy(to, head, at, at + size)
+      const size = this.#view.getUint32(at, true)
+      if (!(arena[at + FLAGS]! & LIVE)) {
+        if (at > run) head += arena.copy(arena, head, run, at)
+        run = at + size
+      }
       at += size
     }
-    this.#arena = to
-    this.#view = new DataView(to.buffer, to.byteOffset, to.length)
+    if (this.#head > run) head += arena.copy(arena, head, run, this.#head)
+    const moved = this.#tail !== 0 || head !== this.#head
     this.#tail = 0
     this.#head = head
-    this.#reindex(this.#slots.length)
+    const twice = Math.ceil((2 * (this.#live + need)) / MIN_CAPACITY) * MIN_CAPACITY
+    const length = Math.max(Math.min(twice, most), this.#live + need)
+    if (length > this.#backing.byteLength) this.#resize(length)
+    if (moved) this.#reindex(this.#slots.length)
+  }
+
+  #resize(length: number): void {
+    if (length !== this.#backing.byteLength) this.#backing.resize(length)
+    this.#arena = Buffer.from(this.#backing, 0, length)
+    this.#view = new DataView(this.#backing, 0, length)
   }
 
   /** Rebuilds the table with `slots` slots (or more, to stay at most half full) over the live records. */
@@ -196,7 +213,7 @@ export class LicenseCache {
     this.#slots = new Uint32Array(slots)
     this.#hashes = new Uint32Array(slots)
     for (let at = this.#tail; at < this.#head; at += this.#view.getUint32(at, true)) {
-      if (this.#arena[at + 28]! & LIVE) this.#insertSlot(at)
+      if (this.#arena[at + FLAGS]! & LIVE) this.#insertSlot(at)
     }
   }
 
@@ -267,13 +284,13 @@ export class LicenseCache {
     view.setFloat64(at + 16, license.expiresAt ?? Number.NaN, true)
     view.setUint32(at + 24, license.maxHwidSlots, true)
     const otherApp = license.appId !== appId
-    arena[at + 28] =
+    arena[at + FLAGS] =
       LIVE |
       (license.status === 'revoked' ? REVOKED : 0) |
       (license.unlimitedHwidSlots ? UNLIMITED : 0) |
       (license.label === null ? 0 : LABELLED) |
       (otherApp ? OTHER_APP : 0)
-    view.setUint16(at + 30, license.hwids.length, true)
+    view.setUint32(at + HWID_COUNT, license.hwids.length, true)
     p = writeText(arena, view, p, license.label ?? '')
     p = writeText(arena, view, p, variablesJson(license.variables))
     if (otherApp) p = writeText(arena, view, p, license.appId)
@@ -283,7 +300,7 @@ export class LicenseCache {
   #decode(at: number, appId: string, key: string): Entry<CachedLicense> {
     const arena = this.#arena
     const view = this.#view
-    const flags = arena[at + 28]!
+    const flags = arena[at + FLAGS]!
     const expiresAt = view.getFloat64(at + 16, true)
     let p = at + HEADER + identityLength(appId, key)
     const labelLength = view.getUint32(p, true)
@@ -298,7 +315,7 @@ export class LicenseCache {
       licenseAppId = arena.toString('utf8', p + 4, p + 4 + length)
       p += 4 + length
     }
-    const hwids: string[] = new Array(view.getUint16(at + 30, true))
+    const hwids: string[] = new Array(view.getUint32(at + HWID_COUNT, true))
     for (let i = 0; i < hwids.length; i++) {
       const length = view.getUint32(p, true)
       hwids[i] = arena.toString('utf8', p + 4, p + 4 + length)

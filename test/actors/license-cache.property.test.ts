@@ -175,3 +175,17 @@ test('app entries beside the licenses take their room from the oldest licenses',
   expect(cache.bytes).toBeLessThan(before)
   expect(cache.has(APPS[0]!, 'KEY-39')).toBe(true)
 })
+
+test('a license larger than the whole bound is held, alone, and reads back whole, 70,000 HWIDs and all', () => {
+  const cache = new LicenseCache(64 * 1024, 10)
+  cache.set(APPS[0]!, 'small', { epoch: 1, value: row(1) })
+  const huge = { ...row(2), unlimitedHwidSlots: true, hwids: Array.from({ length: 70_000 }, (_, i) => `hwid-${i}`) }
+  cache.set(APPS[0]!, 'huge', { epoch: 2, value: huge })
+  expect(cache.get(APPS[0]!, 'huge')).toEqual({ epoch: 2, value: { ...huge, key: 'huge' } })
+  expect(cache.has(APPS[0]!, 'small')).toBe(false)
+  expect(cache.bytes).toBe(licenseRecordBytes(APPS[0]!, 'huge', huge))
+  // The next one pushes it out and the cache goes on as before.
+  cache.set(APPS[0]!, 'small', { epoch: 3, value: row(1) })
+  expect(cache.has(APPS[0]!, 'huge')).toBe(false)
+  expect(cache.get(APPS[0]!, 'small')?.epoch).toBe(3)
+})
