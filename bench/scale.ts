@@ -18,9 +18,11 @@
  * `git worktree` of the commit before a change: its server runs beside this one on the same database and
  * Redis, each scenario of both back to back, in turn first, so the two are compared in one run).
  */
+import { randomUUID } from 'node:crypto'
 import { existsSync, mkdtempSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
+import { licenseRecordBytes } from '../src/actors/license-cache'
 import { loadConfig } from '../src/config'
 import { setLogLevel } from '../src/lib/log'
 import { machineTicks, procCpu, redisCounters } from './proc'
@@ -41,8 +43,20 @@ const SMALL = Number(process.env.BENCH_SMALL ?? 2_000)
 const CACHE_MAX_MB =
   process.env.BENCH_CACHE_MAX_MB ??
   String(loadConfig({ DATABASE_URL: 'postgres://bench/default', REDIS_URL: 'redis://bench', SERVER_PROCESSES: PROCESSES }).cacheMaxMb)
-// What holds every license of both sets within the warm-up's 90% (an entry is estimated at ~1,120 bytes).
-const HOLDING_BOTH_MB = Math.ceil(((BIG + SMALL) * 1_300) / 0.9 / 2 ** 20)
+// What holds every license of both sets within the warm-up's 90%, each at its record's size in the cache.
+const BULK_APP = randomUUID()
+const BULK_RECORD_BYTES = licenseRecordBytes(BULK_APP, 'BIGS-0000-0000-0000', {
+  key: 'BIGS-0000-0000-0000',
+  appId: BULK_APP,
+  status: 'active',
+  expiresAt: null,
+  maxHwidSlots: 1,
+  unlimitedHwidSlots: false,
+  hwids: [`h${BIG}`],
+  label: null,
+  variables: {},
+})
+const HOLDING_BOTH_MB = Math.ceil(((BIG + SMALL) * BULK_RECORD_BYTES) / 0.9 / 2 ** 20)
 const COMPARE = process.env.BENCH_COMPARE
 const root = join(import.meta.dir, '..')
 

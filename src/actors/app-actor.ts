@@ -37,8 +37,9 @@ export interface ActorHost {
  * One app's live state in this process and the one way it changes here. Every change of the app's
  * data (licenses, seats, lists, variables, signing keys, webhooks, selfban) runs through its mailbox, one at a time, and is
  * published by `publish`; the client endpoints read the state it holds (settings, lists, variables,
- * signing key), and its licenses in the process's LicenseCache, without PostgreSQL. Across processes its copies are kept honest by the
- * store's epochs, and its writes by SQL conditions and row locks, not by the mailbox.
+ * signing key), and its licenses in the process's LicenseCache, without PostgreSQL. Across processes
+ * its copies are kept honest by the store's epochs, and its writes by SQL conditions and row locks, not
+ * by the mailbox.
  */
 export class AppActor implements Holder {
   #app: Entry<CachedApp> | undefined = undefined

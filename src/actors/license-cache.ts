@@ -3,10 +3,11 @@ import { BoundedMap, type Entry } from './bounded'
 import type { CachedLicense } from './load'
 
 /**
- * Fixed part of a record: size u32 | hash u32 | epoch f64 | expiresAt f64 (NaN: none) | maxHwidSlots u32 |
- * flags u8 | 3 bytes of padding | hwid count u32 | 4 bytes of padding. Then the identity (app id, key: each u32 length + UTF-16 code units,
- * so two different strings never share bytes), the label and the variables' JSON (u32 length + UTF-8),
- * the license's own app id when OTHER_APP, each HWID (u32 length + UTF-8), padded to 8.
+ * Fixed part of a record: size u32 | hash u32 | epoch f64 | expiresAt f64 (NaN: none) | maxHwidSlots
+ * u32 | flags u8 | 3 bytes of padding | hwid count u32 | 4 bytes of padding. Then the identity (app id,
+ * key: each u32 length + UTF-16 code units, so two different strings never share bytes), the label and
+ * the variables' JSON (u32 length + UTF-8), the license's own app id when OTHER_APP, each HWID (u32
+ * length + UTF-8), padded to 8.
  */
 const HEADER = 40
 const HWID_COUNT = 32
@@ -20,7 +21,7 @@ const LABELLED = 8
 const OTHER_APP = 16
 const ALIGN = 8
 const MIN_CAPACITY = 1 << 16
-/** The largest arena one ArrayBuffer takes here (Bun 1.4 refuses 4 GiB): what each cache reserves (address space, not memory). */
+/** The largest arena one ArrayBuffer takes here (Bun 1.4 refuses 4 GiB): what each cache reserves, as address space, not memory. */
 const MAX_CAPACITY = 2 ** 31
 const MIN_SLOTS = 1 << 12
 const NO_VARIABLES: VariableMap = Object.freeze({})
@@ -48,9 +49,9 @@ export function licenseRecordBytes(appId: string, key: string, license: CachedLi
  * Records sit in the arena in the order they were written, so the oldest go first when the bound
  * (`maxBytes`, less what `otherBytes` says the app entries hold) needs room. A replaced or dropped
  * record stays in place, dead, until the arena runs out at its end: then the live records move to its
- * front, oldest first still, and the arena grows in place (a resizable ArrayBuffer reserved at the
- * bound, so nothing is copied to grow and no outgrown buffer lingers) to twice what they hold. Its
- * memory follows what it held at most, up to `maxBytes`. Keys that name no license are kept apart, on
+ * front, oldest first still, and the arena grows in place (a resizable ArrayBuffer, so nothing is
+ * copied to grow and no outgrown buffer lingers) to twice what they hold. Its memory follows the most it
+ * held, up to `maxBytes` (past it only for one license larger than the whole bound, held alone). Keys that name no license are kept apart, on
  * the heap and bounded by count: anyone can send made-up keys, and they must never push real entries out.
  */
 export class LicenseCache {

@@ -24,7 +24,7 @@ export interface LicenseLoadsWiring {
   load(keys: readonly string[]): Promise<Map<string, CachedLicense>>
   /** Loads one license alone: a batch whose query failed retries its keys one by one. */
   loadOne(key: string): Promise<CachedLicense | null>
-  /** Caches what was read under `generation`, in the actor of `appId`. */
+  /** Caches what was read under `generation`, under `appId` (the app the caller asked under). */
   keep(appId: string, licenseKey: string, entry: Entry<CachedLicense>, generation: number): void
 }
 

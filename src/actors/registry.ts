@@ -286,7 +286,7 @@ export class AppActors {
     this.#absentApps.delete(appId)
   }
 
-  /** Loads from PostgreSQL into the actor of `appId` (the app the caller asked under). */
+  /** Loads from PostgreSQL and caches under `appId` (the app the caller asked under). */
   async reloadLicense(appId: string, licenseKey: string, epoch: number, generation: number): Promise<void> {
     const value = await this.loadLicense(licenseKey)
     if (this.#accepts(generation)) this.#licenses.set(appId, licenseKey, { epoch, value })
