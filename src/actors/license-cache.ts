@@ -1,6 +1,6 @@
 import type { VariableMap } from '../db/schema'
 import { BoundedMap, type Entry } from './bounded'
-import type { CachedLicense } from './load'
+import { type CachedLicense, NO_VARIABLES } from './load'
 
 /**
  * Fixed part of a record: size u32 | hash u32 | epoch f64 | expiresAt f64 (NaN: none) | maxHwidSlots
@@ -24,7 +24,6 @@ const MIN_CAPACITY = 1 << 16
 /** The largest arena one ArrayBuffer takes here (Bun 1.4 refuses 4 GiB): what each cache reserves, as address space, not memory. */
 const MAX_CAPACITY = 2 ** 31
 const MIN_SLOTS = 1 << 12
-const NO_VARIABLES: VariableMap = Object.freeze({})
 
 const utf8Length = (text: string) => Buffer.byteLength(text, 'utf8')
 const identityLength = (appId: string, key: string) => 8 + 2 * (appId.length + key.length)

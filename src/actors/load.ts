@@ -168,7 +168,8 @@ export class StateLoader {
   }
 }
 
-const NO_VARIABLES: VariableMap = Object.freeze({})
+/** A license's variables when it has none: one shared frozen object, not one per license read. */
+export const NO_VARIABLES: VariableMap = Object.freeze({})
 function cachedLicense(row: Omit<InferSelectModel<typeof licenses>, 'createdAt'>): CachedLicense {
   return {
     key: row.key,
