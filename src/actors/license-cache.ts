@@ -1,6 +1,6 @@
 import type { VariableMap } from '../db/schema'
 import { BoundedMap, type Entry } from './bounded'
-import { type CachedLicense, NO_VARIABLES } from './load'
+import { type CachedLicense, NO_VARIABLES, variablesJson } from './load'
 
 /**
  * Fixed part of a record: size u32 | hash u32 | epoch f64 | expiresAt f64 (NaN: none) | maxHwidSlots
@@ -28,7 +28,6 @@ const MIN_SLOTS = 1 << 12
 const utf8Length = (text: string) => Buffer.byteLength(text, 'utf8')
 const identityLength = (appId: string, key: string) => 8 + 2 * (appId.length + key.length)
 const alignUp = (n: number) => Math.ceil(n / ALIGN) * ALIGN
-const variablesJson = (variables: VariableMap) => (Object.keys(variables).length === 0 ? '' : JSON.stringify(variables))
 
 /** The bytes a license's record takes in the cache: what it counts against CACHE_MAX_MB, exactly. */
 export function licenseRecordBytes(appId: string, key: string, license: CachedLicense): number {

@@ -184,8 +184,8 @@ function cachedLicense(row: Omit<InferSelectModel<typeof licenses>, 'createdAt'>
   }
 }
 
-/** Characters of variables as JSON. */
-const variablesChars = (variables: VariableMap) => (Object.keys(variables).length === 0 ? 0 : JSON.stringify(variables).length)
+/** Variables as JSON, '' when there are none (what the license cache stores, and what an app entry is sized by). */
+export const variablesJson = (variables: VariableMap) => (Object.keys(variables).length === 0 ? '' : JSON.stringify(variables))
 
 /**
  * What an app entry costs in memory, estimated on the high side: a fixed part for the row, its Sets,
@@ -194,7 +194,7 @@ const variablesChars = (variables: VariableMap) => (Object.keys(variables).lengt
  * list entry and the variables, twice per character.
  */
 export function appBytes(app: CachedApp): number {
-  let chars = 2 * variablesChars(app.variables)
+  let chars = 2 * variablesJson(app.variables).length
   for (const list of [app.ipBlacklist, app.ipWhitelist, app.hwidBlacklist, app.hwidWhitelist]) {
     for (const item of list) chars += item.length + 40
   }
