@@ -2,7 +2,8 @@
  * `npm run bench:cluster`: what a 3-master Redis Cluster costs against one Redis. The same server code
  * runs twice on one PostgreSQL database, once on one Redis and once on a cluster this bench starts on
  * its own ports (test/support/redis-cluster.ts); validate and heartbeat at 64 connections are measured
- * against both in alternating rounds, so each ratio is read within one run. Needs wrk.
+ * against both in alternating rounds, so each ratio is read within one run, the server not measured
+ * paused meanwhile (SIGSTOP). Needs wrk.
  *
  * The licenses belong to one app of one account, so on the cluster every request goes to the one master
  * of that account's shard: this measures the cost per request, not what spreading accounts over the
@@ -19,7 +20,7 @@ import { join } from 'node:path'
 import { setLogLevel } from '../src/lib/log'
 import { ownRedisCluster } from '../test/support/redis-cluster'
 import { seedAuthData } from './seed'
-import { launchServer, runWrk, type Server } from './server'
+import { launchServer, measureAlone, runWrk, type Server } from './server'
 import { benchStores, median } from './stores'
 
 const ADMIN_URL = process.env.BENCH_PG_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
@@ -39,21 +40,24 @@ interface Result {
 }
 
 let runs = 0
-function wrk(server: Server, mode: string, connections: number, seconds: number): Result {
-  const runId = `${process.pid.toString(16)}c${(runs++).toString(16)}x`
-  const { rps, p50, p99, errors } = runWrk([
-    '-t2', `-c${connections}`, `-d${seconds}s`,
-    '-s', join(import.meta.dir, 'auth.lua'), server.url, '--', mode, join(work, 'data.txt'), runId,
-  ])
-  return { rps, p50, p99, errors }
-}
+/** Both servers; each is paused while the other is measured. */
+const servers: Server[] = []
+
+const wrk = (server: Server, mode: string, connections: number, seconds: number): Promise<Result> =>
+  measureAlone(servers, server, () => {
+    const runId = `${process.pid.toString(16)}c${(runs++).toString(16)}x`
+    const { rps, p50, p99, errors } = runWrk([
+      '-t2', `-c${connections}`, `-d${seconds}s`,
+      '-s', join(import.meta.dir, 'auth.lua'), server.url, '--', mode, join(work, 'data.txt'), runId,
+    ])
+    return { rps, p50, p99, errors }
+  })
 
 
 async function main() {
   setLogLevel('warn')
   const stores = await benchStores(ADMIN_URL, REDIS_URL, `ls_bench_cluster_${process.pid}`)
   const cluster = await ownRedisCluster()
-  const servers: Server[] = []
   try {
     const env = {
       DATABASE_URL: stores.databaseUrl,
@@ -71,11 +75,11 @@ async function main() {
     servers.push(single)
     const clustered = await launchServer(root, { ...env, REDIS_URL: cluster.url, REDIS_CLUSTER: 'true' })
     servers.push(clustered)
-    for (const server of servers) for (const mode of ['validate', 'heartbeat']) wrk(server, mode, 16, 3)
+    for (const server of servers) for (const mode of ['validate', 'heartbeat']) await wrk(server, mode, 16, 3)
 
     const samples: Record<string, Result[]> = {}
-    const run = (name: string, server: Server, mode: string) => {
-      const r = wrk(server, mode, 64, DURATION)
+    const run = async (name: string, server: Server, mode: string) => {
+      const r = await wrk(server, mode, 64, DURATION)
       ;(samples[`${mode} ${name}`] ??= []).push(r)
       console.log(`  ${mode.padEnd(9)} ${name.padEnd(13)} ${r.rps.toFixed(0).padStart(7)} req/s  p50 ${r.p50.toFixed(2)} ms  p99 ${r.p99.toFixed(2)} ms${r.errors ? `  non-2xx ${r.errors}` : ''}`)
     }
@@ -83,7 +87,7 @@ async function main() {
       console.log(`round ${round}/${ROUNDS}`)
       for (const mode of ['validate', 'heartbeat']) {
         const pair = [() => run('one Redis', single, mode), () => run('3-node cluster', clustered, mode)]
-        for (const step of round % 2 === 1 ? pair : pair.reverse()) step()
+        for (const step of round % 2 === 1 ? pair : pair.reverse()) await step()
       }
     }
     console.log(`\nsummary, 64 connections, SERVER_PROCESSES=${PROCESSES}, ${ROUNDS} rounds (medians; ratio: median of each round's cluster ÷ one Redis)`)

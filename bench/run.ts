@@ -1,6 +1,7 @@
 /**
  * `npm run bench`: load test of the client endpoints against the real server on PostgreSQL + Redis,
- * with a bare Elysia route measured in the same run as the baseline. Needs wrk (apt-get install wrk).
+ * with a bare Elysia route measured in the same run as the baseline. Every server but the one measured is
+ * paused meanwhile (SIGSTOP), so no idle server's timers or collector take the cores. Needs wrk (apt-get install wrk).
  *
  * Settings (environment): BENCH_PG_ADMIN_URL (default postgres://postgres@127.0.0.1:5432/postgres; a
  * database ls_bench_<pid> is created there and dropped at the end, and those of benches killed before
@@ -22,7 +23,7 @@ import { join } from 'node:path'
 import { setLogLevel } from '../src/lib/log'
 import { machineTicks, redisCounters } from './proc'
 import { seedAuthData } from './seed'
-import { DIE_WITH_BENCH, launchServer, profileFlags, runWrk, type Server, spawnServer } from './server'
+import { DIE_WITH_BENCH, launchServer, measureAlone, profileFlags, runWrk, type Server, spawnServer } from './server'
 import { benchStores, median, presizeKeyspace } from './stores'
 
 const ADMIN_URL = process.env.BENCH_PG_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
@@ -59,7 +60,13 @@ interface Result {
 
 
 let runCounter = 0
-function wrk(name: string, server: Server, mode: string, connections: number, seconds: number): Result {
+/** Every server started; each is paused while another is measured. */
+const servers: Server[] = []
+
+const wrk = (name: string, server: Server, mode: string, connections: number, seconds: number) =>
+  measureAlone(servers, server, () => measure(name, server, mode, connections, seconds))
+
+function measure(name: string, server: Server, mode: string, connections: number, seconds: number): Result {
   const url = server.url
   const redis0 = redisCounters(REDIS_URL)
   const cpu0 = server.cpu()
@@ -85,7 +92,6 @@ function wrk(name: string, server: Server, mode: string, connections: number, se
 async function main() {
   setLogLevel('warn')
   const stores = await benchStores(ADMIN_URL, REDIS_URL, `ls_bench_${process.pid}`)
-  const servers: Server[] = []
   try {
     const env = {
       DATABASE_URL: stores.databaseUrl,
@@ -123,10 +129,10 @@ async function main() {
     // Warm-up: JIT, connection pools, and every license into the server caches.
     const warmUps = [[baseline, 'baseline'], [limited, 'validate'], [limited, 'heartbeat'], [unlimited, 'validate']] as [Server, string][]
     if (before) warmUps.push([before.limited, 'validate'], [before.limited, 'heartbeat'], [before.unlimited, 'validate'])
-    for (const [server, mode] of warmUps) wrk('warm-up', server, mode, 16, 3)
+    for (const [server, mode] of warmUps) await wrk('warm-up', server, mode, 16, 3)
     const results: Result[] = []
-    const run = (name: string, server: Server, mode: string, c: number) => {
-      const r = wrk(name, server, mode, c, DURATION)
+    const run = async (name: string, server: Server, mode: string, c: number) => {
+      const r = await wrk(name, server, mode, c, DURATION)
       results.push(r)
       console.log(`  ${name.padEnd(36)} c=${String(c).padStart(2)}  ${r.rps.toFixed(0).padStart(7)} req/s  p50 ${r.p50.toFixed(2)} ms  p99 ${r.p99.toFixed(2)} ms  server CPU ${r.cpuUs.toFixed(0)} µs/req (main thread ${r.mainUs.toFixed(0)}), Redis ${r.redisUs.toFixed(0)} (scripts ${r.scriptUs.toFixed(0)}), wrk ${r.wrkUs.toFixed(0)}; machine idle ${r.idlePct.toFixed(0)}%${r.errors ? `  non-2xx ${r.errors}` : ''}`)
       return r
@@ -147,30 +153,30 @@ async function main() {
       : []
     for (let round = 1; round <= ROUNDS; round++) {
       console.log(`round ${round}/${ROUNDS}`)
-      samples.base!.push(run('baseline (bare Elysia)', baseline, 'baseline', 64))
+      samples.base!.push(await run('baseline (bare Elysia)', baseline, 'baseline', 64))
       // Limits on and off run back to back, in turn first, so their ratio per round sees one machine state.
       const pair = () => [
-        () => samples.val!.push(run('validate', limited, 'validate', 64)),
-        () => samples.off!.push(run('validate, limits off', unlimited, 'validate', 64)),
+        async () => samples.val!.push(await run('validate', limited, 'validate', 64)),
+        async () => samples.off!.push(await run('validate, limits off', unlimited, 'validate', 64)),
       ]
-      for (const step of round % 2 === 1 ? pair() : pair().reverse()) step()
-      samples.hb!.push(run('heartbeat', limited, 'heartbeat', 64))
+      for (const step of round % 2 === 1 ? pair() : pair().reverse()) await step()
+      samples.hb!.push(await run('heartbeat', limited, 'heartbeat', 64))
       for (const { name, mode, c, now, then, ratios } of comparisons) {
         const mine = () => run(`${name} (this checkout)`, now, mode, c)
         const theirs = () => run(`${name} (BENCH_COMPARE)`, then, mode, c)
         if (round % 2 === 1) {
-          const r = mine()
-          ratios.push(r.rps / theirs().rps)
+          const r = await mine()
+          ratios.push(r.rps / (await theirs()).rps)
         } else {
-          const r = theirs()
-          ratios.push(mine().rps / r.rps)
+          const r = await theirs()
+          ratios.push((await mine()).rps / r.rps)
         }
       }
     }
     console.log('single connection')
-    const base1 = run('baseline (bare Elysia)', baseline, 'baseline', 1)
-    const val1 = run('validate', limited, 'validate', 1)
-    const hb1 = run('heartbeat', limited, 'heartbeat', 1)
+    const base1 = await run('baseline (bare Elysia)', baseline, 'baseline', 1)
+    const val1 = await run('validate', limited, 'validate', 1)
+    const hb1 = await run('heartbeat', limited, 'heartbeat', 1)
     const [base64, val64, hb64, off64] = [best(samples.base!), best(samples.val!), best(samples.hb!), best(samples.off!)]
 
     const check = (ok: boolean) => (ok ? 'ok  ' : 'MISS')

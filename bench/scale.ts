@@ -27,7 +27,7 @@ import { loadConfig } from '../src/config'
 import { setLogLevel } from '../src/lib/log'
 import { machineTicks, procCpu, redisCounters } from './proc'
 import { seedBulk } from './seed'
-import { launchServer, profileFlags, runWrk, type Server } from './server'
+import { launchServer, measureAlone, profileFlags, runWrk, type Server } from './server'
 import { benchStores, median, presizeKeyspace } from './stores'
 
 const ADMIN_URL = process.env.BENCH_PG_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
@@ -94,15 +94,7 @@ let runs = 0
 /** Every server started, each paused while another is measured. */
 const servers: Server[] = []
 
-async function wrk(server: Server, set: LicenseSet, seconds: number): Promise<Result> {
-  const others = servers.filter((other) => other !== server)
-  for (const other of others) other.pause(true)
-  try {
-    return await measure(server, set, seconds)
-  } finally {
-    for (const other of others) other.pause(false)
-  }
-}
+const wrk = (server: Server, set: LicenseSet, seconds: number) => measureAlone(servers, server, () => measure(server, set, seconds))
 
 async function measure(server: Server, set: LicenseSet, seconds: number): Promise<Result> {
   const pg0 = await pgCpu()

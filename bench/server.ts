@@ -29,6 +29,20 @@ export interface Server {
   pause(paused: boolean): void
 }
 
+/**
+ * Runs `measure` with every server of `servers` but `server` paused: an idle server's timers and
+ * collector would otherwise take the measured one's cores, by an amount that varies with what it holds.
+ */
+export async function measureAlone<T>(servers: readonly Server[], server: Server, measure: () => T | Promise<T>): Promise<T> {
+  const others = servers.filter((other) => other !== server)
+  for (const other of others) other.pause(true)
+  try {
+    return await measure()
+  } finally {
+    for (const other of others) other.pause(false)
+  }
+}
+
 /** The server entry of a checkout; checkouts from before the move to feature rooms start at src/index.ts. */
 const serverEntry = (checkout: string) =>
   [join(checkout, 'src', 'main.ts'), join(checkout, 'src', 'index.ts')].find((entry) => existsSync(entry)) as string
