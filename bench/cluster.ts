@@ -44,9 +44,9 @@ let runs = 0
 const servers: Server[] = []
 
 const wrk = (server: Server, mode: string, connections: number, seconds: number): Promise<Result> =>
-  measureAlone(servers, server, () => {
+  measureAlone(servers, server, async () => {
     const runId = `${process.pid.toString(16)}c${(runs++).toString(16)}x`
-    const { rps, p50, p99, errors } = runWrk([
+    const { rps, p50, p99, errors } = await runWrk([
       '-t2', `-c${connections}`, `-d${seconds}s`,
       '-s', join(import.meta.dir, 'auth.lua'), server.url, '--', mode, join(work, 'data.txt'), runId,
     ])

@@ -66,7 +66,7 @@ const servers: Server[] = []
 const wrk = (name: string, server: Server, mode: string, connections: number, seconds: number) =>
   measureAlone(servers, server, () => measure(name, server, mode, connections, seconds))
 
-function measure(name: string, server: Server, mode: string, connections: number, seconds: number): Result {
+async function measure(name: string, server: Server, mode: string, connections: number, seconds: number): Promise<Result> {
   const url = server.url
   const redis0 = redisCounters(REDIS_URL)
   const cpu0 = server.cpu()
@@ -74,7 +74,7 @@ function measure(name: string, server: Server, mode: string, connections: number
   const ticks0 = machineTicks()
   const runId = `${process.pid.toString(16)}r${(runCounter++).toString(16)}x`
   const threads = Math.min(2, connections)
-  const { rps, p50, p99, errors, total, cpuUs: wrkCpuUs } = runWrk([
+  const { rps, p50, p99, errors, total, cpuUs: wrkCpuUs } = await runWrk([
     `-t${threads}`, `-c${connections}`, `-d${seconds}s`,
     '-s', join(import.meta.dir, 'auth.lua'), url, '--', mode, join(work, 'data.txt'), runId,
   ])

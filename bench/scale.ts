@@ -103,7 +103,7 @@ async function measure(server: Server, set: LicenseSet, seconds: number): Promis
   const cpu0 = server.cpu()
   const main0 = server.mainCpu()
   const runId = `${process.pid.toString(16)}s${(runs++).toString(16)}x`
-  const { rps, p50, p99, errors, total, cpuUs: wrkCpuUs } = runWrk([
+  const { rps, p50, p99, errors, total, cpuUs: wrkCpuUs } = await runWrk([
     '-t2', `-c${CONNECTIONS}`, `-d${seconds}s`, '-s', join(import.meta.dir, 'scale.lua'),
     server.url, '--', set.appId, set.appSecret, set.prefix, String(set.count), runId,
   ])

@@ -33,7 +33,7 @@ export interface Server {
  * Runs `measure` with every server of `servers` but `server` paused: an idle server's timers and
  * collector would otherwise take the measured one's cores, by an amount that varies with what it holds.
  */
-export async function measureAlone<T>(servers: readonly Server[], server: Server, measure: () => T | Promise<T>): Promise<T> {
+export async function measureAlone<T>(servers: readonly Server[], server: Server, measure: () => Promise<T>): Promise<T> {
   const others = servers.filter((other) => other !== server)
   for (const other of others) other.pause(true)
   try {
@@ -172,11 +172,15 @@ export interface WrkFigures {
 
 const toMs = (v: string, unit: string) => Number(v) * ({ us: 0.001, ms: 1, s: 1000 }[unit] ?? Number.NaN)
 
-/** Runs wrk with `args` (after `--latency`) and reads its figures; throws when wrk fails. */
-export function runWrk(args: string[]): WrkFigures {
-  const out = Bun.spawnSync(['wrk', '--latency', ...args])
-  if (out.exitCode !== 0) throw new Error(`wrk failed: ${out.stderr.toString()}`)
-  const text = out.stdout.toString()
+/**
+ * Runs wrk with `args` (after `--latency`) and reads its figures; throws when wrk fails. Not spawnSync:
+ * the bench must go on reading its servers' stderr while wrk runs, or a server that logs more than a
+ * pipe holds would stall on its next line in the middle of the measurement.
+ */
+export async function runWrk(args: string[]): Promise<WrkFigures> {
+  const wrk = Bun.spawn(['wrk', '--latency', ...args], { stdout: 'pipe', stderr: 'pipe' })
+  const [text, errors, exitCode] = await Promise.all([new Response(wrk.stdout).text(), new Response(wrk.stderr).text(), wrk.exited])
+  if (exitCode !== 0) throw new Error(`wrk failed: ${errors}`)
   const pct = (p: string) => {
     const m = new RegExp(`^\\s+${p}%\\s+([\\d.]+)(us|ms|s)\\s*$`, 'm').exec(text)
     return m ? toMs(m[1]!, m[2]!) : Number.NaN
@@ -187,6 +191,6 @@ export function runWrk(args: string[]): WrkFigures {
     p99: pct('99'),
     errors: Number(/Non-2xx or 3xx responses:\s+(\d+)/.exec(text)?.[1] ?? 0),
     total: Number(/(\d+) requests in/.exec(text)?.[1] ?? Number.NaN),
-    cpuUs: Number(out.resourceUsage?.cpuTime.total ?? Number.NaN),
+    cpuUs: Number(wrk.resourceUsage()?.cpuTime.total ?? Number.NaN),
   }
 }
