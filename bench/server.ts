@@ -179,8 +179,8 @@ const toMs = (v: string, unit: string) => Number(v) * ({ us: 0.001, ms: 1, s: 10
  */
 export async function runWrk(args: string[]): Promise<WrkFigures> {
   const wrk = Bun.spawn(['wrk', '--latency', ...args], { stdout: 'pipe', stderr: 'pipe' })
-  const [text, errors, exitCode] = await Promise.all([new Response(wrk.stdout).text(), new Response(wrk.stderr).text(), wrk.exited])
-  if (exitCode !== 0) throw new Error(`wrk failed: ${errors}`)
+  const [text, stderr, exitCode] = await Promise.all([new Response(wrk.stdout).text(), new Response(wrk.stderr).text(), wrk.exited])
+  if (exitCode !== 0) throw new Error(`wrk failed: ${stderr}`)
   const pct = (p: string) => {
     const m = new RegExp(`^\\s+${p}%\\s+([\\d.]+)(us|ms|s)\\s*$`, 'm').exec(text)
     return m ? toMs(m[1]!, m[2]!) : Number.NaN
