@@ -180,7 +180,7 @@ export class AppActors {
     }
   }
 
-  /** The app's actor if it has one: the hot path reads its state without creating actors for made-up ids. */
+  /** The app's actor if it has one, without creating one: how the tests see that made-up ids never get an actor. */
   existing(appId: string): AppActor | undefined {
     return this.#actors.get(appId)
   }
