@@ -2,8 +2,7 @@ import type { CachedApp, CachedLicense } from '../actors/load'
 import type { Context } from '../context'
 import { PublicError } from '../lib/errors'
 import { countResult } from '../lib/metrics'
-import { withTimeout } from '../lib/with-timeout'
-import { keys, STORE_CALL_TIMEOUT_MS } from '../store/store'
+import { keys } from '../store/store'
 import { authorize } from './authorize'
 import type { SignedReply, ValidateInput } from './model'
 import {
@@ -64,8 +63,7 @@ async function validateAndSign(ctx: Context, input: ValidateInput, ip: string, r
     try {
       license = await bindHwid(ctx, app, license.key, hwid)
     } catch (err) {
-      // Not held past the store's deadline: the refund runs on, and the client learns of the failure.
-      if (auth.charged > 0) await withTimeout(ctx.store.refund(app.accountId, auth.charged), STORE_CALL_TIMEOUT_MS)
+      if (auth.charged > 0) await ctx.credits.refund(app.accountId, auth.charged)
       throw err
     }
   }

@@ -2,10 +2,11 @@ import { randomUUID } from 'node:crypto'
 import { eq, sql } from 'drizzle-orm'
 import { accounts, creditFlushes } from '../db/schema'
 import type { Database } from '../db/client'
-import { type AuthorizeInput, keys, type Shard, type Store } from '../store/store'
-import { errorFields, logEvery } from '../lib/log'
+import { type AuthorizeInput, keys, type Shard, type Store, STORE_CALL_TIMEOUT_MS } from '../store/store'
+import { errorFields, log, logEvery } from '../lib/log'
 import { countDatabaseError, isDatabaseError } from '../db/errors'
 import { SingleFlight } from '../lib/single-flight'
+import { withDeadline } from '../lib/with-timeout'
 
 /**
  * Credits on the hot path live in the store: charges take from a live balance there atomically (never
@@ -104,8 +105,20 @@ export class CreditLedger {
     throw new Error('the credit charge kept being retried')
   }
 
-  refund(accountId: string, cost: number): Promise<void> {
-    return this.#store.refund(accountId, cost)
+  /**
+   * Gives back what `charge` (or a validate's authorize call) took for an action that then failed.
+   * Never throws and waits at most a store call's deadline: the client must learn of its action's own
+   * failure (a 409 seats_full, say), not of the refund's. A refund that does not reach the store is
+   * logged and not retried: the store's refund carries no id, so a retry after a lost reply could
+   * give the credits back twice.
+   */
+  async refund(accountId: string, cost: number): Promise<void> {
+    try {
+      await withDeadline(this.#store.refund(accountId, cost), STORE_CALL_TIMEOUT_MS, 'refund')
+    } catch (err) {
+      // A line each: each names credits an operator may want to give back by hand.
+      log.warn('a refund failed or missed its deadline: the failed action may stay charged', { accountId, cost, ...errorFields(err) })
+    }
   }
 
   // The generation the charge is made under; a charge has no cached state, so any current one will do.

@@ -5,6 +5,8 @@ import { accounts, creditFlushes, licenses } from '../../src/db/schema'
 import { makeTestApp } from '../support/helpers'
 import { withOverrides } from '../support/overrides'
 import { decode, hwid, insertLicense, nonce } from '../support/client'
+import { loggedBy } from '../support/log-capture'
+import { setLogLevel } from '../../src/lib/log'
 
 describe('credits on the client endpoints', async () => {
   const t = await makeTestApp()
@@ -79,6 +81,39 @@ describe('credits on the client endpoints', async () => {
     expect(results.filter((r) => r.body.error === 'no_credits')).toHaveLength(15)
     await t.ctx.credits.flush()
     expect(await reconciled(s.accountId)).toBe(0)
+  })
+
+  test('validates that lose the last seat to a concurrent one get hwid_mismatch and are refunded', async () => {
+    const s = await t.seed({ credits: 20 })
+    const key = await insertLicense(t.ctx, s.appId, { maxHwidSlots: 1 })
+    // One turn: each sees the seat free, so each is charged before the binds are decided.
+    const results = await Promise.all(Array.from({ length: 10 }, () => validate(s, key)))
+    expect(results.filter((r) => r.status === 200)).toHaveLength(1)
+    expect(results.filter((r) => r.status === 403 && r.body.error === 'hwid_mismatch')).toHaveLength(9)
+    expect(await live(s)).toBe(19)
+  })
+
+  test('a refund that cannot reach the store leaves the client the answer its request earned, and is logged', async () => {
+    const unreachable = withOverrides(t.ctx.store, {
+      refund: async () => {
+        throw new Error('the store is unreachable')
+      },
+    })
+    const down = await makeTestApp({ store: unreachable })
+    const s = await down.seed({ credits: 20 })
+    const key = await insertLicense(down.ctx, s.appId, { maxHwidSlots: 1 })
+    const send = () =>
+      down.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey: key, hwid: hwid(), nonce: nonce() } })
+    let results: Awaited<ReturnType<typeof send>>[] = []
+    setLogLevel('warn')
+    const logged = await loggedBy(async () => {
+      results = await Promise.all(Array.from({ length: 10 }, send))
+    }).finally(() => setLogLevel('error'))
+    expect(results.filter((r) => r.status === 200)).toHaveLength(1)
+    expect(results.filter((r) => r.status === 403 && r.body.error === 'hwid_mismatch')).toHaveLength(9)
+    const lost = logged.filter((e) => e.msg === 'a refund failed or missed its deadline: the failed action may stay charged')
+    expect(lost).toHaveLength(9)
+    expect(lost.every((e) => e.accountId === s.accountId && e.cost === 1)).toBe(true)
   })
 
   test('every 10th heartbeat of a license costs 1 credit; a refused one is not counted', async () => {
