@@ -22,7 +22,9 @@ export interface SelfbanDone {
 
 /**
  * The revoke and the list appends commit together or not at all. Each is a conditional UPDATE, so a
- * license revoked or an entry listed meanwhile by another process is simply not reported.
+ * license revoked or an entry listed meanwhile by another process is simply not reported. The lists
+ * (the app's row) go first: an offline mint locks the app row and then the license, so locking them the
+ * other way round, a selfban and a mint of one license in two processes could deadlock.
  */
 export function selfbanTransaction(
   db: Db,
@@ -33,6 +35,8 @@ export function selfbanTransaction(
 ): Promise<SelfbanDone> {
   return db.transaction(async (tx) => {
     const done = { revokeLicense: false, blacklistHwid: false, blacklistIp: false }
+    if (want.blacklistHwid) done.blacklistHwid = await appendEntry(tx, appId, 'hwidBlacklist', want.hwid)
+    if (want.blacklistIp) done.blacklistIp = await appendEntry(tx, appId, 'ipBlacklist', want.ip)
     if (want.revokeLicense) {
       const rows = await tx
         .update(licenses)
@@ -44,8 +48,6 @@ export function selfbanTransaction(
         await recordEvents(tx, [{ event: 'license.revoked', data: { licenseKey, appId, reason: 'selfban' }, occurredAt: now }])
       }
     }
-    if (want.blacklistHwid) done.blacklistHwid = await appendEntry(tx, appId, 'hwidBlacklist', want.hwid)
-    if (want.blacklistIp) done.blacklistIp = await appendEntry(tx, appId, 'ipBlacklist', want.ip)
     return done
   })
 }

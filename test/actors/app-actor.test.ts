@@ -1,8 +1,9 @@
 import { expect, test } from 'bun:test'
 import { eq } from 'drizzle-orm'
+import postgres from 'postgres'
 import { apps, licenses } from '../../src/db/schema'
 import { hwid, insertLicense, licenseEpochKey, nonce } from '../support/client'
-import { makeTestApp } from '../support/helpers'
+import { makeTestApp, MODE, TEST_DATABASE_URL } from '../support/helpers'
 
 const t = await makeTestApp()
 
@@ -111,6 +112,29 @@ test('selfban revokes and lists in one go, and drops what it changed', async () 
     blacklistHwid: false,
     blacklistIp: false,
   })
+})
+
+// Another process's offline mint of the same license, in the mint's lock order (the app row FOR SHARE,
+// then the license FOR UPDATE), held open around this process's selfban: PostgreSQL can only order
+// the two if both take the rows in that order, else it aborts one of them as a deadlock.
+test.skipIf(MODE !== 'postgres')('a selfban and another process\'s offline mint of one license queue, never deadlock', async () => {
+  const s = await t.seed()
+  const licenseKey = await insertLicense(t.ctx, s.appId)
+  const want = { revokeLicense: true, blacklistHwid: true, blacklistIp: true, hwid: hwid(), ip: '198.51.100.5' }
+  const minting = postgres(TEST_DATABASE_URL!, { max: 1, onnotice: () => {} })
+  try {
+    let selfban!: Promise<unknown>
+    await minting.begin(async (sql) => {
+      await sql`SELECT id FROM apps WHERE id = ${s.appId} FOR SHARE`
+      selfban = t.ctx.actors.selfban(s.appId, licenseKey, want)
+      // Long enough for the selfban to take whatever lock it takes first and wait on the next.
+      await Bun.sleep(300)
+      await sql`SELECT key FROM licenses WHERE key = ${licenseKey} FOR UPDATE`
+    })
+    expect(await selfban).toEqual({ revokeLicense: true, blacklistHwid: true, blacklistIp: true })
+  } finally {
+    await minting.end()
+  }
 })
 
 test("a new store generation empties every actor's state; entries read under an older one are refused", async () => {
