@@ -29,9 +29,10 @@ export interface LicenseLoadsWiring {
 }
 
 /**
- * The license misses of one turn of the event loop, served together: one store call reads every
- * epoch (each miss taking its own admission token first; a refused one loads nothing and does not
- * hold up the others), then one PostgreSQL query reads every admitted row, a key asked twice once.
+ * The license misses of one turn of the event loop, served together: one store call per shard (one
+ * on a single Redis) reads their epochs (each miss taking its own admission token first; a refused one
+ * loads nothing and does not hold up the others), then one PostgreSQL query reads every admitted row,
+ * a key asked twice once.
  * The rule that makes caching safe holds per entry: its epoch was read before its row, and it is kept
  * under the generation that read saw. One batch in flight: misses arriving meanwhile, or in the turn
  * after it is served, travel in the next.
@@ -57,21 +58,46 @@ export class LicenseLoads {
 
   async #load(misses: Miss[]): Promise<void> {
     const { store, keep } = this.wiring
-    const snapshot = await store
-      .snapshotEach(misses.map((m) => ({ key: keys.licenseEpoch(m.shard, m.licenseKey), admission: m.admission })))
-      .catch((err: unknown) => {
-        throw new StoreUnavailable(err)
+    const byShard = new Map<Shard, Miss[]>()
+    for (const m of misses) {
+      const group = byShard.get(m.shard)
+      if (group) group.push(m)
+      else byShard.set(m.shard, [m])
+    }
+    // A store call per shard, as snapshotEach would make one per shard anyway, but each with its own
+    // deadline and outcome: on a cluster a node that fails or stalls fails its own shards' misses, not
+    // every miss of the turn.
+    const served = await Promise.all(
+      [...byShard.values()].map((group) =>
+        store.snapshotEach(group.map((m) => ({ key: keys.licenseEpoch(m.shard, m.licenseKey), admission: m.admission }))).then(
+          (snapshot) => ({ group, snapshot }),
+          (err: unknown) => {
+            const unavailable = new StoreUnavailable(err)
+            for (const m of group) m.fail(unavailable)
+            return null
+          },
+        ),
+      ),
+    )
+    const admitted = new Set<string>()
+    for (const read of served) {
+      read?.group.forEach((m, i) => {
+        if (read.snapshot.reads[i]?.kind === 'ok') admitted.add(m.licenseKey)
       })
-    const admitted = [...new Set(misses.filter((_, i) => snapshot.reads[i]?.kind === 'ok').map((m) => m.licenseKey))]
-    const rows = await this.#rows(admitted)
-    misses.forEach((m, i) => {
-      const read = snapshot.reads[i]!
-      if (read.kind === 'limited') return m.done(read)
-      const row = rows.get(m.licenseKey)
-      if (row instanceof Error) return m.fail(row)
-      keep(m.appId, m.licenseKey, { epoch: read.epoch, value: row ?? null }, snapshot.generation)
-      m.done(read)
-    })
+    }
+    const rows = await this.#rows([...admitted])
+    for (const read of served) {
+      if (!read) continue
+      const { group, snapshot } = read
+      group.forEach((m, i) => {
+        const epochRead = snapshot.reads[i]!
+        if (epochRead.kind === 'limited') return m.done(epochRead)
+        const row = rows.get(m.licenseKey)
+        if (row instanceof Error) return m.fail(row)
+        keep(m.appId, m.licenseKey, { epoch: epochRead.epoch, value: row ?? null }, snapshot.generation)
+        m.done(epochRead)
+      })
+    }
   }
 
   /** The rows of `admitted`; when the one query fails, each key alone, so one bad key fails only its own callers. */

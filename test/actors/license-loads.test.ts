@@ -4,7 +4,10 @@
  * across instances.
  */
 import { expect, test } from 'bun:test'
+import { LicenseLoads } from '../../src/actors/license-loads'
+import type { CachedLicense } from '../../src/actors/load'
 import { AppActors } from '../../src/actors/registry'
+import { type EpochRead, shardOfKey, type Store } from '../../src/store/store'
 import { generateLicenseKey } from '../../src/lib/crypto'
 import { hwid, insertLicense, nonce } from '../support/client'
 import { makeTestApp, sharedInfra } from '../support/helpers'
@@ -90,6 +93,34 @@ test('a store that cannot be reached fails the batch as unavailable, and the nex
   down = false
   expect(await actors.ensureLicense(s.appId, key)).toMatchObject({ kind: 'ok' })
   expect(actors.cachedLicense(s.appId, key)?.value?.key).toBe(key)
+})
+
+test('on a cluster a shard whose node fails fails its own misses alone', async () => {
+  const kept: string[] = []
+  const calls: string[][] = []
+  const loads = new LicenseLoads({
+    store: {
+      snapshotEach: async (reads: readonly EpochRead[]) => {
+        calls.push(reads.map((r) => shardOfKey(r.key)))
+        if (reads.some((r) => shardOfKey(r.key) === '{s1}')) throw new Error('the node of {s1} is down')
+        return { generation: 1, reads: reads.map(() => ({ kind: 'ok' as const, epoch: 0 })) }
+      },
+    } as unknown as Store,
+    load: async (keys) => new Map(keys.map((key) => [key, { key } as CachedLicense])),
+    loadOne: async (key) => ({ key }) as CachedLicense,
+    keep: (_appId, licenseKey) => kept.push(licenseKey),
+  })
+  const results = await Promise.allSettled([
+    loads.ensure('app-a', '{s0}', 'KEY-A'),
+    loads.ensure('app-b', '{s1}', 'KEY-B'),
+    loads.ensure('app-c', '{s2}', 'KEY-C'),
+    loads.ensure('app-a', '{s0}', 'KEY-D'),
+  ])
+  expect(results.map((r) => r.status)).toEqual(['fulfilled', 'rejected', 'fulfilled', 'fulfilled'])
+  expect(String((results[1] as PromiseRejectedResult).reason)).toContain('store unavailable')
+  expect(kept.sort()).toEqual(['KEY-A', 'KEY-C', 'KEY-D'])
+  // One call per shard, as on a cluster snapshotEach would send anyway.
+  expect(calls.sort()).toEqual([['{s0}', '{s0}'], ['{s1}'], ['{s2}']])
 })
 
 // Two instances on one database and one store, as two server processes are: B revokes, A must never
