@@ -1,3 +1,5 @@
+import { limitSubject } from '../lib/ip'
+
 /** A Map that forgets its oldest entry when full: enough to bound memory, no LRU bookkeeping per hit. */
 export class BoundedMap<V> extends Map<string, V> {
   constructor(
@@ -165,7 +167,8 @@ export class SharedBound {
  * only by a lookup that found no app: real clients, and lookups cut short by a store or database
  * outage, never spend it); past that its uncached app ids are answered invalid_app without a read.
  * Kept per process on purpose: no store round trip on a cold path, and n processes bound the
- * database's load to n times this. Concurrent lookups of one IP may overdraw it by their number.
+ * database's load to n times this. Concurrent lookups of one IP may overdraw it by their number. An
+ * IPv6 address counts as its /64 (limitSubject).
  */
 export class AbsentAppBudget {
   readonly #buckets: BoundedMap<{ tokens: number; at: number }>
@@ -177,18 +180,19 @@ export class AbsentAppBudget {
     this.#buckets = new BoundedMap(ips)
   }
 
-  #tokens(ip: string, nowMs: number): number {
-    const bucket = this.#buckets.get(ip)
+  #tokens(subject: string, nowMs: number): number {
+    const bucket = this.#buckets.get(subject)
     if (!bucket) return this.perMinute
     return Math.min(this.perMinute, bucket.tokens + (Math.max(0, nowMs - bucket.at) * this.perMinute) / 60_000)
   }
 
   allows(ip: string, nowMs: number): boolean {
-    return this.#tokens(ip, nowMs) >= 1
+    return this.#tokens(limitSubject(ip), nowMs) >= 1
   }
 
   /** A lookup by `ip` found no app. */
   charge(ip: string, nowMs: number): void {
-    this.#buckets.set(ip, { tokens: Math.max(0, this.#tokens(ip, nowMs) - 1), at: nowMs })
+    const subject = limitSubject(ip)
+    this.#buckets.set(subject, { tokens: Math.max(0, this.#tokens(subject, nowMs) - 1), at: nowMs })
   }
 }

@@ -3,6 +3,7 @@ import type { CachedApp, CachedLicense } from '../actors/load'
 import { hwidListsAllow } from '../actors/list-append'
 import type { Config } from '../config'
 import { PublicError, type PublicErrorCode } from '../lib/errors'
+import { limitSubject } from '../lib/ip'
 import { type AuthorizeInput, keys, type Shard } from '../store/store'
 import { MAX_SESSION_TTL } from '../signing/session'
 
@@ -66,6 +67,10 @@ export const bucket = (shard: Shard, scope: string, appId: string, id: string, p
   capacity: perMinute,
   refillPerSecond: perMinute / 60,
 })
+
+/** A per-IP bucket: `ip` counted as limitSubject counts it. */
+export const perIpBucket = (shard: Shard, scope: string, appId: string, ip: string, perMinute: number): Bucket =>
+  bucket(shard, scope, appId, limitSubject(ip), perMinute)
 
 export const rateLimited = (retryAfterMs: number) =>
   new PublicError('rate_limited', { 'retry-after': String(Math.max(1, Math.ceil(retryAfterMs / 1000))) })

@@ -4,7 +4,7 @@ import { countResult } from '../lib/metrics'
 import { keys } from '../store/store'
 import { authorize } from './authorize'
 import type { SelfbanInput, SelfbanReply } from './model'
-import { bucket, canonicalAppId, ceiling, fail, NONCE_TTL_SECONDS, type Outcome, SANDBOX, secretMatches } from './policy'
+import { bucket, canonicalAppId, ceiling, fail, NONCE_TTL_SECONDS, type Outcome, perIpBucket, SANDBOX, secretMatches } from './policy'
 
 /**
  * POST /auth/selfban. Pre-session (appSecret + licenseKey + nonce) never revokes; post-session (a
@@ -34,7 +34,7 @@ async function reportTampering(ctx: Context, input: SelfbanInput, ip: string, re
     const sandbox = app?.sandbox ?? false
     const perIp = sandbox ? SANDBOX.selfbanIp : ctx.config.selfbanLimitPerIp
     const perLicense = sandbox ? SANDBOX.selfbanLicense : ctx.config.selfbanLimitPerLicense
-    const ipBucket = app ? bucket(shard, 's:ip', app.id, ip, perIp) : null
+    const ipBucket = app ? perIpBucket(shard, 's:ip', app.id, ip, perIp) : null
     return {
       outcome,
       ceiling: app ? ceiling(ctx.config, app, shard, nowMs) : null,

@@ -14,6 +14,7 @@ import {
   listsAllow,
   NONCE_TTL_SECONDS,
   type Outcome,
+  perIpBucket,
   SANDBOX,
   secretMatches,
 } from './policy'
@@ -40,7 +41,7 @@ async function validateAndSign(ctx: Context, input: ValidateInput, ip: string, r
       else outcome = { ok: true, bind: true }
     }
     const sandbox = app?.sandbox ?? false
-    const ipBucket = app ? bucket(shard, 'v:ip', app.id, ip, sandbox ? SANDBOX.validateIp : ctx.config.validateLimitPerIp) : null
+    const ipBucket = app ? perIpBucket(shard, 'v:ip', app.id, ip, sandbox ? SANDBOX.validateIp : ctx.config.validateLimitPerIp) : null
     return {
       outcome,
       ceiling: app ? ceiling(ctx.config, app, shard, nowMs) : null,

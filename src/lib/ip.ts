@@ -71,6 +71,22 @@ export function canonicalIp(text: string): CanonicalIp | null {
   return (mappedIpv4(ipv6) ?? ipv6) as CanonicalIp
 }
 
+/**
+ * What a per-IP limit counts a canonical address as: an IPv4 address itself, an IPv6 address its /64.
+ * An IPv6 host is handed a whole /64 (SLAAC needs one; RFC 6177), so counted per address one host
+ * would hold 2^64 buckets and pass every per-IP limit. Only the first four groups are spelled out;
+ * every address of one /64 gives the same text.
+ */
+export function limitSubject(ip: string): string {
+  if (!ip.includes(':')) return ip
+  const gap = ip.indexOf('::')
+  const head = (gap < 0 ? ip : ip.slice(0, gap)).split(':').filter(Boolean)
+  if (head.length >= 4 || gap < 0) return `${head.slice(0, 4).join(':')}::/64`
+  const tail = ip.slice(gap + 2).split(':').filter(Boolean)
+  const groups = [...head, ...Array<string>(8 - head.length - tail.length).fill('0'), ...tail]
+  return `${groups.slice(0, 4).join(':')}::/64`
+}
+
 /** An address range (a TRUSTED_PROXIES entry, a range webhooks refuse) as BlockList takes it. */
 export interface Cidr {
   address: string

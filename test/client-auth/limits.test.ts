@@ -61,6 +61,14 @@ describe('public endpoint limits', async () => {
     expect((await send('/auth/validate', body, '192.0.2.2')).status).toBe(200)
   })
 
+  test('an IPv6 client counts as its /64: every address of it shares one per-IP limit, another /64 has its own', async () => {
+    const s = await t.seed({ credits: 100 })
+    const key = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
+    for (let i = 1; i <= 5; i++) expect((await send('/auth/validate', validateBody(s, key), `2001:db8:7:1::${i}`)).status).toBe(200)
+    expect((await send('/auth/validate', validateBody(s, key), '2001:db8:7:1:ffff:ffff:ffff:ffff')).status).toBe(429)
+    expect((await send('/auth/validate', validateBody(s, key), '2001:db8:7:2::1')).status).toBe(200)
+  })
+
   test("requests without the app secret do not spend a license's limit: its owner is never locked out by strangers", async () => {
     const s = await t.seed({ sandbox: true })
     const key = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })

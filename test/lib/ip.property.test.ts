@@ -5,7 +5,7 @@
  */
 import { expect, test } from 'bun:test'
 import fc from 'fast-check'
-import { canonicalIp, IpRanges, parseCidr } from '../../src/lib/ip'
+import { canonicalIp, IpRanges, limitSubject, parseCidr } from '../../src/lib/ip'
 
 const SEED = 20261124
 const RUNS = 2000
@@ -166,6 +166,27 @@ test('a range parses to one form however it is spelled, an IPv4-mapped one of /9
           ? { address: dotted(g), prefix: prefix - 96, family: 'ipv4' }
           : { address: rfc5952(g), prefix, family: 'ipv6' },
       )
+    }),
+    { seed: SEED, numRuns: RUNS },
+  )
+})
+
+test("per-IP limits count an IPv6 address as its /64 and an IPv4 one as itself: two addresses share a subject exactly when they should", () => {
+  // The second address keeps the first's first `shared` bits, so about half the pairs share their /64.
+  const pair = fc.record({ a: anyGroups, noise: anyGroups, shared: fc.integer({ min: 0, max: 128 }) }).map(({ a, noise, shared }) => ({
+    a,
+    b: a.map((x, i) => {
+      const keep = Math.min(16, Math.max(0, shared - i * 16))
+      const mask = keep === 0 ? 0 : (0xffff << (16 - keep)) & 0xffff
+      return (x & mask) | (noise[i]! & ~mask & 0xffff)
+    }),
+  }))
+  fc.assert(
+    fc.property(pair, ({ a, b }) => {
+      const [subjectA, subjectB] = [a, b].map((g) => limitSubject(canonicalIp(canonical(g))!))
+      const same = isMapped(a) || isMapped(b) ? canonical(a) === canonical(b) : inRange(a, 64, b)
+      expect(subjectA === subjectB).toBe(same)
+      if (isMapped(a)) expect(subjectA).toBe(dotted(a))
     }),
     { seed: SEED, numRuns: RUNS },
   )

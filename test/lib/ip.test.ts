@@ -1,5 +1,5 @@
 import { describe, expect, test } from 'bun:test'
-import { canonicalIp, IpRanges, parseCidr } from '../../src/lib/ip'
+import { canonicalIp, IpRanges, limitSubject, parseCidr } from '../../src/lib/ip'
 
 const canonical = (text: string): string | null => canonicalIp(text)
 
@@ -55,6 +55,22 @@ describe('canonicalIp', () => {
 
 const ranges = (...texts: string[]) => IpRanges.of(texts)
 const has = (set: IpRanges, text: string) => set.has(canonicalIp(text)!)
+
+describe('limitSubject', () => {
+  test.each([
+    ['192.0.2.1', '192.0.2.1'],
+    ['2001:db8:1:2:3:4:5:6', '2001:db8:1:2::/64'],
+    ['2001:db8:1:2::6', '2001:db8:1:2::/64'],
+    ['2001:db8::1', '2001:db8:0:0::/64'],
+    ['2001:db8:1::', '2001:db8:1:0::/64'],
+    ['1:2:3:4:5::', '1:2:3:4::/64'],
+    ['::1', '0:0:0:0::/64'],
+    ['::', '0:0:0:0::/64'],
+    ['fe80::1:2:3:4', 'fe80:0:0:0::/64'],
+  ])('%s counts as %s', (ip, subject) => {
+    expect(limitSubject(ip)).toBe(subject)
+  })
+})
 
 describe('CIDR ranges', () => {
   test('an address alone is a range of one', () => {
