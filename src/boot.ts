@@ -4,7 +4,9 @@ import { ValidatedEventBatch } from './delivery/validated-events'
 import type { Config } from './config'
 import { deriveKey, Sealer } from './lib/crypto'
 import { EventBus } from './delivery/outbox'
+import { MissBudget } from './actors/bounded'
 import { ACTOR_LIMITS, AppActors } from './actors/registry'
+import { UNKNOWN_API_KEYS_PER_MINUTE } from './http/auth'
 import { requireKeySource, resolveMasterKey } from './signing/master-key'
 import { adoptKeyCheck, storedKeyCheck } from './signing/key-check'
 import { type Database, openDb, poolSizePerProcess } from './db/client'
@@ -74,7 +76,7 @@ export async function buildContext(config: Readonly<Config>, overrides: ContextO
 }
 
 /** What boot opens or chooses; the rest of the context is built from it. */
-type ContextBase = Omit<Context, 'actors' | 'credits' | 'sessions' | 'payloads' | 'validatedEvents'>
+type ContextBase = Omit<Context, 'actors' | 'credits' | 'sessions' | 'payloads' | 'validatedEvents' | 'unknownApiKeys'>
 
 function assembleContext(base: ContextBase): Context {
   return {
@@ -84,5 +86,6 @@ function assembleContext(base: ContextBase): Context {
     sessions: new SessionTokens(base.sessionKey),
     payloads: new SignedPayloads(base.signer),
     validatedEvents: new ValidatedEventBatch({ database: base.database, bus: base.bus, dropped: base.metrics.validatedEventsDropped }),
+    unknownApiKeys: new MissBudget(UNKNOWN_API_KEYS_PER_MINUTE, ACTOR_LIMITS.absent),
   }
 }

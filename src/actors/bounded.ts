@@ -162,15 +162,15 @@ export class SharedBound {
 }
 
 /**
- * A made-up app id costs PostgreSQL reads before anything can refuse it: there is no app yet whose
- * limits apply. So each IP may find absent apps `perMinute` times a minute (a token bucket charged
- * only by a lookup that found no app: real clients, and lookups cut short by a store or database
- * outage, never spend it); past that its uncached app ids are answered invalid_app without a read.
- * Kept per process on purpose: no store round trip on a cold path, and n processes bound the
+ * A made-up name (an app id, an API key) costs a PostgreSQL read before anything can refuse it: there is
+ * nothing yet whose limits apply. So each IP may look up names that turn out absent `perMinute` times
+ * a minute (a token bucket charged only by a lookup that found nothing: real clients, and lookups cut
+ * short by a store or database outage, never spend it); past that its lookups are refused without a
+ * read. Kept per process on purpose: no store round trip on a cold path, and n processes bound the
  * database's load to n times this. Concurrent lookups of one IP may overdraw it by their number. An
  * IPv6 address counts as its /64 (limitSubject).
  */
-export class AbsentAppBudget {
+export class MissBudget {
   readonly #buckets: BoundedMap<{ tokens: number; at: number }>
 
   constructor(
@@ -190,7 +190,12 @@ export class AbsentAppBudget {
     return this.#tokens(limitSubject(ip), nowMs) >= 1
   }
 
-  /** A lookup by `ip` found no app. */
+  /** How long until `ip` may look up again (0 when it may now). */
+  retryAfterMs(ip: string, nowMs: number): number {
+    return Math.max(0, Math.ceil(((1 - this.#tokens(limitSubject(ip), nowMs)) * 60_000) / this.perMinute))
+  }
+
+  /** A lookup by `ip` found nothing. */
   charge(ip: string, nowMs: number): void {
     const subject = limitSubject(ip)
     this.#buckets.set(subject, { tokens: Math.max(0, this.#tokens(subject, nowMs) - 1), at: nowMs })

@@ -7,7 +7,7 @@ import { type Admission, allShards, keys, type Shard } from '../store/store'
 import { errorFields, logEvery } from '../lib/log'
 import { LicenseLoads, type LicenseRead } from './license-loads'
 import { type ActorHost, AppActor, type Changed } from './app-actor'
-import { AbsentAppBudget, BoundedMap, type Entry, SharedBound } from './bounded'
+import { BoundedMap, type Entry, MissBudget, SharedBound } from './bounded'
 import { Invalidator } from './invalidate'
 import { LicenseCache } from './license-cache'
 import { CacheWarmUp } from './warm-up'
@@ -64,7 +64,7 @@ export class AppActors {
   generation = 0
   /** PostgreSQL reads of app and license state since start. */
   readonly loads: { readonly apps: number; readonly licenses: number }
-  readonly absentAppBudget = new AbsentAppBudget(ABSENT_APPS_PER_MINUTE, ACTOR_LIMITS.absent)
+  readonly absentAppBudget = new MissBudget(ABSENT_APPS_PER_MINUTE, ACTOR_LIMITS.absent)
 
   constructor(
     private readonly wiring: ActorsWiring,

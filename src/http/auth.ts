@@ -5,6 +5,7 @@ import { apiKeys } from '../db/schema'
 import type { Context } from '../context'
 import { ApiError } from '../lib/errors'
 import { requestIdOf } from './metrics'
+import { ClientAddresses } from './client-ip'
 import { takeApiToken } from './rate-limit'
 
 // Case-insensitive for the scheme's sake (RFC 9110 section 11.1); a key in other case hashes to no key.
@@ -30,31 +31,54 @@ export async function accountForKeyHash(ctx: Context, keyHash: string): Promise<
 const invalidKey = () =>
   new ApiError('invalid_api_key', 401, 'Missing, malformed or revoked API key')
 
+/**
+ * Lookups of keys that turn out unknown, per client IP and minute: each random key has a full bucket of
+ * its own (the limit is per key), so without this one IP could make every request a PostgreSQL read.
+ * A vendor's backend presenting its real keys never spends it.
+ */
+export const UNKNOWN_API_KEYS_PER_MINUTE = 60
+
 /** The request's own Elysia context: transform, resolve and the handler all see this one object. */
 interface AuthContext {
   request: Request
   headers: Record<string, string | undefined>
   set: { headers: Record<string, unknown> }
+  /** The listening server; null in-process (app.handle). */
+  server: { requestIP(request: Request): { address: string } | null } | null
   /** Set once the key checked out: the account it belongs to. */
   accountId?: string
 }
 
 /**
  * The API-key check as a `transform` hook: rate limit first (keyed on the presented key, so a flood
- * never reaches the database), then the key lookup. Idempotent per request, so a route whose own
+ * of one key never reaches the database), then the key lookup, unless the client's IP has used up its
+ * lookups of unknown keys (a flood of made-up ones). Idempotent per request, so a route whose own
  * transform must run after authentication can list it first.
  */
-export const authenticate =
-  (ctx: Context) =>
-  async (requestContext: AuthContext): Promise<void> => {
+export const authenticate = (ctx: Context) => {
+  const addresses = new ClientAddresses(ctx.config.trustedProxies)
+  return async (requestContext: AuthContext): Promise<void> => {
     if (requestContext.accountId !== undefined) return
+    const { request } = requestContext
     const keyHash = presentedKeyHash(requestContext.headers.authorization)
     if (!keyHash) throw invalidKey()
-    Object.assign(requestContext.set.headers, await takeApiToken(ctx, keyHash, requestIdOf(requestContext.request)))
+    Object.assign(requestContext.set.headers, await takeApiToken(ctx, keyHash, requestIdOf(request)))
+    const ip = addresses.of(requestContext.server?.requestIP(request)?.address ?? null, request.headers.get('x-forwarded-for'))
+    const nowMs = ctx.clock()
+    if (!ctx.unknownApiKeys.allows(ip, nowMs)) {
+      const retryAfter = String(Math.max(1, Math.ceil(ctx.unknownApiKeys.retryAfterMs(ip, nowMs) / 1000)))
+      throw new ApiError('rate_limited', 429, 'Too many unknown API keys from this address; retry after the Retry-After header', {
+        'Retry-After': retryAfter,
+      })
+    }
     const accountId = await accountForKeyHash(ctx, keyHash)
-    if (!accountId) throw invalidKey()
+    if (!accountId) {
+      ctx.unknownApiKeys.charge(ip, nowMs)
+      throw invalidKey()
+    }
     requestContext.accountId = accountId
   }
+}
 
 /**
  * `{ apiKey: true }` on a route resolves `accountId` from the bearer key, or answers 401. It runs at

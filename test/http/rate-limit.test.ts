@@ -1,12 +1,13 @@
 import { describe, expect, test } from 'bun:test'
 import { Elysia } from 'elysia'
-import { apiKeyAuth } from '../../src/http/auth'
+import { randomBytes } from 'node:crypto'
+import { apiKeyAuth, UNKNOWN_API_KEYS_PER_MINUTE } from '../../src/http/auth'
 import { API_BURST } from '../../src/http/rate-limit'
 import type { Store } from '../../src/store/store'
 import { makeTestApp } from '../support/helpers'
 
 /** A test app plus one authenticated /v1 route, so the limiter is tested apart from any feature route. */
-async function limitedApp(options: { store?: Store } = {}) {
+async function limitedApp(options: { store?: Store; env?: Record<string, string> } = {}) {
   let now = Date.UTC(2030, 0, 1)
   const t = await makeTestApp({ clock: () => now, ...options })
   t.app.use(
@@ -18,6 +19,29 @@ async function limitedApp(options: { store?: Store } = {}) {
 }
 
 describe('Developer API rate limit', () => {
+  test('made-up keys: one address may look up 60 unknown keys a minute, then gets 429 without a lookup; other addresses are served', async () => {
+    // In-process requests have no socket peer; trusting the unknown peer lets the test pick its client IP.
+    const { req, seed, advance } = await limitedApp({ env: { TRUSTED_PROXIES: '0.0.0.0' } })
+    const { apiKey, accountId } = await seed()
+    const from = (ip: string, key: string) => req('GET', '/v1/probe', { apiKey: key, headers: { 'x-forwarded-for': ip } })
+    const madeUp = () => `svc_live_${randomBytes(16).toString('hex')}`
+    for (let i = 0; i < UNKNOWN_API_KEYS_PER_MINUTE; i++) expect((await from('198.51.100.9', madeUp())).status).toBe(401)
+    const refused = await from('198.51.100.9', madeUp())
+    expect(refused.status).toBe(429)
+    expect(refused.body).toEqual({ error: 'rate_limited', message: expect.any(String) })
+    expect(refused.headers.get('retry-after')).toBe('1')
+    // Another address, and another IPv6 /64, have lookups of their own.
+    expect((await from('198.51.100.10', madeUp())).status).toBe(401)
+    expect((await from('2001:db8:9:1::1', madeUp())).status).toBe(401)
+    expect((await from('198.51.100.10', apiKey)).body).toEqual({ accountId })
+    // A real key spends none of the address's lookups: once one is back, it is served.
+    advance(1000)
+    expect((await from('198.51.100.9', apiKey)).body).toEqual({ accountId })
+    expect((await from('198.51.100.9', apiKey)).body).toEqual({ accountId })
+    expect((await from('198.51.100.9', madeUp())).status).toBe(401)
+    expect((await from('198.51.100.9', madeUp())).status).toBe(429)
+  })
+
   test('a burst of 100 passes, the 101st gets 429 rate_limited with Retry-After, and refill lets it through', async () => {
     const { req, seed, advance } = await limitedApp()
     const { apiKey, accountId } = await seed()
@@ -57,15 +81,20 @@ describe('Developer API rate limit', () => {
     expect((await req('GET', '/v1/probe', { apiKey: b.apiKey })).status).toBe(200)
   })
 
-  test('unknown keys are limited too, before any database lookup, and get 401 while tokens last', async () => {
+  test("unknown keys are limited too, by their own bucket before the address's lookups", async () => {
     const { req } = await limitedApp()
     const bogus = `svc_live_${crypto.randomUUID().replaceAll('-', '')}`
     const first = await req('GET', '/v1/probe', { apiKey: bogus })
     expect(first.status).toBe(401)
     expect(first.body.error).toBe('invalid_api_key')
     expect(first.headers.get('ratelimit-remaining')).toBe('99')
-    for (let i = 1; i < API_BURST; i++) await req('GET', '/v1/probe', { apiKey: bogus })
-    expect((await req('GET', '/v1/probe', { apiKey: bogus })).status).toBe(429)
+    const rest = []
+    for (let i = 1; i < API_BURST; i++) rest.push((await req('GET', '/v1/probe', { apiKey: bogus })).status)
+    // 401 while the address may look keys up, then 429 from its lookups; the key's bucket still counts.
+    expect(rest).toEqual([...Array(UNKNOWN_API_KEYS_PER_MINUTE - 1).fill(401), ...Array(API_BURST - UNKNOWN_API_KEYS_PER_MINUTE).fill(429)])
+    const last = await req('GET', '/v1/probe', { apiKey: bogus })
+    expect(last.status).toBe(429)
+    expect(last.headers.get('ratelimit-remaining')).toBe('0')
   })
 
   test('a missing or malformed key is 401 without touching the limiter', async () => {
