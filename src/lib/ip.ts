@@ -81,8 +81,7 @@ export function limitSubject(ip: string): string {
   if (!ip.includes(':')) return ip
   const gap = ip.indexOf('::')
   const head = (gap < 0 ? ip : ip.slice(0, gap)).split(':').filter(Boolean)
-  if (head.length >= 4 || gap < 0) return `${head.slice(0, 4).join(':')}::/64`
-  const tail = ip.slice(gap + 2).split(':').filter(Boolean)
+  const tail = gap < 0 ? [] : ip.slice(gap + 2).split(':').filter(Boolean)
   const groups = [...head, ...Array<string>(8 - head.length - tail.length).fill('0'), ...tail]
   return `${groups.slice(0, 4).join(':')}::/64`
 }

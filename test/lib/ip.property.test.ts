@@ -116,6 +116,14 @@ const inRange = (network: Groups, prefix: number, address: Groups) => {
   return true
 }
 
+/** `groups` with every bit after its first `shared` taken from `noise`. */
+const sharing = (groups: Groups, noise: Groups, shared: number) =>
+  groups.map((x, i) => {
+    const keep = Math.min(16, Math.max(0, shared - i * 16))
+    const mask = keep === 0 ? 0 : (0xffff << (16 - keep)) & 0xffff
+    return (x & mask) | (noise[i]! & ~mask & 0xffff)
+  })
+
 /** A range and an address that shares its first `shared` bits, so that about half the cases fall inside. */
 const rangeCase = fc
   .record({
@@ -127,11 +135,7 @@ const rangeCase = fc
     addressSpelling: spelling,
   })
   .map((c) => {
-    const address = c.network.map((x, i) => {
-      const keep = Math.min(16, Math.max(0, c.shared - i * 16))
-      const mask = keep === 0 ? 0 : (0xffff << (16 - keep)) & 0xffff
-      return (x & mask) | (c.noise[i]! & ~mask & 0xffff)
-    })
+    const address = sharing(c.network, c.noise, c.shared)
     // The IPv4 spelling of a mapped range counts its prefix from bit 96.
     const asIpv4 = isMapped(c.network) && c.rangeSpelling.plainIpv4 && c.prefix >= 96
     const networkText = spell(c.network, { ...c.rangeSpelling, plainIpv4: asIpv4, spaces: false }, { zone: false })
@@ -173,14 +177,9 @@ test('a range parses to one form however it is spelled, an IPv4-mapped one of /9
 
 test("per-IP limits count an IPv6 address as its /64 and an IPv4 one as itself: two addresses share a subject exactly when they should", () => {
   // The second address keeps the first's first `shared` bits, so about half the pairs share their /64.
-  const pair = fc.record({ a: anyGroups, noise: anyGroups, shared: fc.integer({ min: 0, max: 128 }) }).map(({ a, noise, shared }) => ({
-    a,
-    b: a.map((x, i) => {
-      const keep = Math.min(16, Math.max(0, shared - i * 16))
-      const mask = keep === 0 ? 0 : (0xffff << (16 - keep)) & 0xffff
-      return (x & mask) | (noise[i]! & ~mask & 0xffff)
-    }),
-  }))
+  const pair = fc
+    .record({ a: anyGroups, noise: anyGroups, shared: fc.integer({ min: 0, max: 128 }) })
+    .map(({ a, noise, shared }) => ({ a, b: sharing(a, noise, shared) }))
   fc.assert(
     fc.property(pair, ({ a, b }) => {
       const [subjectA, subjectB] = [a, b].map((g) => limitSubject(canonicalIp(canonical(g))!))
