@@ -35,6 +35,8 @@ function startBackgroundWork(ctx: Context): { stop(): Promise<void> } {
   const dispatcher = startDispatcher(ctx)
   // Moves credit charges from the store into PostgreSQL.
   const reconciler = ctx.credits.startReconciler()
+  // Bumps the cache invalidations that the instance making a change could not (any instance's, alive or gone).
+  const sweeper = ctx.actors.invalidator.startSweeper()
   ctx.signer.start({ worker: ctx.config.serverProcesses === 1 })
   // Licenses up to most of CACHE_MAX_MB, so first requests do not each read PostgreSQL.
   const warmUp = ctx.config.cacheWarmUp ? ctx.actors.startWarmUp() : null
@@ -44,6 +46,7 @@ function startBackgroundWork(ctx: Context): { stop(): Promise<void> } {
       // Writes the license.validated events still batched, while the database is open.
       await ctx.validatedEvents.stop()
       await reconciler.stop()
+      await sweeper.stop()
       await dispatcher.stop()
       await ctx.webhookPool.close()
     },

@@ -1,13 +1,12 @@
-import type { Database } from '../db/client'
+import type { Database, Tx } from '../db/client'
 import type { EventBus } from '../delivery/outbox'
-import { keys, type Shard } from '../store/store'
 import type { Entry, Held, Holder, SharedBound } from './bounded'
-import type { Invalidator } from './invalidate'
+import { type Invalidator, type NotedInvalidation, noteInvalidation } from './invalidate'
 import type { LicenseCache } from './license-cache'
 import { appBytes, type CachedApp } from './load'
 import { Mailbox } from './mailbox'
 import { SeatBinder } from './seat-binder'
-import { type SelfbanDone, type SelfbanWish, selfbanTransaction } from './selfban'
+import { applySelfban, type SelfbanDone, type SelfbanWish } from './selfban'
 
 /** What a committed change touched: the one input of AppActor.publish. */
 export interface Changed {
@@ -29,8 +28,6 @@ export interface ActorHost {
   bound: SharedBound
   /** The license entries of every app (LicenseCache). */
   licenses: LicenseCache
-  /** The shards whose epochs a committed change of the app bumps (AppActors.shardsToBump). */
-  shardsToBump(appId: string): Promise<Shard[]>
 }
 
 /**
@@ -75,30 +72,38 @@ export class AppActor implements Holder {
     if (entry === this.#app) this.#app = undefined
   }
 
-  /** Runs `work` after every earlier change of this app, then publishes what `changed` says it touched. */
-  async write<T>(work: () => Promise<T>, changed: (result: T) => Changed): Promise<T> {
-    const result = await this.mailbox.run(work)
-    await this.publish(changed(result))
+  /**
+   * Runs `work` in one transaction, after every earlier change of this app, records in that
+   * transaction what `changed` says it touched (note), and publishes it once committed.
+   */
+  async write<T>(work: (tx: Tx) => Promise<T>, changed: (result: T) => Changed): Promise<T> {
+    const { result, change, noted } = await this.mailbox.run(() =>
+      this.host.database.db.transaction(async (tx) => {
+        const result = await work(tx)
+        const change = changed(result)
+        return { result, change, noted: await this.note(tx, change) }
+      }),
+    )
+    await this.publish(change, noted ? [noted] : [])
     return result
+  }
+
+  /** Records in a change's transaction which cached entries it touched (the invalidation outbox). */
+  note(tx: Tx, { app = false, licenses = [] }: Changed): Promise<NotedInvalidation | null> {
+    return noteInvalidation(tx, { appId: this.id, app, licenseKeys: licenses })
   }
 
   /**
    * After a commit, the one publishing path: this actor drops its copies of what changed (the next
    * request reloads them), the dispatcher is woken for the events the change recorded (they are
    * committed: their delivery need not wait for the store), and every process's copies are
-   * invalidated through the store's epochs.
+   * invalidated through the store's epochs, from what the change's transaction noted.
    */
-  async publish({ app = false, licenses = [], events = false }: Changed): Promise<void> {
+  async publish({ app = false, licenses = [], events = false }: Changed, noted: readonly NotedInvalidation[]): Promise<void> {
     if (app) this.setApp(undefined)
     for (const key of licenses) this.host.licenses.delete(this.id, key)
     if (events) this.host.bus.notify()
-    if (!app && licenses.length === 0) return
-    const epochKeys: string[] = []
-    for (const shard of await this.host.shardsToBump(this.id)) {
-      for (const key of licenses) epochKeys.push(keys.licenseEpoch(shard, key))
-      if (app) epochKeys.push(keys.appEpoch(shard, this.id))
-    }
-    await this.host.invalidator.bump(epochKeys)
+    await this.host.invalidator.bump(noted)
   }
 
   /** Binds `hwid` to a free seat of the license (see SeatBinder): true when this call bound it. */
@@ -107,15 +112,14 @@ export class AppActor implements Holder {
   }
 
   /** Revokes the license and appends to the blacklists in one transaction; reports what changed. */
-  async selfban(licenseKey: string, want: SelfbanWish): Promise<SelfbanDone> {
-    const done = await this.mailbox.run(() =>
-      selfbanTransaction(this.host.database.db, this.id, licenseKey, want, new Date(this.host.clock())),
+  selfban(licenseKey: string, want: SelfbanWish): Promise<SelfbanDone> {
+    return this.write(
+      (tx) => applySelfban(tx, this.id, licenseKey, want, new Date(this.host.clock())),
+      (done) => ({
+        app: done.blacklistHwid || done.blacklistIp,
+        licenses: done.revokeLicense ? [licenseKey] : [],
+        events: done.revokeLicense,
+      }),
     )
-    await this.publish({
-      app: done.blacklistHwid || done.blacklistIp,
-      licenses: done.revokeLicense ? [licenseKey] : [],
-      events: done.revokeLicense,
-    })
-    return done
   }
 }

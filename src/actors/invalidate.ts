@@ -1,46 +1,131 @@
-import { errorFields, log } from '../lib/log'
-import type { Store } from '../store/store'
+import { asc, inArray, lt, sql } from 'drizzle-orm'
+import type { Database, DbOrTx } from '../db/client'
+import { cacheInvalidations } from '../db/schema'
+import { errorFields, log, logEvery } from '../lib/log'
+import { keys, type Shard, type Store } from '../store/store'
 
-const RETRY_MS = 500
+/** What a change of one app touched of what the processes cache. */
+export interface Invalidation {
+  appId: string
+  /** The app's own entry: its row (settings, lists, variables), its active signing key, its webhooks. */
+  app: boolean
+  licenseKeys: readonly string[]
+}
+
+/** An invalidation as its change's transaction recorded it (a row of cache_invalidations). */
+export interface NotedInvalidation extends Invalidation {
+  id: number
+}
+
+/**
+ * Records, in the transaction of the change, which cached entries it touched: the row outlives the
+ * process that made the change, so its bump cannot be lost with it. Null when it touched none.
+ */
+export async function noteInvalidation(tx: DbOrTx, change: Invalidation): Promise<NotedInvalidation | null> {
+  if (!change.app && change.licenseKeys.length === 0) return null
+  const [row] = await tx
+    .insert(cacheInvalidations)
+    .values({ appId: change.appId, app: change.app, licenseKeys: [...change.licenseKeys] })
+    .returning({ id: cacheInvalidations.id })
+  if (!row) throw new Error('cache invalidation insert returned nothing')
+  return { ...change, id: row.id }
+}
+
+/** How long the instance that made a change has to bump it before any instance's sweep does. */
+export const SWEEP_AFTER_SECONDS = 1
+const SWEEP_EVERY_MS = 1000
+const SWEEP_BATCH = 500
 
 /**
  * Bumps the store's epochs of entries whose data changed: every process's actors then find their copy
  * stale at its next use (the store script compares epochs on every client request), which is what keeps
- * the caches of several processes honest. Call it after the change committed. A store outage must not
- * turn a committed change into an error (a client would retry and duplicate it), so a failed bump is
- * logged and retried in the background until the store answers. While the store is down the client
- * endpoints read PostgreSQL directly or fail closed, so nothing stale is served in between.
+ * the caches of several processes honest. The change's transaction recorded what it touched
+ * (noteInvalidation); `bump` runs after the commit and deletes that record once the store has the
+ * bump. A store outage must not turn a committed change into an error (a client would retry and
+ * duplicate it), so a failed bump is logged and left recorded: every instance's sweep bumps what was
+ * recorded more than SWEEP_AFTER_SECONDS ago, so the change reaches the other instances' caches even
+ * when the one that made it cannot reach the store, or stopped before it could. Meanwhile that
+ * instance's client endpoints read PostgreSQL directly or fail closed. A bump made twice (a sweep
+ * beside a slow writer) costs a second reload, never a stale read.
  */
 export class Invalidator {
-  /** Epoch keys whose bump has not reached the store yet. */
-  readonly #pending = new Set<string>()
-  #timer: ReturnType<typeof setTimeout> | null = null
+  constructor(
+    private readonly database: Database,
+    private readonly store: Store,
+    /** The shards whose epochs a change of the app bumps (AppActors.shardsToBump). */
+    private readonly shardsToBump: (appId: string) => Promise<Shard[]>,
+  ) {}
 
-  constructor(private readonly store: Store) {}
-
-  async bump(epochKeys: readonly string[]): Promise<void> {
-    if (epochKeys.length === 0) return
+  /** After the commit of the changes `noted` records: bumps their epochs, then forgets them. Never throws. */
+  async bump(noted: readonly NotedInvalidation[]): Promise<void> {
+    if (noted.length === 0) return
     try {
-      await this.store.bump(epochKeys)
+      await this.#bumpEpochs(noted)
     } catch (err) {
-      log.warn('store unreachable: cache invalidation will be retried', { keys: epochKeys.length, ...errorFields(err) })
-      for (const key of epochKeys) this.#pending.add(key)
-      this.#scheduleRetry()
+      log.warn('store unreachable: cache invalidation left to the sweep', { changes: noted.length, ...errorFields(err) })
+      return
+    }
+    try {
+      await this.#forget(noted)
+    } catch (err) {
+      logEvery('warn', 'cannot delete bumped cache invalidations: the sweep bumps them again', () => errorFields(err))
     }
   }
 
-  #scheduleRetry(): void {
-    if (this.#timer) return
-    this.#timer = setTimeout(async () => {
-      this.#timer = null
-      const batch = [...this.#pending]
-      try {
-        await this.store.bump(batch)
-        for (const key of batch) this.#pending.delete(key)
-      } catch {
-        this.#scheduleRetry()
+  /** Bumps every change recorded more than SWEEP_AFTER_SECONDS ago, oldest first; how many it bumped. */
+  async sweep(): Promise<number> {
+    let swept = 0
+    for (;;) {
+      const rows = await this.database.db
+        .select()
+        .from(cacheInvalidations)
+        .where(lt(cacheInvalidations.notedAt, sql`now() - make_interval(secs => ${SWEEP_AFTER_SECONDS})`))
+        .orderBy(asc(cacheInvalidations.id))
+        .limit(SWEEP_BATCH)
+      if (rows.length === 0) return swept
+      await this.#bumpEpochs(rows)
+      await this.#forget(rows)
+      swept += rows.length
+      if (rows.length < SWEEP_BATCH) return swept
+    }
+  }
+
+  /** Runs sweep() every `intervalMs` until stopped. */
+  startSweeper(intervalMs = SWEEP_EVERY_MS): { stop(): Promise<void> } {
+    let running: Promise<void> = Promise.resolve()
+    const pass = () => {
+      running = running.then(async () => {
+        try {
+          const swept = await this.sweep()
+          if (swept > 0) log.info('swept cache invalidations whose own instance did not bump them', { changes: swept })
+        } catch (err) {
+          logEvery('warn', 'cache invalidation sweep failed; will retry', () => errorFields(err))
+        }
+      })
+    }
+    const timer = setInterval(pass, intervalMs)
+    timer.unref?.()
+    return {
+      async stop() {
+        clearInterval(timer)
+        await running
+      },
+    }
+  }
+
+  async #bumpEpochs(changes: readonly Invalidation[]): Promise<void> {
+    const epochKeys: string[] = []
+    for (const change of changes) {
+      for (const shard of await this.shardsToBump(change.appId)) {
+        for (const key of change.licenseKeys) epochKeys.push(keys.licenseEpoch(shard, key))
+        if (change.app) epochKeys.push(keys.appEpoch(shard, change.appId))
       }
-    }, RETRY_MS)
-    this.#timer.unref?.()
+    }
+    // An app that does not exist has no shard: no process reads its keys.
+    if (epochKeys.length > 0) await this.store.bump(epochKeys)
+  }
+
+  async #forget(noted: readonly NotedInvalidation[]): Promise<void> {
+    await this.database.db.delete(cacheInvalidations).where(inArray(cacheInvalidations.id, noted.map((n) => n.id)))
   }
 }

@@ -1,7 +1,7 @@
 import type { KeyObject } from 'node:crypto'
-import { and, asc, desc, eq, gt, type InferSelectModel, sql } from 'drizzle-orm'
+import { and, asc, desc, eq, gt, type InferSelectModel, type Placeholder, sql } from 'drizzle-orm'
 import { apps, licenses, signingKeys, webhooks, type VariableMap } from '../db/schema'
-import type { Database } from '../db/client'
+import type { Database, DbOrTx, Tx } from '../db/client'
 import { canonicalIp } from '../lib/ip'
 import { privateKeyFromPkcs8, type Sealer } from '../lib/crypto'
 
@@ -56,18 +56,21 @@ const LICENSE_COLUMNS = {
   variables: licenses.variables,
 }
 
+/** The app's active signing key, sealed. */
+const activeSigningKey = (db: DbOrTx, appId: string | Placeholder) =>
+  db
+    .select({ id: signingKeys.id, privateKeyEnc: signingKeys.privateKeyEnc })
+    .from(signingKeys)
+    .where(and(eq(signingKeys.appId, appId), eq(signingKeys.active, true)))
+    .orderBy(desc(signingKeys.version))
+    .limit(1)
+
 function prepare(database: Database) {
   const { db } = database
   const id = sql.placeholder('id')
   return {
     app: db.select().from(apps).where(eq(apps.id, id)).limit(1).prepare('auth_app'),
-    signingKey: db
-      .select({ id: signingKeys.id, privateKeyEnc: signingKeys.privateKeyEnc })
-      .from(signingKeys)
-      .where(and(eq(signingKeys.appId, id), eq(signingKeys.active, true)))
-      .orderBy(desc(signingKeys.version))
-      .limit(1)
-      .prepare('auth_app_signing_key'),
+    signingKey: activeSigningKey(db, id).prepare('auth_app_signing_key'),
     validatedHook: db
       .select({ id: webhooks.id })
       .from(webhooks)
@@ -143,9 +146,9 @@ export class StateLoader {
     return row?.accountId ?? null
   }
 
-  /** The app's active signing key, opened; null if it has none. */
-  async signingKey(appId: string): Promise<CachedApp['signing']> {
-    const [key] = await this.#q.signingKey.execute({ id: appId })
+  /** The app's active signing key, opened; null if it has none. In `tx` when given, else by the prepared statement. */
+  async signingKey(appId: string, tx?: Tx): Promise<CachedApp['signing']> {
+    const [key] = tx ? await activeSigningKey(tx, appId) : await this.#q.signingKey.execute({ id: appId })
     return key ? { keyId: key.id, key: privateKeyFromPkcs8(this.sealer.open(key.privateKeyEnc)) } : null
   }
 

@@ -1,4 +1,4 @@
-import type { Database } from '../db/client'
+import type { Database, Tx } from '../db/client'
 import type { EventBus } from '../delivery/outbox'
 import type { Sealer } from '../lib/crypto'
 import type { Store } from '../store/store'
@@ -74,7 +74,7 @@ export class AppActors {
     this.#appShards = new BoundedMap(limits.apps)
     this.#bound = new SharedBound(limits.cacheBytes, limits.absent)
     this.#licenses = new LicenseCache(limits.cacheBytes, limits.absent, () => this.#bound.bytes)
-    this.invalidator = new Invalidator(wiring.store)
+    this.invalidator = new Invalidator(wiring.database, wiring.store, (appId) => this.shardsToBump(appId))
     this.#load = new StateLoader(wiring.database, wiring.sealer)
     this.loads = this.#load.loads
     this.#host = {
@@ -84,7 +84,6 @@ export class AppActors {
       invalidator: this.invalidator,
       bound: this.#bound,
       licenses: this.#licenses,
-      shardsToBump: (appId) => this.shardsToBump(appId),
     }
     this.#licenseLoads = new LicenseLoads({
       store: wiring.store,
@@ -169,7 +168,7 @@ export class AppActors {
    * its actor stands beyond the bound while the write runs (so the registry exceeds it by at most the
    * writes under way) and goes after it unless a client request loaded state into it meanwhile.
    */
-  async write<T>(appId: string, work: () => Promise<T>, changed: (result: T) => Changed): Promise<T> {
+  async write<T>(appId: string, work: (tx: Tx) => Promise<T>, changed: (result: T) => Changed): Promise<T> {
     const actor = this.#actors.get(appId) ?? this.#admit(appId, { evict: false })
     try {
       return await actor.write(work, changed)
@@ -302,8 +301,8 @@ export class AppActors {
   }
 
   /** The app's active signing key straight from PostgreSQL (a Developer API signature, not the cached one). */
-  loadSigningKey(appId: string): Promise<CachedApp['signing']> {
-    return this.#load.signingKey(appId)
+  loadSigningKey(appId: string, tx?: Tx): Promise<CachedApp['signing']> {
+    return this.#load.signingKey(appId, tx)
   }
 
   loadLicense(licenseKey: string): Promise<CachedLicense | null> {

@@ -5,7 +5,8 @@ import { log } from '../lib/log'
 import { type DomainEvent, recordEvents } from '../delivery/outbox'
 import { errorCode } from '../db/errors'
 import { writeIsolated } from '../db/isolated-write'
-import type { Database } from '../db/client'
+import type { Database, Tx } from '../db/client'
+import type { NotedInvalidation } from './invalidate'
 import type { Mailbox } from './mailbox'
 
 interface BindRequest {
@@ -21,7 +22,8 @@ interface BindRequest {
 export interface SeatOwner {
   readonly id: string
   readonly mailbox: Mailbox
-  publish(changed: { licenses: readonly string[]; events: boolean }): Promise<void>
+  note(tx: Tx, changed: { licenses: readonly string[] }): Promise<NotedInvalidation | null>
+  publish(changed: { licenses: readonly string[]; events: boolean }, noted: readonly NotedInvalidation[]): Promise<void>
 }
 
 const byKey = (a: BindRequest, b: BindRequest) => (a.licenseKey < b.licenseKey ? -1 : a.licenseKey > b.licenseKey ? 1 : 0)
@@ -63,7 +65,8 @@ export class SeatBinder {
     batch.sort(byKey)
     const appId = this.actor.id
     const now = new Date(this.clock())
-    const { refused, unwritten, outage } = await writeIsolated(batch, (part) => this.#bindAll(part, now))
+    const noted: NotedInvalidation[] = []
+    const { refused, unwritten, outage } = await writeIsolated(batch, (part) => this.#bindAll(part, now, noted))
     if (refused.length > 0) {
       const [first] = refused
       log.warn('seat binding refused requests', { appId, requests: refused.length, code: errorCode(first?.error) })
@@ -76,14 +79,17 @@ export class SeatBinder {
     const committed = batch.filter((request) => request.bound !== undefined)
     const changed = [...new Set(committed.filter((request) => request.bound).map((request) => request.licenseKey))]
     // Until the bump lands, other processes still see the seat as free; their conditional UPDATE finds it taken.
-    if (changed.length > 0) await this.actor.publish({ licenses: changed, events: true })
+    if (changed.length > 0) await this.actor.publish({ licenses: changed, events: true }, noted)
     for (const request of committed) request.resolve(request.bound === true)
   }
 
-  /** One transaction over `part`; each request's outcome is set only after it committed. */
-  async #bindAll(part: readonly BindRequest[], now: Date): Promise<void> {
+  /**
+   * One transaction over `part`; each request's outcome is set only after it committed, and the
+   * transaction's record of the licenses it bound (AppActor.note) joins `noted` then.
+   */
+  async #bindAll(part: readonly BindRequest[], now: Date, noted: NotedInvalidation[]): Promise<void> {
     const appId = this.actor.id
-    const results = await this.database.db.transaction(async (tx) => {
+    const { bound: results, note } = await this.database.db.transaction(async (tx) => {
       const bound: boolean[] = []
       const events: DomainEvent[] = []
       for (const { licenseKey, hwid } of part) {
@@ -105,8 +111,9 @@ export class SeatBinder {
         if (rows.length > 0) events.push({ event: 'license.hwid_bound', data: { licenseKey, appId, hwid }, occurredAt: now })
       }
       await recordEvents(tx, events)
-      return bound
+      return { bound, note: await this.actor.note(tx, { licenses: [...new Set(part.filter((_, i) => bound[i]).map((r) => r.licenseKey))] }) }
     })
+    if (note) noted.push(note)
     part.forEach((request, i) => {
       request.bound = results[i] ?? false
     })

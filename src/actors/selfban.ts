@@ -1,5 +1,5 @@
 import { and, eq } from 'drizzle-orm'
-import type { Db } from '../db/client'
+import type { Tx } from '../db/client'
 import { licenses } from '../db/schema'
 import { recordEvents } from '../delivery/outbox'
 import { appendEntry } from './list-append'
@@ -21,33 +21,31 @@ export interface SelfbanDone {
 }
 
 /**
- * The revoke and the list appends commit together or not at all. Each is a conditional UPDATE, so a
+ * In the caller's transaction (AppActor.write) the revoke and the list appends commit together or not at all. Each is a conditional UPDATE, so a
  * license revoked or an entry listed meanwhile by another process is simply not reported. The lists
  * (the app's row) go first: an offline mint locks the app row and then the license, so locking them the
  * other way round, a selfban and a mint of one license in two processes could deadlock.
  */
-export function selfbanTransaction(
-  db: Db,
+export async function applySelfban(
+  tx: Tx,
   appId: string,
   licenseKey: string,
   want: SelfbanWish,
   now: Date,
 ): Promise<SelfbanDone> {
-  return db.transaction(async (tx) => {
-    const done = { revokeLicense: false, blacklistHwid: false, blacklistIp: false }
-    if (want.blacklistHwid) done.blacklistHwid = await appendEntry(tx, appId, 'hwidBlacklist', want.hwid)
-    if (want.blacklistIp) done.blacklistIp = await appendEntry(tx, appId, 'ipBlacklist', want.ip)
-    if (want.revokeLicense) {
-      const rows = await tx
-        .update(licenses)
-        .set({ status: 'revoked' })
-        .where(and(eq(licenses.key, licenseKey), eq(licenses.appId, appId), eq(licenses.status, 'active')))
-        .returning({ key: licenses.key })
-      done.revokeLicense = rows.length > 0
-      if (done.revokeLicense) {
-        await recordEvents(tx, [{ event: 'license.revoked', data: { licenseKey, appId, reason: 'selfban' }, occurredAt: now }])
-      }
+  const done = { revokeLicense: false, blacklistHwid: false, blacklistIp: false }
+  if (want.blacklistHwid) done.blacklistHwid = await appendEntry(tx, appId, 'hwidBlacklist', want.hwid)
+  if (want.blacklistIp) done.blacklistIp = await appendEntry(tx, appId, 'ipBlacklist', want.ip)
+  if (want.revokeLicense) {
+    const rows = await tx
+      .update(licenses)
+      .set({ status: 'revoked' })
+      .where(and(eq(licenses.key, licenseKey), eq(licenses.appId, appId), eq(licenses.status, 'active')))
+      .returning({ key: licenses.key })
+    done.revokeLicense = rows.length > 0
+    if (done.revokeLicense) {
+      await recordEvents(tx, [{ event: 'license.revoked', data: { licenseKey, appId, reason: 'selfban' }, occurredAt: now }])
     }
-    return done
-  })
+  }
+  return done
 }

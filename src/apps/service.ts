@@ -1,5 +1,5 @@
 import { and, desc, eq, max } from 'drizzle-orm'
-import type { DbOrTx } from '../db/client'
+import type { DbOrTx, Tx } from '../db/client'
 import { apps, signingKeys } from '../db/schema'
 import type { Context } from '../context'
 import { ApiError } from '../lib/errors'
@@ -56,7 +56,7 @@ async function insertSigningKey(ctx: Context, tx: DbOrTx, appId: string, version
 /** Rotation: a new active key; earlier keys stay listed, inactive, so clients can trust several. */
 export async function rotateSigningKey(ctx: Context, appId: string): Promise<typeof RotatedKeyResponse.static> {
   // Through the app's actor, which holds the active key; the row lock orders rotations across instances.
-  const rotate = () => ctx.database.db.transaction(async (tx) => {
+  const rotate = async (tx: Tx) => {
     // Before the update below: holding signing_keys while waiting for the check row a master-key
     // rotation holds, waiting for signing_keys, would deadlock the two.
     await requireSealingKey(tx, ctx.sealer)
@@ -67,7 +67,7 @@ export async function rotateSigningKey(ctx: Context, appId: string): Promise<typ
       .where(eq(signingKeys.appId, appId))
     await tx.update(signingKeys).set({ active: false }).where(eq(signingKeys.appId, appId))
     return insertSigningKey(ctx, tx, appId, (current?.version ?? 0) + 1)
-  })
+  }
   return ctx.actors.write(appId, rotate, () => ({ app: true }))
 }
 
@@ -127,7 +127,7 @@ export async function listApps(ctx: Context, accountId: string): Promise<typeof 
 async function changeApp(ctx: Context, appId: string, set: Partial<Pick<AppRow, 'name' | 'disabled' | 'secretHash'>>) {
   const [row] = await ctx.actors.write(
     appId,
-    () => ctx.database.db.update(apps).set(set).where(eq(apps.id, appId)).returning(),
+    (tx) => tx.update(apps).set(set).where(eq(apps.id, appId)).returning(),
     () => ({ app: true }),
   )
   // Apps are never deleted (accounts only, cascading), so an owned app is still there.

@@ -151,6 +151,23 @@ export const events = pgTable(
   (t) => [index('events_undispatched_idx').on(t.id).where(sql`${t.dispatchedAt} IS NULL`)],
 )
 
+/**
+ * The outbox of cache invalidations: one row per change of an app's cached state (its row, keys,
+ * webhooks, licenses), written in the change's own transaction and deleted once the store's epochs
+ * are bumped. A bump that failed (the store unreachable from the instance that made the change) or
+ * never ran (that instance stopped first) is made by whichever instance sweeps the row first. No
+ * foreign key: the row must not lock the app's row, which the change's own statements lock in an
+ * order of their own.
+ */
+export const cacheInvalidations = pgTable('cache_invalidations', {
+  id: bigserial('id', { mode: 'number' }).primaryKey(),
+  appId: uuid('app_id').notNull(),
+  /** The app's own entry changed (settings, lists, variables, signing key, webhooks). */
+  app: boolean('app').notNull(),
+  licenseKeys: text('license_keys').array().notNull(),
+  notedAt: timestamp('noted_at', { withTimezone: true, precision: 3, mode: 'date' }).notNull().defaultNow(),
+})
+
 /** One attempt owed per (event, webhook). Claimed with SKIP LOCKED so one instance sends it. */
 export const webhookDeliveries = pgTable(
   'webhook_deliveries',

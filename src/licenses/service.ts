@@ -66,42 +66,40 @@ function event(ctx: Context, name: EventName, data: EventData): DomainEvent {
 
 type NewLicense = Omit<typeof licenses.$inferInsert, 'key' | 'createdAt'>
 
-/** Inserts `quantity` licenses with fresh keys and their license.created events, in one transaction. */
-function insertLicenses(ctx: Context, values: NewLicense, quantity: number, newKey: () => string) {
-  return ctx.database.db.transaction(async (tx) => {
-    const createdAt = new Date(ctx.clock())
-    const created: LicenseRow[] = []
-    // 80 random bits make a clash rare, not impossible: the loser of ON CONFLICT gets a new key.
-    for (let attempt = 0; created.length < quantity; attempt++) {
-      if (attempt === MAX_KEY_ATTEMPTS) throw new Error('could not generate unique license keys')
-      const batch = Array.from({ length: quantity - created.length }, () => ({
-        ...values,
-        key: newKey(),
-        createdAt,
-      }))
-      created.push(
-        ...(await tx
-          .insert(licenses)
-          .values(batch)
-          .onConflictDoNothing({ target: licenses.key })
-          .returning()),
-      )
-    }
-    await recordEvents(
-      tx,
-      created.map((row) =>
-        event(ctx, 'license.created', {
-          licenseKey: row.key,
-          appId: row.appId,
-          expiresAt: row.expiresAt?.toISOString() ?? null,
-          maxHwidSlots: row.maxHwidSlots,
-          unlimitedHwidSlots: row.unlimitedHwidSlots,
-          label: row.label,
-        }),
-      ),
+/** Inserts `quantity` licenses with fresh keys and their license.created events, in the caller's transaction. */
+async function insertLicenses(ctx: Context, tx: Tx, values: NewLicense, quantity: number, newKey: () => string) {
+  const createdAt = new Date(ctx.clock())
+  const created: LicenseRow[] = []
+  // 80 random bits make a clash rare, not impossible: the loser of ON CONFLICT gets a new key.
+  for (let attempt = 0; created.length < quantity; attempt++) {
+    if (attempt === MAX_KEY_ATTEMPTS) throw new Error('could not generate unique license keys')
+    const batch = Array.from({ length: quantity - created.length }, () => ({
+      ...values,
+      key: newKey(),
+      createdAt,
+    }))
+    created.push(
+      ...(await tx
+        .insert(licenses)
+        .values(batch)
+        .onConflictDoNothing({ target: licenses.key })
+        .returning()),
     )
-    return created
-  })
+  }
+  await recordEvents(
+    tx,
+    created.map((row) =>
+      event(ctx, 'license.created', {
+        licenseKey: row.key,
+        appId: row.appId,
+        expiresAt: row.expiresAt?.toISOString() ?? null,
+        maxHwidSlots: row.maxHwidSlots,
+        unlimitedHwidSlots: row.unlimitedHwidSlots,
+        label: row.label,
+      }),
+    ),
+  )
+  return created
 }
 
 /** `newKey` is the key source; tests pass one that repeats keys to exercise the clash path. */
@@ -132,7 +130,7 @@ export async function createLicenses(
   }
   const rows = await ctx.actors.write(
     app.id,
-    () => insertLicenses(ctx, values, quantity, newKey),
+    (tx) => insertLicenses(ctx, tx, values, quantity, newKey),
     // A key cached as absent anywhere (looked up before it existed) must be read again.
     (created) => ({ licenses: created.map((row) => row.key), events: true }),
   )
@@ -174,8 +172,8 @@ export async function releaseHwid(ctx: Context, accountId: string, licenseKey: s
   const owned = await requireOwnedLicense(ctx, accountId, licenseKey)
   const [row] = await ctx.actors.write(
     owned.appId,
-    () =>
-      ctx.database.db
+    (tx) =>
+      tx
         .update(licenses)
         .set({ hwids: sql`array_remove(${licenses.hwids}, ${hwid}::text)` })
         .where(and(eq(licenses.key, licenseKey), sql`${hwid}::text = ANY(${licenses.hwids})`))
@@ -263,18 +261,16 @@ export async function lockLicense(tx: Tx, licenseKey: string): Promise<LicenseRo
  * Applies the action to the license under a row lock: the lock, not the actor, is what orders updates
  * of one license across processes sharing the database.
  */
-function applyUpdate(ctx: Context, licenseKey: string, input: UpdateLicenseBody) {
-  return ctx.database.db.transaction(async (tx) => {
-    const current = await lockLicense(tx, licenseKey)
-    const plan = planUpdate(current, input)
-    if (Object.keys(plan.set).length === 0) return { row: current, changed: false }
-    const [updated] = await tx.update(licenses).set(plan.set).where(eq(licenses.key, licenseKey)).returning()
-    if (!updated) throw new Error('locked license vanished during update')
-    if (plan.event) {
-      await recordEvents(tx, [event(ctx, plan.event, { licenseKey, appId: updated.appId, ...plan.extra })])
-    }
-    return { row: updated, changed: true }
-  })
+async function applyUpdate(ctx: Context, tx: Tx, licenseKey: string, input: UpdateLicenseBody) {
+  const current = await lockLicense(tx, licenseKey)
+  const plan = planUpdate(current, input)
+  if (Object.keys(plan.set).length === 0) return { row: current, changed: false }
+  const [updated] = await tx.update(licenses).set(plan.set).where(eq(licenses.key, licenseKey)).returning()
+  if (!updated) throw new Error('locked license vanished during update')
+  if (plan.event) {
+    await recordEvents(tx, [event(ctx, plan.event, { licenseKey, appId: updated.appId, ...plan.extra })])
+  }
+  return { row: updated, changed: true }
 }
 
 export async function updateLicense(
@@ -287,32 +283,30 @@ export async function updateLicense(
   const owned = await requireOwnedLicense(ctx, accountId, licenseKey)
   const { row } = await ctx.actors.write(
     owned.appId,
-    () => applyUpdate(ctx, licenseKey, input),
+    (tx) => applyUpdate(ctx, tx, licenseKey, input),
     ({ changed }) => (changed ? { licenses: [licenseKey], events: true } : {}),
   )
   return { ok: true as const, license: licenseWithHwids(row) }
 }
 
-function removeLicense(ctx: Context, licenseKey: string) {
-  return ctx.database.db.transaction(async (tx) => {
-    const [deleted] = await tx.delete(licenses).where(eq(licenses.key, licenseKey)).returning()
-    if (!deleted) throw notFound(`No license ${licenseKey}`)
-    await recordEvents(tx, [
-      event(ctx, 'license.deleted', {
-        licenseKey,
-        appId: deleted.appId,
-        status: deleted.status,
-        hwidList: deleted.hwids,
-      }),
-    ])
-  })
+async function removeLicense(ctx: Context, tx: Tx, licenseKey: string) {
+  const [deleted] = await tx.delete(licenses).where(eq(licenses.key, licenseKey)).returning()
+  if (!deleted) throw notFound(`No license ${licenseKey}`)
+  await recordEvents(tx, [
+    event(ctx, 'license.deleted', {
+      licenseKey,
+      appId: deleted.appId,
+      status: deleted.status,
+      hwidList: deleted.hwids,
+    }),
+  ])
 }
 
 export async function deleteLicense(ctx: Context, accountId: string, licenseKey: string) {
   const owned = await requireOwnedLicense(ctx, accountId, licenseKey)
   await ctx.actors.write(
     owned.appId,
-    () => removeLicense(ctx, licenseKey),
+    (tx) => removeLicense(ctx, tx, licenseKey),
     () => ({ licenses: [licenseKey], events: true }),
   )
   return { ok: true as const }

@@ -90,8 +90,8 @@ export async function putSecurity(
   if (Object.keys(set).length === 0) return getSecurity(ctx, accountId, app.id)
   const [row] = await ctx.actors.write(
     app.id,
-    () =>
-      ctx.database.db
+    (tx) =>
+      tx
         .update(apps)
         .set(set)
         .where(and(eq(apps.id, app.id), eq(apps.accountId, accountId)))
@@ -114,7 +114,7 @@ export async function addEntry(ctx: Context, accountId: string, appId: string, k
   const { name, value, app } = await entryOf(ctx, accountId, appId, kind, input)
   const added = await ctx.actors.write(
     app.id,
-    () => appendEntry(ctx.database.db, app.id, name, value),
+    (tx) => appendEntry(tx, app.id, name, value),
     (appended) => ({ app: appended }),
   )
   if (added) return { ok: true as const }
@@ -132,8 +132,8 @@ export async function removeEntry(ctx: Context, accountId: string, appId: string
   const column = apps[name]
   await ctx.actors.write(
     app.id,
-    () =>
-      ctx.database.db
+    (tx) =>
+      tx
         .update(apps)
         .set({ [name]: sql`array_remove(${column}, ${value}::text)` })
         .where(and(eq(apps.id, app.id), sql`${value}::text = ANY(${column})`))

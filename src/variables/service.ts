@@ -52,8 +52,8 @@ export async function putAppVariables(
   const app = await requireOwnedApp(ctx, accountId, appId)
   const [row] = await ctx.actors.write(
     app.id,
-    () =>
-      ctx.database.db
+    (tx) =>
+      tx
         .update(apps)
         .set({ variables })
         .where(and(eq(apps.id, app.id), eq(apps.accountId, accountId)))
@@ -83,8 +83,8 @@ export async function putLicenseVariables(
   const license = await requireOwnedLicense(ctx, accountId, licenseKey)
   const [row] = await ctx.actors.write(
     license.appId,
-    () =>
-      ctx.database.db
+    (tx) =>
+      tx
         .update(licenses)
         .set({ variables })
         .where(eq(licenses.key, license.key))

@@ -1,4 +1,5 @@
 import { and, asc, count, eq } from 'drizzle-orm'
+import type { Tx } from '../db/client'
 import { apps, webhooks } from '../db/schema'
 import type { Context } from '../context'
 import { badRequest, notFound } from '../lib/errors'
@@ -52,7 +53,7 @@ export async function createWebhook(ctx: Context, accountId: string, appId: stri
   appId = await ownedAppId(ctx, accountId, appId)
   const url = await checkedUrl(ctx, input.url)
   const secret = generateWebhookSecret()
-  const write = () => ctx.database.db.transaction(async (tx) => {
+  const write = async (tx: Tx) => {
     // First, before any table a master-key rotation locks (src/apps/service.ts rotateSigningKey).
     await requireSealingKey(tx, ctx.sealer)
     // The app row lock serialises concurrent creates, so the limit holds across instances.
@@ -74,7 +75,7 @@ export async function createWebhook(ctx: Context, accountId: string, appId: stri
       .returning()
     if (!inserted) throw new Error('webhook insert returned nothing')
     return inserted
-  })
+  }
   const row = await ctx.actors.write(appId, write, appChanged)
   return { ...present(row), secret }
 }
@@ -106,10 +107,10 @@ export async function updateWebhook(
   const where = and(eq(webhooks.id, webhookId), eq(webhooks.appId, appId))
   const changed = await ctx.actors.write(
     appId,
-    () =>
+    (tx) =>
       Object.keys(set).length > 0
-        ? ctx.database.db.update(webhooks).set(set).where(where).returning({ id: webhooks.id })
-        : ctx.database.db.select({ id: webhooks.id }).from(webhooks).where(where),
+        ? tx.update(webhooks).set(set).where(where).returning({ id: webhooks.id })
+        : tx.select({ id: webhooks.id }).from(webhooks).where(where),
     (rows) => ({ app: rows.length > 0 }),
   )
   if (changed.length === 0) throw missing()
@@ -119,7 +120,7 @@ export async function deleteWebhook(ctx: Context, accountId: string, appId: stri
   appId = await ownedAppId(ctx, accountId, appId)
   const gone = await ctx.actors.write(
     appId,
-    () => ctx.database.db.delete(webhooks).where(and(eq(webhooks.id, webhookId), eq(webhooks.appId, appId))).returning({ id: webhooks.id }),
+    (tx) => tx.delete(webhooks).where(and(eq(webhooks.id, webhookId), eq(webhooks.appId, appId))).returning({ id: webhooks.id }),
     (rows) => ({ app: rows.length > 0 }),
   )
   if (gone.length === 0) throw missing()

@@ -1,33 +1,99 @@
 import { expect, test } from 'bun:test'
-import { MemoryStore } from '../../src/store/memory'
-import { keys } from '../../src/store/store'
-import { makeTestApp } from '../support/helpers'
+import { eq, sql } from 'drizzle-orm'
+import { SWEEP_AFTER_SECONDS } from '../../src/actors/invalidate'
+import { cacheInvalidations } from '../../src/db/schema'
+import type { Store } from '../../src/store/store'
+import { makeTestApp, type TestApp } from '../support/helpers'
+import { decode, hwid, insertLicense, licenseEpochKey, validateOn } from '../support/client'
+import { withOverrides } from '../support/overrides'
 
-/** A store whose bump fails while `down` is set, as Redis does during an outage. */
-class FlakyStore extends MemoryStore {
-  down = false
-  override async bump(epochKeys: readonly string[]): Promise<void> {
-    if (this.down) throw new Error('store unreachable')
-    return super.bump(epochKeys)
-  }
+/** An instance of its own on the shared database and store, whose bumps fail while `down` is set. */
+async function instanceCutOffFromStore(shared: Store) {
+  const cut = { down: true }
+  const bump = (epochKeys: readonly string[]) => (cut.down ? Promise.reject(new Error('store unreachable')) : shared.bump(epochKeys))
+  return { cut, app: await makeTestApp({ store: withOverrides(shared, { bump }) }) }
 }
 
-test('a committed change answers 200 while the store is down, and its invalidation lands once it is back', async () => {
-  const store = new FlakyStore()
-  const { req, seed } = await makeTestApp({ store })
-  const s = await seed()
-  const before = (await store.epochs([keys.appEpoch(store.shardOf(s.accountId), s.appId)]))[0]
-  store.down = true
-  const put = await req('PUT', `/v1/apps/${s.appId}/variables`, { apiKey: s.apiKey, body: { tier: 'pro' } })
-  expect(put.status, JSON.stringify(put.body)).toBe(200)
-  const stored = await req('GET', `/v1/apps/${s.appId}/variables`, { apiKey: s.apiKey })
-  expect(stored.body).toEqual({ tier: 'pro' })
-  expect((await store.epochs([keys.appEpoch(store.shardOf(s.accountId), s.appId)]))[0]).toBe(before)
+const notedFor = (t: TestApp, appId: string) =>
+  t.ctx.database.db.select().from(cacheInvalidations).where(eq(cacheInvalidations.appId, appId))
 
-  store.down = false
-  const deadline = Date.now() + 5000
-  while ((await store.epochs([keys.appEpoch(store.shardOf(s.accountId), s.appId)]))[0] === before && Date.now() < deadline) {
-    await Bun.sleep(50)
-  }
-  expect((await store.epochs([keys.appEpoch(store.shardOf(s.accountId), s.appId)]))[0]).toBe((before ?? 0) + 1)
+/** Ages the app's recorded invalidations past the sweep's wait, so the test need not sleep through it. */
+const age = (t: TestApp, appId: string) =>
+  t.ctx.database.db
+    .update(cacheInvalidations)
+    .set({ notedAt: sql`now() - make_interval(secs => ${SWEEP_AFTER_SECONDS + 1})` })
+    .where(eq(cacheInvalidations.appId, appId))
+
+test('a revoke made by an instance that cannot reach the store reaches another instance through its sweep', async () => {
+  const other = await makeTestApp()
+  const { app: cutOff } = await instanceCutOffFromStore(other.ctx.store)
+  const s = await other.seed()
+  const licenseKey = await insertLicense(other.ctx, s.appId)
+  const device = hwid()
+  expect((await validateOn(other, s, licenseKey, device)).res.status).toBe(200)
+
+  const revoked = await cutOff.req('PUT', `/v1/licenses/${licenseKey}`, { apiKey: s.apiKey, body: { action: 'revoke' } })
+  expect(revoked.status, JSON.stringify(revoked.body)).toBe(200)
+  // The other instance's copy still looks fresh: the epoch that would say otherwise was never bumped.
+  expect((await validateOn(other, s, licenseKey, device)).res.status).toBe(200)
+  expect((await notedFor(other, s.appId)).map((row) => row.licenseKeys)).toEqual([[licenseKey]])
+
+  // Too recent: the instance that made the change may still be bumping it.
+  expect(await other.ctx.actors.invalidator.sweep()).toBe(0)
+  await age(other, s.appId)
+  expect(await other.ctx.actors.invalidator.sweep()).toBeGreaterThanOrEqual(1)
+  expect((await validateOn(other, s, licenseKey, device)).res.body).toEqual({ status: 'failed', error: 'revoked' })
+  expect(await notedFor(other, s.appId)).toEqual([])
+})
+
+test('an app change and a seat binding are recorded in their own transactions, and swept when their instance is gone', async () => {
+  const other = await makeTestApp()
+  const { app: cutOff } = await instanceCutOffFromStore(other.ctx.store)
+  const s = await other.seed()
+  const licenseKey = await insertLicense(other.ctx, s.appId, { maxHwidSlots: 2 })
+  const epochKey = await licenseEpochKey(other.ctx, s.appId, licenseKey)
+  const first = await validateOn(other, s, licenseKey)
+  expect(decode(first.res.body.payload).appVariables).toEqual({})
+  const [before] = await other.ctx.store.epochs([epochKey])
+
+  const put = await cutOff.req('PUT', `/v1/apps/${s.appId}/variables`, { apiKey: s.apiKey, body: { tier: 'pro' } })
+  expect(put.status, JSON.stringify(put.body)).toBe(200)
+  expect((await validateOn(cutOff, s, licenseKey)).res.status).toBe(200)
+  const noted = await notedFor(other, s.appId)
+  expect(noted.map(({ app, licenseKeys }) => ({ app, licenseKeys }))).toEqual([
+    { app: true, licenseKeys: [] },
+    { app: false, licenseKeys: [licenseKey] },
+  ])
+  // The instance that made both changes stops here, without ever reaching the store again.
+  expect(decode((await validateOn(other, s, licenseKey, first.device)).res.body.payload).appVariables).toEqual({})
+
+  await age(other, s.appId)
+  await other.ctx.actors.invalidator.sweep()
+  expect((await other.ctx.store.epochs([epochKey]))[0]).toBe((before ?? 0) + 1)
+  expect(await notedFor(other, s.appId)).toEqual([])
+  const fresh = await validateOn(other, s, licenseKey, first.device)
+  expect(decode(fresh.res.body.payload)).toMatchObject({ appVariables: { tier: 'pro' }, hwidCount: 2 })
+})
+
+test('a change its own instance bumped leaves nothing to sweep', async () => {
+  const t = await makeTestApp()
+  const s = await t.seed()
+  const licenseKey = await insertLicense(t.ctx, s.appId)
+  expect((await t.req('PUT', `/v1/licenses/${licenseKey}`, { apiKey: s.apiKey, body: { action: 'revoke' } })).status).toBe(200)
+  const listed = await t.req('POST', `/v1/apps/${s.appId}/security/blacklist`, { apiKey: s.apiKey, body: { type: 'hwid', value: hwid() } })
+  expect(listed.status, JSON.stringify(listed.body)).toBe(200)
+  expect(await notedFor(t, s.appId)).toEqual([])
+})
+
+test('a sweep that cannot reach the store keeps what it read, for the next sweep', async () => {
+  const other = await makeTestApp()
+  const { app: cutOff, cut } = await instanceCutOffFromStore(other.ctx.store)
+  const s = await other.seed()
+  expect((await cutOff.req('PUT', `/v1/apps/${s.appId}/variables`, { apiKey: s.apiKey, body: { a: 1 } })).status).toBe(200)
+  await age(other, s.appId)
+  await expect(cutOff.ctx.actors.invalidator.sweep()).rejects.toThrow('store unreachable')
+  expect(await notedFor(other, s.appId)).toHaveLength(1)
+  cut.down = false
+  expect(await cutOff.ctx.actors.invalidator.sweep()).toBeGreaterThanOrEqual(1)
+  expect(await notedFor(other, s.appId)).toEqual([])
 })

@@ -1,7 +1,6 @@
 import { randomUUID } from 'node:crypto'
 import { and, desc, eq, sql } from 'drizzle-orm'
 import type { Tx } from '../../db/client'
-import type { CachedApp } from '../../actors/load'
 import { apps, licenses, offlineFiles, type OfflineHwid } from '../../db/schema'
 import type { Context } from '../../context'
 import { ApiError, badRequest } from '../../lib/errors'
@@ -89,59 +88,63 @@ async function bindSeats(tx: Tx, row: LicenseRow, newHwids: string[], now: Date)
   return newHwids.map((hwid) => ({ event: 'license.hwid_bound', data: { licenseKey: row.key, appId: row.appId, hwid }, occurredAt: now }))
 }
 
-/** One transaction: lock the license, bind its new seats, sign the file, record it and its events. */
-function mint(ctx: Context, app: AppRow, signing: NonNullable<CachedApp['signing']>, licenseKey: string, input: MintOfflineFileBody) {
-  return ctx.database.db.transaction(async (tx) => {
-    const now = new Date(ctx.clock())
-    // FOR SHARE: a disable or a list change committing meanwhile waits for this file, or this sees it.
-    const [locked] = await tx.select().from(apps).where(eq(apps.id, app.id)).for('share')
-    const row = await lockLicense(tx, licenseKey)
-    const plan = planMint(row, input, now)
-    if (locked) checkApp(locked, fileHwids(plan))
-    const events = await bindSeats(tx, row, plan.newHwids, now)
-    const payload: OfflinePayload = {
-      appId: app.id,
-      licenseKey,
-      jti: randomUUID(),
-      kid: signing.keyId,
-      issuedAt: now,
-      expiresAt: plan.expiresAt,
-      hwid: plan.hwid,
-      label: row.label,
-      licenseExpiresAt: row.expiresAt,
-      licenseVariables: row.variables,
-      appVariables: app.variables,
-    }
-    const payloadBase64 = encodePayload(payload)
-    const signature = await ctx.signer.sign(signing.keyId, signing.key, payloadBase64)
-    await tx.insert(offlineFiles).values({
-      id: payload.jti,
-      licenseKey,
-      appId: app.id,
-      keyId: signing.keyId,
-      issuedAt: now,
-      expiresAt: plan.expiresAt,
-      hwid: plan.hwid,
-    })
-    const expiresAt = plan.expiresAt?.toISOString() ?? null
-    events.push({
-      event: 'license.offline_issued',
-      data: { licenseKey, appId: app.id, fileId: payload.jti, hwid: plan.hwid, expiresAt },
-      occurredAt: now,
-    })
-    await recordEvents(tx, events)
-    const file: OfflineFile = {
-      fileId: payload.jti,
-      licenseKey,
-      appId: app.id,
-      keyId: signing.keyId,
-      issuedAt: now.toISOString(),
-      expiresAt,
-      hwid: plan.hwid,
-      file: armor(payload, payloadBase64, signature),
-    }
-    return { file, bound: plan.newHwids.length > 0 }
+/**
+ * In the caller's transaction: lock the app and the license, bind the license's new seats, sign the
+ * file with the app's active key, record it and its events.
+ */
+async function mint(ctx: Context, tx: Tx, app: AppRow, licenseKey: string, input: MintOfflineFileBody) {
+  const now = new Date(ctx.clock())
+  // FOR SHARE: a disable or a list change committing meanwhile waits for this file, or this sees it.
+  const [locked] = await tx.select().from(apps).where(eq(apps.id, app.id)).for('share')
+  const row = await lockLicense(tx, licenseKey)
+  // Under the app's lock, which a rotation takes for update: the key is the app's active one at the commit.
+  const signing = await ctx.actors.loadSigningKey(app.id, tx)
+  if (!signing) throw new Error(`app ${app.id} has no active signing key`)
+  const plan = planMint(row, input, now)
+  if (locked) checkApp(locked, fileHwids(plan))
+  const events = await bindSeats(tx, row, plan.newHwids, now)
+  const payload: OfflinePayload = {
+    appId: app.id,
+    licenseKey,
+    jti: randomUUID(),
+    kid: signing.keyId,
+    issuedAt: now,
+    expiresAt: plan.expiresAt,
+    hwid: plan.hwid,
+    label: row.label,
+    licenseExpiresAt: row.expiresAt,
+    licenseVariables: row.variables,
+    appVariables: app.variables,
+  }
+  const payloadBase64 = encodePayload(payload)
+  const signature = await ctx.signer.sign(signing.keyId, signing.key, payloadBase64)
+  await tx.insert(offlineFiles).values({
+    id: payload.jti,
+    licenseKey,
+    appId: app.id,
+    keyId: signing.keyId,
+    issuedAt: now,
+    expiresAt: plan.expiresAt,
+    hwid: plan.hwid,
   })
+  const expiresAt = plan.expiresAt?.toISOString() ?? null
+  events.push({
+    event: 'license.offline_issued',
+    data: { licenseKey, appId: app.id, fileId: payload.jti, hwid: plan.hwid, expiresAt },
+    occurredAt: now,
+  })
+  await recordEvents(tx, events)
+  const file: OfflineFile = {
+    fileId: payload.jti,
+    licenseKey,
+    appId: app.id,
+    keyId: signing.keyId,
+    issuedAt: now.toISOString(),
+    expiresAt,
+    hwid: plan.hwid,
+    file: armor(payload, payloadBase64, signature),
+  }
+  return { file, bound: plan.newHwids.length > 0 }
 }
 
 /**
@@ -164,24 +167,16 @@ export async function mintOfflineFile(
   if (billed && !(await ctx.credits.charge(accountId, 1, ctx.clock()))) {
     throw new ApiError('no_credits', 402, 'The account has no credits left; add credits to mint offline files')
   }
-  let committed = false
   try {
     const minted = await ctx.actors.write(
       app.id,
-      async () => {
-        // Read in the app's mailbox, so a rotation in this process is either wholly before or after.
-        const signing = await ctx.actors.loadSigningKey(app.id)
-        if (!signing) throw new Error(`app ${app.id} has no active signing key`)
-        const result = await mint(ctx, app, signing, licenseKey, input)
-        committed = true
-        return result
-      },
+      (tx) => mint(ctx, tx, app, licenseKey, input),
       ({ bound }) => ({ licenses: bound ? [licenseKey] : [], events: true }),
     )
     return minted.file
   } catch (err) {
-    // A failure after the commit (publishing it) leaves the file minted: the credit stays spent.
-    if (billed && !committed) await ctx.credits.refund(accountId, 1)
+    // Thrown before the commit (AppActor.write publishes without throwing): nothing was minted.
+    if (billed) await ctx.credits.refund(accountId, 1)
     throw err
   }
 }
