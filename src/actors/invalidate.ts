@@ -97,7 +97,7 @@ export class Invalidator {
       running = running.then(async () => {
         try {
           const swept = await this.sweep()
-          if (swept > 0) log.info('swept cache invalidations whose own instance did not bump them', { changes: swept })
+          if (swept > 0) logEvery('info', 'swept cache invalidations whose own instance did not bump them', () => ({ changes: swept }))
         } catch (err) {
           logEvery('warn', 'cache invalidation sweep failed; will retry', () => errorFields(err))
         }

@@ -78,7 +78,7 @@ test('past the app bound the oldest idle actor goes, never one with work queued'
   // b is the oldest now, but busy: c goes instead, and b keeps the one actor its writes queue on.
   const busy = actors.of(b.appId)
   let release!: () => void
-  const held = busy.write(() => new Promise<void>((resolve) => (release = resolve)), () => ({}))
+  const held = busy.mailbox.run(() => new Promise<void>((resolve) => (release = resolve)))
   await actors.ensureApp(d.appId)
   expect(actors.of(b.appId)).toBe(busy)
   expect(actors.cachedApp(c.appId)).toBeUndefined()

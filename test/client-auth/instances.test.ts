@@ -4,6 +4,8 @@ import { licenses } from '../../src/db/schema'
 import { makeTestApp, MODE, TEST_DATABASE_URL, TEST_REDIS_URL } from '../support/helpers'
 import { decode, hwid, insertLicense, nonce, updateLicense } from '../support/client'
 import { type ServerProcess, startServer } from '../support/server-process'
+import { until } from '../support/servers'
+import { withOverrides } from '../support/overrides'
 
 // Two server processes need a database both can open: PostgreSQL only (PGlite is single-process).
 if (MODE === 'postgres') {
@@ -74,6 +76,21 @@ if (MODE === 'postgres') {
       for (const i of [0, 1]) {
         expect((await post(i, '/auth/heartbeat', { appId: s.appId, sessionToken: token, hwid: h })).body.error).toBe('revoked')
       }
+    })
+
+    test('a revoke made where Redis was unreachable reaches both instances within seconds, through their sweep', async () => {
+      const s = await t.seed()
+      const licenseKey = await insertLicense(t.ctx, s.appId)
+      const h = hwid()
+      const v = await post(0, '/auth/validate', { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: h, nonce: nonce() })
+      const token = decode(v.body.payload).sessionToken
+      const beat = (i: number) => post(i, '/auth/heartbeat', { appId: s.appId, sessionToken: token, hwid: h })
+      for (const i of [0, 1]) expect((await beat(i)).status).toBe(200)
+      // A third instance whose every bump fails, as if cut off from Redis, and which never retries.
+      const cutOff = await makeTestApp({ store: withOverrides(t.ctx.store, { bump: () => Promise.reject(new Error('store unreachable')) }) })
+      const revoked = await cutOff.req('PUT', `/v1/licenses/${licenseKey}`, { apiKey: s.apiKey, body: { action: 'revoke' } })
+      expect(revoked.status, JSON.stringify(revoked.body)).toBe(200)
+      for (const i of [0, 1]) expect((await until(() => beat(i), (r) => r.status !== 200, 10_000)).body.error).toBe('revoked')
     })
   })
 }
