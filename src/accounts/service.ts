@@ -54,13 +54,17 @@ export async function addCredits(ctx: Context, accountId: string, n: number) {
       .where(eq(accounts.id, accountId))
       .returning({ accountId: accounts.id, credits: accounts.credits })
     if (!updated) throw new ApiError('not_found', 404, `No account ${accountId}`)
-    // The store hears of it while the UPDATE still holds the row: a balance seed (which reads the row
-    // FOR SHARE) either finished before, and gets the delta here, or waits and finds the epoch moved.
-    // After the commit, a seed could read the new credits and then get the delta a second time. If
-    // the store is unreachable nothing is committed, so a retry cannot add twice either.
-    await ctx.store.creditsAdded(accountId, n)
+    // The store drops the live balance while the UPDATE still holds the row: a balance seed (which reads
+    // the row FOR SHARE) either finished before, and is dropped here, or waits and finds the epoch moved.
+    // The next seed reads whatever PostgreSQL then holds, so a COMMIT that fails after this adds nothing
+    // (a delta given to the store here would stay in the live balance). If the store is unreachable
+    // nothing is committed, so a retry cannot add twice either.
+    await ctx.store.creditsChanging(accountId)
     return updated
   })
+  // Seeded again now, so the answer counts the charges not reconciled yet; with the store gone since the
+  // commit, currentBalance answers from PostgreSQL.
+  await ctx.credits.loadLiveBalance(accountId).catch(() => {})
   return { accountId: row.accountId, credits: await ctx.credits.currentBalance(accountId) }
 }
 

@@ -210,10 +210,9 @@ export class MemoryStore implements Store {
     return (this.get(keys.balance(ONE_SHARD, accountId)) as number | undefined) ?? null
   }
 
-  async creditsAdded(accountId: string, n: number): Promise<void> {
+  async creditsChanging(accountId: string): Promise<void> {
     this.set(keys.accountEpoch(ONE_SHARD, accountId), this.#num(keys.accountEpoch(ONE_SHARD, accountId)) + 1)
-    const live = this.get(keys.balance(ONE_SHARD, accountId)) as number | undefined
-    if (live !== undefined) this.set(keys.balance(ONE_SHARD, accountId), Math.max(0, live + n))
+    this.delete(keys.balance(ONE_SHARD, accountId))
   }
 
   async refund(accountId: string, n: number): Promise<void> {

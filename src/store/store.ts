@@ -63,8 +63,12 @@ export interface Credits {
   creditState(accountId: string): Promise<CreditState>
   /** The live balance, or null while it is not loaded. */
   balance(accountId: string): Promise<number | null>
-  /** Credits added in PostgreSQL: bumps the account epoch and adds `n` to the live balance if loaded (never below 0). */
-  creditsAdded(accountId: string, n: number): Promise<void>
+  /**
+   * The account's credits are changing in PostgreSQL: bumps the account epoch (a seed under way is
+   * refused) and drops the live balance, so the next charge seeds it from what PostgreSQL then holds,
+   * whether the change committed or not.
+   */
+  creditsChanging(accountId: string): Promise<void>
   /** Gives back a charge whose request failed after the charge (a lost seat race). */
   refund(accountId: string, n: number): Promise<void>
   /** Accounts with charges not yet reconciled to PostgreSQL. */

@@ -62,15 +62,39 @@ describe('credits on the client endpoints', async () => {
     const { store } = t.ctx
     // A seed that starts after the credits reached PostgreSQL and before the store heard of them.
     let seed: Promise<void> | undefined
-    const creditsAdded: typeof store.creditsAdded = async (accountId, n) => {
+    const creditsChanging: typeof store.creditsChanging = async (accountId) => {
       seed = t.ctx.credits.loadLiveBalance(accountId)
       await Bun.sleep(50)
-      return store.creditsAdded(accountId, n)
+      return store.creditsChanging(accountId)
     }
-    const racing = withOverrides(store, { creditsAdded })
+    const racing = withOverrides(store, { creditsChanging })
     await addCredits({ ...t.ctx, store: racing }, s.accountId, 5)
     await seed
     expect(await store.balance(s.accountId)).toBe(5)
+  })
+
+  test('credits whose COMMIT failed after the store heard of them are not spendable, and the live balance still counts what was charged', async () => {
+    const s = await t.seed({ credits: 2 })
+    const key = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
+    expect((await validate(s, key)).status).toBe(200)
+    const lostAtCommit = withOverrides(t.ctx.store, {
+      creditsChanging: async (accountId: string) => {
+        await t.ctx.store.creditsChanging(accountId)
+        throw new Error('connection lost')
+      },
+    })
+    await expect(addCredits({ ...t.ctx, store: lostAtCommit }, s.accountId, 5)).rejects.toThrow('connection lost')
+    expect((await validate(s, key)).status).toBe(200)
+    expect((await validate(s, key)).body.error).toBe('no_credits')
+    expect(await live(s)).toBe(0)
+  })
+
+  test('added credits answer the balance less the charges not reconciled yet', async () => {
+    const s = await t.seed({ credits: 3 })
+    const key = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
+    expect((await validate(s, key)).status).toBe(200)
+    expect(await addCredits(t.ctx, s.accountId, 4)).toEqual({ accountId: s.accountId, credits: 6 })
+    expect(await live(s)).toBe(6)
   })
 
   test('concurrent validates never overspend', async () => {

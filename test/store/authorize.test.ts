@@ -86,9 +86,12 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     expect(await store.authorize(base({ charge }))).toEqual({ kind: 'no_credits' })
     expect(await store.balance(acct)).toBe(0)
     expect(await store.dirtyAccounts()).toContain(acct)
-    await store.creditsAdded(acct, 5)
+    await store.creditsChanging(acct)
+    expect(await store.balance(acct)).toBeNull()
+    expect(await store.loadBalance(acct, { epoch: 0, flushId: null }, 7, false)).toBe('stale')
+    // PostgreSQL holds 2 + 5 now: the seed takes off the 2 charges not reconciled yet.
+    expect(await store.loadBalance(acct, { epoch: 1, flushId: null }, 7, false)).toBe('ok')
     expect(await store.balance(acct)).toBe(5)
-    expect(await store.loadBalance(acct, { epoch: 0, flushId: null }, 100, false)).toBe('stale')
     await store.refund(acct, 1)
     expect(await store.balance(acct)).toBe(6)
     const flush = await store.beginFlush(acct, 'f1')
@@ -110,7 +113,10 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
       kinds.push(r.kind === 'ok' ? `ok${r.charged}` : r.kind)
     }
     expect(kinds).toEqual(['ok0', 'ok0', 'ok1', 'ok0', 'ok0', 'no_credits', 'no_credits'])
-    await store.creditsAdded(acct, 1)
+    await store.creditsChanging(acct)
+    expect(await store.authorize(base({ charge }))).toEqual({ kind: 'no_balance' })
+    // 1 + 1 in PostgreSQL, less the 1 charge not reconciled yet.
+    await store.loadBalance(acct, { epoch: 1, flushId: null }, 2, false)
     expect(await store.authorize(base({ charge }))).toEqual({ kind: 'ok', charged: 1 })
   })
 
@@ -198,7 +204,7 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     expect(await store.creditState(acct)).toEqual({ epoch: 0, flushId: null })
     await store.loadBalance(acct, { epoch: 0, flushId: null }, 10, false)
     await store.authorize(base({ charge: { accountId: acct, cost: 3, counter: null } }))
-    await store.creditsAdded(acct, 1)
+    await store.creditsChanging(acct)
     expect(await store.beginFlush(acct, 'f1')).toEqual({ id: 'f1', amount: 3 })
     expect(await store.creditState(acct)).toEqual({ epoch: 1, flushId: 'f1' })
     await store.endFlush(acct, 'f1')

@@ -16,11 +16,10 @@ redis.call('SET', KEYS[1], math.max(0, live))
 return 1
 `
 
-// KEYS: balance, account epoch. ARGV: n.
-const CREDITS_ADDED = `
+// KEYS: balance, account epoch.
+const CREDITS_CHANGING = `
 redis.call('INCR', KEYS[2])
-local live = redis.call('GET', KEYS[1])
-if live then redis.call('SET', KEYS[1], math.max(0, tonumber(live) + tonumber(ARGV[1]))) end
+redis.call('DEL', KEYS[1])
 return 1
 `
 
@@ -63,7 +62,7 @@ export interface CreditCommands {
     committed: '0' | '1',
     reconciled: number,
   ): Promise<number>
-  lsCreditsAdded(bal: string, ep: string, n: number): Promise<number>
+  lsCreditsChanging(bal: string, ep: string): Promise<number>
   lsRefund(bal: string, pend: string, dirty: string, account: string, n: number): Promise<number>
   lsBeginFlush(pend: string, fl: string, id: string): Promise<string | null>
   lsEndFlush(fl: string, pend: string, dirty: string, id: string, account: string): Promise<number>
@@ -71,7 +70,7 @@ export interface CreditCommands {
 
 export const creditScripts: { [name in keyof CreditCommands]: Script } = {
   lsLoadBalance: { numberOfKeys: 4, lua: LOAD_BALANCE },
-  lsCreditsAdded: { numberOfKeys: 2, lua: CREDITS_ADDED },
+  lsCreditsChanging: { numberOfKeys: 2, lua: CREDITS_CHANGING },
   lsRefund: { numberOfKeys: 3, lua: REFUND },
   lsBeginFlush: { numberOfKeys: 2, lua: BEGIN_FLUSH },
   lsEndFlush: { numberOfKeys: 3, lua: END_FLUSH },
@@ -135,10 +134,10 @@ export class RedisCredits implements Credits {
     return v === null ? null : storedCount(v, 'balance')
   }
 
-  async creditsAdded(accountId: string, n: number): Promise<void> {
+  async creditsChanging(accountId: string): Promise<void> {
     this.conn.failFastWhenLost()
     const k = accountKeys(this.conn, accountId)
-    await this.conn.redis.lsCreditsAdded(k.balance, k.epoch, n)
+    await this.conn.redis.lsCreditsChanging(k.balance, k.epoch)
   }
 
   async refund(accountId: string, n: number): Promise<void> {

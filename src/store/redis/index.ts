@@ -110,8 +110,8 @@ export class RedisStore implements Store {
     return watched(this.#waited(() => this.#credits.balance(accountId)))
   }
 
-  creditsAdded(accountId: string, n: number): Promise<void> {
-    return watched(this.#credits.creditsAdded(accountId, n))
+  creditsChanging(accountId: string): Promise<void> {
+    return watched(this.#credits.creditsChanging(accountId))
   }
 
   refund(accountId: string, n: number): Promise<void> {
