@@ -8,7 +8,7 @@ import { Mailbox } from './mailbox'
 import { SeatBinder } from './seat-binder'
 import { applySelfban, type SelfbanDone, type SelfbanWish } from './selfban'
 
-/** What a committed change touched: the one input of AppActor.publish. */
+/** What a change touched: what AppActor.note records in its transaction, and publish acts on after the commit. */
 export interface Changed {
   /** The app's cached state: its row (settings, lists, variables), its active signing key, whether a webhook wants license.validated. */
   app?: boolean

@@ -300,8 +300,8 @@ export class AppActors {
     return this.#load.app(appId)
   }
 
-  /** The app's active signing key straight from PostgreSQL (a Developer API signature, not the cached one). */
-  loadSigningKey(appId: string, tx?: Tx): Promise<CachedApp['signing']> {
+  /** The app's active signing key read in `tx` (a Developer API signature, not the cached one). */
+  loadSigningKey(appId: string, tx: Tx): Promise<CachedApp['signing']> {
     return this.#load.signingKey(appId, tx)
   }
 

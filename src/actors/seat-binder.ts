@@ -111,7 +111,8 @@ export class SeatBinder {
         if (rows.length > 0) events.push({ event: 'license.hwid_bound', data: { licenseKey, appId, hwid }, occurredAt: now })
       }
       await recordEvents(tx, events)
-      return { bound, note: await this.actor.note(tx, { licenses: [...new Set(part.filter((_, i) => bound[i]).map((r) => r.licenseKey))] }) }
+      const boundKeys = new Set(part.filter((_, i) => bound[i]).map((request) => request.licenseKey))
+      return { bound, note: await this.actor.note(tx, { licenses: [...boundKeys] }) }
     })
     if (note) noted.push(note)
     part.forEach((request, i) => {

@@ -72,16 +72,27 @@ test('while the database is unreachable every bind of the batch fails with syste
 })
 
 /** A context whose database counts the transactions opened through it. */
+/** Counts the transactions that update rows: the binds' (the invalidation records' deletes update none). */
 function countingTransactions() {
   const { db } = t.ctx.database
   const counter = { transactions: 0 }
   const counted = new Proxy(db, {
     get: (target, name) =>
       name === 'transaction'
-        ? (...args: Parameters<typeof db.transaction>) => {
-            counter.transactions++
-            return target.transaction(...args)
-          }
+        ? (work: Parameters<typeof db.transaction>[0]) =>
+            target.transaction((tx) => {
+              let updated = false
+              const watched = new Proxy(tx, {
+                get: (inner, member) => {
+                  if (member === 'update' && !updated) {
+                    updated = true
+                    counter.transactions++
+                  }
+                  return Reflect.get(inner, member)
+                },
+              })
+              return work(watched)
+            })
         : Reflect.get(target, name),
   })
   return { counter, ctx: { ...t.ctx, actors: new AppActors({ ...t.ctx, database: { ...t.ctx.database, db: counted } }) } }
