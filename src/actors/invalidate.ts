@@ -40,7 +40,7 @@ const SWEEP_BATCH = 500
  * Bumps the store's epochs of entries whose data changed: every process's actors then find their copy
  * stale at its next use (the store script compares epochs on every client request), which is what keeps
  * the caches of several processes honest. The change's transaction recorded what it touched
- * (noteInvalidation); `bump` runs after the commit and deletes that record once the store has the
+ * (noteInvalidation); `bump` runs after the commit and has that record deleted once the store has the
  * bump. A store outage must not turn a committed change into an error (a client would retry and
  * duplicate it), so a failed bump is logged and left recorded: every instance's sweep bumps what was
  * recorded more than SWEEP_AFTER_SECONDS ago, so the change reaches the other instances' caches even
