@@ -66,6 +66,9 @@ export const POOL_OPTIONS = {
   connect_timeout: 5,
 }
 
+/** Where the embedded database keeps its files in DATA_DIR. */
+export const pgliteDir = (dataDir: string) => join(dataDir, 'pglite')
+
 /** Opens the database and applies pending migrations before anything uses it. */
 export async function openDb(options: OpenDbOptions): Promise<Database> {
   if (options.databaseUrl) {
@@ -96,7 +99,7 @@ export async function openDb(options: OpenDbOptions): Promise<Database> {
   let dir: string | undefined
   if (options.dataDir) {
     mkdirSync(options.dataDir, { recursive: true })
-    dir = join(options.dataDir, 'pglite')
+    dir = pgliteDir(options.dataDir)
   }
   const client = dir ? new PGlite(dir) : new PGlite()
   const db = drizzle({ client, schema })

@@ -8,6 +8,7 @@ import { existsSync, mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { isLock, tryLockDataDir } from '../../src/db/data-dir-lock'
+import { newDataDir } from '../support/data-dir'
 import { MODE, TEST_MASTER_KEY } from '../support/helpers'
 import { until } from '../support/servers'
 import { runToExit, startServer } from '../support/server-process'
@@ -21,8 +22,8 @@ afterAll(() => {
 })
 
 /** Embedded settings on a data dir of the test's own. */
-function embedded(): Record<string, string> {
-  const dataDir = mkdtempSync(join(tmpdir(), 'ls-lock-'))
+async function embedded(): Promise<Record<string, string>> {
+  const dataDir = await newDataDir('ls-lock-', { embedded: true })
   dirs.push(dataDir)
   return { DATA_DIR: dataDir, DATABASE_URL: '', REDIS_URL: '', MASTER_KEY: TEST_MASTER_KEY.toString('hex'), LOG_LEVEL: 'info' }
 }
@@ -59,7 +60,7 @@ function expectOneLine(stderr: string, mentions: RegExp) {
 if (MODE === 'embedded') {
   describe('DATA_DIR lock', () => {
     test('a second server exits with one line; the first keeps its socket and serves the CLI', async () => {
-      const env = embedded()
+      const env = await embedded()
       const first = await startServer(env)
       try {
         const second = await secondServer(env)
@@ -83,7 +84,7 @@ if (MODE === 'embedded') {
     })
 
     test('a lock left by a server killed with SIGKILL does not block the next start', async () => {
-      const env = embedded()
+      const env = await embedded()
       const killed = await startServer(env)
       process.kill(killed.pid, 'SIGKILL')
       await killed.stop()
@@ -100,7 +101,7 @@ if (MODE === 'embedded') {
     })
 
     test('a CLI finding the lock held by a process that does not answer fails with one line', async () => {
-      const env = embedded()
+      const env = await embedded()
       // This test process holds it, as a server whose socket is gone would.
       const lock = await tryLockDataDir(env.DATA_DIR ?? '', 'server')
       if (!isLock(lock)) throw new Error('the fresh data dir was locked')
@@ -116,10 +117,9 @@ if (MODE === 'embedded') {
     })
 
     test('two CLIs in direct mode at once: one waits for the other, both succeed', async () => {
-      const env = embedded()
-      // The database is created and migrated first: a fresh PGlite's set-up alone can outlast the waiting
-      // CLI's 10 s on a loaded machine, and the wait, not the set-up, is what this test is about.
-      expect((await cli(env, ['account', 'list'])).code).toBe(0)
+      // Its database is already created and migrated (newDataDir): a fresh PGlite's set-up alone can outlast
+      // the waiting CLI's 10 s on a loaded machine, and the wait, not the set-up, is what this test is about.
+      const env = await embedded()
       const runs = await Promise.all([
         cli(env, ['account', 'create', '--name', 'One']),
         cli(env, ['account', 'create', '--name', 'Two']),

@@ -1,13 +1,11 @@
 import { expect, test } from 'bun:test'
-import { mkdtempSync } from 'node:fs'
-import { tmpdir } from 'node:os'
-import { join } from 'node:path'
 import { buildContext } from '../../src/boot'
 import { loadConfig } from '../../src/config'
 import { createAccount } from '../../src/accounts/service'
 import { createApplication } from '../../src/apps/service'
 import { type EventName, recordEvents } from '../../src/delivery/outbox'
 import { createWebhook } from '../../src/webhooks/service'
+import { newDataDir } from '../support/data-dir'
 import { TEST_DATABASE_URL, TEST_MASTER_KEY, TEST_REDIS_URL } from '../support/helpers'
 import { startServer } from '../support/server-process'
 import { signatureValid, startReceiver, testCertificate, until } from '../support/webhooks-receiver'
@@ -19,7 +17,7 @@ test('events committed while the server was dead are delivered once after a kill
     ...(process.env as Record<string, string>),
     HOST: '127.0.0.1',
     PORT: '0',
-    DATA_DIR: mkdtempSync(join(tmpdir(), 'ls-whrestart-')),
+    DATA_DIR: await newDataDir('ls-whrestart-', { embedded: !TEST_DATABASE_URL }),
     DATABASE_URL: TEST_DATABASE_URL ?? '',
     REDIS_URL: TEST_REDIS_URL ?? '',
     // The PostgreSQL pass shares its database, whose secrets are sealed with the tests' key.

@@ -11,6 +11,7 @@ import * as schema from '../../src/db/schema'
 import { Sealer } from '../../src/lib/crypto'
 import { MODE, TEST_DATABASE_URL, TEST_REDIS_URL } from '../support/helpers'
 import { KEY_MISMATCH } from '../../src/signing/key-check'
+import { newDataDir } from '../support/data-dir'
 import { createOwnDatabase } from '../support/own-database'
 import { runToExit, type ServerProcess, startServer } from '../support/server-process'
 import { signatureValid, startReceiver, testCertificate, until } from '../support/webhooks-receiver'
@@ -31,7 +32,7 @@ const hexKey = () => randomBytes(32).toString('hex')
  * on it (this test process's shared pool is one): with PostgreSQL each test gets a database of its own.
  */
 async function settings(masterKey: string): Promise<Record<string, string>> {
-  const dataDir = mkdtempSync(join(tmpdir(), 'ls-rotate-'))
+  const dataDir = await newDataDir('ls-rotate-', { embedded: !TEST_DATABASE_URL })
   cleanups.push(() => rmSync(dataDir, { recursive: true, force: true }))
   let databaseUrl = ''
   if (TEST_DATABASE_URL) {

@@ -1,16 +1,16 @@
-import { mkdtempSync, readFileSync } from 'node:fs'
-import { tmpdir } from 'node:os'
+import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { type Server, spawnServer } from '../../bench/server'
+import { newDataDir } from './data-dir'
 import { TEST_MASTER_KEY } from './helpers'
 import { LAUNCH_ENV } from '../../src/server-processes'
 
 export type ServerProcess = Server
 
 /** Starts `bun src/main.ts` on a free port (bench/server.ts) and resolves once it logs that it listens. */
-export const startServer = (env: Record<string, string>): Promise<ServerProcess> =>
+export const startServer = async (env: Record<string, string>): Promise<ServerProcess> =>
   spawnServer(join(import.meta.dir, '..', '..', 'src', 'main.ts'), {
-    DATA_DIR: mkdtempSync(join(tmpdir(), 'ls-proc-')),
+    DATA_DIR: env.DATA_DIR ?? (await newDataDir('ls-proc-', { embedded: !(env.DATABASE_URL ?? process.env.DATABASE_URL) })),
     MASTER_KEY: TEST_MASTER_KEY.toString('hex'),
     WEBHOOK_ALLOW_PRIVATE_TARGETS: 'true',
     ...env,
