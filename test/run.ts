@@ -2,6 +2,11 @@
  * `npm test`: runs the whole suite twice, against real PostgreSQL + Redis (a fresh database created
  * and dropped here, a Redis DB index of its own) and against the embedded PGlite + in-process store,
  * then prints one closing line "N passed, M failed" over both passes, after the suite's `SKIPPED:` warnings.
+ *
+ * The two passes run at the same time: they share no state (each its own database, the embedded one
+ * no Redis), and the first waits on PostgreSQL and Redis where the second keeps the CPU busy, so
+ * together they take little more than the embedded pass alone. Each pass's report is printed whole
+ * when it ends, so the two never interleave.
  */
 import postgres from 'postgres'
 
@@ -20,21 +25,20 @@ interface Pass {
 }
 
 async function runPass(name: string, env: Record<string, string>): Promise<Pass> {
-  console.log(`\n=== ${name} ===`)
   const proc = Bun.spawn([process.execPath, 'test', '--timeout', '30000', ...extraArgs], {
     env: { ...process.env, ...env },
-    stdout: 'inherit',
+    stdout: 'pipe',
     stderr: 'pipe',
   })
-  // bun test writes its report to stderr: echo it and keep it to count.
-  let report = ''
-  const decoder = new TextDecoder()
-  for await (const chunk of proc.stderr) {
-    const text = decoder.decode(chunk)
-    report += text
-    process.stderr.write(text)
-  }
-  const exitCode = await proc.exited
+  // bun test writes its report to stderr: kept to print and to count.
+  const [output, report, exitCode] = await Promise.all([
+    new Response(proc.stdout).text(),
+    new Response(proc.stderr).text(),
+    proc.exited,
+  ])
+  console.log(`\n=== ${name} ===`)
+  process.stdout.write(output)
+  process.stderr.write(report)
   const count = (word: string) => Number(new RegExp(`^\\s*(\\d+) ${word}$`, 'm').exec(report)?.[1] ?? 0)
   const skipped = report.match(/^SKIPPED: .*$/gm) ?? []
   return { name, passed: count('pass'), failed: count('fail'), exitCode, skipped }
@@ -61,23 +65,21 @@ async function flushRedis(url: string): Promise<void> {
   redis.disconnect()
 }
 
-const passes: Pass[] = []
-await withFreshDatabase(async (databaseUrl) => {
+const realServers = withFreshDatabase(async (databaseUrl) => {
   const redisUrl = `${REDIS_BASE}/${REDIS_DB}`
   await flushRedis(redisUrl)
   try {
-    passes.push(
-      await runPass('PostgreSQL + Redis', {
-        TEST_DATABASE_URL: databaseUrl,
-        TEST_REDIS_URL: redisUrl,
-        TEST_REDIS_BASE: REDIS_BASE,
-      }),
-    )
+    return await runPass('PostgreSQL + Redis', {
+      TEST_DATABASE_URL: databaseUrl,
+      TEST_REDIS_URL: redisUrl,
+      TEST_REDIS_BASE: REDIS_BASE,
+    })
   } finally {
     await flushRedis(redisUrl)
   }
 })
-passes.push(await runPass('embedded (PGlite + in-process store)', { TEST_DATABASE_URL: '', TEST_REDIS_URL: '' }))
+const embedded = runPass('embedded (PGlite + in-process store)', { TEST_DATABASE_URL: '', TEST_REDIS_URL: '' })
+const passes: Pass[] = await Promise.all([realServers, embedded])
 
 let passed = 0
 let failed = 0
