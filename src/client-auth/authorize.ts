@@ -41,6 +41,16 @@ export interface Authorized {
   charged: number
 }
 
+/**
+ * An app id this process does not hold costs a read before any limit can apply, so an IP may look up
+ * only so many that turn out not to exist (absentAppBudget). Past that it is refused without a read,
+ * whether the app exists or not: `rate_limited`, which a client retries, as `invalid_app` would tell
+ * a real app's client (one behind the same NAT as a scanner) that its credentials are wrong.
+ */
+function admitAppLookup({ actors }: Context, ip: string, nowMs: number): void {
+  if (!actors.absentAppBudget.allows(ip, nowMs)) throw rateLimited(actors.absentAppBudget.retryAfterMs(ip, nowMs))
+}
+
 /** Whether a plan made without the license failed only for want of it: the caller may look it up. */
 const licenseDecides = (p: Plan) => !p.outcome.ok && p.outcome.code === 'invalid_key'
 
@@ -65,7 +75,7 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
       let appEntry = actors.cachedApp(appId)
       // Awaited only on a miss: the common all-cached request skips a promise and a microtask turn.
       if (!appEntry) {
-        if (!actors.absentAppBudget.allows(ip, nowMs)) throw new PublicError('invalid_app')
+        admitAppLookup(ctx, ip, nowMs)
         await actors.ensureApp(appId)
         appEntry = actors.cachedApp(appId)
         if (!appEntry) continue
@@ -155,7 +165,8 @@ async function withoutStore(
     throw new PublicError('system_error')
   }
   logEvery('warn', 'store unreachable: serving requests without limits or charges', () => ({ requestId, ...errorFields(err.cause) }))
-  if (!actors.absentAppBudget.allows(ip, nowMs)) throw new PublicError('invalid_app')
+  // An app this process holds is no made-up id: it reads what any of its clients' requests reads here.
+  if (!actors.cachedApp(appId)?.value) admitAppLookup(ctx, ip, nowMs)
   const [app, license] = await Promise.all([actors.loadApp(appId), licenseKey === null ? null : actors.loadLicense(licenseKey)])
   const { outcome } = plan(app, license, nowMs, app ? ctx.store.shardOf(app.accountId) : '')
   if (!app) {

@@ -90,14 +90,24 @@ test('made-up app ids from one IP cost PostgreSQL a bounded number of reads; rea
   const s = await t.seed()
   const ip = '203.0.113.9'
   const before = ({ ...t.ctx.actors.loads })
-  for (let i = 0; i < 100; i++) {
-    const reply = await validate({ appId: crypto.randomUUID(), appSecret: 'x', licenseKey: generateLicenseKey() }, ip)
-    expect(reply.body.error).toBe('invalid_app')
-  }
+  const codes: string[] = []
+  for (let i = 0; i < 100; i++)
+    codes.push((await validate({ appId: crypto.randomUUID(), appSecret: 'x', licenseKey: generateLicenseKey() }, ip)).body.error)
   expect(({ ...t.ctx.actors.loads }).apps - before.apps).toBe(60)
-  // Another IP's first look at a real app is not held up by it.
-  const real = await insertLicense(t.ctx, s.appId)
+  // Past the budget an id is refused unread, as a limit the client retries: `invalid_app` would tell a
+  // real app's client behind the same address that its credentials are wrong.
+  expect(codes.indexOf('rate_limited')).toBe(60)
+  expect(new Set(codes.slice(0, 60))).toEqual(new Set(['invalid_app']))
+  expect(new Set(codes.slice(60))).toEqual(new Set(['rate_limited']))
+  const real = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
+  expect(t.ctx.actors.cachedApp(s.appId)).toBeUndefined()
+  const unread = await validate({ appId: s.appId, appSecret: s.appSecret, licenseKey: real }, ip)
+  expect([unread.status, unread.body.error]).toEqual([429, 'rate_limited'])
+  expect(Number(unread.headers.get('retry-after'))).toBeGreaterThanOrEqual(1)
+  // Another IP's first look at a real app is not held up by it; once this process holds the app, the
+  // first IP reaches it too.
   expect((await validate({ appId: s.appId, appSecret: s.appSecret, licenseKey: real }, '203.0.113.10')).status).toBe(200)
+  expect((await validate({ appId: s.appId, appSecret: s.appSecret, licenseKey: real }, ip)).status).toBe(200)
 })
 
 test('apps that exist give their lookup token back, however many a caller looks up', async () => {

@@ -46,6 +46,37 @@ test('Redis unreachable: validate fails closed, heartbeat fails open, /readyz is
   expect((await t.req('GET', '/readyz')).status).toBe(200)
 })
 
+test('Redis unreachable: an IP past its budget of made-up app ids still reaches an app this process holds', async () => {
+  await until(() => store.ping(), (up) => up)
+  // A context of its own: its budget of app ids that turn out not to exist is spent below.
+  const own = await makeTestApp({ store })
+  const s = await own.seed()
+  const unheld = await own.seed()
+  const licenseKey = await insertLicense(own.ctx, s.appId)
+  const h = hwid()
+  const first = await own.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: h, nonce: nonce() } })
+  expect(first.status, JSON.stringify(first.body)).toBe(200)
+  const sessionToken = decode(first.body.payload).sessionToken
+  const beat = (appId: string) => own.req('POST', '/auth/heartbeat', { body: { appId, sessionToken, hwid: h } })
+
+  await redis.stop()
+  try {
+    // Heartbeats fail open without the store: each made-up app id is read from PostgreSQL, until the budget is spent.
+    const madeUp: string[] = []
+    for (let i = 0; i < 200 && !madeUp.includes('rate_limited'); i++) madeUp.push((await beat(crypto.randomUUID())).body.error)
+    expect(madeUp.length).toBeGreaterThanOrEqual(60)
+    expect(new Set(madeUp.slice(0, -1))).toEqual(new Set(['invalid_app']))
+    expect(madeUp.at(-1)).toBe('rate_limited')
+    const held = await beat(s.appId)
+    expect(held.status, JSON.stringify(held.body)).toBe(200)
+    expect(decode(held.body.payload).licenseKey).toBe(licenseKey)
+    const refused = await beat(unheld.appId)
+    expect([refused.status, refused.body.error]).toEqual([429, 'rate_limited'])
+  } finally {
+    await redis.start()
+  }
+})
+
 test('Developer API changes during a Redis outage answer at once and are seen when it returns', async () => {
   await until(() => store.ping(), (up) => up)
   const s = await t.seed()
