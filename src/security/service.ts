@@ -38,11 +38,15 @@ export function normalizeEntry(type: EntryType, value: string): string {
     }
     return value
   }
-  if (value.length < IP_LENGTH.min || value.length > IP_LENGTH.max) {
-    throw badRequest(`An IP entry is ${IP_LENGTH.min} to ${IP_LENGTH.max} characters`)
-  }
   // Zone IDs (fe80::1%eth0) name an interface of one host: meaningless for a remote caller.
   const canonical = isIP(value) !== 0 && !value.includes('%') ? canonicalIp(value) : null
+  // The spec's 7 to 45 characters, except for an address given as the lists show it: a few IPv6
+  // addresses are shorter in canonical form (0:0:0:0:0:0:0:1 is kept as ::1, as is a selfban from ::1),
+  // and what a GET lists must be removable by DELETE and sendable back in a PUT.
+  const asListed = canonical !== null && canonical === value
+  if (value.length > IP_LENGTH.max || (value.length < IP_LENGTH.min && !asListed)) {
+    throw badRequest(`An IP entry is ${IP_LENGTH.min} to ${IP_LENGTH.max} characters`)
+  }
   if (canonical === null) throw badRequest(`"${value}" is not an IPv4 or IPv6 address`)
   return canonical
 }

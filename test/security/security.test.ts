@@ -199,10 +199,24 @@ describe('POST and DELETE /v1/apps/:appId/security/{blacklist,whitelist}', () =>
     })
   })
 
+  test('an IPv6 address shorter in canonical form than 7 characters goes back as the lists show it', async () => {
+    const s = await t.seed()
+    expect((await entry(s, 'POST', 'blacklist', { type: 'ip', value: '0:0:0:0:0:0:0:1' })).status).toBe(200)
+    const listed = (await security(s)).body
+    expect(listed.ipBlacklist).toEqual(['::1'])
+    const putBack = await put(s, listed)
+    expect(putBack.status, JSON.stringify(putBack.body)).toBe(200)
+    expect(putBack.body).toEqual(listed)
+    const removed = await entry(s, 'DELETE', 'blacklist', { type: 'ip', value: '::1' })
+    expect(removed.status, JSON.stringify(removed.body)).toBe(200)
+    expect((await security(s)).body).toEqual(empty)
+  })
+
   describe.each([
     ['an empty hwid', { type: 'hwid', value: '' }],
     ['an hwid of 129 characters', { type: 'hwid', value: 'h'.repeat(129) }],
     ['an IP of 6 characters', { type: 'ip', value: '::1:2:' }],
+    ['an IP of 4 characters, not as the lists show it', { type: 'ip', value: '0::1' }],
     ['an IP of 46 characters', { type: 'ip', value: `${'0:'.repeat(19)}1.2.3.45` }],
     ['a well-sized string that is no IP', { type: 'ip', value: '999.1.1.1' }],
     ['an IP with a zone ID', { type: 'ip', value: 'fe80::1%eth0' }],
