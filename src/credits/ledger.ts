@@ -2,11 +2,11 @@ import { randomUUID } from 'node:crypto'
 import { eq, sql } from 'drizzle-orm'
 import { accounts, creditFlushes } from '../db/schema'
 import type { Database } from '../db/client'
-import { type AuthorizeInput, keys, type Shard, type Store, STORE_CALL_TIMEOUT_MS } from '../store/store'
+import { allShards, type AuthorizeInput, keys, type Shard, type Store, STORE_CALL_TIMEOUT_MS } from '../store/store'
 import { errorFields, log, logEvery } from '../lib/log'
 import { countDatabaseError, isDatabaseError } from '../db/errors'
 import { SingleFlight } from '../lib/single-flight'
-import { withDeadline } from '../lib/with-timeout'
+import { withDeadline, withTimeout } from '../lib/with-timeout'
 
 /**
  * Credits on the hot path live in the store: charges take from a live balance there atomically (never
@@ -24,6 +24,9 @@ import { withDeadline } from '../lib/with-timeout'
 /** How often pending charges move to PostgreSQL: the most a store that loses its data can lose of them. */
 export const RECONCILE_MS = 500
 
+/** How long stopping the reconciler waits for the last pass of each shard (a server's shutdown waits on it). */
+const STOP_WAIT_MS = 5_000
+
 /** An authorize call that only charges: no cached state to check, no limit, no nonce. */
 const CHARGE_ONLY: Omit<AuthorizeInput, 'nowMs' | 'shard' | 'generation' | 'charge'> = { epochs: [], ceiling: null, buckets: [], nonce: null, deny: false }
 
@@ -35,12 +38,18 @@ export class CreditLedger {
   readonly #database: Database
   readonly #store: Store
   readonly #seeds = new SingleFlight<void>()
-  /** When a flush pass last moved every pending charge (or found none); the start until the first. */
-  #flushedAt = Date.now()
+  /** The shards, each flushed apart from the others (a Redis Cluster's nodes answer apart). */
+  readonly #shards: Shard[]
+  /** By shard: when a flush pass last moved every pending charge (or found none); the start until the first. */
+  readonly #flushedAt: Map<Shard, number>
+  /** The account flush last queued (#oneAtATime). */
+  #lastFlush: Promise<unknown> = Promise.resolve()
 
   constructor(storage: { database: Database; store: Store }) {
     this.#database = storage.database
     this.#store = storage.store
+    this.#shards = allShards(storage.store.shards)
+    this.#flushedAt = new Map(this.#shards.map((shard) => [shard, Date.now()]))
   }
 
   /** Seeds the live balance from PostgreSQL; the requests of one account that find it missing share one load. */
@@ -128,13 +137,26 @@ export class CreditLedger {
   }
 
   /**
-   * One reconciliation pass over every account with pending charges. One account's failure is logged
-   * and retried next pass without holding up the others; charges of a deleted account are dropped.
+   * One reconciliation pass over every shard's accounts with pending charges, the shards side by side:
+   * a Redis Cluster node that stops answering holds up the flushes of its own shards' accounts, never
+   * the others'. One account's failure is logged and retried next pass without holding up the rest of
+   * its shard; charges of a deleted account are dropped.
    */
   async flush(): Promise<void> {
+    await Promise.all(this.#shards.map((shard) => this.#flushShard(shard)))
+  }
+
+  async #flushShard(shard: Shard): Promise<void> {
     const started = Date.now()
+    let accountIds: string[]
+    try {
+      accountIds = await this.#store.dirtyAccounts(shard)
+    } catch (err) {
+      logEvery('warn', 'credit reconciliation failed; will retry', () => errorFields(err))
+      return
+    }
     let failed = false
-    for (const accountId of await this.#store.dirtyAccounts()) {
+    for (const accountId of accountIds) {
       try {
         await this.#flushAccount(accountId)
       } catch (err) {
@@ -143,19 +165,32 @@ export class CreditLedger {
         logEvery('warn', 'credit flush failed for an account; will retry', () => ({ accountId, ...errorFields(err) }))
       }
     }
-    if (!failed) this.#flushedAt = started
+    if (!failed) this.#flushedAt.set(shard, started)
   }
 
   /**
-   * Seconds since the start of the last flush pass that left no charge behind: every charge older than
-   * this is in PostgreSQL, and a store losing its data now would lose at most this much of them.
+   * Seconds since the start of the oldest of the shards' last flush passes that left no charge behind:
+   * every charge older than this is in PostgreSQL, and a store losing its data now would lose at most
+   * this much of them.
    */
   flushLagSeconds(): number {
-    return (Date.now() - this.#flushedAt) / 1000
+    return (Date.now() - Math.min(...this.#flushedAt.values())) / 1000
+  }
+
+  /**
+   * Account flushes' transactions run one at a time, whatever their shards: each holds a database
+   * connection, and the shards' passes side by side would take as many from the requests. In one, a
+   * flush waits for Redis at most a store call's deadline (its begin), so a node that stops answering
+   * holds the others up that long at most.
+   */
+  #oneAtATime<T>(work: () => Promise<T>): Promise<T> {
+    const run = this.#lastFlush.then(work, work)
+    this.#lastFlush = run.catch(() => {})
+    return run
   }
 
   async #flushAccount(accountId: string): Promise<void> {
-    const flushId = await this.#database.db.transaction(async (tx) => {
+    const flushId = await this.#oneAtATime(() => this.#database.db.transaction(async (tx) => {
       // The row lock orders this flush against addCredits and against a balance seed (#seedBalance): the
       // charges leave the store only once no seed can read the balance without them.
       const [account] = await tx.select({ id: accounts.id }).from(accounts).where(eq(accounts.id, accountId)).for('update')
@@ -173,25 +208,40 @@ export class CreditLedger {
           .where(eq(accounts.id, accountId))
       }
       return flush.id
-    })
+    }))
     await this.#store.endFlush(accountId, flushId)
   }
 
-  /** Runs flush() every `intervalMs` until stopped; stop() runs a last pass. */
-  startReconciler(intervalMs = RECONCILE_MS): { stop(): Promise<void> } {
-    let running: Promise<void> = Promise.resolve()
-    const pass = () => {
-      running = running.then(() =>
-        this.flush().catch((err) => logEvery('warn', 'credit reconciliation failed; will retry', () => errorFields(err))),
-      )
-      return running
+  /**
+   * Flushes every shard each `intervalMs` until stopped, each shard's passes one after another and apart
+   * from the other shards'. stop() runs a last pass of each, waiting at most `stopWaitMs` for a shard
+   * whose store does not answer: what it leaves is still pending in the store, for the next pass of any
+   * instance (a flush begun and not finished is retried under its id, never doubled).
+   */
+  startReconciler(intervalMs = RECONCILE_MS, stopWaitMs = STOP_WAIT_MS): { stop(): Promise<void> } {
+    const running = new Map<Shard, Promise<void>>()
+    const pass = (shard: Shard) => {
+      const previous = running.get(shard)
+      if (previous) return previous
+      const current = this.#flushShard(shard).finally(() => running.delete(shard))
+      running.set(shard, current)
+      return current
     }
-    const timer = setInterval(pass, intervalMs)
+    const timer = setInterval(() => {
+      for (const shard of this.#shards) void pass(shard)
+    }, intervalMs)
     timer.unref?.()
     return {
-      async stop() {
+      stop: async () => {
         clearInterval(timer)
-        await pass()
+        const last = Promise.all(this.#shards.map(async (shard) => {
+          await running.get(shard)
+          await pass(shard)
+        }))
+        if ((await withTimeout(last, stopWaitMs)) === null)
+          log.warn('stopped with credit flushes still waiting on the store; their charges stay pending there for the next pass', {
+            shards: running.size,
+          })
       },
     }
   }

@@ -221,8 +221,8 @@ export class MemoryStore implements Store {
     this.#addPending(accountId, -n)
   }
 
-  async dirtyAccounts(): Promise<string[]> {
-    return [...this.#dirty()]
+  async dirtyAccounts(shard: Shard): Promise<string[]> {
+    return shard === ONE_SHARD ? [...this.#dirty()] : []
   }
 
   async beginFlush(accountId: string, newId: string): Promise<{ id: string; amount: number } | null> {

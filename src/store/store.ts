@@ -71,8 +71,8 @@ export interface Credits {
   creditsChanging(accountId: string): Promise<void>
   /** Gives back a charge whose request failed after the charge (a lost seat race). */
   refund(accountId: string, n: number): Promise<void>
-  /** Accounts with charges not yet reconciled to PostgreSQL. */
-  dirtyAccounts(): Promise<string[]>
+  /** The accounts of `shard` with charges not yet reconciled to PostgreSQL. */
+  dirtyAccounts(shard: Shard): Promise<string[]>
   /**
    * Moves the account's pending charges into one flush record with id `newId` and returns it; returns
    * the earlier record instead when one is unfinished (a crashed flush is retried, never doubled).
@@ -197,7 +197,7 @@ export function shardOf(accountId: string, shards: number): Shard {
   return `{s${(h >>> 0) % shards}}`
 }
 
-/** Every shard among `shards`, for what reads all of them (the credit reconciler). */
+/** Every shard among `shards`, for what goes over all of them (the credit reconciler). */
 export const allShards = (shards: number): Shard[] => (shards === 1 ? [''] : Array.from({ length: shards }, (_, i) => `{s${i}}`))
 
 /**

@@ -201,6 +201,6 @@ describe('credits on the client endpoints', async () => {
     await t.ctx.database.db.delete(accounts).where(eq(accounts.id, gone.accountId))
     await t.ctx.credits.flush()
     expect(await reconciled(kept.accountId)).toBe(9)
-    expect(await t.ctx.store.dirtyAccounts()).not.toContain(gone.accountId)
+    expect(await t.ctx.store.dirtyAccounts(t.ctx.store.shardOf(gone.accountId))).not.toContain(gone.accountId)
   })
 })

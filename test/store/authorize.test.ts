@@ -85,7 +85,7 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     expect(await store.authorize(base({ charge }))).toEqual({ kind: 'ok', charged: 1 })
     expect(await store.authorize(base({ charge }))).toEqual({ kind: 'no_credits' })
     expect(await store.balance(acct)).toBe(0)
-    expect(await store.dirtyAccounts()).toContain(acct)
+    expect(await store.dirtyAccounts(store.shardOf(acct))).toContain(acct)
     await store.creditsChanging(acct)
     expect(await store.balance(acct)).toBeNull()
     expect(await store.loadBalance(acct, { epoch: 0, flushId: null }, 7, false)).toBe('stale')
@@ -100,7 +100,7 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     await store.endFlush(acct, 'f1')
     expect(await store.beginFlush(acct, 'f3')).toBeNull()
     await store.endFlush(acct, '')
-    expect(await store.dirtyAccounts()).not.toContain(acct)
+    expect(await store.dirtyAccounts(store.shardOf(acct))).not.toContain(acct)
   })
 
   test('heartbeat counter: every n-th call is charged, a refused charge is rolled back', async () => {
@@ -170,7 +170,7 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
       { kind: 'limited', retryAfterMs: expect.any(Number) },
     ])
     expect(await store.balance(acct)).toBe(0)
-    expect(await store.dirtyAccounts()).toContain(acct)
+    expect(await store.dirtyAccounts(store.shardOf(acct))).toContain(acct)
     expect(await store.beginFlush(acct, 'f')).toEqual({ id: 'f', amount: 2 })
   })
 

@@ -11,6 +11,7 @@ import { allShards, keys, shardOfKey } from '../../src/store/store'
 import { decode, hwid, insertLicense, nonce } from '../support/client'
 import { makeTestApp, MODE, type TestApp } from '../support/helpers'
 import { ownRedisCluster } from '../support/redis-cluster'
+import { until } from '../support/servers'
 
 const SHARDS = 64
 
@@ -76,12 +77,43 @@ if (MODE === 'postgres') {
       expect(results.filter((r) => r.status === 200)).toHaveLength(7)
       expect(results.filter((r) => r.body.error === 'no_credits')).toHaveLength(13)
       expect(await a.ctx.store.balance(s.accountId)).toBe(0)
-      expect(await b.ctx.store.dirtyAccounts()).toContain(s.accountId)
+      expect(await b.ctx.store.dirtyAccounts(b.ctx.store.shardOf(s.accountId))).toContain(s.accountId)
       await b.ctx.credits.flush()
       const [row] = await a.ctx.database.db.select({ credits: accounts.credits }).from(accounts).where(eq(accounts.id, s.accountId))
       expect(row?.credits).toBe(0)
-      expect(await a.ctx.store.dirtyAccounts()).not.toContain(s.accountId)
+      expect(await a.ctx.store.dirtyAccounts(a.ctx.store.shardOf(s.accountId))).not.toContain(s.accountId)
       expect((await validate(0, body(s, licenseKey))).body.error).toBe('no_credits')
+    })
+
+    test('a master that stops answering holds up the credit flushes of its own shards only, and the reconciler stops without it', async () => {
+      // Accounts until one's shard is on the first master and another's on another master.
+      let stalled: Awaited<ReturnType<typeof a.seed>> | undefined
+      let healthy: typeof stalled
+      while (!stalled || !healthy) {
+        const s = await a.seed({ credits: 5 })
+        if ((await nodeOf(keys.dirtyAccounts(a.ctx.store.shardOf(s.accountId)))) === 0) stalled ??= s
+        else healthy ??= s
+      }
+      for (const s of [stalled, healthy]) {
+        const licenseKey = await insertLicense(a.ctx, s.appId, { unlimitedHwidSlots: true })
+        for (let i = 0; i < 2; i++) expect((await validate(i, body(s, licenseKey))).status).toBe(200)
+      }
+      const reconciled = async (accountId: string) =>
+        (await a.ctx.database.db.select({ credits: accounts.credits }).from(accounts).where(eq(accounts.id, accountId)))[0]?.credits
+
+      process.kill(cluster.pids[0]!, 'SIGSTOP')
+      try {
+        const reconciler = b.ctx.credits.startReconciler(50, 1_000)
+        expect(await until(() => reconciled(healthy.accountId), (credits) => credits === 3, 5_000)).toBe(3)
+        expect(await reconciled(stalled.accountId)).toBe(5)
+        const stopping = Date.now()
+        await reconciler.stop()
+        expect(Date.now() - stopping).toBeLessThan(3_000)
+      } finally {
+        process.kill(cluster.pids[0]!, 'SIGCONT')
+      }
+      await b.ctx.credits.flush()
+      expect(await reconciled(stalled.accountId)).toBe(3)
     })
 
     test('a nonce used on one instance is a replay on the other', async () => {

@@ -14,6 +14,8 @@ export interface OwnRedisCluster {
   ports: number[]
   /** A plain connection to each master, in port order (FLUSHALL, DBSIZE, CLUSTER … on one node). */
   nodes: Redis[]
+  /** The masters' process ids, in port order: SIGSTOP makes a node that keeps its connections and answers nothing. */
+  pids: number[]
   /** Kills the servers and removes their directory. */
   stop(): Promise<void>
 }
@@ -69,5 +71,5 @@ export async function ownRedisCluster({ masters = 3, first = 7101, last = 7199 }
     await stop()
     throw err
   }
-  return { url: ports.map((port) => `redis://127.0.0.1:${port}`).join(','), ports, nodes, stop }
+  return { url: ports.map((port) => `redis://127.0.0.1:${port}`).join(','), ports, nodes, pids: procs.map((proc) => proc.pid), stop }
 }

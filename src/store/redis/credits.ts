@@ -1,4 +1,4 @@
-import { allShards, type CreditState, type Credits, keys } from '../store'
+import { type CreditState, type Credits, keys, type Shard } from '../store'
 import type { Connection, Script } from './connection'
 
 // KEYS: balance, pending, flushing, account epoch. ARGV: expected epoch, expected flush id ('' for
@@ -146,11 +146,9 @@ export class RedisCredits implements Credits {
     await this.conn.redis.lsRefund(k.balance, k.pending, k.dirty, accountId, n)
   }
 
-  /** Every shard's set (one read on a single Redis; on a cluster the reads of one node share a pipeline). */
-  async dirtyAccounts(): Promise<string[]> {
+  async dirtyAccounts(shard: Shard): Promise<string[]> {
     this.conn.failFastWhenLost()
-    const sets = await Promise.all(allShards(this.conn.shards).map((shard) => this.conn.redis.smembers(keys.dirtyAccounts(shard))))
-    return sets.flat()
+    return this.conn.redis.smembers(keys.dirtyAccounts(shard))
   }
 
   async beginFlush(accountId: string, newId: string): Promise<{ id: string; amount: number } | null> {
