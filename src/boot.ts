@@ -4,9 +4,9 @@ import { ValidatedEventBatch } from './delivery/validated-events'
 import type { Config } from './config'
 import { deriveKey, Sealer } from './lib/crypto'
 import { EventBus } from './delivery/outbox'
-import { MissBudget } from './actors/bounded'
+import { BoundedMap, MissBudget } from './actors/bounded'
 import { ACTOR_LIMITS, AppActors } from './actors/registry'
-import { UNKNOWN_API_KEYS_PER_MINUTE } from './http/auth'
+import { LIVE_API_KEYS, UNKNOWN_API_KEYS_PER_MINUTE } from './http/auth'
 import { requireKeySource, resolveMasterKey } from './signing/master-key'
 import { adoptKeyCheck, storedKeyCheck } from './signing/key-check'
 import { type Database, openDb, poolSizePerProcess } from './db/client'
@@ -76,7 +76,7 @@ export async function buildContext(config: Readonly<Config>, overrides: ContextO
 }
 
 /** What boot opens or chooses; the rest of the context is built from it. */
-type ContextBase = Omit<Context, 'actors' | 'credits' | 'sessions' | 'payloads' | 'validatedEvents' | 'unknownApiKeys'>
+type ContextBase = Omit<Context, 'actors' | 'credits' | 'sessions' | 'payloads' | 'validatedEvents' | 'unknownApiKeys' | 'liveApiKeys'>
 
 function assembleContext(base: ContextBase): Context {
   return {
@@ -87,5 +87,6 @@ function assembleContext(base: ContextBase): Context {
     payloads: new SignedPayloads(base.signer),
     validatedEvents: new ValidatedEventBatch({ database: base.database, bus: base.bus, dropped: base.metrics.validatedEventsDropped }),
     unknownApiKeys: new MissBudget(UNKNOWN_API_KEYS_PER_MINUTE, ACTOR_LIMITS.absent),
+    liveApiKeys: new BoundedMap(LIVE_API_KEYS),
   }
 }

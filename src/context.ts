@@ -11,7 +11,7 @@ import type { Signer } from './signing/signer'
 import type { Store } from './store/store'
 import type { DeliveryPool } from './delivery/pool'
 import type { CreditLedger } from './credits/ledger'
-import type { MissBudget } from './actors/bounded'
+import type { BoundedMap, MissBudget } from './actors/bounded'
 
 /** Infrastructure handed to every route module and use-case; built once by boot.ts's buildContext, for the server, the CLI and the tests alike. */
 export interface Context {
@@ -41,6 +41,8 @@ export interface Context {
   credits: CreditLedger
   /** Per IP, Developer API key lookups that found no key (http/auth.ts). */
   unknownApiKeys: MissBudget
+  /** Hashes of Developer API keys last found live, which skip unknownApiKeys (http/auth.ts). */
+  liveApiKeys: BoundedMap<true>
   /** Milliseconds since the epoch; tests inject their own. */
   clock: () => number
 }

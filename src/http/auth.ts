@@ -38,6 +38,9 @@ const invalidKey = () =>
  */
 export const UNKNOWN_API_KEYS_PER_MINUTE = 60
 
+/** How many keys found live a process remembers (Context.liveApiKeys). */
+export const LIVE_API_KEYS = 10_000
+
 /** The request's own Elysia context: transform, resolve and the handler all see this one object. */
 interface AuthContext {
   request: Request
@@ -65,7 +68,10 @@ export const authenticate = (ctx: Context) => {
     Object.assign(requestContext.set.headers, await takeApiToken(ctx, keyHash, requestIdOf(request)))
     const ip = addresses.of(requestContext.server?.requestIP(request)?.address ?? null, request.headers.get('x-forwarded-for'))
     const nowMs = ctx.clock()
-    if (!ctx.unknownApiKeys.allows(ip, nowMs)) {
+    // Still looked up on every request (a revocation holds at once), a key found live before skips the
+    // budget: a revoked key still in use on a vendor's host (a forgotten cron job) spends its address's
+    // lookups, and must not lock that host's live keys out with it.
+    if (!ctx.liveApiKeys.has(keyHash) && !ctx.unknownApiKeys.allows(ip, nowMs)) {
       const retryAfter = String(Math.max(1, Math.ceil(ctx.unknownApiKeys.retryAfterMs(ip, nowMs) / 1000)))
       throw new ApiError('rate_limited', 429, 'Too many unknown API keys from this address; retry after the Retry-After header', {
         'Retry-After': retryAfter,
@@ -73,9 +79,11 @@ export const authenticate = (ctx: Context) => {
     }
     const accountId = await accountForKeyHash(ctx, keyHash)
     if (!accountId) {
+      ctx.liveApiKeys.delete(keyHash)
       ctx.unknownApiKeys.charge(ip, nowMs)
       throw invalidKey()
     }
+    ctx.liveApiKeys.set(keyHash, true)
     requestContext.accountId = accountId
   }
 }

@@ -1,6 +1,7 @@
 import { describe, expect, test } from 'bun:test'
 import { Elysia } from 'elysia'
 import { randomBytes } from 'node:crypto'
+import { revokeApiKey } from '../../src/accounts/service'
 import { apiKeyAuth, UNKNOWN_API_KEYS_PER_MINUTE } from '../../src/http/auth'
 import { API_BURST } from '../../src/http/rate-limit'
 import type { Store } from '../../src/store/store'
@@ -40,6 +41,23 @@ describe('Developer API rate limit', () => {
     expect((await from('198.51.100.9', apiKey)).body).toEqual({ accountId })
     expect((await from('198.51.100.9', madeUp())).status).toBe(401)
     expect((await from('198.51.100.9', madeUp())).status).toBe(429)
+  })
+
+  test("a revoked key still in use spends its address's lookups; the live keys the address has used are served all the same", async () => {
+    const { req, seed, ctx } = await limitedApp({ env: { TRUSTED_PROXIES: '0.0.0.0' } })
+    const live = await seed()
+    const forgotten = await seed()
+    const from = (key: string) => req('GET', '/v1/probe', { apiKey: key, headers: { 'x-forwarded-for': '198.51.100.20' } })
+    expect((await from(live.apiKey)).body).toEqual({ accountId: live.accountId })
+    expect((await from(forgotten.apiKey)).body).toEqual({ accountId: forgotten.accountId })
+    expect(await revokeApiKey(ctx, forgotten.apiKey)).toBe(true)
+    // Found live before, it is looked up and refused at once, and spends the lookups of an unknown key.
+    for (let i = 0; i < UNKNOWN_API_KEYS_PER_MINUTE; i++) expect((await from(forgotten.apiKey)).status).toBe(401)
+    expect((await from(forgotten.apiKey)).status).toBe(429)
+    expect((await from(live.apiKey)).body).toEqual({ accountId: live.accountId })
+    // A key the address has not used yet waits for the budget as any unknown one does.
+    const unused = await seed()
+    expect((await from(unused.apiKey)).status).toBe(429)
   })
 
   test('a burst of 100 passes, the 101st gets 429 rate_limited with Retry-After, and refill lets it through', async () => {
