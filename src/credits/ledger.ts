@@ -179,13 +179,20 @@ export class CreditLedger {
 
   /**
    * Account flushes' transactions run one at a time, whatever their shards: each holds a database
-   * connection, and the shards' passes side by side would take as many from the requests. In one, a
-   * flush waits for Redis at most a store call's deadline (its begin), so a node that stops answering
-   * holds the others up that long at most.
+   * connection, and the shards' passes side by side would take as many from the requests. A flush
+   * still open after a store call's deadline lets the next one start: its begin waits on a Redis node
+   * that stopped answering (without a deadline: see RedisStore), and only its own shard waits with it.
    */
   #oneAtATime<T>(work: () => Promise<T>): Promise<T> {
     const run = this.#lastFlush.then(work, work)
-    this.#lastFlush = run.catch(() => {})
+    this.#lastFlush = new Promise<void>((next) => {
+      const overdue = setTimeout(next, STORE_CALL_TIMEOUT_MS)
+      const settled = () => {
+        clearTimeout(overdue)
+        next()
+      }
+      run.then(settled, settled)
+    })
     return run
   }
 

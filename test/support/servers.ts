@@ -63,9 +63,6 @@ export interface OwnRedis {
   stop(): Promise<void>
   /** Starts it again on the same port; without persistence it comes back empty. */
   start(): Promise<void>
-  /** SIGSTOP: it keeps its connections and answers nothing until resume(). */
-  pause(): void
-  resume(): void
 }
 
 /** A redis-server of the test's own, without persistence unless `args` asks for it. */
@@ -89,8 +86,6 @@ export async function ownRedis(args: string[] = ['--save', '', '--appendonly', '
       await proc.exited
       proc = null
     },
-    pause: () => proc?.kill('SIGSTOP'),
-    resume: () => proc?.kill('SIGCONT'),
   }
   await handle.start()
   return handle

@@ -48,14 +48,13 @@ export class RedisStore implements Store {
    * A call with the deadline of the authorize calls (STORE_CALL_TIMEOUT_MS): those that only read, take
    * rate-limit or admission tokens or bump epochs, which Redis may still run after the caller gave up
    * without harm (a token it takes then is charged to a request that went through unlimited anyway; a
-   * failed bump is retried). A flush's begin too: run late, after its transaction rolled back, it leaves
-   * the record of a flush cut short, which the next pass applies under its id, once (as after a crash);
-   * waiting for it without a deadline held a database connection for as long as Redis did not answer.
-   * While an earlier call is overdue on one Redis they fail at once, unsent.
+   * failed bump is retried). While an earlier call is overdue on one Redis they fail at once, unsent.
    * The balance seed has none: run after its caller released the account row, it could seed a balance a
    * flush has moved since (ledger.ts); a client request waits for it under a deadline of its own.
-   * Adding credits, refunds and a flush's end have none either: run late, they would count credits the
-   * database rolled back, or twice.
+   * Adding credits, refunds and flushes have none either: run late, they would count credits the
+   * database rolled back, or twice (a flush's begin run, or resent by the client after a reconnect, once
+   * its transaction gave up and another instance applied and ended that flush, would file new charges
+   * under an id PostgreSQL already has).
    */
   #waited<T>(call: () => Promise<T>): Promise<T> {
     const stalled = this.#conn.stalled()
@@ -126,7 +125,7 @@ export class RedisStore implements Store {
   }
 
   beginFlush(accountId: string, newId: string): Promise<{ id: string; amount: number } | null> {
-    return watched(this.#waited(() => this.#credits.beginFlush(accountId, newId)))
+    return watched(this.#credits.beginFlush(accountId, newId))
   }
 
   endFlush(accountId: string, id: string): Promise<void> {
