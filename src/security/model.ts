@@ -30,7 +30,7 @@ export const SecurityEntryBody = StrictBody(
     type: t.Union([t.Literal('hwid'), t.Literal('ip')]),
     value: Text({
       description:
-        'HWID of 1 to 128 characters, or a single IPv4/IPv6 address of 7 to 45 characters (stored canonical; shorter when given as the lists show it, such as ::1)',
+        'HWID of 1 to 128 characters, or a single IPv4/IPv6 address of 7 to 45 characters (stored canonical; shorter only to name an entry the list shows so, such as ::1)',
     }),
   },
   { examples: [{ type: 'ip', value: '203.0.113.7' }, { type: 'hwid', value: EXAMPLE.otherHwid }] },

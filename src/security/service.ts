@@ -40,16 +40,21 @@ export function normalizeEntry(type: EntryType, value: string): string {
   }
   // Zone IDs (fe80::1%eth0) name an interface of one host: meaningless for a remote caller.
   const canonical = isIP(value) !== 0 && !value.includes('%') ? canonicalIp(value) : null
-  // The spec's 7 to 45 characters, except for an address given as the lists show it: a few IPv6
-  // addresses are shorter in canonical form (0:0:0:0:0:0:0:1 is kept as ::1, as is a selfban from ::1),
-  // and what a GET lists must be removable by DELETE and sendable back in a PUT.
-  const asListed = canonical !== null && canonical === value
-  if (value.length > IP_LENGTH.max || (value.length < IP_LENGTH.min && !asListed)) {
-    throw badRequest(`An IP entry is ${IP_LENGTH.min} to ${IP_LENGTH.max} characters`)
-  }
+  // Shorter than the spec's 7 characters only as the lists show an entry (see shortIp).
+  if (value.length > IP_LENGTH.max || (value.length < IP_LENGTH.min && canonical !== value)) throw ipLength()
   if (canonical === null) throw badRequest(`"${value}" is not an IPv4 or IPv6 address`)
   return canonical
 }
+
+const ipLength = () => badRequest(`An IP entry is ${IP_LENGTH.min} to ${IP_LENGTH.max} characters`)
+
+/**
+ * An IP entry given shorter than the spec's 7 characters, as the lists show a few IPv6 addresses
+ * (0:0:0:0:0:0:0:1 is kept as ::1, as is a selfban from ::1): taken only where it names an entry
+ * already there, so what a GET lists can be removed by DELETE and sent back in a PUT, and nothing new
+ * under 7 characters is added.
+ */
+const shortIp = (type: EntryType, value: string) => type === 'ip' && value.length < IP_LENGTH.min
 
 function normalizeList(name: ListName, values: readonly string[]): string[] {
   if (values.length > MAX_LIST_ENTRIES)
@@ -91,6 +96,8 @@ export async function putSecurity(
     if (values !== undefined) set[name] = normalizeList(name, values)
   }
   const app = await requireOwnedApp(ctx, accountId, appId)
+  for (const name of LIST_NAMES)
+    if (input[name]?.some((value) => shortIp(ENTRY_TYPES[name], value) && !app[name].includes(value))) throw ipLength()
   if (Object.keys(set).length === 0) return getSecurity(ctx, accountId, app.id)
   const [row] = await ctx.actors.write(
     app.id,
@@ -115,6 +122,7 @@ async function entryOf(ctx: Context, accountId: string, appId: string, kind: Lis
 
 /** Adds one entry (see appendEntry); an entry already present is a no-op success, a full list 400. */
 export async function addEntry(ctx: Context, accountId: string, appId: string, kind: ListKind, input: SecurityEntryBody) {
+  if (shortIp(input.type, input.value)) throw ipLength()
   const { name, value, app } = await entryOf(ctx, accountId, appId, kind, input)
   const added = await ctx.actors.write(
     app.id,
