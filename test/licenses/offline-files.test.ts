@@ -1,4 +1,4 @@
-import { beforeAll, describe, expect, test } from 'bun:test'
+import { beforeAll, describe, expect, spyOn, test } from 'bun:test'
 import { and, eq } from 'drizzle-orm'
 import { events, licenses, offlineFiles, signingKeys } from '../../src/db/schema'
 import { makeTestApp, type TestApp } from '../support/helpers'
@@ -64,6 +64,30 @@ const fileRows = (licenseKey: string) => t.ctx.database.db.select().from(offline
 const balance = (s: Seeded) => t.ctx.credits.currentBalance(s.accountId)
 
 describe('POST /v1/licenses/:licenseKey/offline-files: the file', () => {
+  test('a file carries the app variables as they stand at its commit, not as read before its transaction', async () => {
+    const s = await t.seed()
+    const licenseKey = await insertLicense(t.ctx, s.appId)
+    const variables = (body: Record<string, string>) => t.req('PUT', `/v1/apps/${s.appId}/variables`, { apiKey: s.apiKey, body })
+    expect((await variables({ theme: 'dark' })).status).toBe(200)
+    const charge = t.ctx.credits.charge.bind(t.ctx.credits)
+    let changed = 0
+    // A change of the app's variables commits after the mint read the app, before its transaction.
+    const between = spyOn(t.ctx.credits, 'charge').mockImplementation(async (...args) => {
+      expect((await variables({ theme: 'light' })).status).toBe(200)
+      changed++
+      return charge(...args)
+    })
+    let body: Awaited<ReturnType<typeof minted>>
+    try {
+      body = await minted(s, licenseKey, { hwids: ['machine-a'] })
+    } finally {
+      between.mockRestore()
+    }
+    expect(changed).toBe(1)
+    const verdict = check(s, body.file, 'machine-a')
+    expect(verdict.code === 'ok' && verdict.payload.appVariables).toEqual({ theme: 'light' })
+  })
+
   test('a bound file verifies with the app key on its machine only, and carries the contract fields in order', async () => {
     const s = await t.seed()
     const expiresAt = iso(now + 30 * DAY)

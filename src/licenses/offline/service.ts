@@ -94,14 +94,16 @@ async function bindSeats(tx: Tx, row: LicenseRow, newHwids: string[], now: Date)
  */
 async function mint(ctx: Context, tx: Tx, app: AppRow, licenseKey: string, input: MintOfflineFileBody) {
   const now = new Date(ctx.clock())
-  // FOR SHARE: a disable or a list change committing meanwhile waits for this file, or this sees it.
+  // FOR SHARE: a disable, a list or variables change committing meanwhile waits for this file, or
+  // this sees it: the file is checked against, and carries, the app as it stands at the commit.
   const [locked] = await tx.select().from(apps).where(eq(apps.id, app.id)).for('share')
+  if (!locked) throw new ApiError('not_found', 404, `No license ${licenseKey}`)
   const row = await lockLicense(tx, licenseKey)
   // Under the app's lock, which a rotation takes for update: the key is the app's active one at the commit.
   const signing = await ctx.actors.loadSigningKey(app.id, tx)
   if (!signing) throw new Error(`app ${app.id} has no active signing key`)
   const plan = planMint(row, input, now)
-  if (locked) checkApp(locked, fileHwids(plan))
+  checkApp(locked, fileHwids(plan))
   const events = await bindSeats(tx, row, plan.newHwids, now)
   const payload: OfflinePayload = {
     appId: app.id,
@@ -114,7 +116,7 @@ async function mint(ctx: Context, tx: Tx, app: AppRow, licenseKey: string, input
     label: row.label,
     licenseExpiresAt: row.expiresAt,
     licenseVariables: row.variables,
-    appVariables: app.variables,
+    appVariables: locked.variables,
   }
   const payloadBase64 = encodePayload(payload)
   const signature = await ctx.signer.sign(signing.keyId, signing.key, payloadBase64)
