@@ -105,7 +105,7 @@ const API_ERRORS = {
   },
   hwid_blocked: {
     status: 409,
-    when: "an HWID of the file is refused by the app's HWID blacklist or whitelist",
+    when: "an HWID of the file is refused by the app's HWID blacklist or whitelist, or a file for any machine by its whitelist",
     message: "HWID 1 of the file is refused by the app's HWID blacklist or whitelist",
   },
   rate_limited: {

@@ -335,6 +335,19 @@ describe("the app's side, as a validate would see it", () => {
     await minted(s, licenseKey, { hwids: ['m1', 'm2'] })
   })
 
+  test('a file for any machine: refused while the app has an HWID whitelist, which admits only its own machines', async () => {
+    const s = await t.seed({ credits: 5 })
+    const licenseKey = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
+    expect((await security(s, { hwidWhitelist: ['m1'] })).status).toBe(200)
+    const refused = await mint(s, licenseKey, { anyMachine: true })
+    expect([refused.status, refused.body]).toEqual([409, errorBody('hwid_blocked')])
+    expect(await fileRows(licenseKey)).toHaveLength(0)
+    expect(await balance(s)).toBe(5)
+    // A blacklist does not refuse it: nothing offline could check it, as the README says.
+    expect((await security(s, { hwidWhitelist: [], hwidBlacklist: ['evil'] })).status).toBe(200)
+    expect((await minted(s, licenseKey, { anyMachine: true })).hwid).toEqual({ mode: 'any' })
+  })
+
   test('hwids outside 1 to 16 items: 400 saying so', async () => {
     const s = await t.seed()
     const licenseKey = await insertLicense(t.ctx, s.appId, { hwids: ['m1'] })

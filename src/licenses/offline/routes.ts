@@ -79,7 +79,8 @@ export const offlineFileRoutes = (ctx: Context) =>
             "seats_full and nothing bound when there are too few), to the license's bound HWIDs when omitted, or to " +
             'any machine (`anyMachine`, unlimited-seat licenses only). 1 credit on a billed app (402 no_credits), ' +
             'free on a sandbox app. 409 license_inactive for a revoked or expired license, app_disabled for a ' +
-            "disabled app, hwid_blocked for an HWID the app's HWID lists refuse (as a validate would). Emits " +
+            "disabled app, hwid_blocked for an HWID the app's HWID lists refuse (as a validate would) or for any " +
+            'machine while the app has an HWID whitelist. Emits ' +
             'license.offline_issued. With `Accept: application/x-authforge-license` the 201 body is the file itself, ' +
             'as an attachment named `<licenseKey>.authforge`. A delivered file cannot be revoked: give short ' +
             'expiries.',

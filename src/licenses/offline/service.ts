@@ -26,8 +26,14 @@ const seatsFull = (message: string) => new ApiError('seats_full', 409, message)
  * or a blocked machine would verify offline for as long as it lasts. Run on the app row as read (before
  * the charge) and as locked in the minting transaction.
  */
-function checkApp(app: AppRow, hwids: readonly string[]): void {
+function checkApp(app: AppRow, machines: MintPlan['hwid']): void {
   if (app.disabled) throw new ApiError('app_disabled', 409, 'The app is disabled: enable it to mint offline files')
+  // A file for any machine verifies beyond a whitelist, which admits only its own machines. (It cannot
+  // honour the blacklist either: the README says so.)
+  if (machines.mode === 'any' && app.hwidWhitelist.length > 0) {
+    throw new ApiError('hwid_blocked', 409, "A file for any machine would verify on machines the app's HWID whitelist refuses")
+  }
+  const hwids = machines.mode === 'bound' ? machines.hwids : []
   const [blacklist, whitelist] = [new Set(app.hwidBlacklist), new Set(app.hwidWhitelist)]
   const blocked = hwids.findIndex((hwid) => !hwidListsAllow(blacklist, whitelist, hwid))
   if (blocked >= 0) {
@@ -62,8 +68,6 @@ function planMint(row: LicenseRow, input: MintOfflineFileBody, now: Date): MintP
   }
   return { expiresAt, hwid: { mode: 'bound', hwids }, newHwids }
 }
-
-const fileHwids = (plan: MintPlan) => (plan.hwid.mode === 'bound' ? plan.hwid.hwids : [])
 
 /**
  * Binds the new HWIDs in one conditional UPDATE, as the seat binder does: the condition (not the row
@@ -103,7 +107,7 @@ async function mint(ctx: Context, tx: Tx, app: AppRow, licenseKey: string, input
   const signing = await ctx.actors.loadSigningKey(app.id, tx)
   if (!signing) throw new Error(`app ${app.id} has no active signing key`)
   const plan = planMint(row, input, now)
-  checkApp(locked, fileHwids(plan))
+  checkApp(locked, plan.hwid)
   const events = await bindSeats(tx, row, plan.newHwids, now)
   const payload: OfflinePayload = {
     appId: app.id,
@@ -164,7 +168,7 @@ export async function mintOfflineFile(
   const plan = planMint(owned, input, new Date(ctx.clock()))
   const [app] = await ctx.database.db.select().from(apps).where(eq(apps.id, owned.appId)).limit(1)
   if (!app) throw new ApiError('not_found', 404, `No license ${licenseKey}`)
-  checkApp(app, fileHwids(plan))
+  checkApp(app, plan.hwid)
   const billed = !app.sandbox
   if (billed && !(await ctx.credits.charge(accountId, 1, ctx.clock()))) {
     throw new ApiError('no_credits', 402, 'The account has no credits left; add credits to mint offline files')
