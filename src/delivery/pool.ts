@@ -34,6 +34,8 @@ export interface DeliveryPoolOptions {
   timeoutMs?: number
   /** Requests each worker has open at once. */
   concurrency?: number
+  /** Of those, at most this many to one host. */
+  perHost?: number
   /** Lowest CPU priority for the delivery threads, so API requests win a saturated CPU. */
   lowPriority?: boolean
 }
@@ -86,7 +88,8 @@ export class DeliveryPool {
       allowPrivate: options.allowPrivate,
       ca,
       timeoutMs: options.timeoutMs ?? 10_000,
-      concurrency: options.concurrency ?? 16,
+      concurrency: options.concurrency ?? 64,
+      perHost: options.perHost ?? 16,
       lowPriority: options.lowPriority ?? false,
     }
   }

@@ -8,6 +8,8 @@ export interface WorkerInit {
   timeoutMs: number
   /** Requests a worker has open at once; more wait in its queue. */
   concurrency: number
+  /** Of those, at most this many to one host (host:port): a receiver that hangs holds no more. */
+  perHost: number
   /** Run delivery threads at the lowest CPU priority (the server; not tests sharing a process). */
   lowPriority: boolean
 }

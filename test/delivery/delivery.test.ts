@@ -198,6 +198,25 @@ describe('webhook delivery', () => {
     await t.ctx.webhookPool.close()
   })
 
+  test('a receiver that hangs holds a few of the workers\' requests, never another receiver\'s deliveries', async () => {
+    const pool = new DeliveryPool({ allowPrivate: true, extraCaFile: testCertificate().certFile, size: 1, timeoutMs: 3_000 })
+    await using hanging = startReceiver(() => 'hang')
+    await using answering = startReceiver()
+    const job = (url: string) => ({ url, headers: { 'content-type': 'application/json' }, body: '{}' })
+    try {
+      // More than a worker has open at once, all to the host that hangs, then one to another host.
+      for (let i = 0; i < 80; i++) void pool.send(job(hanging.url('/stuck')))
+      await until(() => hanging.at('/stuck').length >= 16, 'the hanging host holding its requests')
+      const started = performance.now()
+      expect(await pool.send(job(answering.url('/served')))).toEqual({ status: 200 })
+      expect(performance.now() - started).toBeLessThan(1_500)
+      // The hanging host has no more open than its share.
+      expect(hanging.at('/stuck').length).toBe(16)
+    } finally {
+      await pool.close()
+    }
+  })
+
   test('the private-address guard applies again at delivery time', async () => {
     const t = await appWithReceiverCa()
     const s = await t.seed()

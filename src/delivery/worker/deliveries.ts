@@ -4,18 +4,33 @@ import { LowPriority } from './priority'
 
 interface Queued {
   job: DeliveryJob
+  /** host:port of the job's URL, whose open requests `perHost` counts. */
+  host: string
   done: (result: DeliveryResult) => void
 }
 
 /**
  * This worker's sending side: its settings, the requests it has open and the jobs waiting for one.
  * Requests to one receiver beyond a few dozen at once stop reusing keep-alive connections and pay a
- * TLS handshake each: jobs beyond `concurrency` wait here (their 10 s start when they are sent).
+ * TLS handshake each: jobs beyond `perHost` to one host, or `concurrency` in all, wait here (their
+ * 10 s start when they are sent). A job waits behind its own host's, not behind another host's: a
+ * receiver that hangs holds `perHost` requests for 10 s each, and every other receiver is served
+ * meanwhile.
  */
 export class Deliveries {
-  #settings: WorkerInit = { type: 'init', allowPrivate: false, ca: null, timeoutMs: 10_000, concurrency: 16, lowPriority: false }
+  #settings: WorkerInit = {
+    type: 'init',
+    allowPrivate: false,
+    ca: null,
+    timeoutMs: 10_000,
+    concurrency: 64,
+    perHost: 16,
+    lowPriority: false,
+  }
   readonly #queue: Queued[] = []
   #active = 0
+  /** Open requests by host; a host with none has no entry. */
+  readonly #activeByHost = new Map<string, number>()
   readonly #priority = new LowPriority()
 
   configure(settings: WorkerInit): void {
@@ -25,7 +40,7 @@ export class Deliveries {
   /** Queues one delivery: jobs from the main thread and from this worker's dispatcher alike. */
   send(job: DeliveryJob): Promise<DeliveryResult> {
     return new Promise((done) => {
-      this.#queue.push({ job, done })
+      this.#queue.push({ job, host: hostOf(job.url), done })
       this.#next()
     })
   }
@@ -35,12 +50,24 @@ export class Deliveries {
     for (const { done } of this.#queue.splice(0)) done({ status: 0, reason: 'cancelled' })
   }
 
+  /** Starts the oldest queued jobs whose hosts have room, while requests are free. */
   #next(): void {
-    while (this.#active < this.#settings.concurrency && this.#queue.length > 0) {
-      const { job, done } = this.#queue.shift() as Queued
+    const { concurrency, perHost } = this.#settings
+    for (let i = 0; i < this.#queue.length && this.#active < concurrency; ) {
+      const { job, host, done } = this.#queue[i] as Queued
+      const open = this.#activeByHost.get(host) ?? 0
+      if (open >= perHost) {
+        i++
+        continue
+      }
+      this.#queue.splice(i, 1)
       this.#active++
+      this.#activeByHost.set(host, open + 1)
       void this.#deliver(job).then((result) => {
         this.#active--
+        const left = (this.#activeByHost.get(host) ?? 1) - 1
+        if (left > 0) this.#activeByHost.set(host, left)
+        else this.#activeByHost.delete(host)
         done(result)
         this.#next()
       })
@@ -82,5 +109,14 @@ export class Deliveries {
     } finally {
       if (settings.lowPriority) this.#priority.apply()
     }
+  }
+}
+
+/** The host (and port) requests to a URL count under; a URL that does not parse fails on its own when sent. */
+function hostOf(url: string): string {
+  try {
+    return new URL(url).host
+  } catch {
+    return url
   }
 }
