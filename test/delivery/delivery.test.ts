@@ -312,6 +312,27 @@ describe('exactly one attempt per delivery', () => {
     await db.delete(events).where(eq(events.id, ids.live!))
   })
 
+  test('a delivery waiting on a slow receiver longer than the lease is not taken over by another instance', async () => {
+    const t = await appWithReceiverCa()
+    const s = await t.seed()
+    await using rx = startReceiver(() => ({ delayMs: 3_000 }))
+    const hook = await addHook(t, s, rx.url('/slow'), ['license.created'])
+    await using second = await secondInstance(t.ctx)
+    const attempted = async () =>
+      (await t.ctx.database.db.select().from(webhookDeliveries).where(eq(webhookDeliveries.webhookId, hook.webhookId))).filter(
+        (r) => r.attemptedAt !== null,
+      ).length
+    {
+      // A lease of a second: the first instance's claim would run out three times over while it waits.
+      await using _one = startDispatcher(t.ctx, { pollMs: 50, leaseSeconds: 1 })
+      await emit(t.ctx, [{ event: 'license.created', data: dataFor('license.created', s.appId, keyFor()) }])
+      await until(() => rx.at('/slow').length === 1, 'the delivery open on the receiver')
+      await using _two = startDispatcher(second.ctx, { pollMs: 50, leaseSeconds: 1 })
+      await until(async () => (await attempted()) === 1, 'the delivery recorded')
+    }
+    expect(rx.at('/slow')).toHaveLength(1)
+  })
+
   test('two dispatchers on one database send each delivery exactly once', async () => {
     const t = await appWithReceiverCa()
     const s = await t.seed()

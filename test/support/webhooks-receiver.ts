@@ -28,8 +28,8 @@ export interface Received {
   body: { event: string; timestamp: string; data: Record<string, any> }
 }
 
-/** What the receiver answers: a status, or never (until the client gives up). */
-export type Reply = number | 'hang' | { redirect: string }
+/** What the receiver answers: a status, or never (until the client gives up), or 200 after a while. */
+export type Reply = number | 'hang' | { redirect: string } | { delayMs: number }
 
 /** Checks X-Service-Signature the way a receiver should: HMAC of the raw body, constant-time compare. */
 export function signatureValid(r: Received, secret: string): boolean {
@@ -55,6 +55,10 @@ export function startReceiver(reply: (path: string) => Reply = () => 200) {
       if (answer === 'hang') {
         await new Promise<void>((resolve) => hanging.add(resolve))
         return new Response('late', { status: 504 })
+      }
+      if (typeof answer === 'object' && 'delayMs' in answer) {
+        await Bun.sleep(answer.delayMs)
+        return new Response('ok', { status: 200 })
       }
       if (typeof answer === 'object') return new Response(null, { status: 302, headers: { location: answer.redirect } })
       return new Response('ok', { status: answer })

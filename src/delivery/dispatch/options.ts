@@ -5,8 +5,8 @@ export interface DispatcherOptions {
   /** How often to look for work from other instances (and missed wake-ups). */
   pollMs?: number
   /**
-   * A claim older than this is taken over. It must exceed the longest a claimed delivery can wait:
-   * a full claim queued behind hanging receivers (maxInFlight / worker slots × 10 s) plus recording.
+   * A claim older than this is taken over: its instance stopped renewing it (Recorder.renew, four
+   * times a lease), as after a crash, or could not reach the database for that long.
    */
   leaseSeconds?: number
   /** Most events fanned out per statement (fewer when fewer slots are free). */

@@ -1,4 +1,4 @@
-import { sql } from 'drizzle-orm'
+import { type SQL, sql } from 'drizzle-orm'
 import type { Db } from '../../db/client'
 import { errorFields, log, logEvery } from '../../lib/log'
 import { type Attempt, recordAttempts } from '../attempts'
@@ -15,6 +15,15 @@ export interface DeliveryKey {
 
 const keyOf = (d: { eventId?: number; webhookId: string }) => `${d.eventId} ${d.webhookId}`
 
+/** Sets the claim of each delivery not attempted yet: now (renewed) or NULL (handed back). */
+function setClaims(db: Db, deliveries: DeliveryKey[], claimedAt: SQL): Promise<unknown> {
+  const rows = deliveries.map((d) => ({ event_id: d.eventId, webhook_id: d.webhookId }))
+  return db.execute(sql`
+    UPDATE webhook_deliveries AS d SET claimed_at = ${claimedAt}
+    FROM jsonb_to_recordset(${JSON.stringify(rows)}::jsonb) AS r(event_id bigint, webhook_id text)
+    WHERE d.event_id = r.event_id AND d.webhook_id = r.webhook_id AND d.attempted_at IS NULL`)
+}
+
 /**
  * The ledger of this instance's claims, from claim to outcome: finished attempts are written in
  * batches (attempt rows and the webhooks' lastDelivery*), deliveries cancelled before sending are
@@ -22,8 +31,8 @@ const keyOf = (d: { eventId?: number; webhookId: string }) => `${d.eventId} ${d.
  */
 export class Recorder {
   readonly #db: Db
-  /** Deliveries this instance claimed and has not recorded yet. */
-  readonly #owned = new Set<string>()
+  /** Deliveries this instance claimed and has not recorded yet, by keyOf. */
+  readonly #owned = new Map<string, DeliveryKey>()
   #results: Attempt[] = []
   /** Claimed deliveries cancelled at shutdown before they were sent. */
   #released: DeliveryKey[] = []
@@ -46,7 +55,7 @@ export class Recorder {
   take(d: DeliveryKey): boolean {
     const key = keyOf(d)
     if (this.#owned.has(key)) return false
-    this.#owned.add(key)
+    this.#owned.set(key, { eventId: d.eventId, webhookId: d.webhookId })
     return true
   }
 
@@ -60,6 +69,20 @@ export class Recorder {
   handBack(d: DeliveryKey): void {
     this.#released.push({ eventId: d.eventId, webhookId: d.webhookId })
     this.#owned.delete(keyOf(d))
+  }
+
+  /**
+   * Stamps the claims of every delivery this instance has on the way (claimed_at = now), so no other
+   * instance takes one over while it waits behind a slow receiver: a lease runs out only when its
+   * instance stops renewing it (a crash). A failed renewal is logged; the next one tries again.
+   */
+  async renew(): Promise<void> {
+    if (this.#owned.size === 0) return
+    try {
+      await setClaims(this.#db, [...this.#owned.values()], sql`now()`)
+    } catch (err) {
+      logEvery('warn', 'renewing webhook delivery claims failed; will retry', () => errorFields(err))
+    }
   }
 
   /** From now on nothing waits: results are written at once, and a failing write is given up. */
@@ -115,12 +138,8 @@ export class Recorder {
   /** Clears the claims of deliveries cancelled before sending, so the next start sends them at once. */
   async #release(): Promise<void> {
     if (this.#released.length === 0) return
-    const rows = this.#released.splice(0).map((r) => ({ event_id: r.eventId, webhook_id: r.webhookId }))
     try {
-      await this.#db.execute(sql`
-        UPDATE webhook_deliveries AS d SET claimed_at = NULL
-        FROM jsonb_to_recordset(${JSON.stringify(rows)}::jsonb) AS r(event_id bigint, webhook_id text)
-        WHERE d.event_id = r.event_id AND d.webhook_id = r.webhook_id AND d.attempted_at IS NULL`)
+      await setClaims(this.#db, this.#released.splice(0), sql`NULL`)
     } catch (err) {
       // Their lease runs out instead: still sent once, only later.
       log.warn('could not hand back unsent webhook deliveries', errorFields(err))

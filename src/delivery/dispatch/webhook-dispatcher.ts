@@ -25,9 +25,10 @@ import { Sender } from './sender'
  * Semantics: every event committed is attempted once per subscribed, enabled webhook, including
  * after a crash or restart between commit and send (the rows wait in PostgreSQL). There are no
  * retries: a timeout or refusal is an attempt (status 0). The one exception is a crash during the
- * send itself (claimed, result not recorded): when the lease (2 minutes) expires the delivery is
- * attempted again, so it is at least once only across a crash during the send. Receivers can drop a
- * repeat by (X-Service-Event, X-Service-Timestamp, body).
+ * send itself (claimed, result not recorded): a running instance renews the claims of what it has on
+ * the way however long it waits, so only when the lease (2 minutes) of a stopped instance's claim
+ * expires is the delivery attempted again: at least once only across a crash during the send.
+ * Receivers can drop a repeat by (X-Service-Event, X-Service-Timestamp, body).
  */
 export class WebhookDispatcher implements RunningDispatcher {
   readonly #ctx: DispatcherContext
@@ -35,10 +36,14 @@ export class WebhookDispatcher implements RunningDispatcher {
   readonly #recorder: Recorder
   readonly #sender: Sender
   readonly #purger: Purger
+  readonly #renewEveryMs: number
+  #renewal: ReturnType<typeof setInterval> | null = null
 
   constructor(ctx: DispatcherContext, options: DispatcherOptions = {}) {
     const settings = dispatcherSettings(options)
     this.#ctx = ctx
+    // Four renewals a lease: a claim outlives a slow renewal or two, never a stopped instance by much.
+    this.#renewEveryMs = (settings.leaseSeconds * 1000) / 4
     this.#recorder = new Recorder(ctx.db, ctx.recorded)
     this.#purger = new Purger(ctx.db, settings.retentionDays)
     const claims = new Claims(ctx.db, settings.fanOutBatch, settings.leaseSeconds)
@@ -62,6 +67,8 @@ export class WebhookDispatcher implements RunningDispatcher {
     if (this.#schedule.running) return this
     this.#schedule.start()
     this.#purger.start()
+    this.#renewal = setInterval(() => void this.#recorder.renew(), this.#renewEveryMs)
+    this.#renewal.unref?.()
     return this
   }
 
@@ -70,6 +77,7 @@ export class WebhookDispatcher implements RunningDispatcher {
     if (!this.#schedule.running) return
     const pass = this.#schedule.stop()
     const purge = this.#purger.stop()
+    if (this.#renewal) clearInterval(this.#renewal)
     this.#recorder.stopping()
     await pass
     await purge
