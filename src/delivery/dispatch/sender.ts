@@ -39,10 +39,9 @@ export class Sender implements Outlet {
   ) {
     this.#ctx = ctx
     this.#recorder = recorder
-    const { maxInFlight } = limits
-    this.#maxInFlight = maxInFlight
+    this.#maxInFlight = limits.maxInFlight
     this.#perAccount = limits.perAccountInFlight
-    this.#claimChunk = Math.max(1, Math.floor(maxInFlight / 4))
+    this.#claimChunk = Math.max(1, Math.floor(limits.maxInFlight / 4))
     this.#onFreed = onFreed
   }
 
