@@ -18,8 +18,6 @@ import { executePrepared, rowsOf } from '../prepared'
 export interface Claimed {
   eventId: number
   webhookId: string
-  /** The account of the webhook's app, whose deliveries on the way are counted (Fairness). */
-  accountId: string
   event: string
   /** The event's data as JSON text, as PostgreSQL prints jsonb: it goes into the body as it is. */
   data: string
@@ -31,36 +29,21 @@ export interface Claimed {
 
 /**
  * The select list both claiming statements return and toClaimed reads, over a delivery (`d`), its
- * event (`e`), its webhook (`w`) and the webhook's app (`a`) under the given aliases. Values are cast
- * to text/float8 so both drivers hand back the same JavaScript types. Constant text, so the
- * statements stay preparable.
+ * event (`e`) and its webhook (`w`) under the given aliases. Values are cast to text/float8 so both
+ * drivers hand back the same JavaScript types. Constant text, so the statements stay preparable.
  */
-function claimedColumns(d: string, e: string, w: string, a: string): SQL {
+function claimedColumns(d: string, e: string, w: string): SQL {
   return sql.raw(
-    `${d}.event_id::float8 AS event_id, ${d}.webhook_id, ${a}.account_id::text AS account_id, ${e}.event, ` +
-      `${e}.data::text AS data, (extract(epoch FROM ${e}.occurred_at) * 1000)::float8 AS occurred_ms, ` +
+    `${d}.event_id::float8 AS event_id, ${d}.webhook_id, ${e}.event, ${e}.data::text AS data, ` +
+      `(extract(epoch FROM ${e}.occurred_at) * 1000)::float8 AS occurred_ms, ` +
       `${w}.url, ${w}.secret_enc, ${w}.enabled`,
   )
 }
-
-/**
- * What keeps one account's receivers from taking every delivery an instance has room for (a receiver
- * that hangs holds each for 10 s): accounts with `perAccount` deliveries on the way (`saturated`) are
- * left out of a claim, and a claim takes at most `perAccount` of one account's.
- */
-export interface Fairness {
-  saturated: readonly string[]
-  perAccount: number
-}
-
-/** The saturated accounts as one parameter (a PostgreSQL array literal of UUIDs), so the statements stay preparable. */
-const accountList = (ids: readonly string[]) => `{${ids.join(',')}}`
 
 function toClaimed(r: Record<string, unknown>): Claimed {
   return {
     eventId: Number(r.event_id),
     webhookId: String(r.webhook_id),
-    accountId: String(r.account_id),
     event: String(r.event),
     data: String(r.data),
     occurredAt: new Date(Math.round(Number(r.occurred_ms))),
@@ -81,9 +64,9 @@ export interface FannedOut {
 /**
  * Takes up to `limit` undispatched events, marks them dispatched and writes one delivery per
  * webhook enabled and subscribed at this moment, the first `limit` of them already claimed by this
- * instance (as `fair` allows: the rest are written unclaimed): one statement, no separate claim for them.
+ * instance: one statement, no separate claim for them.
  */
-export async function fanOut(db: Db, limit: number, fair: Fairness): Promise<FannedOut> {
+export async function fanOut(db: Db, limit: number): Promise<FannedOut> {
   const result = await executePrepared(db, 'webhook_fan_out', sql`
     WITH picked AS (
       SELECT id, app_id, event, data, occurred_at FROM events
@@ -94,21 +77,12 @@ export async function fanOut(db: Db, limit: number, fair: Fairness): Promise<Fan
     ), marked AS (
       UPDATE events SET dispatched_at = now() FROM picked WHERE events.id = picked.id
     ), pairs AS (
-      SELECT p.id AS event_id, w.id AS webhook_id, a.account_id,
-             row_number() OVER (PARTITION BY a.account_id ORDER BY p.id, w.id) AS k
+      SELECT p.id AS event_id, w.id AS webhook_id, row_number() OVER (ORDER BY p.id, w.id) AS n
       FROM picked p
       JOIN webhooks w ON w.app_id = p.app_id AND w.enabled AND p.event = ANY(w.events)
-      JOIN apps a ON a.id = p.app_id
-    ), takeable AS (
-      SELECT event_id, webhook_id,
-             k <= ${fair.perAccount} AND NOT (account_id = ANY(${accountList(fair.saturated)}::uuid[])) AS fair
-      FROM pairs
-    ), numbered AS (
-      SELECT event_id, webhook_id, fair, row_number() OVER (PARTITION BY fair ORDER BY event_id, webhook_id) AS n
-      FROM takeable
     ), owed AS (
       INSERT INTO webhook_deliveries (event_id, webhook_id, claimed_at)
-      SELECT event_id, webhook_id, CASE WHEN fair AND n <= ${limit} THEN now() END FROM numbered
+      SELECT event_id, webhook_id, CASE WHEN n <= ${limit} THEN now() END FROM pairs
       ON CONFLICT DO NOTHING
       RETURNING event_id, webhook_id, claimed_at
     ), counts AS (
@@ -117,11 +91,10 @@ export async function fanOut(db: Db, limit: number, fair: Fairness): Promise<Fan
     )
     SELECT counts.events, counts.unclaimed, c.*
     FROM counts LEFT JOIN (
-      SELECT ${claimedColumns('o', 'p', 'w', 'a')}
+      SELECT ${claimedColumns('o', 'p', 'w')}
       FROM owed o
       JOIN picked p ON p.id = o.event_id
       JOIN webhooks w ON w.id = o.webhook_id
-      JOIN apps a ON a.id = w.app_id
       WHERE o.claimed_at IS NOT NULL
     ) c ON true
     ORDER BY c.event_id`)
@@ -135,42 +108,27 @@ export async function fanOut(db: Db, limit: number, fair: Fairness): Promise<Fan
 
 /**
  * Claims up to `limit` due deliveries (never attempted, and unclaimed or claimed longer than the
- * lease ago: an event with more webhooks than free slots, a crash, a shutdown's hand-back), as `fair`
- * allows, and reads what sending them needs, in one statement. The oldest due deliveries of accounts
- * not saturated are looked at (a few times `limit`), at most `fair.perAccount` of one account's taken.
+ * lease ago: an event with more webhooks than free slots, a crash, a shutdown's hand-back) and reads
+ * what sending them needs, in one statement.
  */
-export async function claimDue(db: Db, limit: number, leaseSeconds: number, fair: Fairness): Promise<Claimed[]> {
+export async function claimDue(db: Db, limit: number, leaseSeconds: number): Promise<Claimed[]> {
   const result = await executePrepared(db, 'webhook_claim', sql`
-    WITH oldest AS (
-      SELECT d.event_id, d.webhook_id, a.account_id FROM webhook_deliveries d
-      JOIN webhooks w ON w.id = d.webhook_id
-      JOIN apps a ON a.id = w.app_id
-      WHERE d.attempted_at IS NULL
-        AND (d.claimed_at IS NULL OR d.claimed_at < now() - make_interval(secs => ${leaseSeconds}))
-        AND NOT (a.account_id = ANY(${accountList(fair.saturated)}::uuid[]))
-      ORDER BY d.event_id
-      LIMIT ${limit * 4}
-    ), candidates AS (
-      SELECT event_id, webhook_id, row_number() OVER (PARTITION BY account_id ORDER BY event_id) AS k FROM oldest
-    ), due AS (
-      SELECT d.event_id, d.webhook_id FROM webhook_deliveries d
-      JOIN candidates c ON c.event_id = d.event_id AND c.webhook_id = d.webhook_id
-      WHERE c.k <= ${fair.perAccount}
-        AND d.attempted_at IS NULL
-        AND (d.claimed_at IS NULL OR d.claimed_at < now() - make_interval(secs => ${leaseSeconds}))
-      ORDER BY d.event_id
+    WITH due AS (
+      SELECT event_id, webhook_id FROM webhook_deliveries
+      WHERE attempted_at IS NULL
+        AND (claimed_at IS NULL OR claimed_at < now() - make_interval(secs => ${leaseSeconds}))
+      ORDER BY event_id
       LIMIT ${limit}
-      FOR UPDATE OF d SKIP LOCKED
+      FOR UPDATE SKIP LOCKED
     ), claimed AS (
       UPDATE webhook_deliveries d SET claimed_at = now()
       FROM due WHERE d.event_id = due.event_id AND d.webhook_id = due.webhook_id
       RETURNING d.event_id, d.webhook_id
     )
-    SELECT ${claimedColumns('c', 'e', 'w', 'a')}
+    SELECT ${claimedColumns('c', 'e', 'w')}
     FROM claimed c
     JOIN events e ON e.id = c.event_id
     JOIN webhooks w ON w.id = c.webhook_id
-    JOIN apps a ON a.id = w.app_id
     ORDER BY c.event_id`)
   return rowsOf(result).map(toClaimed)
 }
@@ -179,8 +137,6 @@ export async function claimDue(db: Db, limit: number, leaseSeconds: number, fair
 export interface Outlet {
   /** Slots free for deliveries. */
   readonly free: number
-  /** What a claim now may take of each account's (see Fairness). */
-  fairness(): Fairness
   /** Whether enough slots are free to make a statement worth running. */
   worthClaiming(): boolean
   send(claimed: Claimed): void
@@ -228,7 +184,7 @@ export class Claims {
     if (this.#fanOutDue && outlet.worthClaiming()) {
       this.#fanOutDue = false
       const limit = Math.min(this.#fanOutBatch, outlet.free)
-      const fanned = await fanOut(this.#db, limit, outlet.fairness())
+      const fanned = await fanOut(this.#db, limit)
       for (const c of fanned.claimed) outlet.send(c)
       // A full batch means more is waiting; unclaimed deliveries (more webhooks than slots) are claimed below.
       if (fanned.events >= limit) this.#fanOutDue = true
@@ -237,7 +193,7 @@ export class Claims {
     if (this.#claimDue && outlet.worthClaiming()) {
       this.#claimDue = false
       const room = outlet.free
-      const claimed = await claimDue(this.#db, room, this.#leaseSeconds, outlet.fairness())
+      const claimed = await claimDue(this.#db, room, this.#leaseSeconds)
       for (const c of claimed) outlet.send(c)
       // A full batch means more is waiting; otherwise the table is drained until the next wake-up.
       if (claimed.length >= room) this.#claimDue = true

@@ -14,11 +14,6 @@ export interface DispatcherOptions {
   /** Deliveries this instance has on the workers at once. */
   maxInFlight?: number
   /**
-   * Of those, what one account's webhooks may hold (a claim takes up to as many more): a receiver that
-   * hangs holds its deliveries for 10 s each, and other accounts' must not wait for them.
-   */
-  perAccountInFlight?: number
-  /**
    * Least time between two passes. Writers wake the dispatcher after every commit (validate's batch
    * every few ms); coalescing wake-ups keeps the database work per event small under load.
    */
@@ -45,7 +40,6 @@ export function dispatcherSettings(options: DispatcherOptions): DispatcherSettin
     leaseSeconds: options.leaseSeconds ?? 120,
     fanOutBatch: options.fanOutBatch ?? 500,
     maxInFlight: options.maxInFlight ?? 256,
-    perAccountInFlight: options.perAccountInFlight ?? 32,
     minGapMs: options.minGapMs ?? 50,
     retentionDays: options.retentionDays ?? 7,
     yieldAbove: options.yieldAbove ?? 0.7,

@@ -1,7 +1,7 @@
 import { errorFields, log } from '../../lib/log'
 import { signedDelivery } from '../signed-delivery'
 import type { DeliveryResult } from '../protocol'
-import type { Claimed, Fairness, Outlet } from './claim'
+import type { Claimed, Outlet } from './claim'
 import type { DispatcherContext } from './options'
 import type { Recorder } from './recorder'
 
@@ -19,9 +19,6 @@ export class Sender implements Outlet {
   readonly #ctx: Pick<DispatcherContext, 'send' | 'openSecret' | 'clock'>
   readonly #recorder: Ledger
   readonly #maxInFlight: number
-  readonly #perAccount: number
-  /** Deliveries out by account; an account with none has no entry. */
-  readonly #inFlightByAccount = new Map<string, number>()
   /** Free slots a claim waits for while deliveries are out. */
   readonly #claimChunk: number
   /** Called whenever a delivery comes back and frees its slot. */
@@ -34,14 +31,13 @@ export class Sender implements Outlet {
   constructor(
     ctx: Pick<DispatcherContext, 'send' | 'openSecret' | 'clock'>,
     recorder: Ledger,
-    limits: { maxInFlight: number; perAccountInFlight: number },
+    maxInFlight: number,
     onFreed: () => void,
   ) {
     this.#ctx = ctx
     this.#recorder = recorder
-    this.#maxInFlight = limits.maxInFlight
-    this.#perAccount = limits.perAccountInFlight
-    this.#claimChunk = Math.max(1, Math.floor(limits.maxInFlight / 4))
+    this.#maxInFlight = maxInFlight
+    this.#claimChunk = Math.max(1, Math.floor(maxInFlight / 4))
     this.#onFreed = onFreed
   }
 
@@ -55,12 +51,6 @@ export class Sender implements Outlet {
    */
   worthClaiming(): boolean {
     return this.free >= (this.#inFlight > 0 ? this.#claimChunk : 1)
-  }
-
-  fairness(): Fairness {
-    const saturated: string[] = []
-    for (const [accountId, out] of this.#inFlightByAccount) if (out >= this.#perAccount) saturated.push(accountId)
-    return { saturated, perAccount: this.#perAccount }
   }
 
   /** Resolves once no delivery is out. */
@@ -77,14 +67,10 @@ export class Sender implements Outlet {
       return
     }
     this.#inFlight++
-    this.#inFlightByAccount.set(c.accountId, (this.#inFlightByAccount.get(c.accountId) ?? 0) + 1)
     void this.#deliver(c).then((result) => {
       if (result.reason === 'cancelled') this.#recorder.handBack(c)
       else this.#recorder.record({ eventId: c.eventId, webhookId: c.webhookId, at: new Date(this.#ctx.clock()), status: result.status })
       this.#inFlight--
-      const left = (this.#inFlightByAccount.get(c.accountId) ?? 1) - 1
-      if (left > 0) this.#inFlightByAccount.set(c.accountId, left)
-      else this.#inFlightByAccount.delete(c.accountId)
       if (this.#inFlight === 0) for (const resolve of this.#idle.splice(0)) resolve()
       this.#onFreed()
     })

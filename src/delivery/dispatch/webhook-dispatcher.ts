@@ -47,7 +47,7 @@ export class WebhookDispatcher implements RunningDispatcher {
     this.#recorder = new Recorder(ctx.db, ctx.recorded)
     this.#purger = new Purger(ctx.db, settings.retentionDays)
     const claims = new Claims(ctx.db, settings.fanOutBatch, settings.leaseSeconds)
-    const sender = new Sender(ctx, this.#recorder, settings, () => {
+    const sender = new Sender(ctx, this.#recorder, settings.maxInFlight, () => {
       if (claims.due && sender.worthClaiming()) this.#schedule.kick()
     })
     this.#sender = sender

@@ -2,13 +2,10 @@ import { randomUUID } from 'node:crypto'
 import { inArray } from 'drizzle-orm'
 import type { Db } from '../../../src/db/client'
 import { events, webhookDeliveries, webhooks } from '../../../src/db/schema'
-import { claimDue, type Claimed, type Fairness, fanOut } from '../../../src/delivery/dispatch/claim'
+import { claimDue, type Claimed, fanOut } from '../../../src/delivery/dispatch/claim'
 import type { EventName } from '../../../src/delivery/outbox'
 import { recordAttempts } from '../../../src/delivery/attempts'
 import { makeTestApp } from '../../support/helpers'
-
-/** No account saturated, no cap that binds: the statements as they take every account's alike. */
-export const OPEN: Fairness = { saturated: [], perAccount: 10_000 }
 
 /** An app of its own on the shared test database, with helpers writing outbox rows for it directly. */
 export async function outboxApp() {
@@ -51,12 +48,12 @@ export async function drainOutbox(db: Db): Promise<void> {
   const close = (claimed: Claimed[]) =>
     recordAttempts(db, claimed.map((c) => ({ eventId: c.eventId, webhookId: c.webhookId, at: new Date(), status: null })))
   for (;;) {
-    const fanned = await fanOut(db, 1_000, OPEN)
+    const fanned = await fanOut(db, 1_000)
     await close(fanned.claimed)
     if (fanned.events < 1_000) break
   }
   for (;;) {
-    const claimed = await claimDue(db, 1_000, 0, OPEN)
+    const claimed = await claimDue(db, 1_000, 0)
     await close(claimed)
     if (claimed.length < 1_000) break
   }

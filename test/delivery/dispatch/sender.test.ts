@@ -14,7 +14,6 @@ function claimed(eventId: number, over: Partial<Claimed> = {}): Claimed {
   return {
     eventId,
     webhookId: 'wh_1',
-    accountId: 'account-1',
     event: 'license.created',
     data: `{"licenseKey":"KEY-${eventId}"}`,
     occurredAt: new Date(AT),
@@ -53,7 +52,7 @@ function harness(maxInFlight = 8, openSecret: (sealed: string) => Promise<string
         owned.delete(d.eventId)
       },
     },
-    { maxInFlight, perAccountInFlight: 3 },
+    maxInFlight,
     () => void freed++,
   )
   return { sender, sent, opened, recorded, handedBack, freed: () => freed }
@@ -123,17 +122,6 @@ describe('sender', () => {
     await h.sender.idle()
     expect(h.sent).toHaveLength(0)
     expect(h.recorded).toEqual([{ eventId: 1, webhookId: 'wh_1', at: new Date(AT + 5_000), status: 0 }])
-  })
-
-  test('an account with its share of deliveries out is saturated until one comes back', async () => {
-    const h = harness(8)
-    for (let i = 1; i <= 3; i++) h.sender.send(claimed(i))
-    h.sender.send(claimed(4, { accountId: 'account-2' }))
-    await settle()
-    expect(h.sender.fairness()).toEqual({ saturated: ['account-1'], perAccount: 3 })
-    h.sent[0]!.answer({ status: 200 })
-    await settle()
-    expect(h.sender.fairness()).toEqual({ saturated: [], perAccount: 3 })
   })
 
   test('while deliveries are out, a claim is worth it only once a quarter of the slots is free', async () => {
