@@ -65,13 +65,19 @@ async function flushRedis(url: string): Promise<void> {
   redis.disconnect()
 }
 
-const REAL_SERVERS = 'PostgreSQL + Redis'
-const EMBEDDED = 'embedded (PGlite + in-process store)'
+/** A pass whose set-up failed (PostgreSQL or Redis unreachable) counts as crashed; the other still reports. */
+const crashed =
+  (name: string) =>
+  (err: unknown): Pass => {
+    console.log(`\n=== ${name} ===\ncould not run: ${err}`)
+    return { name, passed: 0, failed: 0, exitCode: 1, skipped: [] }
+  }
+
 const realServers = withFreshDatabase(async (databaseUrl) => {
   const redisUrl = `${REDIS_BASE}/${REDIS_DB}`
   await flushRedis(redisUrl)
   try {
-    return await runPass(REAL_SERVERS, {
+    return await runPass('PostgreSQL + Redis', {
       TEST_DATABASE_URL: databaseUrl,
       TEST_REDIS_URL: redisUrl,
       TEST_REDIS_BASE: REDIS_BASE,
@@ -79,15 +85,9 @@ const realServers = withFreshDatabase(async (databaseUrl) => {
   } finally {
     await flushRedis(redisUrl)
   }
-})
-const embedded = runPass(EMBEDDED, { TEST_DATABASE_URL: '', TEST_REDIS_URL: '' })
-// A pass whose set-up failed (PostgreSQL or Redis unreachable) counts as crashed; the other still reports.
-const passes: Pass[] = (await Promise.allSettled([realServers, embedded])).map((outcome, i) => {
-  if (outcome.status === 'fulfilled') return outcome.value
-  const name = i === 0 ? REAL_SERVERS : EMBEDDED
-  console.log(`\n=== ${name} ===\ncould not run: ${outcome.reason}`)
-  return { name, passed: 0, failed: 0, exitCode: 1, skipped: [] }
-})
+}).catch(crashed('PostgreSQL + Redis'))
+const embedded = runPass('embedded (PGlite + in-process store)', { TEST_DATABASE_URL: '', TEST_REDIS_URL: '' })
+const passes: Pass[] = await Promise.all([realServers, embedded])
 
 let passed = 0
 let failed = 0
