@@ -196,12 +196,27 @@ export class CreditLedger {
     return run
   }
 
+  /**
+   * A flush left by another instance (one that crashed, or is at it now) is applied first, under its id;
+   * the charges pending beside it then go in a flush of this pass's own, so a pass that succeeds leaves
+   * none of them behind (flushLagSeconds counts on it).
+   */
   async #flushAccount(accountId: string): Promise<void> {
-    const flushId = await this.#oneAtATime(() => this.#database.db.transaction(async (tx) => {
+    for (let flushes = 0; flushes < 2; flushes++) {
+      const newId = randomUUID()
+      const flushId = await this.#applyFlush(accountId, newId)
+      await this.#store.endFlush(accountId, flushId)
+      if (flushId === newId || flushId === '') return
+    }
+  }
+
+  /** Moves the account's flush (the one left unfinished, or a new one under `newId`) into PostgreSQL; its id, '' when none. */
+  #applyFlush(accountId: string, newId: string): Promise<string> {
+    return this.#oneAtATime(() => this.#database.db.transaction(async (tx) => {
       // The row lock orders this flush against addCredits and against a balance seed (#seedBalance): the
       // charges leave the store only once no seed can read the balance without them.
       const [account] = await tx.select({ id: accounts.id }).from(accounts).where(eq(accounts.id, accountId)).for('update')
-      const flush = await this.#store.beginFlush(accountId, randomUUID())
+      const flush = await this.#store.beginFlush(accountId, newId)
       if (!flush || !account) return flush?.id ?? ''
       const inserted = await tx
         .insert(creditFlushes)
@@ -216,7 +231,6 @@ export class CreditLedger {
       }
       return flush.id
     }))
-    await this.#store.endFlush(accountId, flushId)
   }
 
   /**

@@ -238,8 +238,9 @@ export class MemoryStore implements Store {
 
   async endFlush(accountId: string, id: string): Promise<void> {
     const unfinished = this.get(keys.flushing(ONE_SHARD, accountId)) as { id: string; amount: number } | undefined
-    if (unfinished?.id === id) this.delete(keys.flushing(ONE_SHARD, accountId))
-    if (this.#num(keys.pendingCharges(ONE_SHARD, accountId)) === 0) this.#dirty().delete(accountId)
+    const ended = unfinished?.id === id
+    if (ended) this.delete(keys.flushing(ONE_SHARD, accountId))
+    if ((ended || !unfinished) && this.#num(keys.pendingCharges(ONE_SHARD, accountId)) === 0) this.#dirty().delete(accountId)
   }
 
   async ping(): Promise<boolean> {

@@ -78,7 +78,7 @@ export interface Credits {
    * the earlier record instead when one is unfinished (a crashed flush is retried, never doubled).
    */
   beginFlush(accountId: string, newId: string): Promise<{ id: string; amount: number } | null>
-  /** Drops the flush record once PostgreSQL has it; the account leaves the dirty set when nothing is pending. */
+  /** Drops the flush record once PostgreSQL has it; the account leaves the dirty set when nothing is pending and no flush record is left. */
   endFlush(accountId: string, id: string): Promise<void>
 }
 

@@ -185,7 +185,27 @@ describe('credits on the client endpoints', async () => {
       await tx.update(accounts).set({ credits: 7 }).where(eq(accounts.id, s.accountId))
     })
     expect((await validate(s, key)).status).toBe(200)
+    // One pass applies the crashed instance's flush (once) and the charge pending beside it.
     await t.ctx.credits.flush()
+    expect(await reconciled(s.accountId)).toBe(6)
+    expect(await live(s)).toBe(6)
+    expect(await t.ctx.store.dirtyAccounts(t.ctx.store.shardOf(s.accountId))).not.toContain(s.accountId)
+  })
+
+  test("a flush's end that comes late, after the next flush began, leaves the account to be flushed", async () => {
+    const s = await t.seed({ credits: 10 })
+    const key = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
+    for (let i = 0; i < 3; i++) expect((await validate(s, key)).status).toBe(200)
+    await t.ctx.credits.flush()
+    expect(await reconciled(s.accountId)).toBe(7)
+    // Another instance began the next flush and has not committed it yet...
+    expect((await validate(s, key)).status).toBe(200)
+    const next = await t.ctx.store.beginFlush(s.accountId, crypto.randomUUID())
+    expect(next?.amount).toBe(1)
+    // ...when an end of an earlier flush id reaches the store (resent after a reconnect, or late).
+    await t.ctx.store.endFlush(s.accountId, crypto.randomUUID())
+    expect(await t.ctx.store.dirtyAccounts(t.ctx.store.shardOf(s.accountId))).toContain(s.accountId)
+    // That instance is gone: the next pass of this one applies its flush.
     await t.ctx.credits.flush()
     expect(await reconciled(s.accountId)).toBe(6)
     expect(await live(s)).toBe(6)

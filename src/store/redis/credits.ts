@@ -43,11 +43,15 @@ redis.call('SET', KEYS[2], record)
 return record
 `
 
-// KEYS: flushing, pending, dirty set. ARGV: flush id, account.
+// KEYS: flushing, pending, dirty set. ARGV: flush id, account. The account stays dirty while another
+// flush's record is there (an end that came late, after another instance had begun the next flush).
 const END_FLUSH = `
 local f = redis.call('GET', KEYS[1])
-if f and string.sub(f, 1, #ARGV[1] + 1) == ARGV[1] .. ':' then redis.call('DEL', KEYS[1]) end
-if tonumber(redis.call('GET', KEYS[2]) or '0') == 0 then redis.call('SREM', KEYS[3], ARGV[2]) end
+if f and string.sub(f, 1, #ARGV[1] + 1) == ARGV[1] .. ':' then
+  redis.call('DEL', KEYS[1])
+  f = false
+end
+if not f and tonumber(redis.call('GET', KEYS[2]) or '0') == 0 then redis.call('SREM', KEYS[3], ARGV[2]) end
 return 1
 `
 
