@@ -1,5 +1,8 @@
 import { afterAll, expect, test } from 'bun:test'
+import { eq } from 'drizzle-orm'
 import { Redis } from 'ioredis'
+import { addCredits } from '../../src/accounts/service'
+import { accounts } from '../../src/db/schema'
 import { RedisStore } from '../../src/store/redis'
 import { makeTestApp, type TestApp } from '../support/helpers'
 import { decode, hwid, insertLicense, nonce } from '../support/client'
@@ -231,4 +234,20 @@ test('Redis that stops answering without closing the connection: Developer API r
 
     expect(await until(async () => (await account()).headers.get('ratelimit-limit'), (limit) => limit === '100', 10_000)).toBe('100')
     expect((await account()).body.credits).toBe(9)
+  }), STALLING_TEST_MS)
+
+test('Redis that stops answering without closing the connection: adding credits fails by the deadline, adds nothing and leaves the account row free', () =>
+  onStallingRedis(async ({ app, s, pause }) => {
+    const pausedMs = 5000
+    await pause(pausedMs)
+    const pausedAt = Date.now()
+    await expect(addCredits(app.ctx, s.accountId, 5)).rejects.toThrow()
+    expect(Date.now() - pausedAt).toBeLessThan(pausedMs - 2500)
+    // A flush (FOR UPDATE) or a balance seed could take the row at once: no transaction waits on Redis.
+    const [row] = await app.ctx.database.db.select({ credits: accounts.credits }).from(accounts).where(eq(accounts.id, s.accountId)).for('update', { noWait: true })
+    expect(row?.credits).toBe(10)
+    // Once Redis answers again, the call it ran late dropped a balance PostgreSQL still agrees with.
+    const added = await until(() => addCredits(app.ctx, s.accountId, 5).then((r) => r.credits, () => null), (n) => n !== null, 10_000)
+    expect(added).toBe(15)
+    expect((await app.req('GET', '/v1/account', { apiKey: s.apiKey })).body.credits).toBe(15)
   }), STALLING_TEST_MS)

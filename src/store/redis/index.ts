@@ -48,13 +48,17 @@ export class RedisStore implements Store {
    * A call with the deadline of the authorize calls (STORE_CALL_TIMEOUT_MS): those that only read, take
    * rate-limit or admission tokens or bump epochs, which Redis may still run after the caller gave up
    * without harm (a token it takes then is charged to a request that went through unlimited anyway; a
-   * failed bump is retried). While an earlier call is overdue on one Redis they fail at once, unsent.
+   * failed bump is retried; the live balance dropped by adding credits is seeded again from what
+   * PostgreSQL holds, so one dropped after that transaction rolled back costs a seed, and an account's
+   * row is not held for as long as a Redis node stops answering). While an earlier call is overdue on
+   * one Redis they fail at once, unsent.
    * The balance seed has none: run after its caller released the account row, it could seed a balance a
    * flush has moved since (ledger.ts); a client request waits for it under a deadline of its own.
-   * Adding credits, refunds and flushes have none either: run late, they would count credits the
-   * database rolled back, or twice (a flush's begin run, or resent by the client after a reconnect, once
-   * its transaction gave up and another instance applied and ended that flush, would file new charges
-   * under an id PostgreSQL already has).
+   * A refund is never refused unsent: its caller waits under a deadline of its own, and one Redis runs
+   * late still gives the credits back. Flushes have none: run late, they would count charges twice (a
+   * flush's begin run, or resent by the client after a reconnect, once its transaction gave up and
+   * another instance applied and ended that flush, would file new charges under an id PostgreSQL
+   * already has).
    */
   #waited<T>(call: () => Promise<T>): Promise<T> {
     const stalled = this.#conn.stalled()
@@ -113,7 +117,7 @@ export class RedisStore implements Store {
   }
 
   creditsChanging(accountId: string): Promise<void> {
-    return watched(this.#credits.creditsChanging(accountId))
+    return watched(this.#waited(() => this.#credits.creditsChanging(accountId)))
   }
 
   refund(accountId: string, n: number): Promise<void> {
