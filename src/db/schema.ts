@@ -190,6 +190,11 @@ export const webhookDeliveries = pgTable(
     index('webhook_deliveries_pending_idx')
       .on(t.eventId)
       .where(sql`${t.attemptedAt} IS NULL`),
+    // Each webhook's queue: a claim finds other accounts' due deliveries without reading through the
+    // backlog of an account that has its share on the way (claim.ts).
+    index('webhook_deliveries_pending_by_webhook_idx')
+      .on(t.webhookId, t.eventId)
+      .where(sql`${t.attemptedAt} IS NULL`),
   ],
 )
 

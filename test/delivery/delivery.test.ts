@@ -217,6 +217,34 @@ describe('webhook delivery', () => {
     }
   })
 
+  test("one account's receivers that hang with a backlog leave room for other accounts' deliveries once they are seen to be slow", async () => {
+    const t = await appWithReceiverCa()
+    const slow = await t.seed()
+    const other = await t.seed()
+    await using hanging = startReceiver(() => 'hang')
+    await using answering = startReceiver()
+    await addHook(t, slow, hanging.url('/backlog'), ['license.created'])
+    await addHook(t, other, answering.url('/other'), ['license.created'])
+    // The spec's 10 s timeout, shortened so the test sees the first ones expire.
+    t.ctx.webhookPool = new DeliveryPool({ allowPrivate: true, extraCaFile: testCertificate().certFile, timeoutMs: 3_000 })
+    // 8 slots, one account's first delivery on the way within its share. The poll never comes round,
+    // and passes never give way to the test's own CPU: wake-ups alone move the deliveries.
+    await using _d = startDispatcher(t.ctx, { pollMs: 60_000, maxInFlight: 8, yieldAbove: 2 })
+    const created = (s: { appId: string }) => ({ event: 'license.created' as EventName, data: dataFor('license.created', s.appId, keyFor()) })
+    await emit(t.ctx, Array.from({ length: 30 }, () => created(slow)))
+    // No receiver was slow yet: the account alone borrows every slot.
+    await until(() => hanging.at('/backlog').length === 8, 'the hanging receiver holding every slot')
+    // They time out after more than a second: the next 6 leave a reserve of 2.
+    await until(() => hanging.at('/backlog').length === 14, 'the hanging receiver holding all but the reserve')
+    const started = performance.now()
+    await emit(t.ctx, Array.from({ length: 4 }, () => created(other)))
+    await until(() => answering.at('/other').length === 4, "the other account's deliveries")
+    // Long before those 6 time out.
+    expect(performance.now() - started).toBeLessThan(2_500)
+    expect(hanging.at('/backlog')).toHaveLength(14)
+    await t.ctx.webhookPool.close()
+  })
+
   test('the private-address guard applies again at delivery time', async () => {
     const t = await appWithReceiverCa()
     const s = await t.seed()

@@ -13,7 +13,7 @@ export interface Work {
   /** One pass; resolves whether more is waiting. */
   pass(): Promise<boolean>
   /** Whether a pass now would have room to take what is waiting. */
-  worthClaiming(): boolean
+  ready(): boolean
 }
 
 export interface ScheduleOptions {
@@ -101,7 +101,7 @@ export class Schedule {
     this.#pumping = this.#pump().finally(() => {
       this.#pumping = null
       // Wake-ups that came in during the pass are served by one more (spaced) pass.
-      if (this.#again || (this.#backlog && this.#work.worthClaiming())) this.kick()
+      if (this.#again || (this.#backlog && this.#work.ready())) this.kick()
     })
   }
 

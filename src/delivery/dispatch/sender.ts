@@ -1,7 +1,7 @@
 import { errorFields, log } from '../../lib/log'
 import { signedDelivery } from '../signed-delivery'
 import type { DeliveryResult } from '../protocol'
-import type { Claimed, Outlet } from './claim'
+import type { Claimed, Outlet, Room } from './claim'
 import type { DispatcherContext } from './options'
 import type { Recorder } from './recorder'
 
@@ -11,6 +11,11 @@ export type Ledger = Pick<Recorder, 'take' | 'record' | 'handBack'>
 /** Sealed values change only when a webhook is created; a bound keeps deleted ones from piling up. */
 const MAX_SECRETS = 1_000
 
+/** A delivery on the way longer than this means a receiver is slow (the reserve, Room in claim.ts). */
+const SLOW_MS = 1_000
+/** How long the reserve is kept after a delivery took that long: a receiver that hangs goes on hanging. */
+const SLOW_MEMORY_MS = 60_000
+
 /**
  * Sends claimed deliveries: signs each and hands it to the pool (or this worker's queue), keeps
  * count of what is out, and passes every outcome to the recorder.
@@ -19,10 +24,19 @@ export class Sender implements Outlet {
   readonly #ctx: Pick<DispatcherContext, 'send' | 'openSecret' | 'clock'>
   readonly #recorder: Ledger
   readonly #maxInFlight: number
-  /** Free slots a claim waits for while deliveries are out. */
+  /** Free slots a claim waits for while deliveries are out; as many are kept for accounts within their share (Room). */
   readonly #claimChunk: number
-  /** Called whenever a delivery comes back and frees its slot. */
-  readonly #onFreed: () => void
+  readonly #share: number
+  /** Deliveries out by account; an account with none has no entry. */
+  readonly #heldByAccount = new Map<string, number>()
+  /** When each delivery out was sent (by `#now`), oldest first. */
+  readonly #sentAt = new Map<string, number>()
+  /** Until when a delivery that was slow keeps the reserve. */
+  #slowUntil = -Infinity
+  /** Milliseconds of real time, for how long deliveries take (the context's clock may stand still in tests). */
+  readonly #now: () => number
+  /** Called whenever a delivery comes back and frees its slot, with its account. */
+  readonly #onFreed: (accountId: string) => void
   #inFlight = 0
   #idle: (() => void)[] = []
   /** Opened webhook secrets by sealed value: opening one per delivery was a decryption (or a message) per event. */
@@ -31,18 +45,42 @@ export class Sender implements Outlet {
   constructor(
     ctx: Pick<DispatcherContext, 'send' | 'openSecret' | 'clock'>,
     recorder: Ledger,
-    maxInFlight: number,
-    onFreed: () => void,
+    limits: { maxInFlight: number; perAccountShare: number },
+    onFreed: (accountId: string) => void,
+    now: () => number = () => performance.now(),
   ) {
     this.#ctx = ctx
     this.#recorder = recorder
-    this.#maxInFlight = maxInFlight
-    this.#claimChunk = Math.max(1, Math.floor(maxInFlight / 4))
+    this.#maxInFlight = limits.maxInFlight
+    this.#claimChunk = Math.max(1, Math.floor(limits.maxInFlight / 4))
+    this.#share = limits.perAccountShare
     this.#onFreed = onFreed
+    this.#now = now
   }
 
-  get free(): number {
+  get #free(): number {
     return this.#maxInFlight - this.#inFlight
+  }
+
+  /**
+   * While a receiver is slow (a delivery on the way, or back within the last minute, that took more
+   * than a second), deliveries past their accounts' shares leave a claim's chunk of the slots free, so a
+   * claim for the others can always run. Otherwise they may take every slot: their receivers answer,
+   * so the slots come back within moments, and they go to accounts within their share first.
+   */
+  get #borrow(): number {
+    return this.#receiverSlow() ? Math.max(0, this.#free - this.#claimChunk) : this.#free
+  }
+
+  #receiverSlow(): boolean {
+    const now = this.#now()
+    if (now < this.#slowUntil) return true
+    const oldest = this.#sentAt.values().next()
+    return !oldest.done && now - oldest.value > SLOW_MS
+  }
+
+  room(): Room {
+    return { free: this.#free, borrow: this.#borrow, share: this.#share, held: this.#heldByAccount }
   }
 
   /**
@@ -50,7 +88,15 @@ export class Sender implements Outlet {
    * finished delivery would otherwise run a statement for one or two rows.
    */
   worthClaiming(): boolean {
-    return this.free >= (this.#inFlight > 0 ? this.#claimChunk : 1)
+    return this.#worth(this.#free)
+  }
+
+  worthBorrowing(): boolean {
+    return this.#worth(this.#borrow)
+  }
+
+  #worth(slots: number): boolean {
+    return slots >= (this.#inFlight > 0 ? this.#claimChunk : 1)
   }
 
   /** Resolves once no delivery is out. */
@@ -67,12 +113,21 @@ export class Sender implements Outlet {
       return
     }
     this.#inFlight++
+    this.#heldByAccount.set(c.accountId, (this.#heldByAccount.get(c.accountId) ?? 0) + 1)
+    const key = `${c.eventId} ${c.webhookId}`
+    this.#sentAt.set(key, this.#now())
     void this.#deliver(c).then((result) => {
+      const now = this.#now()
+      if (now - (this.#sentAt.get(key) ?? now) > SLOW_MS) this.#slowUntil = now + SLOW_MEMORY_MS
+      this.#sentAt.delete(key)
       if (result.reason === 'cancelled') this.#recorder.handBack(c)
       else this.#recorder.record({ eventId: c.eventId, webhookId: c.webhookId, at: new Date(this.#ctx.clock()), status: result.status })
       this.#inFlight--
+      const held = (this.#heldByAccount.get(c.accountId) ?? 1) - 1
+      if (held > 0) this.#heldByAccount.set(c.accountId, held)
+      else this.#heldByAccount.delete(c.accountId)
       if (this.#inFlight === 0) for (const resolve of this.#idle.splice(0)) resolve()
-      this.#onFreed()
+      this.#onFreed(c.accountId)
     })
   }
 

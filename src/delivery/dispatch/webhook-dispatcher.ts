@@ -17,7 +17,8 @@ import { Sender } from './sender'
  * - Schedule: when a pass runs (commit wake-ups, the poll, spacing, giving way to API requests).
  * - Claims: a pass fans undispatched events out into deliveries and claims them; the exactly-once
  *   invariant across instances lives in its statements.
- * - Sender: signs and sends each claimed delivery on a worker, within maxInFlight.
+ * - Sender: signs and sends each claimed delivery on a worker, within maxInFlight, and counts what each
+ *   account has on the way, by which the statements share the slots between accounts (Room).
  * - Recorder: writes attempted_at/http_status and the webhook's lastDelivery*, and hands back at stop
  *   what was cancelled before sending.
  * - Purger: deletes old events and their deliveries.
@@ -47,8 +48,9 @@ export class WebhookDispatcher implements RunningDispatcher {
     this.#recorder = new Recorder(ctx.db, ctx.recorded)
     this.#purger = new Purger(ctx.db, settings.retentionDays)
     const claims = new Claims(ctx.db, settings.fanOutBatch, settings.leaseSeconds)
-    const sender = new Sender(ctx, this.#recorder, settings.maxInFlight, () => {
-      if (claims.due && sender.worthClaiming()) this.#schedule.kick()
+    const sender = new Sender(ctx, this.#recorder, settings, (accountId) => {
+      claims.freed(accountId, sender)
+      if (claims.ready(sender)) this.#schedule.kick()
     })
     this.#sender = sender
     const load = settings.yieldAbove <= 1 ? new HostLoad(settings.yieldAbove, settings.yieldApiAbove) : null
@@ -58,7 +60,7 @@ export class WebhookDispatcher implements RunningDispatcher {
         committed: () => claims.committed(),
         polled: () => claims.polled(),
         pass: () => claims.pass(sender),
-        worthClaiming: () => sender.worthClaiming(),
+        ready: () => claims.ready(sender),
       },
     )
   }

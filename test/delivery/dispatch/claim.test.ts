@@ -5,7 +5,7 @@ import { events } from '../../../src/db/schema'
 import { claimDue, fanOut } from '../../../src/delivery/dispatch/claim'
 import { recordAttempts } from '../../../src/delivery/attempts'
 import { sharedInfra, TEST_DATABASE_URL } from '../../support/helpers'
-import { drainOutbox, outboxApp, pairs, pastThisMillisecond } from './outbox-rows'
+import { drainOutbox, outboxApp, pairs, pastThisMillisecond, room } from './outbox-rows'
 
 await sharedInfra()
 
@@ -18,9 +18,9 @@ describe('fan-out', () => {
     await o.hook(['license.deleted'])
     const ids = await o.emit('license.created', 2)
 
-    const fanned = await fanOut(o.db, 10)
+    const fanned = await fanOut(o.db, 10, room(10))
     expect(fanned.events).toBe(2)
-    expect(fanned.unclaimed).toBe(0)
+    expect(fanned.fairLeft).toBe(0)
     expect(pairs(fanned.claimed)).toEqual(pairs(ids.map((eventId) => ({ eventId, webhookId: subscribed }))))
     const first = fanned.claimed.find((c) => c.eventId === ids[0])
     expect(first).toMatchObject({ event: 'license.created', url: `https://receiver.invalid/${subscribed}`, secretEnc: 'sealed', enabled: true })
@@ -33,7 +33,7 @@ describe('fan-out', () => {
     const marked = await o.db.select().from(events).where(inArray(events.id, ids))
     expect(marked.every((e) => e.dispatchedAt !== null)).toBe(true)
     // Dispatched events are not fanned out again.
-    expect((await fanOut(o.db, 10)).events).toBe(0)
+    expect((await fanOut(o.db, 10, room(10))).events).toBe(0)
   })
 
   test('deliveries beyond the limit are written unclaimed, and the claim statement takes them', async () => {
@@ -42,13 +42,13 @@ describe('fan-out', () => {
     const hooks = [await o.hook(['license.revoked']), await o.hook(['license.revoked']), await o.hook(['license.revoked'])]
     const [id] = await o.emit('license.revoked')
 
-    const fanned = await fanOut(o.db, 1)
-    expect(fanned).toMatchObject({ events: 1, unclaimed: 2 })
+    const fanned = await fanOut(o.db, 1, room(1))
+    expect(fanned).toMatchObject({ events: 1, fairLeft: 2 })
     expect(fanned.claimed).toHaveLength(1)
-    const rest = await claimDue(o.db, 10, 120)
+    const rest = (await claimDue(o.db, room(10), 120)).claimed
     expect(pairs([...fanned.claimed, ...rest])).toEqual(pairs(hooks.map((webhookId) => ({ eventId: id as number, webhookId }))))
     // All claimed and within the lease: nothing is due.
-    expect(await claimDue(o.db, 10, 120)).toEqual([])
+    expect((await claimDue(o.db, room(10), 120)).claimed).toEqual([])
   })
 })
 
@@ -59,13 +59,13 @@ describe('claim', () => {
     const hooks = await Promise.all(Array.from({ length: 8 }, () => o.hook(['license.hwid_reset'])))
     const ids = await o.emit('license.hwid_reset', 3)
     // Every delivery owed, and only the first three (the limit) claimed by the fan-out.
-    const fanned = await fanOut(o.db, 3)
-    expect(fanned).toMatchObject({ events: 3, unclaimed: ids.length * hooks.length - 3 })
+    const fanned = await fanOut(o.db, 3, room(3))
+    expect(fanned).toMatchObject({ events: 3, fairLeft: ids.length * hooks.length - 3 })
 
     // On PostgreSQL a second connection pool, as another instance would have; PGlite has one connection.
     const other = TEST_DATABASE_URL ? await openDb({ databaseUrl: TEST_DATABASE_URL, dataDir: null }) : null
     try {
-      const [mine, theirs] = await Promise.all([claimDue(o.db, 12, 120), claimDue(other?.db ?? o.db, 12, 120)])
+      const [mine, theirs] = await Promise.all([claimDue(o.db, room(12), 120).then((t) => t.claimed), claimDue(other?.db ?? o.db, room(12), 120).then((t) => t.claimed)])
       const all = pairs([...fanned.claimed, ...mine, ...theirs])
       expect(new Set(all).size).toBe(all.length)
       expect(all).toEqual(pairs(ids.flatMap((eventId) => hooks.map((webhookId) => ({ eventId, webhookId })))))
@@ -79,18 +79,71 @@ describe('claim', () => {
     await drainOutbox(o.db)
     const hook = await o.hook(['license.activated'])
     const [id] = await o.emit('license.activated')
-    const fanned = await fanOut(o.db, 5)
+    const fanned = await fanOut(o.db, 5, room(5))
     expect(fanned.claimed).toHaveLength(1)
     await pastThisMillisecond()
 
-    expect(await claimDue(o.db, 5, 120)).toEqual([])
-    const takenOver = await claimDue(o.db, 5, 0)
+    expect((await claimDue(o.db, room(5), 120)).claimed).toEqual([])
+    const takenOver = (await claimDue(o.db, room(5), 0)).claimed
     expect(pairs(takenOver)).toEqual([`${id} ${hook}`])
 
     await recordAttempts(o.db, [{ eventId: id, webhookId: hook, at: new Date(), status: 200 }])
     await pastThisMillisecond()
-    expect(await claimDue(o.db, 5, 0)).toEqual([])
+    expect((await claimDue(o.db, room(5), 0)).claimed).toEqual([])
     const [row] = await o.deliveriesOf([id as number])
     expect(row?.httpStatus).toBe(200)
+  })
+})
+
+describe("sharing the slots between accounts", () => {
+  /** Two accounts' apps, each with a webhook: `busy`'s events are the older. */
+  async function twoAccounts() {
+    const busy = await outboxApp()
+    const other = await outboxApp()
+    await drainOutbox(busy.db)
+    return { busy, other, busyHook: await busy.hook(['license.created']), otherHook: await other.hook(['license.created']) }
+  }
+  const owners = (claimed: { eventId: number }[], ids: number[]) => claimed.filter((c) => ids.includes(c.eventId)).length
+
+  test("a fan-out claims each account's deliveries within its share first, and past it only what borrow leaves", async () => {
+    const { busy, other } = await twoAccounts()
+    const busyIds = await busy.emit('license.created', 5)
+    const otherIds = await other.emit('license.created', 2)
+    // 6 free, 2 of one account's before the rest are borrowed, 4 in all once borrowing: the busy
+    // account's first 2 and the other's 2, then 0 more of the busy one's.
+    const fanned = await fanOut(busy.db, 10, room(6, { share: 2, borrow: 4 }))
+    expect(fanned.events).toBe(7)
+    expect(owners(fanned.claimed, busyIds)).toBe(2)
+    expect(owners(fanned.claimed, otherIds)).toBe(2)
+    expect(fanned).toMatchObject({ fairLeft: 0, borrowedLeft: 3, pastShare: [busy.s.accountId] })
+    expect(fanned.claimed.every((c) => c.accountId === (busyIds.includes(c.eventId) ? busy.s.accountId : other.s.accountId))).toBe(true)
+  })
+
+  test('an account alone takes every free slot but the reserve', async () => {
+    const { busy } = await twoAccounts()
+    await busy.emit('license.created', 12)
+    const fanned = await fanOut(busy.db, 12, room(0))
+    expect(fanned).toMatchObject({ events: 12, claimed: [] })
+    // 8 free of which 2 are the reserve: 2 within the share and 4 past it.
+    const taken = await claimDue(busy.db, room(8, { share: 2, borrow: 6 }), 120)
+    expect(taken.claimed).toHaveLength(6)
+    expect(taken).toMatchObject({ fairLeft: 0, borrowedLeft: 2 })
+  })
+
+  test("a claim finds another account's due deliveries behind the backlog of an account with its share on the way", async () => {
+    const { busy, other } = await twoAccounts()
+    await busy.emit('license.created', 30)
+    const otherIds = await other.emit('license.created', 2)
+    // Written unclaimed: no slot was free.
+    expect((await fanOut(busy.db, 100, room(0))).events).toBe(32)
+    const held = new Map([[busy.s.accountId, 2]])
+    // The 4 oldest due deliveries are the busy account's, and it may not borrow: the other's come through.
+    const taken = await claimDue(busy.db, room(4, { share: 2, borrow: 0, held }), 120)
+    expect(taken.claimed.map((c) => c.eventId)).toEqual(otherIds)
+    expect(taken).toMatchObject({ fairLeft: 0, borrowedLeft: 4, pastShare: [busy.s.accountId] })
+    // Borrowing again, the busy account's oldest follow.
+    const next = await claimDue(busy.db, room(4, { share: 2, borrow: 4, held }), 120)
+    expect(next.claimed).toHaveLength(4)
+    expect(next.claimed.every((c) => c.accountId === busy.s.accountId)).toBe(true)
   })
 })

@@ -2,7 +2,7 @@ import { randomUUID } from 'node:crypto'
 import { inArray } from 'drizzle-orm'
 import type { Db } from '../../../src/db/client'
 import { events, webhookDeliveries, webhooks } from '../../../src/db/schema'
-import { claimDue, type Claimed, fanOut } from '../../../src/delivery/dispatch/claim'
+import { claimDue, type Claimed, fanOut, type Room } from '../../../src/delivery/dispatch/claim'
 import type { EventName } from '../../../src/delivery/outbox'
 import { recordAttempts } from '../../../src/delivery/attempts'
 import { makeTestApp } from '../../support/helpers'
@@ -48,12 +48,12 @@ export async function drainOutbox(db: Db): Promise<void> {
   const close = (claimed: Claimed[]) =>
     recordAttempts(db, claimed.map((c) => ({ eventId: c.eventId, webhookId: c.webhookId, at: new Date(), status: null })))
   for (;;) {
-    const fanned = await fanOut(db, 1_000)
+    const fanned = await fanOut(db, 1_000, room(1_000))
     await close(fanned.claimed)
     if (fanned.events < 1_000) break
   }
   for (;;) {
-    const claimed = await claimDue(db, 1_000, 0)
+    const { claimed } = await claimDue(db, room(1_000), 0)
     await close(claimed)
     if (claimed.length < 1_000) break
   }
@@ -65,4 +65,9 @@ export const pastThisMillisecond = () => Bun.sleep(5)
 /** "eventId webhookId" pairs, sorted: what a set of claims or rows covers. */
 export function pairs(rows: readonly { eventId: number; webhookId: string }[]): string[] {
   return rows.map((r) => `${r.eventId} ${r.webhookId}`).sort()
+}
+
+/** Room for `free` deliveries, every one within its account's share unless `shared` says otherwise. */
+export function room(free: number, shared: Partial<Room> = {}): Room {
+  return { free, borrow: free, share: 1_000_000, held: new Map(), ...shared }
 }

@@ -5,7 +5,7 @@ import { claimDue, fanOut } from '../../../src/delivery/dispatch/claim'
 import { Recorder } from '../../../src/delivery/dispatch/recorder'
 import { sharedInfra } from '../../support/helpers'
 import { until } from '../../support/webhooks-receiver'
-import { drainOutbox, outboxApp } from './outbox-rows'
+import { drainOutbox, outboxApp, room } from './outbox-rows'
 
 await sharedInfra()
 
@@ -15,7 +15,7 @@ async function claimedPair() {
   await drainOutbox(o.db)
   const webhookId = await o.hook(['license.created'])
   const ids = await o.emit('license.created', 2)
-  const fanned = await fanOut(o.db, 10)
+  const fanned = await fanOut(o.db, 10, room(10))
   expect(fanned.claimed).toHaveLength(2)
   const [first, second] = ids.map((eventId) => ({ eventId, webhookId }))
   return { o, webhookId, ids, first: first!, second: second! }
@@ -101,7 +101,7 @@ describe('recorder', () => {
     const byEvent = new Map(rows.map((r) => [r.eventId, r]))
     expect(byEvent.get(first.eventId)).toMatchObject({ claimedAt: null, attemptedAt: null })
     expect(byEvent.get(second.eventId)?.claimedAt).not.toBeNull()
-    const again = await claimDue(o.db, 10, 120)
+    const again = (await claimDue(o.db, room(10), 120)).claimed
     expect(again.map((c) => c.eventId)).toEqual([first.eventId])
   })
 })

@@ -30,7 +30,7 @@ function fakeWork() {
           fail = reject
         })
       },
-      worthClaiming: () => room,
+      ready: () => room,
     },
     /** Ends the pass under way, saying whether more is waiting. */
     async endPass(more = false) {

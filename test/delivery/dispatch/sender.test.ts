@@ -14,6 +14,7 @@ function claimed(eventId: number, over: Partial<Claimed> = {}): Claimed {
   return {
     eventId,
     webhookId: 'wh_1',
+    accountId: 'account-1',
     event: 'license.created',
     data: `{"licenseKey":"KEY-${eventId}"}`,
     occurredAt: new Date(AT),
@@ -26,6 +27,8 @@ function claimed(eventId: number, over: Partial<Claimed> = {}): Claimed {
 
 /** A sender over a pool the test answers by hand, and a ledger that remembers. */
 function harness(maxInFlight = 8, openSecret: (sealed: string) => Promise<string> = async (s) => `secret-of-${s}`) {
+  /** The sender's real-time clock, moved by the test. */
+  const elapsed = { ms: 0 }
   const sent: { job: DeliveryJob; answer: (r: DeliveryResult) => void }[] = []
   const opened: string[] = []
   const recorded: Attempt[] = []
@@ -52,10 +55,11 @@ function harness(maxInFlight = 8, openSecret: (sealed: string) => Promise<string
         owned.delete(d.eventId)
       },
     },
-    maxInFlight,
+    { maxInFlight, perAccountShare: 1 },
     () => void freed++,
+    () => elapsed.ms,
   )
-  return { sender, sent, opened, recorded, handedBack, freed: () => freed }
+  return { sender, sent, opened, recorded, handedBack, freed: () => freed, elapsed }
 }
 
 const settle = () => Bun.sleep(0)
@@ -92,7 +96,7 @@ describe('sender', () => {
     h.sender.send(claimed(1))
     await settle()
     expect(h.sent).toHaveLength(1)
-    expect(h.sender.free).toBe(7)
+    expect(h.sender.room().free).toBe(7)
   })
 
   test('a delivery whose webhook was disabled is recorded as skipped without sending', async () => {
@@ -101,7 +105,7 @@ describe('sender', () => {
     await settle()
     expect(h.sent).toHaveLength(0)
     expect(h.recorded).toEqual([{ eventId: 1, webhookId: 'wh_1', at: new Date(AT + 5_000), status: null }])
-    expect(h.sender.free).toBe(8)
+    expect(h.sender.room().free).toBe(8)
   })
 
   test('a delivery cancelled in the queue is handed back, not recorded', async () => {
@@ -130,11 +134,11 @@ describe('sender', () => {
     for (let i = 1; i <= 7; i++) h.sender.send(claimed(i))
     await settle()
     // 1 free of 8, below the chunk of 2.
-    expect(h.sender.free).toBe(1)
+    expect(h.sender.room().free).toBe(1)
     expect(h.sender.worthClaiming()).toBe(false)
     h.sent[0]!.answer({ status: 200 })
     await settle()
-    expect(h.sender.free).toBe(2)
+    expect(h.sender.room().free).toBe(2)
     expect(h.sender.worthClaiming()).toBe(true)
     let idle = false
     const waiting = h.sender.idle().then(() => {
@@ -145,6 +149,33 @@ describe('sender', () => {
     expect(idle).toBe(false)
     h.sent[6]!.answer({ status: 200 })
     await waiting
-    expect(h.sender.free).toBe(8)
+    expect(h.sender.room().free).toBe(8)
+  })
+
+  test("the room counts each account's deliveries on the way; while a receiver is slow, a chunk of the free slots is kept from those past their share", async () => {
+    const h = harness(8)
+    expect(h.sender.room()).toEqual({ free: 8, borrow: 8, share: 1, held: new Map() })
+    for (let i = 1; i <= 3; i++) h.sender.send(claimed(i))
+    h.sender.send(claimed(4, { accountId: 'account-2' }))
+    await settle()
+    expect(h.sender.room()).toEqual({ free: 4, borrow: 4, share: 1, held: new Map([['account-1', 3], ['account-2', 1]]) })
+    expect(h.sender.worthBorrowing()).toBe(true)
+    // A delivery out for more than a second: 4 free, 2 of them kept.
+    h.elapsed.ms = 1_001
+    expect(h.sender.room()).toMatchObject({ free: 4, borrow: 2 })
+    h.sender.send(claimed(5))
+    await settle()
+    // 3 free: a claim for accounts within their share is worth it, one past it would find 1 slot.
+    expect(h.sender.worthClaiming()).toBe(true)
+    expect(h.sender.worthBorrowing()).toBe(false)
+    h.sent[3]!.answer({ status: 200 })
+    await settle()
+    expect(h.sender.room().held).toEqual(new Map([['account-1', 4]]))
+    // Every slow delivery back: the reserve stays for a minute.
+    for (const i of [0, 1, 2, 4]) h.sent[i]!.answer({ status: 0 })
+    await h.sender.idle()
+    expect(h.sender.room()).toEqual({ free: 8, borrow: 6, share: 1, held: new Map() })
+    h.elapsed.ms = 61_002
+    expect(h.sender.room().borrow).toBe(8)
   })
 })

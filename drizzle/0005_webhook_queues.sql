@@ -1,0 +1,1 @@
+CREATE INDEX "webhook_deliveries_pending_by_webhook_idx" ON "webhook_deliveries" USING btree ("webhook_id","event_id") WHERE "webhook_deliveries"."attempted_at" IS NULL;
