@@ -32,7 +32,11 @@ export interface DeliveryPoolOptions {
    */
   extraCaFile: string | null
   timeoutMs?: number
-  /** Requests each worker has open at once. */
+  /**
+   * Requests each worker has open at once. By default as many as a dispatcher has deliveries on the way
+   * (256): fewer, and receivers that hang on a few hosts (16 requests each) would hold every request
+   * while deliveries the dispatcher claimed for other accounts waited behind them.
+   */
   concurrency?: number
   /** Of those, at most this many to one host. */
   perHost?: number
@@ -88,7 +92,7 @@ export class DeliveryPool {
       allowPrivate: options.allowPrivate,
       ca,
       timeoutMs: options.timeoutMs ?? 10_000,
-      concurrency: options.concurrency ?? 64,
+      concurrency: options.concurrency ?? 256,
       perHost: options.perHost ?? 16,
       lowPriority: options.lowPriority ?? false,
     }

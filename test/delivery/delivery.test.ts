@@ -217,6 +217,23 @@ describe('webhook delivery', () => {
     }
   })
 
+  test('receivers that hang on more hosts than fill 64 requests still leave another host\'s delivery to go at once', async () => {
+    const pool = new DeliveryPool({ allowPrivate: true, extraCaFile: testCertificate().certFile, size: 1, timeoutMs: 3_000 })
+    const hanging = Array.from({ length: 5 }, () => startReceiver(() => 'hang'))
+    await using answering = startReceiver()
+    const job = (url: string) => ({ url, headers: { 'content-type': 'application/json' }, body: '{}' })
+    try {
+      for (const rx of hanging) for (let i = 0; i < 20; i++) void pool.send(job(rx.url('/stuck')))
+      await until(() => hanging.every((rx) => rx.at('/stuck').length === 16), 'each hanging host holding its 16 requests')
+      const started = performance.now()
+      expect(await pool.send(job(answering.url('/served')))).toEqual({ status: 200 })
+      expect(performance.now() - started).toBeLessThan(1_500)
+    } finally {
+      await pool.close()
+      for (const rx of hanging) await rx.stop()
+    }
+  })
+
   test("one account's receivers that hang with a backlog leave room for other accounts' deliveries once they are seen to be slow", async () => {
     const t = await appWithReceiverCa()
     const slow = await t.seed()

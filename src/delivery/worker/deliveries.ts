@@ -23,7 +23,7 @@ export class Deliveries {
     allowPrivate: false,
     ca: null,
     timeoutMs: 10_000,
-    concurrency: 64,
+    concurrency: 256,
     perHost: 16,
     lowPriority: false,
   }
