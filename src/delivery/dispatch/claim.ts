@@ -339,7 +339,7 @@ export class Claims {
       for (const c of fanned.claimed) outlet.send(c)
       // A full batch means more is waiting; deliveries written unclaimed are claimed below.
       const full = fanned.events >= limit
-      this.#reachPast = full && fanned.withinShare === 0
+      this.#reachPast = full && fanned.withinShare === 0 && fanned.borrowedLeft > 0
       if (full && this.#reachPast) this.#fanOutBorrowDue = true
       else if (full) this.#fanOutDue = true
       this.#left(fanned)

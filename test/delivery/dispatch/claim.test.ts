@@ -2,7 +2,7 @@ import { describe, expect, test } from 'bun:test'
 import { inArray } from 'drizzle-orm'
 import { openDb } from '../../../src/db/client'
 import { events } from '../../../src/db/schema'
-import { claimDue, fanOut } from '../../../src/delivery/dispatch/claim'
+import { type Claimed, Claims, claimDue, fanOut, type Room } from '../../../src/delivery/dispatch/claim'
 import { recordAttempts } from '../../../src/delivery/attempts'
 import { sharedInfra, TEST_DATABASE_URL } from '../../support/helpers'
 import { drainOutbox, outboxApp, pairs, pastThisMillisecond, room } from './outbox-rows'
@@ -145,5 +145,46 @@ describe("sharing the slots between accounts", () => {
     const next = await claimDue(busy.db, room(4, { share: 2, borrow: 4, held }), 120)
     expect(next.claimed).toHaveLength(4)
     expect(next.claimed.every((c) => c.accountId === busy.s.accountId)).toBe(true)
+  })
+})
+
+describe('the pass', () => {
+  /** An outlet with a fixed room that keeps what it is sent. */
+  function outlet(r: Room, worthBorrowing = false) {
+    const sent: Claimed[] = []
+    return { sent, room: () => r, worthClaiming: () => true, worthBorrowing: () => worthBorrowing, send: (c: Claimed) => void sent.push(c) }
+  }
+
+  test("after a full fan-out of an account's events past its share, the next wake-up reaches the other accounts' events behind them", async () => {
+    const busy = await outboxApp()
+    const other = await outboxApp()
+    await drainOutbox(busy.db)
+    await busy.hook(['license.created'])
+    await other.hook(['license.created'])
+    await busy.emit('license.created', 5)
+    const otherIds = await other.emit('license.created')
+    // A receiver is slow and the busy account has its share out: nothing of its can be claimed.
+    const out = outlet(room(2, { share: 1, borrow: 0, held: new Map([[busy.s.accountId, 1]]) }))
+    const claims = new Claims(busy.db, 500, 120)
+    // Two events taken (as many as slots are free), both the busy account's: the next waits for room to borrow.
+    await claims.pass(out)
+    expect(out.sent).toEqual([])
+    expect(claims.ready(out)).toBe(false)
+    claims.committed()
+    await claims.pass(out)
+    expect(out.sent.map((c) => c.eventId)).toEqual(otherIds)
+  })
+
+  test('a full fan-out of events no webhook wants goes on at the pace of the free slots', async () => {
+    const busy = await outboxApp()
+    await drainOutbox(busy.db)
+    const ids = await busy.emit('license.deleted', 4)
+    const out = outlet(room(2, { share: 1, borrow: 0, held: new Map([[busy.s.accountId, 1]]) }))
+    const claims = new Claims(busy.db, 500, 120)
+    expect(await claims.pass(out)).toBe(true)
+    expect(claims.ready(out)).toBe(true)
+    await claims.pass(out)
+    const dispatched = await busy.db.select().from(events).where(inArray(events.id, ids))
+    expect(dispatched.every((e) => e.dispatchedAt !== null)).toBe(true)
   })
 })
