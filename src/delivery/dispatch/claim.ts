@@ -334,7 +334,7 @@ export class Claims {
       this.#fanOutDue = false
       this.#fanOutBorrowDue = false
       const room = outlet.room()
-      const limit = wide ? (this.#reachPast ? this.#fanOutBatch : Math.min(this.#fanOutBatch, room.free)) : Math.min(this.#fanOutBatch, room.borrow)
+      const limit = Math.min(this.#fanOutBatch, !wide ? room.borrow : this.#reachPast ? Infinity : room.free)
       const fanned = await fanOut(this.#db, limit, room)
       for (const c of fanned.claimed) outlet.send(c)
       // A full batch means more is waiting; deliveries written unclaimed are claimed below.
