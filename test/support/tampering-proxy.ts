@@ -16,6 +16,11 @@ export class TamperingProxy {
    * answered with what this returns for it, if anything.
    */
   impostor: ((data: Buffer, n: number) => Buffer | undefined) | null = null
+  /**
+   * While set, the next write it matches reaches the server, and the server's next answer on that
+   * connection is dropped with the connection: a reply lost after the server ran the command.
+   */
+  loseReplyTo: ((data: Buffer) => boolean) | null = null
   readonly #server: Server
   readonly #sockets = new Set<Socket>()
 
@@ -35,9 +40,19 @@ export class TamperingProxy {
       this.#keep(upstream)
       client.on('close', () => upstream.destroy())
       upstream.on('close', () => client.destroy())
-      client.on('data', (data) => upstream.write(data))
+      let cutOnReply = false
+      client.on('data', (data: Buffer) => {
+        if (this.loseReplyTo?.(data)) {
+          this.loseReplyTo = null
+          cutOnReply = true
+        }
+        upstream.write(data)
+      })
       upstream.on('data', (data) => {
-        if (this.hostile) this.#send(client, this.hostile)
+        if (cutOnReply) {
+          client.destroy()
+          upstream.destroy()
+        } else if (this.hostile) this.#send(client, this.hostile)
         else client.write(data)
       })
     })

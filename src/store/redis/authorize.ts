@@ -143,7 +143,7 @@ export class RedisAuthorizer implements Authorizer {
 
   /**
    * A reply that came after its requests were answered as failed: whatever it charged is given back, as
-   * for a call whose connection was replaced; its nonces stay claimed (the clients retry with new ones).
+   * for a call answered in a new generation; its nonces stay claimed (the clients retry with new ones).
    */
   #late(batch: PendingAuthorize[], reply: Reply | null): void {
     if (reply && reply[0] !== -1) this.#refundAll(batch, reply as number[])
@@ -162,10 +162,9 @@ export class RedisAuthorizer implements Authorizer {
       // Nothing ran: the shard's generation is not the one these requests' epochs were read under.
       replies = null
     } else if (replies && sentAt !== this.conn.generation) {
-      // ioredis re-sent the call on a new connection, where the shard's generation key may have
-      // survived a loss of later writes (a failover), or the reply showed that key changed after a
-      // call sent before this process had read it: its verdicts cannot be trusted, and its charges
-      // are given back.
+      // A new generation began while the call was out: an earlier reply showed the shard's generation
+      // key changed, or a cluster node's connection dropped. Its verdicts cannot be trusted, and its
+      // charges are given back.
       err = new Error('redis connection was replaced during the call')
       this.#refundAll(batch, replies)
       replies = null

@@ -41,6 +41,9 @@ function clusterClient(urls: string, options: RedisOptions & { enableAutoPipelin
         tls: first.protocol === 'rediss:' ? {} : undefined,
       },
       clusterRetryStrategy: (times) => Math.min(times * 200, 2000),
+      // A node's connection that drops fails the calls on it; by default they were sent again once the
+      // slots were read anew, as a lone connection would resend them (see autoResendUnfulfilledCommands).
+      retryDelayOnFailover: 0,
     },
   )
 }
@@ -84,6 +87,10 @@ export class Connection<Commands extends object = object> {
       connectTimeout: options.connectTimeoutMs ?? 2000,
       // Fail a command fast while Redis is down instead of queueing it for ever; reconnect in the background.
       maxRetriesPerRequest: 1,
+      // A call whose connection dropped before its reply may have run: sent again it could run twice (a
+      // refund give back twice, an authorize call charge and count twice). It fails, as in an outage
+      // (the patch in patches/ fails it at once instead of leaving it unsettled).
+      autoResendUnfulfilledCommands: false,
     }
     this.shards = options.cluster?.shards ?? 1
     this.callTimeoutMs = options.callTimeoutMs ?? STORE_CALL_TIMEOUT_MS

@@ -56,9 +56,8 @@ export class RedisStore implements Store {
    * flush has moved since (ledger.ts); a client request waits for it under a deadline of its own.
    * A refund is never refused unsent: its caller waits under a deadline of its own, and a refund Redis
    * runs late still gives the credits back. Flushes have none: run late, they would count charges twice (a
-   * flush's begin run, or resent by the client after a reconnect, once its transaction gave up and
-   * another instance applied and ended that flush, would file new charges under an id PostgreSQL
-   * already has).
+   * flush's begin run once its transaction gave up and another instance applied and ended that flush
+   * would file new charges under an id PostgreSQL already has).
    */
   #waited<T>(call: () => Promise<T>): Promise<T> {
     const stalled = this.#conn.stalled()
