@@ -57,9 +57,13 @@ export async function addCredits(ctx: Context, accountId: string, n: number) {
     const [updated] = await tx
       .update(accounts)
       .set({ credits: sql`GREATEST(0, ${accounts.credits} + ${n})` })
-      .where(eq(accounts.id, accountId))
+      // Past it a balance reads rounded here and in every client's JSON, and charges stop showing.
+      .where(and(eq(accounts.id, accountId), sql`${accounts.credits} + ${n} <= ${Number.MAX_SAFE_INTEGER}`))
       .returning({ accountId: accounts.id, credits: accounts.credits })
-    if (!updated) throw new ApiError('not_found', 404, `No account ${accountId}`)
+    if (!updated) {
+      await requireAccount(tx, accountId)
+      throw new ApiError('bad_request', 400, `The balance would pass ${Number.MAX_SAFE_INTEGER} credits`)
+    }
     // The store drops the live balance while the UPDATE still holds the row: a balance seed (which reads
     // the row FOR SHARE) either finished before, and is dropped here, or waits and finds the epoch moved.
     // The next seed reads whatever PostgreSQL then holds, so a COMMIT that fails after this adds nothing
