@@ -17,6 +17,8 @@ import { openStore } from './store/redis'
 import type { Store } from './store/store'
 import { DeliveryPool } from './delivery/pool'
 import { CreditLedger } from './credits/ledger'
+import { InFlightLimit } from './lib/in-flight'
+import { TEST_PINGS_PER_ACCOUNT } from './webhooks/service'
 
 /** What a test or a bench brings of its own instead of what the settings would open. */
 export interface ContextOverrides {
@@ -76,7 +78,7 @@ export async function buildContext(config: Readonly<Config>, overrides: ContextO
 }
 
 /** What boot opens or chooses; the rest of the context is built from it. */
-type ContextBase = Omit<Context, 'actors' | 'credits' | 'sessions' | 'payloads' | 'validatedEvents' | 'unknownApiKeys' | 'liveApiKeys'>
+type ContextBase = Omit<Context, 'actors' | 'credits' | 'sessions' | 'payloads' | 'validatedEvents' | 'unknownApiKeys' | 'liveApiKeys' | 'testPings'>
 
 function assembleContext(base: ContextBase): Context {
   return {
@@ -88,5 +90,6 @@ function assembleContext(base: ContextBase): Context {
     validatedEvents: new ValidatedEventBatch({ database: base.database, bus: base.bus, dropped: base.metrics.validatedEventsDropped }),
     unknownApiKeys: new MissBudget(UNKNOWN_API_KEYS_PER_MINUTE, ACTOR_LIMITS.absent),
     liveApiKeys: new BoundedMap(LIVE_API_KEYS),
+    testPings: new InFlightLimit(TEST_PINGS_PER_ACCOUNT),
   }
 }

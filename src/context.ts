@@ -12,6 +12,7 @@ import type { Store } from './store/store'
 import type { DeliveryPool } from './delivery/pool'
 import type { CreditLedger } from './credits/ledger'
 import type { BoundedMap, MissBudget } from './actors/bounded'
+import type { InFlightLimit } from './lib/in-flight'
 
 /** Infrastructure handed to every route module and use-case; built once by boot.ts's buildContext, for the server, the CLI and the tests alike. */
 export interface Context {
@@ -43,6 +44,8 @@ export interface Context {
   unknownApiKeys: MissBudget
   /** Hashes of Developer API keys last found live, which skip unknownApiKeys (http/auth.ts). */
   liveApiKeys: BoundedMap<true>
+  /** Test pings on their way, by account (webhooks/service.ts). */
+  testPings: InFlightLimit
   /** Milliseconds since the epoch; tests inject their own. */
   clock: () => number
 }

@@ -111,7 +111,7 @@ const API_ERRORS = {
   rate_limited: {
     status: 429,
     when:
-      "the API key's budget is spent, or the client address's budget of unknown API keys (a key found live before skips it): retry after the Retry-After header (seconds)",
+      "the API key's budget is spent, the client address's budget of unknown API keys (a key found live before skips it), or on a test ping the account's test pings on their way are at their limit: retry after the Retry-After header (seconds)",
     message: 'Too many requests for this API key; retry after the Retry-After header',
   },
   internal_error: { status: 500, when: 'an unexpected failure', message: 'Something went wrong on our side' },

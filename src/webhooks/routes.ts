@@ -1,5 +1,5 @@
 import { Elysia } from 'elysia'
-import { createWebhook, deleteWebhook, listWebhooks, sendTestPing, updateWebhook } from './service'
+import { createWebhook, deleteWebhook, listWebhooks, sendTestPing, TEST_PINGS_PER_ACCOUNT, updateWebhook } from './service'
 import type { Context } from '../context'
 import { apiKeyAuth } from '../http/auth'
 import { noBody } from '../http/no-body'
@@ -116,7 +116,8 @@ export const webhookRoutes = (ctx: Context) =>
             'Sends a signed `test.ping` (data `{ licenseKey: "TEST-TEST-TEST-TEST", appId, webhookId, test: true }`) ' +
             "now, also to a disabled webhook, and answers with the receiver's HTTP status (0: no response " +
             'within 10 s, refused connection, TLS or DNS failure, or a non-public target). It counts as the ' +
-            "webhook's latest delivery.",
+            `webhook's latest delivery. At most ${TEST_PINGS_PER_ACCOUNT} test pings of an account are on their way at once; ` +
+            'past that, 429 `rate_limited` without sending.',
         },
       },
     )

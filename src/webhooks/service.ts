@@ -2,7 +2,7 @@ import { and, asc, count, eq } from 'drizzle-orm'
 import type { Tx } from '../db/client'
 import { apps, webhooks } from '../db/schema'
 import type { Context } from '../context'
-import { badRequest, notFound } from '../lib/errors'
+import { ApiError, badRequest, notFound } from '../lib/errors'
 import { signedDelivery } from '../delivery/signed-delivery'
 import { recordAttempts } from '../delivery/attempts'
 import { checkTarget, TargetError } from '../delivery/target'
@@ -126,6 +126,13 @@ export async function deleteWebhook(ctx: Context, accountId: string, appId: stri
   if (gone.length === 0) throw missing()
 }
 
+/**
+ * Test pings of one account on their way at once, per process. A receiver that hangs holds each for the
+ * delivery timeout: without a limit one account's pings to such receivers took every request the
+ * delivery workers open, and every other account's pings (and, embedded, its deliveries) waited.
+ */
+export const TEST_PINGS_PER_ACCOUNT = 8
+
 /** Sample data of test.ping: the shape every event's data has, marked as a test. */
 const PING_LICENSE_KEY = 'TEST-TEST-TEST-TEST'
 
@@ -148,7 +155,13 @@ export async function sendTestPing(
   const secret = ctx.sealer.open(row.secretEnc).toString('utf8')
   const data = { licenseKey: PING_LICENSE_KEY, appId, webhookId, test: true }
   const job = signedDelivery(row.url, secret, 'test.ping', new Date(ctx.clock()), JSON.stringify(data))
-  const result = await ctx.webhookPool.send(job)
+  const leave = ctx.testPings.enter(accountId)
+  if (!leave) {
+    throw new ApiError('rate_limited', 429, `At most ${TEST_PINGS_PER_ACCOUNT} test pings of an account are on their way at once; retry after the Retry-After header`, {
+      'retry-after': String(Math.ceil(ctx.webhookPool.timeoutMs / 1000)),
+    })
+  }
+  const result = await ctx.webhookPool.send(job).finally(leave)
   await recordAttempts(ctx.database.db, [{ webhookId, at: new Date(ctx.clock()), status: result.status }])
   return { ok: true, status: result.status }
 }

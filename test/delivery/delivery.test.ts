@@ -10,6 +10,7 @@ import type { Context } from '../../src/context'
 import { startDispatcher } from '../../src/delivery/dispatcher'
 import { DeliveryPool } from '../../src/delivery/pool'
 import { pinnedTarget } from '../../src/delivery/target'
+import { TEST_PINGS_PER_ACCOUNT } from '../../src/webhooks/service'
 import { makeTestApp, sharedInfra, TEST_DATABASE_URL, TEST_MASTER_KEY, type TestApp } from '../support/helpers'
 
 // Opening the shared database (and migrating it) takes seconds on a busy machine: do it before any test's clock starts.
@@ -307,6 +308,36 @@ describe('test ping', () => {
     const status = Object.fromEntries((await hooksOf(t, s)).map((h) => [h.webhookId, h.lastDeliveryStatus]))
     expect(status).toEqual({ [ok.webhookId]: 204, [teapot.webhookId]: 418, [refused.webhookId]: 0 })
     for (const h of await hooksOf(t, s)) expect(h.lastDeliveryAt).not.toBeNull()
+  })
+})
+
+describe('test pings in flight', () => {
+  test("an account's are limited, so its receivers that hang cannot take the delivery workers from other accounts", async () => {
+    const t = await appWithReceiverCa()
+    t.ctx.webhookPool = new DeliveryPool({ allowPrivate: true, extraCaFile: testCertificate().certFile, timeoutMs: 3_000 })
+    const [busy, other] = [await t.seed(), await t.seed()]
+    await using rx = startReceiver((path) => (path === '/hang' ? 'hang' : 200))
+    const hanging = await addHook(t, busy, rx.url('/hang'), ['license.created'])
+    const answering = await addHook(t, other, rx.url('/ok'), ['license.created'])
+    const ping = (s: { appId: string; apiKey: string }, id: string) =>
+      t.req('POST', `/v1/apps/${s.appId}/webhooks/${id}/test`, { apiKey: s.apiKey })
+
+    const held = Array.from({ length: TEST_PINGS_PER_ACCOUNT }, () => ping(busy, hanging.webhookId))
+    await until(() => rx.at('/hang').length === TEST_PINGS_PER_ACCOUNT, 'the pings the limit lets through')
+    const refused = await ping(busy, hanging.webhookId)
+    expect(refused.status).toBe(429)
+    expect(refused.body.error).toBe('rate_limited')
+    expect(Number(refused.headers.get('retry-after'))).toBeGreaterThan(0)
+    // The limit is the account's: another's ping goes out at once.
+    const started = performance.now()
+    expect(await ping(other, answering.webhookId)).toMatchObject({ status: 200, body: { ok: true, status: 200 } })
+    expect(performance.now() - started).toBeLessThan(1_500)
+
+    for (const done of await Promise.all(held)) expect(done.body).toEqual({ ok: true, status: 0 })
+    // Each one that ends makes room again; only the one past the limit was not sent.
+    expect(await ping(busy, hanging.webhookId)).toMatchObject({ status: 200, body: { ok: true, status: 0 } })
+    expect(rx.at('/hang')).toHaveLength(TEST_PINGS_PER_ACCOUNT + 1)
+    await t.ctx.webhookPool.close()
   })
 })
 
