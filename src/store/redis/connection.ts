@@ -1,3 +1,4 @@
+import calculateSlot from 'cluster-key-slot'
 import { Cluster, Redis, type RedisOptions } from 'ioredis'
 import { errorFields, log, logEvery } from '../../lib/log'
 import { withTimeout } from '../../lib/with-timeout'
@@ -72,6 +73,8 @@ export class Connection<Commands extends object = object> {
   #recordedShardCount = ''
   /** Set when the check at start got no answer: the one that comes later is logged. */
   #announceShardCount = false
+  /** On a cluster, the node that served each shard's slot at its last read (#checkMaster); cleared with #seen. */
+  readonly #masters = new Map<Shard, string>()
   /** Calls on one Redis that went past their deadline and are still unanswered (overdue). */
   #overdueCalls = 0
 
@@ -104,10 +107,7 @@ export class Connection<Commands extends object = object> {
     // A new connection may reach a server that restarted with older data or a replica that lost writes
     // while keeping its generation key: whatever was read before it is suspect. A cluster client drops a
     // node's connection ('-node') when it fails or leaves; it closes when it has none left.
-    const lost = () => {
-      this.#generation++
-      this.#seen.clear()
-    }
+    const lost = () => this.#lost()
     redis.on('close', lost)
     if (redis instanceof Cluster) redis.on('-node', lost)
     for (const [name, { lua, numberOfKeys }] of named) redis.defineCommand(name, { lua, numberOfKeys })
@@ -134,6 +134,7 @@ export class Connection<Commands extends object = object> {
    * generation for the whole process, since the registry's entries are not kept per shard.
    */
   observe(shard: Shard, seen: string, sentAt: number): number {
+    this.#checkMaster(shard)
     if (sentAt !== this.#generation) return sentAt
     const known = this.#seen.get(shard)
     if (known !== seen) {
@@ -141,6 +142,28 @@ export class Connection<Commands extends object = object> {
       this.#seen.set(shard, seen)
     }
     return this.#generation
+  }
+
+  #lost(): void {
+    this.#generation++
+    this.#seen.clear()
+    this.#masters.clear()
+  }
+
+  /**
+   * On a cluster, a shard served by another node than when it was last read: a failover (to a replica
+   * that may have missed writes, while the old master turned replica keeps its connections, so no node
+   * was dropped) or its slot moved. Whatever was read from the old node is suspect, as after a dropped
+   * connection. The client learns of a new master before a reply from it (a MOVED redirect, a refresh of
+   * the slots), so the reply that first shows it is not trusted either.
+   */
+  #checkMaster(shard: Shard): void {
+    if (!(this.redis instanceof Cluster)) return
+    const node = this.redis.slots[calculateSlot(shard)]?.[0]
+    if (node === undefined) return
+    const known = this.#masters.get(shard)
+    if (known !== undefined && known !== node) this.#lost()
+    this.#masters.set(shard, node)
   }
 
   /**

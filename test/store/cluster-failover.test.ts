@@ -1,0 +1,53 @@
+/**
+ * A Redis Cluster master fails over to a replica that missed a write (a revoke's epoch bump), and the
+ * old master turns replica without closing the instances' connections to it: no connection drops, yet
+ * what was read from the old master is suspect. Every instance notices the new master at its next call
+ * to that shard and drops its cache, so the revoke is never served as valid.
+ */
+import { afterAll, describe, expect, test } from 'bun:test'
+import { RedisStore } from '../../src/store/redis'
+import { hwid, insertLicense, nonce } from '../support/client'
+import { makeTestApp, MODE } from '../support/helpers'
+import { ownReplicatedCluster } from '../support/redis-cluster'
+import { until } from '../support/servers'
+
+// A cluster of the test's own and two instances on the shared PostgreSQL: the PostgreSQL pass only.
+if (MODE === 'postgres') {
+  describe('a failover to a replica that missed writes', async () => {
+    const cluster = await ownReplicatedCluster()
+    const stores = [0, 1].map(() => new RedisStore(cluster.url, { cluster: { shards: 4 } }))
+    const [a, b] = [await makeTestApp({ store: stores[0]! }), await makeTestApp({ store: stores[1]! })]
+    afterAll(async () => {
+      for (const store of stores) await store.close()
+      await cluster.stop()
+    })
+
+    test('a license revoked on one instance just before is refused by the other, which had it cached', async () => {
+      const s = await a.seed({ credits: 1000 })
+      const licenseKey = await insertLicense(a.ctx, s.appId, { unlimitedHwidSlots: true })
+      const h = hwid()
+      const validate = (on: typeof a) =>
+        on.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: h, nonce: nonce() } })
+      expect((await validate(b)).status).toBe(200)
+
+      // The replica stops taking the master's writes (it cannot authenticate to resync), then the revoke.
+      await cluster.replica.config('SET', 'masteruser', 'nobody')
+      await cluster.replica.config('SET', 'masterauth', 'wrong')
+      await cluster.master.client('KILL', 'TYPE', 'replica')
+      const revoked = await a.req('PUT', `/v1/licenses/${licenseKey}`, { apiKey: s.apiKey, body: { action: 'revoke' } })
+      expect(revoked.status, JSON.stringify(revoked.body)).toBe(200)
+      await cluster.replica.cluster('FAILOVER', 'TAKEOVER')
+      await until(() => cluster.master.info('replication'), (info) => info.includes('role:slave'), 10_000)
+
+      // A call that meets the new master is not trusted (it fails as in an outage); after it, the cache is gone.
+      const answers: unknown[] = []
+      const settled = await until(async () => {
+        const res = await validate(b)
+        answers.push(res.body)
+        return res.body
+      }, (body) => body.error !== 'system_error', 10_000)
+      expect(settled).toEqual({ status: 'failed', error: 'revoked' })
+      expect(answers.filter((body) => (body as { status?: string }).status === 'success')).toEqual([])
+    })
+  })
+}
