@@ -69,7 +69,11 @@ export async function addCredits(ctx: Context, accountId: string, n: number) {
     // The next seed reads whatever PostgreSQL then holds, so a COMMIT that fails after this adds nothing
     // (a delta given to the store here would stay in the live balance). If the store is unreachable
     // nothing is committed, so a retry cannot add twice either.
-    await ctx.store.creditsChanging(accountId)
+    const seq = await ctx.store.creditsChanging(accountId)
+    await tx
+      .update(accounts)
+      .set({ creditSeq: sql`GREATEST(${accounts.creditSeq}, ${seq})` })
+      .where(eq(accounts.id, accountId))
     return updated
   }).catch((err: unknown) => {
     if (errorCode(err) !== LOCK_NOT_AVAILABLE) throw err

@@ -19,6 +19,14 @@ import { withDeadline, withTimeout } from '../lib/with-timeout'
  * while it holds the account's row lock and a balance is seeded only under that lock, so a balance
  * reloaded after the loss never misses a flush that was under way (its amount is in the transaction,
  * not only in the store).
+ *
+ * A store that comes back from an older copy of its data (not empty, only behind) would hold charges a
+ * flush already moved, or a balance an addition of credits dropped since. Each flush and each addition
+ * takes the account's next credit sequence number in the store, and its transaction records it in
+ * accounts.credit_seq: a store whose number is lower is behind, which a flush (under the row lock)
+ * or a seed finds, and what it holds of the account's credits goes. A request refused for want of
+ * credits puts its account in the dirty set, so a balance hiding credits added is found by the next
+ * flush pass too, not only one that charges.
  */
 
 /** How often pending charges move to PostgreSQL: the most a store that loses its data can lose of them. */
@@ -29,6 +37,12 @@ const STOP_WAIT_MS = 5_000
 
 /** An authorize call that only charges: no cached state to check, no limit, no nonce. */
 const CHARGE_ONLY: Omit<AuthorizeInput, 'nowMs' | 'shard' | 'generation' | 'charge'> = { epochs: [], ceiling: null, buckets: [], nonce: null, deny: false }
+
+/** An account's row as the ledger reads it: its reconciled balance and the credit sequence recorded with it. */
+export interface Reconciled {
+  credits: number
+  creditSeq: number
+}
 
 /**
  * The credit ledger of one server: live balances in the store, reconciled ones in PostgreSQL, and
@@ -65,32 +79,37 @@ export class CreditLedger {
         // A share lock waits for a flush under way (it holds the row for update), and none can start
         // until the balance is seeded: the reconciled balance read here and the store agree on it.
         const [row] = await tx
-          .select({ credits: accounts.credits })
+          .select({ credits: accounts.credits, creditSeq: accounts.creditSeq })
           .from(accounts)
           .where(eq(accounts.id, accountId))
           .for('share')
         const committed = seen.flushId
           ? (await tx.select({ id: creditFlushes.id }).from(creditFlushes).where(eq(creditFlushes.id, seen.flushId))).length > 0
           : false
-        return this.#store.loadBalance(accountId, seen, row?.credits ?? 0, committed)
+        return this.#store.loadBalance(accountId, seen, row?.credits ?? 0, committed, row?.creditSeq ?? 0)
       })
       if (done === 'ok') return
     }
     throw new Error('account credits kept changing while loading the live balance')
   }
 
-  /** The balance a caller may spend now: the live one when loaded, else the reconciled one. */
-  async currentBalance(accountId: string): Promise<number> {
+  /**
+   * The balance a caller may spend now: the live one when loaded, else the reconciled one, which is
+   * also the answer while the store is behind PostgreSQL (back from an older copy: its balance may
+   * miss credits added since, until the account's next flush pass drops it).
+   */
+  async currentBalance(accountId: string, reconciled?: Reconciled): Promise<number> {
+    const [row] = reconciled
+      ? [reconciled]
+      : await this.#database.db
+          .select({ credits: accounts.credits, creditSeq: accounts.creditSeq })
+          .from(accounts)
+          .where(eq(accounts.id, accountId))
+          .limit(1)
     // While the store is unreachable the reconciled balance is the best answer there is (charges not
     // yet flushed are missing from it); a read must not fail for that.
-    const live = await this.#store.balance(accountId).catch(() => null)
-    if (live !== null) return live
-    const [row] = await this.#database.db
-      .select({ credits: accounts.credits })
-      .from(accounts)
-      .where(eq(accounts.id, accountId))
-      .limit(1)
-    return row?.credits ?? 0
+    const live = await this.#store.balance(accountId, row?.creditSeq ?? 0).catch(() => null)
+    return live ?? row?.credits ?? 0
   }
 
   /**
@@ -215,8 +234,16 @@ export class CreditLedger {
     return this.#oneAtATime(() => this.#database.db.transaction(async (tx) => {
       // The row lock orders this flush against addCredits and against a balance seed (#seedBalance): the
       // charges leave the store only once no seed can read the balance without them.
-      const [account] = await tx.select({ id: accounts.id }).from(accounts).where(eq(accounts.id, accountId)).for('update')
-      const flush = await this.#store.beginFlush(accountId, newId)
+      const [account] = await tx
+        .select({ creditSeq: accounts.creditSeq })
+        .from(accounts)
+        .where(eq(accounts.id, accountId))
+        .for('update')
+      const flush = await this.#store.beginFlush(accountId, newId, account?.creditSeq ?? 0)
+      if (flush === 'behind') {
+        logEvery('warn', "the store holds older credit data than PostgreSQL (it came back from an older copy): an account's live balance is seeded again, and its charges not yet moved are dropped", () => ({ accountId }))
+        return ''
+      }
       if (!flush || !account) return flush?.id ?? ''
       const inserted = await tx
         .insert(creditFlushes)
@@ -226,7 +253,10 @@ export class CreditLedger {
       if (inserted.length > 0) {
         await tx
           .update(accounts)
-          .set({ credits: sql`GREATEST(0, ${accounts.credits} - ${flush.amount})` })
+          .set({
+            credits: sql`GREATEST(0, ${accounts.credits} - ${flush.amount})`,
+            creditSeq: sql`GREATEST(${accounts.creditSeq}, ${flush.seq})`,
+          })
           .where(eq(accounts.id, accountId))
       }
       return flush.id

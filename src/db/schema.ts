@@ -36,6 +36,11 @@ export const accounts = pgTable('accounts', {
   name: text('name').notNull(),
   /** Balance as last reconciled; the live balance also subtracts what the store has not flushed yet. */
   credits: bigint('credits', { mode: 'number' }).notNull().default(0),
+  /**
+   * The store's credit sequence number (keys.creditSeq) at the last change of `credits` (a flush, an
+   * add): a store that holds a lower one came back from an older copy of its data (ledger.ts).
+   */
+  creditSeq: bigint('credit_seq', { mode: 'number' }).notNull().default(0),
   createdAt: createdAt(),
 })
 

@@ -29,6 +29,7 @@ export async function listAccounts(ctx: Context, limit: number) {
       accountId: accounts.id,
       name: accounts.name,
       createdAt: accounts.createdAt,
+      reconciled: { credits: accounts.credits, creditSeq: accounts.creditSeq },
       apps: sql<number>`coalesce(${appCounts.n}, 0)`.mapWith(Number),
       activeApiKeys: sql<number>`coalesce(${keyCounts.n}, 0)`.mapWith(Number),
     })
@@ -39,7 +40,7 @@ export async function listAccounts(ctx: Context, limit: number) {
     .limit(limit + 1)
   const { rows, more } = page(found, limit)
   // The live balance, as `account credits` prints it: the row lags behind charges not flushed yet.
-  const credits = await Promise.all(rows.map((r) => ctx.credits.currentBalance(r.accountId)))
+  const credits = await Promise.all(rows.map((r) => ctx.credits.currentBalance(r.accountId, r.reconciled)))
   return {
     accounts: rows.map((r, i) => ({
       accountId: r.accountId,

@@ -2,6 +2,7 @@ import {
   type Admission,
   type AuthorizeInput,
   type AuthorizeResult,
+  type BegunFlush,
   type CreditState,
   type EpochRead,
   keys,
@@ -159,6 +160,7 @@ export class MemoryStore implements Store {
       const balance = this.#num(balanceKey, now)
       if (balance < cost) {
         if (counter) this.set(counter.key, this.#num(counter.key, now) - 1, Infinity, now)
+        this.#dirty(now).add(a.charge.accountId)
         return { kind: 'no_credits' }
       }
       this.set(balanceKey, balance - cost, Infinity, now)
@@ -190,9 +192,16 @@ export class MemoryStore implements Store {
     this.#dirty(now).add(accountId)
   }
 
-  async loadBalance(accountId: string, seen: CreditState, reconciled: number, flushCommitted: boolean): Promise<'ok' | 'stale'> {
+  async loadBalance(accountId: string, seen: CreditState, reconciled: number, flushCommitted: boolean, reconciledSeq = 0): Promise<'ok' | 'stale'> {
     if (this.#num(keys.accountEpoch(ONE_SHARD, accountId)) !== seen.epoch) return 'stale'
     if (this.get(keys.balance(ONE_SHARD, accountId)) !== undefined) return 'ok'
+    if (this.#num(keys.creditSeq(ONE_SHARD, accountId)) < reconciledSeq) {
+      this.delete(keys.pendingCharges(ONE_SHARD, accountId))
+      this.delete(keys.flushing(ONE_SHARD, accountId))
+      this.set(keys.creditSeq(ONE_SHARD, accountId), reconciledSeq)
+      this.set(keys.balance(ONE_SHARD, accountId), Math.max(0, reconciled))
+      return 'ok'
+    }
     const flushing = this.get(keys.flushing(ONE_SHARD, accountId)) as { id: string; amount: number } | undefined
     if ((flushing?.id ?? null) !== seen.flushId) return 'stale'
     const inflight = flushCommitted ? 0 : (flushing?.amount ?? 0)
@@ -206,13 +215,17 @@ export class MemoryStore implements Store {
     return { epoch: this.#num(keys.accountEpoch(ONE_SHARD, accountId)), flushId: flushing?.id ?? null }
   }
 
-  async balance(accountId: string): Promise<number | null> {
+  async balance(accountId: string, reconciledSeq = 0): Promise<number | null> {
+    if (this.#num(keys.creditSeq(ONE_SHARD, accountId)) < reconciledSeq) return null
     return (this.get(keys.balance(ONE_SHARD, accountId)) as number | undefined) ?? null
   }
 
-  async creditsChanging(accountId: string): Promise<void> {
+  async creditsChanging(accountId: string): Promise<number> {
     this.set(keys.accountEpoch(ONE_SHARD, accountId), this.#num(keys.accountEpoch(ONE_SHARD, accountId)) + 1)
     this.delete(keys.balance(ONE_SHARD, accountId))
+    const seq = this.#num(keys.creditSeq(ONE_SHARD, accountId)) + 1
+    this.set(keys.creditSeq(ONE_SHARD, accountId), seq)
+    return seq
   }
 
   async refund(accountId: string, n: number): Promise<void> {
@@ -225,15 +238,24 @@ export class MemoryStore implements Store {
     return shard === ONE_SHARD ? [...this.#dirty()] : []
   }
 
-  async beginFlush(accountId: string, newId: string): Promise<{ id: string; amount: number } | null> {
+  async beginFlush(accountId: string, newId: string, reconciledSeq = 0): Promise<BegunFlush> {
+    let seq = this.#num(keys.creditSeq(ONE_SHARD, accountId))
+    if (seq < reconciledSeq) {
+      for (const key of [keys.pendingCharges, keys.flushing, keys.balance]) this.delete(key(ONE_SHARD, accountId))
+      this.set(keys.creditSeq(ONE_SHARD, accountId), reconciledSeq)
+      this.set(keys.accountEpoch(ONE_SHARD, accountId), this.#num(keys.accountEpoch(ONE_SHARD, accountId)) + 1)
+      return 'behind'
+    }
     const unfinished = this.get(keys.flushing(ONE_SHARD, accountId)) as { id: string; amount: number } | undefined
-    if (unfinished) return unfinished
+    if (unfinished) return { ...unfinished, seq }
     const pending = this.#num(keys.pendingCharges(ONE_SHARD, accountId))
     if (pending === 0) return null
+    seq++
+    this.set(keys.creditSeq(ONE_SHARD, accountId), seq)
     this.set(keys.pendingCharges(ONE_SHARD, accountId), 0)
     const record = { id: newId, amount: pending }
     this.set(keys.flushing(ONE_SHARD, accountId), record)
-    return record
+    return { ...record, seq }
   }
 
   async endFlush(accountId: string, id: string): Promise<void> {

@@ -56,19 +56,22 @@ export interface Credits {
    * Seeds the live credit balance, when missing, from the reconciled one: minus the pending charges and
    * minus the unfinished flush unless `flushCommitted` (PostgreSQL, read with `reconciled`, has it).
    * 'stale' (nothing written; the caller reads again) when the account's epoch (a concurrent
-   * addCredits) or its unfinished flush changed since `seen` was read.
+   * addCredits) or its unfinished flush changed since `seen` was read. When the store's credit
+   * sequence is behind `reconciledSeq` (accounts.credit_seq, read with `reconciled`), what it holds of
+   * the account's credits is older than PostgreSQL: it is dropped, and the balance is `reconciled`.
    */
-  loadBalance(accountId: string, seen: CreditState, reconciled: number, flushCommitted: boolean): Promise<'ok' | 'stale'>
+  loadBalance(accountId: string, seen: CreditState, reconciled: number, flushCommitted: boolean, reconciledSeq?: number): Promise<'ok' | 'stale'>
   /** The account's epoch and unfinished flush, read before a balance load (see loadBalance). */
   creditState(accountId: string): Promise<CreditState>
-  /** The live balance, or null while it is not loaded. */
-  balance(accountId: string): Promise<number | null>
+  /** The live balance, or null while it is not loaded or the store's credit sequence is behind `reconciledSeq` (see loadBalance). */
+  balance(accountId: string, reconciledSeq?: number): Promise<number | null>
   /**
    * The account's credits are changing in PostgreSQL: bumps the account epoch (a seed under way is
    * refused) and drops the live balance, so the next charge seeds it from what PostgreSQL then holds,
-   * whether the change committed or not.
+   * whether the change committed or not. Returns the account's next credit sequence number, for
+   * PostgreSQL to record with the change.
    */
-  creditsChanging(accountId: string): Promise<void>
+  creditsChanging(accountId: string): Promise<number>
   /** Gives back a charge whose request failed after the charge (a lost seat race). */
   refund(accountId: string, n: number): Promise<void>
   /** The accounts of `shard` with charges not yet reconciled to PostgreSQL. */
@@ -77,7 +80,7 @@ export interface Credits {
    * Moves the account's pending charges into one flush record with id `newId` and returns it; returns
    * the earlier record instead when one is unfinished (a crashed flush is retried, never doubled).
    */
-  beginFlush(accountId: string, newId: string): Promise<{ id: string; amount: number } | null>
+  beginFlush(accountId: string, newId: string, reconciledSeq?: number): Promise<BegunFlush>
   /** Drops the flush record once PostgreSQL has it; the account leaves the dirty set when nothing is pending and no flush record is left. */
   endFlush(accountId: string, id: string): Promise<void>
 }
@@ -153,6 +156,14 @@ export interface Snapshots {
 }
 
 /** A balance load's view of the account: its epoch and its unfinished flush, if any. */
+/**
+ * A flush begun (its record, and the store's credit sequence number after taking it), none
+ * (nothing pending), or 'behind': the store's credit sequence was behind `reconciledSeq`, so the store
+ * came back from an older copy of its data and may hold charges PostgreSQL already has; it dropped the
+ * account's balance, pending charges and flush record, and the next charge seeds the balance again.
+ */
+export type BegunFlush = { id: string; amount: number; seq: number } | null | 'behind'
+
 export interface CreditState {
   epoch: number
   flushId: string | null
@@ -220,9 +231,14 @@ export const keys = {
   balance: (shard: Shard, accountId: string) => `${shardPrefix(shard)}cr:${accountId}`,
   /** Charges taken from the live balance and not yet subtracted in PostgreSQL. */
   pendingCharges: (shard: Shard, accountId: string) => `${shardPrefix(shard)}crp:${accountId}`,
+  /**
+   * The account's credit sequence number: taken by each flush begun and each change of its credits,
+   * and recorded in accounts.credit_seq by the transaction that makes the change.
+   */
+  creditSeq: (shard: Shard, accountId: string) => `${shardPrefix(shard)}crs:${accountId}`,
   /** The flush in progress: "<flush id>:<amount>". */
   flushing: (shard: Shard, accountId: string) => `${shardPrefix(shard)}crf:${accountId}`,
-  /** The shard's accounts with pending charges. */
+  /** The shard's accounts with pending charges, or refused a charge for want of credits (the next flush pass looks at them). */
   dirtyAccounts: (shard: Shard) => `${shardPrefix(shard)}crdirty`,
   /** The shard count the store's keys were written with (openStore). */
   shardCount: 'ls:shards',

@@ -78,9 +78,13 @@ for (const reply of ['$3\r\nabc\r\n', '*0\r\n', ':1\r\n', '*3\r\n:2\r\n:0\r\n:0\
 }
 
 // The credit counts the scripts keep as text: read as NaN, a flush would take NaN credits to PostgreSQL.
-test('a flush amount or a credit epoch that is no count is the store failing', async () => {
+test('a flush amount, a credit sequence or a credit epoch that is no count, or a flush reply of another shape, is the store failing', async () => {
   for (const [reply, call, what] of [
-    ['$6\r\nid:abc\r\n', () => store.beginFlush(account.accountId, 'id'), 'flush amount'],
+    ['*2\r\n$6\r\nid:abc\r\n:1\r\n', () => store.beginFlush(account.accountId, 'id'), 'flush amount'],
+    ['*2\r\n$4\r\nid:1\r\n$3\r\nabc\r\n', () => store.beginFlush(account.accountId, 'id'), 'credit sequence'],
+    ['*2\r\n$2\r\nid\r\n:1\r\n', () => store.beginFlush(account.accountId, 'id'), 'flush record'],
+    ['$6\r\nid:abc\r\n', () => store.beginFlush(account.accountId, 'id'), 'flush reply'],
+    ['$3\r\nabc\r\n', () => store.creditsChanging(account.accountId), 'credit sequence'],
     ['*2\r\n$3\r\nabc\r\n$-1\r\n', () => store.creditState(account.accountId), 'credit epoch'],
   ] as const) {
     await proxy.replying(reply, async () => {

@@ -94,9 +94,10 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     expect(await store.balance(acct)).toBe(5)
     await store.refund(acct, 1)
     expect(await store.balance(acct)).toBe(6)
+    // The credit sequence: 1 taken by the change of credits, 2 by this flush.
     const flush = await store.beginFlush(acct, 'f1')
-    expect(flush).toEqual({ id: 'f1', amount: 1 })
-    expect(await store.beginFlush(acct, 'f2')).toEqual({ id: 'f1', amount: 1 })
+    expect(flush).toEqual({ id: 'f1', amount: 1, seq: 2 })
+    expect(await store.beginFlush(acct, 'f2')).toEqual({ id: 'f1', amount: 1, seq: 2 })
     await store.endFlush(acct, 'f1')
     expect(await store.beginFlush(acct, 'f3')).toBeNull()
     await store.endFlush(acct, '')
@@ -171,7 +172,46 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     ])
     expect(await store.balance(acct)).toBe(0)
     expect(await store.dirtyAccounts(store.shardOf(acct))).toContain(acct)
-    expect(await store.beginFlush(acct, 'f')).toEqual({ id: 'f', amount: 2 })
+    expect(await store.beginFlush(acct, 'f')).toEqual({ id: 'f', amount: 2, seq: 1 })
+  })
+
+  test('an account refused for want of credits joins the dirty set, for its flush pass to check its balance', async () => {
+    const acct = id()
+    await store.loadBalance(acct, { epoch: 0, flushId: null }, 0, false)
+    expect(await store.authorize(base({ charge: { accountId: acct, cost: 1, counter: null } }))).toEqual({ kind: 'no_credits' })
+    expect(await store.dirtyAccounts(store.shardOf(acct))).toContain(acct)
+    expect(await store.beginFlush(acct, 'f')).toBeNull()
+    await store.endFlush(acct, '')
+    expect(await store.dirtyAccounts(store.shardOf(acct))).not.toContain(acct)
+  })
+
+  test("a store behind PostgreSQL's credit sequence (back from an older copy) drops what it holds of the account's credits", async () => {
+    const acct = id()
+    const charge = { accountId: acct, cost: 1, counter: null }
+    await store.loadBalance(acct, { epoch: 0, flushId: null }, 5, false)
+    for (let i = 0; i < 2; i++) expect(await store.authorize(base({ charge }))).toEqual({ kind: 'ok', charged: 1 })
+    expect(await store.beginFlush(acct, 'f1')).toEqual({ id: 'f1', amount: 2, seq: 1 })
+    // PostgreSQL has recorded sequence 4: changes the store no longer holds. A flush drops the rest...
+    expect(await store.beginFlush(acct, 'f2', 4)).toBe('behind')
+    expect(await store.balance(acct)).toBeNull()
+    expect(await store.creditState(acct)).toEqual({ epoch: 1, flushId: null })
+    // ...and the balance is seeded from PostgreSQL alone: nothing pending or in flight is taken off.
+    expect(await store.loadBalance(acct, { epoch: 1, flushId: null }, 9, false, 4)).toBe('ok')
+    expect(await store.balance(acct)).toBe(9)
+    expect(await store.beginFlush(acct, 'f3', 4)).toBeNull()
+    expect(await store.creditsChanging(acct)).toBe(5)
+
+    // A seed that finds the store behind drops the pending charges and the flush record it holds.
+    const other = id()
+    await store.loadBalance(other, { epoch: 0, flushId: null }, 5, false)
+    expect(await store.authorize(base({ charge: { ...charge, accountId: other } }))).toEqual({ kind: 'ok', charged: 1 })
+    expect(await store.beginFlush(other, 'g1')).toEqual({ id: 'g1', amount: 1, seq: 1 })
+    expect(await store.authorize(base({ charge: { ...charge, accountId: other } }))).toEqual({ kind: 'ok', charged: 1 })
+    expect(await store.creditsChanging(other)).toBe(2)
+    expect(await store.loadBalance(other, { epoch: 1, flushId: 'g1' }, 20, false, 3)).toBe('ok')
+    expect(await store.balance(other)).toBe(20)
+    expect(await store.creditState(other)).toEqual({ epoch: 1, flushId: null })
+    expect(await store.beginFlush(other, 'g2', 3)).toBeNull()
   })
 
   test('a request read under another generation changes nothing and learns the current one', async () => {
@@ -205,14 +245,14 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     await store.loadBalance(acct, { epoch: 0, flushId: null }, 10, false)
     await store.authorize(base({ charge: { accountId: acct, cost: 3, counter: null } }))
     await store.creditsChanging(acct)
-    expect(await store.beginFlush(acct, 'f1')).toEqual({ id: 'f1', amount: 3 })
+    expect(await store.beginFlush(acct, 'f1')).toEqual({ id: 'f1', amount: 3, seq: 2 })
     expect(await store.creditState(acct)).toEqual({ epoch: 1, flushId: 'f1' })
     await store.endFlush(acct, 'f1')
     expect(await store.creditState(acct)).toEqual({ epoch: 1, flushId: null })
   })
 
   test('key names stay distinct per account', () => {
-    expect(new Set([keys.balance(S, 'a'), keys.pendingCharges(S, 'a'), keys.flushing(S, 'a'), keys.accountEpoch(S, 'a')]).size).toBe(4)
+    expect(new Set([keys.balance(S, 'a'), keys.pendingCharges(S, 'a'), keys.flushing(S, 'a'), keys.accountEpoch(S, 'a'), keys.creditSeq(S, 'a')]).size).toBe(5)
   })
 })
 

@@ -139,6 +139,7 @@ for _, h in ipairs(reqs) do
       if cost > 0 then
         if val[bal] < cost then
           if ctr > 0 then redis.call('DECR', names[ctr]) end
+          redis.call('SADD', names[h[F_DIRTY_KEY]], names[h[F_ACCOUNT]])
           n = n + 1
           out[n] = R_NO_CREDITS
           break

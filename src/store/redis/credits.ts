@@ -1,11 +1,17 @@
-import { type CreditState, type Credits, keys, type Shard } from '../store'
+import { type BegunFlush, type CreditState, type Credits, keys, type Shard } from '../store'
 import type { Connection, Script } from './connection'
 
-// KEYS: balance, pending, flushing, account epoch. ARGV: expected epoch, expected flush id ('' for
-// none), '1' when PostgreSQL already has that flush, reconciled balance.
+// KEYS: balance, pending, flushing, account epoch, credit sequence. ARGV: expected epoch, expected flush
+// id ('' for none), '1' when PostgreSQL already has that flush, reconciled balance, reconciled sequence.
 const LOAD_BALANCE = `
 if tonumber(redis.call('GET', KEYS[4]) or '0') ~= tonumber(ARGV[1]) then return 0 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return 1 end
+if tonumber(redis.call('GET', KEYS[5]) or '0') < tonumber(ARGV[5]) then
+  redis.call('DEL', KEYS[2], KEYS[3])
+  redis.call('SET', KEYS[5], ARGV[5])
+  redis.call('SET', KEYS[1], math.max(0, tonumber(ARGV[4])))
+  return 1
+end
 local id, inflight = '', 0
 local f = redis.call('GET', KEYS[3])
 if f then id, inflight = string.match(f, '^(.*):(-?%d+)$') end
@@ -16,11 +22,11 @@ redis.call('SET', KEYS[1], math.max(0, live))
 return 1
 `
 
-// KEYS: balance, account epoch.
+// KEYS: balance, account epoch, credit sequence.
 const CREDITS_CHANGING = `
 redis.call('INCR', KEYS[2])
 redis.call('DEL', KEYS[1])
-return 1
+return redis.call('INCR', KEYS[3])
 `
 
 // KEYS: balance, pending, dirty set. ARGV: account, n.
@@ -31,16 +37,26 @@ redis.call('SADD', KEYS[3], ARGV[1])
 return 1
 `
 
-// KEYS: pending, flushing. ARGV: new flush id.
+// KEYS: pending, flushing, credit sequence, balance, account epoch. ARGV: new flush id, reconciled
+// sequence. Behind PostgreSQL's sequence, the account's credit keys are older than what PostgreSQL holds:
+// they go (the epoch moves, so a seed under way starts over).
 const BEGIN_FLUSH = `
+local seq = tonumber(redis.call('GET', KEYS[3]) or '0')
+if seq < tonumber(ARGV[2]) then
+  redis.call('DEL', KEYS[1], KEYS[2], KEYS[4])
+  redis.call('SET', KEYS[3], ARGV[2])
+  redis.call('INCR', KEYS[5])
+  return {'behind', 0}
+end
 local f = redis.call('GET', KEYS[2])
-if f then return f end
+if f then return {f, seq} end
 local p = tonumber(redis.call('GET', KEYS[1]) or '0')
-if p == 0 then return false end
+if p == 0 then return {false, seq} end
+seq = redis.call('INCR', KEYS[3])
 redis.call('DECRBY', KEYS[1], p)
 local record = ARGV[1] .. ':' .. p
 redis.call('SET', KEYS[2], record)
-return record
+return {record, seq}
 `
 
 // KEYS: flushing, pending, dirty set. ARGV: flush id, account. The account stays dirty while another
@@ -61,22 +77,24 @@ export interface CreditCommands {
     pend: string,
     fl: string,
     ep: string,
+    seq: string,
     expectedEpoch: number,
     expectedFlush: string,
     committed: '0' | '1',
     reconciled: number,
+    reconciledSeq: number,
   ): Promise<number>
-  lsCreditsChanging(bal: string, ep: string): Promise<number>
+  lsCreditsChanging(bal: string, ep: string, seq: string): Promise<unknown>
   lsRefund(bal: string, pend: string, dirty: string, account: string, n: number): Promise<number>
-  lsBeginFlush(pend: string, fl: string, id: string): Promise<string | null>
+  lsBeginFlush(pend: string, fl: string, seq: string, bal: string, ep: string, id: string, reconciledSeq: number): Promise<unknown>
   lsEndFlush(fl: string, pend: string, dirty: string, id: string, account: string): Promise<number>
 }
 
 export const creditScripts: { [name in keyof CreditCommands]: Script } = {
-  lsLoadBalance: { numberOfKeys: 4, lua: LOAD_BALANCE },
-  lsCreditsChanging: { numberOfKeys: 2, lua: CREDITS_CHANGING },
+  lsLoadBalance: { numberOfKeys: 5, lua: LOAD_BALANCE },
+  lsCreditsChanging: { numberOfKeys: 3, lua: CREDITS_CHANGING },
   lsRefund: { numberOfKeys: 3, lua: REFUND },
-  lsBeginFlush: { numberOfKeys: 2, lua: BEGIN_FLUSH },
+  lsBeginFlush: { numberOfKeys: 5, lua: BEGIN_FLUSH },
   lsEndFlush: { numberOfKeys: 3, lua: END_FLUSH },
 }
 
@@ -101,6 +119,7 @@ function accountKeys(conn: Connection, accountId: string) {
     balance: keys.balance(shard, accountId),
     pending: keys.pendingCharges(shard, accountId),
     flushing: keys.flushing(shard, accountId),
+    seq: keys.creditSeq(shard, accountId),
     epoch: keys.accountEpoch(shard, accountId),
     dirty: keys.dirtyAccounts(shard),
   }
@@ -109,7 +128,7 @@ function accountKeys(conn: Connection, accountId: string) {
 export class RedisCredits implements Credits {
   constructor(private readonly conn: Connection<CreditCommands>) {}
 
-  async loadBalance(accountId: string, seen: CreditState, reconciled: number, flushCommitted: boolean): Promise<'ok' | 'stale'> {
+  async loadBalance(accountId: string, seen: CreditState, reconciled: number, flushCommitted: boolean, reconciledSeq = 0): Promise<'ok' | 'stale'> {
     this.conn.failFastWhenLost()
     const k = accountKeys(this.conn, accountId)
     const done = await this.conn.redis.lsLoadBalance(
@@ -117,10 +136,12 @@ export class RedisCredits implements Credits {
       k.pending,
       k.flushing,
       k.epoch,
+      k.seq,
       seen.epoch,
       seen.flushId ?? '',
       flushCommitted ? '1' : '0',
       reconciled,
+      reconciledSeq,
     )
     return done === 1 ? 'ok' : 'stale'
   }
@@ -132,16 +153,18 @@ export class RedisCredits implements Credits {
     return { epoch: epoch ? storedCount(epoch, 'credit epoch') : 0, flushId: flushing ? flushIdOf(flushing) : null }
   }
 
-  async balance(accountId: string): Promise<number | null> {
-    this.conn.failFastWhenLost()
-    const v = await this.conn.redis.get(accountKeys(this.conn, accountId).balance)
-    return v === null ? null : storedCount(v, 'balance')
-  }
-
-  async creditsChanging(accountId: string): Promise<void> {
+  async balance(accountId: string, reconciledSeq = 0): Promise<number | null> {
     this.conn.failFastWhenLost()
     const k = accountKeys(this.conn, accountId)
-    await this.conn.redis.lsCreditsChanging(k.balance, k.epoch)
+    const [v, seq] = await this.conn.redis.mget(k.balance, k.seq)
+    if (v === null || v === undefined || (seq ? storedCount(seq, 'credit sequence') : 0) < reconciledSeq) return null
+    return storedCount(v, 'balance')
+  }
+
+  async creditsChanging(accountId: string): Promise<number> {
+    this.conn.failFastWhenLost()
+    const k = accountKeys(this.conn, accountId)
+    return storedCount(String(await this.conn.redis.lsCreditsChanging(k.balance, k.epoch, k.seq)), 'credit sequence')
   }
 
   async refund(accountId: string, n: number): Promise<void> {
@@ -155,12 +178,20 @@ export class RedisCredits implements Credits {
     return this.conn.redis.smembers(keys.dirtyAccounts(shard))
   }
 
-  async beginFlush(accountId: string, newId: string): Promise<{ id: string; amount: number } | null> {
+  async beginFlush(accountId: string, newId: string, reconciledSeq = 0): Promise<BegunFlush> {
     this.conn.failFastWhenLost()
     const k = accountKeys(this.conn, accountId)
-    const record = await this.conn.redis.lsBeginFlush(k.pending, k.flushing, newId)
-    if (!record) return null
-    return { id: flushIdOf(record), amount: storedCount(record.slice(record.lastIndexOf(':') + 1), 'flush amount') }
+    const reply = await this.conn.redis.lsBeginFlush(k.pending, k.flushing, k.seq, k.balance, k.epoch, newId, reconciledSeq)
+    if (!Array.isArray(reply) || reply.length !== 2) throw new Error('unexpected flush reply in the store')
+    const [record, seq] = reply as unknown[]
+    if (record === 'behind') return 'behind'
+    if (record === null) return null
+    if (typeof record !== 'string' || !record.includes(':')) throw new Error('unexpected flush record in the store')
+    return {
+      id: flushIdOf(record),
+      amount: storedCount(record.slice(record.lastIndexOf(':') + 1), 'flush amount'),
+      seq: storedCount(String(seq), 'credit sequence'),
+    }
   }
 
   async endFlush(accountId: string, id: string): Promise<void> {

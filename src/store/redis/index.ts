@@ -1,7 +1,7 @@
 import { storeErrors } from '../../lib/metrics'
 import { withDeadline } from '../../lib/with-timeout'
 import { log } from '../../lib/log'
-import { type AuthorizeInput, type AuthorizeResult, type CreditState, type EpochRead, type Shard, type Snapshot, type Snapshots, type Store, type TakeResult } from '../store'
+import { type AuthorizeInput, type AuthorizeResult, type BegunFlush, type CreditState, type EpochRead, type Shard, type Snapshot, type Snapshots, type Store, type TakeResult } from '../store'
 import { type AuthorizeCommands, authorizeScripts, RedisAuthorizer } from './authorize'
 import { Connection, type RedisStoreOptions } from './connection'
 import { type CreditCommands, creditScripts, RedisCredits } from './credits'
@@ -103,19 +103,19 @@ export class RedisStore implements Store {
     return watched(this.#authorizer.authorize(input))
   }
 
-  loadBalance(accountId: string, seen: CreditState, reconciled: number, flushCommitted: boolean): Promise<'ok' | 'stale'> {
-    return watched(this.#credits.loadBalance(accountId, seen, reconciled, flushCommitted))
+  loadBalance(accountId: string, seen: CreditState, reconciled: number, flushCommitted: boolean, reconciledSeq?: number): Promise<'ok' | 'stale'> {
+    return watched(this.#credits.loadBalance(accountId, seen, reconciled, flushCommitted, reconciledSeq))
   }
 
   creditState(accountId: string): Promise<CreditState> {
     return watched(this.#waited(() => this.#credits.creditState(accountId)))
   }
 
-  balance(accountId: string): Promise<number | null> {
-    return watched(this.#waited(() => this.#credits.balance(accountId)))
+  balance(accountId: string, reconciledSeq?: number): Promise<number | null> {
+    return watched(this.#waited(() => this.#credits.balance(accountId, reconciledSeq)))
   }
 
-  creditsChanging(accountId: string): Promise<void> {
+  creditsChanging(accountId: string): Promise<number> {
     return watched(this.#waited(() => this.#credits.creditsChanging(accountId)))
   }
 
@@ -127,8 +127,8 @@ export class RedisStore implements Store {
     return watched(this.#waited(() => this.#credits.dirtyAccounts(shard)))
   }
 
-  beginFlush(accountId: string, newId: string): Promise<{ id: string; amount: number } | null> {
-    return watched(this.#credits.beginFlush(accountId, newId))
+  beginFlush(accountId: string, newId: string, reconciledSeq?: number): Promise<BegunFlush> {
+    return watched(this.#credits.beginFlush(accountId, newId, reconciledSeq))
   }
 
   endFlush(accountId: string, id: string): Promise<void> {

@@ -32,7 +32,7 @@ export const HEAD = [
   { name: 'account', type: 'key', meaning: 'the charged account id, as the dirty set holds it' },
   { name: 'balanceKey', type: 'key', meaning: "the account's live balance" },
   { name: 'pendingKey', type: 'key', meaning: "the account's charges not yet in PostgreSQL" },
-  { name: 'dirtyKey', type: 'key', meaning: 'the set of accounts with pending charges' },
+  { name: 'dirtyKey', type: 'key', meaning: 'the set of accounts with pending charges, or refused for want of credits' },
   { name: 'cost', type: 'number', meaning: 'credits charged' },
   { name: 'counterKey', type: 'key', meaning: 'heartbeats: the counter that charges only every counterEvery-th call' },
   { name: 'counterEvery', type: 'number', meaning: 'heartbeats: charge once in this many calls' },
@@ -63,7 +63,7 @@ export const REPLIES = [
   { kind: 'quota', then: 'nothing' },
   { kind: 'replay', then: 'nothing' },
   { kind: 'denied', then: 'nothing' },
-  { kind: 'no_credits', then: 'nothing' },
+  { kind: 'no_credits', then: 'nothing (the account joins the dirty set: its next flush pass checks its balance against PostgreSQL)' },
 ] as const
 
 type Positions<T extends readonly Field[]> = { readonly [F in T[number] as F['name']]: number }

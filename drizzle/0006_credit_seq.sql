@@ -1,0 +1,1 @@
+ALTER TABLE "accounts" ADD COLUMN "credit_seq" bigint DEFAULT 0 NOT NULL;
