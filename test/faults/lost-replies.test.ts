@@ -3,22 +3,14 @@
  * call would run twice: a refund would give the credits back twice, an authorize call take twice what
  * it takes. So a call in flight when its connection drops fails at once, as in an outage, and runs once.
  */
-import { afterAll, expect, test } from 'bun:test'
-import { RedisStore } from '../../src/store/redis'
+import { expect, test } from 'bun:test'
 import { keys } from '../../src/store/store'
 import { decode, hwid, insertLicense, nonce } from '../support/client'
 import { makeTestApp } from '../support/helpers'
-import { ownRedis, until } from '../support/servers'
-import { TamperingProxy } from '../support/tampering-proxy'
+import { until } from '../support/servers'
+import { storeBehindProxy } from '../support/tampering-proxy'
 
-const redis = await ownRedis()
-const proxy = new TamperingProxy(redis.port)
-const store = new RedisStore(`redis://127.0.0.1:${await proxy.listen()}`)
-afterAll(async () => {
-  await store.close()
-  proxy.close()
-  await redis.stop()
-})
+const { proxy, store } = await storeBehindProxy()
 const t = await makeTestApp({ store })
 
 /** Runs `work` with the reply to the next write naming `key` lost, and waits for the store to reconnect. */

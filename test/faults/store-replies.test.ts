@@ -5,23 +5,15 @@
  * again the store reconnects and serves as before. Unpatched, the client's parser threw such a reply's
  * RangeError out of the socket's 'data' listener: an uncaught error, which ends the server process.
  */
-import { afterAll, expect, test } from 'bun:test'
+import { expect, test } from 'bun:test'
 import { eq } from 'drizzle-orm'
 import { accounts } from '../../src/db/schema'
-import { RedisStore } from '../../src/store/redis'
 import { decode, hwid, nonce } from '../support/client'
 import { makeTestApp } from '../support/helpers'
-import { ownRedis, until } from '../support/servers'
-import { TamperingProxy } from '../support/tampering-proxy'
+import { until } from '../support/servers'
+import { storeBehindProxy } from '../support/tampering-proxy'
 
-const redis = await ownRedis()
-const proxy = new TamperingProxy(redis.port)
-const store = new RedisStore(`redis://127.0.0.1:${await proxy.listen()}`)
-afterAll(async () => {
-  await store.close()
-  proxy.close()
-  await redis.stop()
-})
+const { proxy, store } = await storeBehindProxy()
 
 const t = await makeTestApp({ store })
 const account = await t.seed({ credits: 1000 })

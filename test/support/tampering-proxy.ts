@@ -1,4 +1,7 @@
+import { afterAll } from 'bun:test'
 import { connect, createServer, type Server, type Socket } from 'node:net'
+import { RedisStore } from '../../src/store/redis'
+import { ownRedis } from './servers'
 
 /**
  * A TCP proxy in front of a real server (Redis, PostgreSQL) that can answer for it: the tests of what
@@ -109,4 +112,17 @@ export class TamperingProxy {
     this.dropAll()
     this.#server.close()
   }
+}
+
+/** A Redis of the test file's own behind a TamperingProxy, and a store that reaches it through the proxy; both go after the file's tests. */
+export async function storeBehindProxy(): Promise<{ proxy: TamperingProxy; store: RedisStore }> {
+  const redis = await ownRedis()
+  const proxy = new TamperingProxy(redis.port)
+  const store = new RedisStore(`redis://127.0.0.1:${await proxy.listen()}`)
+  afterAll(async () => {
+    await store.close()
+    proxy.close()
+    await redis.stop()
+  })
+  return { proxy, store }
 }
