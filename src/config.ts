@@ -147,6 +147,12 @@ function hostSetting(env: Env, name: string, fallback: string): string {
  */
 const DEFAULT_CACHE_SHARE = 1 / 8
 const MIN_DEFAULT_CACHE_MB = 32
+/**
+ * The most CACHE_MAX_MB gives, set or not: a process holds its license records in one arena, which one
+ * ArrayBuffer of at most 2 GiB backs (license-cache.ts). Past it the cache held no more, and the
+ * warm-up, filling toward the setting, read the whole licenses table while evicting what it had read.
+ */
+export const CACHE_MAX_MB_CEILING = 2048
 
 /**
  * The memory this process may use, in MB: its cgroup's limit in a container (process.constrainedMemory
@@ -160,7 +166,7 @@ export function usableMemoryMb(): number {
 }
 
 export const defaultCacheMb = (memoryMb: number, processes: number): number =>
-  Math.max(MIN_DEFAULT_CACHE_MB, Math.floor((memoryMb * DEFAULT_CACHE_SHARE) / processes))
+  Math.min(CACHE_MAX_MB_CEILING, Math.max(MIN_DEFAULT_CACHE_MB, Math.floor((memoryMb * DEFAULT_CACHE_SHARE) / processes)))
 
 /** Server processes a shared-store server runs when SERVER_PROCESSES is unset, at most. */
 export const DEFAULT_PROCESSES_CAP = 4
@@ -231,7 +237,7 @@ export function loadConfig(env: Env = process.env): Readonly<Config> {
     selfbanLimitPerIp: int(env, 'SELFBAN_LIMIT_PER_IP', 60, 1, 1e9),
     selfbanLimitPerLicense: int(env, 'SELFBAN_LIMIT_PER_LICENSE', 60, 1, 1e9),
     publicRateLimits: bool(env, 'PUBLIC_RATE_LIMITS', true),
-    cacheMaxMb: int(env, 'CACHE_MAX_MB', defaultCacheMb(usableMemoryMb(), serverProcesses), 1, 1_048_576),
+    cacheMaxMb: Math.min(CACHE_MAX_MB_CEILING, int(env, 'CACHE_MAX_MB', defaultCacheMb(usableMemoryMb(), serverProcesses), 1, 1_048_576)),
     cacheWarmUp: bool(env, 'CACHE_WARM_UP', true),
     sessionTtlSeconds: int(env, 'SESSION_TTL_SECONDS', 86_400, 3600, 604_800),
     tlsCertFile,

@@ -31,7 +31,7 @@ describe('defaults', () => {
       selfbanLimitPerIp: 60,
       selfbanLimitPerLicense: 60,
       publicRateLimits: true,
-      cacheMaxMb: Math.floor(usableMemoryMb() / 8),
+      cacheMaxMb: Math.min(2048, Math.floor(usableMemoryMb() / 8)),
       cacheWarmUp: true,
       sessionTtlSeconds: 86_400,
       tlsCertFile: null,
@@ -116,6 +116,12 @@ describe('each setting is parsed', () => {
     expect(defaultCacheMb(128, 1)).toBe(32)
     expect(loadConfig({ ...shared, SERVER_PROCESSES: '2' }).cacheMaxMb).toBe(defaultCacheMb(usableMemoryMb(), 2))
     expect(loadConfig({ ...shared, SERVER_PROCESSES: '2', CACHE_MAX_MB: '300' }).cacheMaxMb).toBe(300)
+  })
+
+  test('CACHE_MAX_MB is at most 2048, set or not: a process holds its license records in one arena of at most 2 GiB', () => {
+    expect(defaultCacheMb(64 * 1024, 2)).toBe(2048)
+    expect(loadConfig({ CACHE_MAX_MB: '2048' }).cacheMaxMb).toBe(2048)
+    expect(loadConfig({ CACHE_MAX_MB: '8192' }).cacheMaxMb).toBe(2048)
   })
 
   test('the memory the server may use is its cgroup limit when it has one below the machine\'s', () => {

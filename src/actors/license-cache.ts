@@ -21,7 +21,10 @@ const LABELLED = 8
 const OTHER_APP = 16
 const ALIGN = 8
 const MIN_CAPACITY = 1 << 16
-/** The largest arena one ArrayBuffer takes here (Bun 1.4 refuses 4 GiB): what each cache reserves, as address space, not memory. */
+/**
+ * The largest arena one ArrayBuffer takes here (Bun 1.4 refuses 4 GiB): what each cache reserves, as
+ * address space, not memory. CACHE_MAX_MB stops at it (config.ts).
+ */
 const MAX_CAPACITY = 2 ** 31
 const MIN_SLOTS = 1 << 12
 
