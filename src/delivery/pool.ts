@@ -98,12 +98,12 @@ export class DeliveryPool {
     }
   }
 
-  /** Sends one prepared delivery on the least busy worker; never rejects. */
   /** How long a delivery may take, its address check included: after that it ends with status 0. */
   get timeoutMs(): number {
     return this.#init.timeoutMs
   }
 
+  /** Sends one prepared delivery on the least busy worker; never rejects. */
   send(job: DeliveryJob): Promise<DeliveryResult> {
     if (this.#closed) return Promise.resolve({ status: 0, reason: 'worker' })
     const slot = this.#leastBusy()
