@@ -90,9 +90,9 @@ export class Connection<Commands extends object = object> {
       connectTimeout: options.connectTimeoutMs ?? 2000,
       // Fail a command fast while Redis is down instead of queueing it for ever; reconnect in the background.
       maxRetriesPerRequest: 1,
-      // A call whose connection dropped before its reply may have run: sent again it could run twice (a
-      // refund give back twice, an authorize call charge and count twice). It fails, as in an outage
-      // (the patch in patches/ fails it at once instead of leaving it unsettled).
+      // A call whose connection dropped before its reply may have run: sent again it would run twice (a
+      // refund give the credits back twice, an authorize call charge and count twice). It fails, as in
+      // an outage (the patch in patches/ fails it at once instead of leaving it unsettled).
       autoResendUnfulfilledCommands: false,
     }
     this.shards = options.cluster?.shards ?? 1
