@@ -196,9 +196,7 @@ export class MemoryStore implements Store {
     if (this.#num(keys.accountEpoch(ONE_SHARD, accountId)) !== seen.epoch) return 'stale'
     if (this.get(keys.balance(ONE_SHARD, accountId)) !== undefined) return 'ok'
     if (this.#num(keys.creditSeq(ONE_SHARD, accountId)) < reconciledSeq) {
-      this.delete(keys.pendingCharges(ONE_SHARD, accountId))
-      this.delete(keys.flushing(ONE_SHARD, accountId))
-      this.set(keys.creditSeq(ONE_SHARD, accountId), reconciledSeq)
+      this.#dropCredits(accountId, reconciledSeq)
       this.set(keys.balance(ONE_SHARD, accountId), Math.max(0, reconciled))
       return 'ok'
     }
@@ -241,8 +239,7 @@ export class MemoryStore implements Store {
   async beginFlush(accountId: string, newId: string, reconciledSeq = 0): Promise<BegunFlush> {
     let seq = this.#num(keys.creditSeq(ONE_SHARD, accountId))
     if (seq < reconciledSeq) {
-      for (const key of [keys.pendingCharges, keys.flushing, keys.balance]) this.delete(key(ONE_SHARD, accountId))
-      this.set(keys.creditSeq(ONE_SHARD, accountId), reconciledSeq)
+      this.#dropCredits(accountId, reconciledSeq)
       this.set(keys.accountEpoch(ONE_SHARD, accountId), this.#num(keys.accountEpoch(ONE_SHARD, accountId)) + 1)
       return 'behind'
     }
@@ -256,6 +253,12 @@ export class MemoryStore implements Store {
     const record = { id: newId, amount: pending }
     this.set(keys.flushing(ONE_SHARD, accountId), record)
     return { ...record, seq }
+  }
+
+  /** A store behind PostgreSQL's credit sequence `seq`: the account's balance, pending charges and flush record go. */
+  #dropCredits(accountId: string, seq: number): void {
+    for (const key of [keys.pendingCharges, keys.flushing, keys.balance]) this.delete(key(ONE_SHARD, accountId))
+    this.set(keys.creditSeq(ONE_SHARD, accountId), seq)
   }
 
   async endFlush(accountId: string, id: string): Promise<void> {
