@@ -35,6 +35,14 @@ class MalformedJson extends Error {}
 class RefusedBody extends Error {}
 
 /**
+ * /v1 requests whose body is not a JSON object (null, an array, a scalar, no body). Elysia fills a
+ * schema's defaults into such a body before validating it, so its error names a field the client never
+ * saw ("appId must be a string") rather than that the body is the wrong kind of value.
+ */
+const notAnObject = new WeakSet<Request>()
+const isJsonObject = (body: unknown) => typeof body === 'object' && body !== null && !Array.isArray(body)
+
+/**
  * How deep a body may nest. This API's bodies nest two levels; JSON.parse takes far deeper ones, and a
  * validation error quoting one (Elysia's JSON.stringify of the value) overflows the stack: a 500.
  */
@@ -216,6 +224,13 @@ function validationMessage(error: unknown): string {
   return first?.message ? `${where || e.type}: ${first.message}` : `Invalid ${where}`
 }
 
+/** What a /v1 body that is not a JSON object was refused for: the route's body, text where it takes text. */
+function wrongBodyKind(error: unknown): string {
+  const schema = (error as { validator?: { schema?: SchemaLike } }).validator?.schema
+  const takesText = schema?.anyOf?.some((s) => s.type === 'string') ?? false
+  return takesText ? 'The body must be text or a JSON object' : 'The body must be a JSON object'
+}
+
 /**
  * The server's routes. `scrape` is what /metrics answers (main.ts's knows the other server processes;
  * by default this process alone); with METRICS_PORT set, /metrics is on that listener instead, and here 404.
@@ -235,7 +250,9 @@ export function createApp(ctx: Context, scrape = new ServerMetrics(ctx, { kind: 
     .use(observation.plugin)
     .onParse(async ({ request, path }) => {
       if (request.method === 'GET' || request.method === 'HEAD') return
-      return parseBody(request, path)
+      const body = await parseBody(request, path)
+      if (!isJsonObject(body) && !isPublic(path)) notAnObject.add(request)
+      return body
     })
     .onError(({ code, error, path, request, route, set }) => {
       const requestId = requestIdOf(request)
@@ -269,7 +286,9 @@ export function createApp(ctx: Context, scrape = new ServerMetrics(ctx, { kind: 
         return reply(400, 'bad_request', 'Request body is not valid JSON')
       }
       if (code === 'VALIDATION') {
-        if ((error as { type?: string }).type !== 'response') return reply(400, 'bad_request', validationMessage(error))
+        const on = (error as { type?: string }).type
+        if (on === 'body' && notAnObject.has(request)) return reply(400, 'bad_request', wrongBodyKind(error))
+        if (on !== 'response') return reply(400, 'bad_request', validationMessage(error))
         // The error's message quotes the response, which may hold a secret: the route is all that is logged.
         log.error('response does not match its schema', { requestId, route })
         return internalError()

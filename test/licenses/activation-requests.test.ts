@@ -278,6 +278,7 @@ describe('the body parser', () => {
     })
     expect(res.status).toBe(400)
     expect(res.body).toEqual(errorBody('bad_request'))
+    expect(res.body.message).toBe('The body must be a JSON object')
   })
 
   test('a text/plain body over the /v1 limit is 413', async () => {
