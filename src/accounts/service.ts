@@ -3,8 +3,6 @@ import type { DbOrTx } from '../db/client'
 import { accounts, apiKeys } from '../db/schema'
 import type { Context } from '../context'
 import { ApiError } from '../lib/errors'
-import { errorCode, LOCK_NOT_AVAILABLE } from '../db/errors'
-import { STORE_CALL_TIMEOUT_MS } from '../store/store'
 import { generateApiKey, sha256Hex } from '../lib/crypto'
 import type { AccountResponse } from './model'
 
@@ -50,10 +48,6 @@ export async function requireAccount(db: DbOrTx, accountId: string) {
 /** Adds (or with a negative n removes, never below zero) credits; the store learns of it at once. */
 export async function addCredits(ctx: Context, accountId: string, n: number) {
   const row = await ctx.database.db.transaction(async (tx) => {
-    // A balance load or a flush holds the row while it waits on Redis, as long as Redis takes to answer
-    // (ledger.ts): past a store call's deadline this fails as the store call below would, instead of
-    // holding the operator and a database connection for the length of a Redis stall.
-    await tx.execute(sql.raw(`SET LOCAL lock_timeout = ${STORE_CALL_TIMEOUT_MS}`))
     const [updated] = await tx
       .update(accounts)
       .set({ credits: sql`GREATEST(0, ${accounts.credits} + ${n})` })
@@ -75,9 +69,6 @@ export async function addCredits(ctx: Context, accountId: string, n: number) {
       .set({ creditSeq: sql`GREATEST(${accounts.creditSeq}, ${seq})` })
       .where(eq(accounts.id, accountId))
     return updated
-  }).catch((err: unknown) => {
-    if (errorCode(err) !== LOCK_NOT_AVAILABLE) throw err
-    throw new Error(`the account's row is held by a credit flush or a balance load waiting on the store; nothing was added`, { cause: err })
   })
   // Seeded again now, so the answer counts the charges not reconciled yet; with the store gone since the
   // commit, currentBalance answers from PostgreSQL.

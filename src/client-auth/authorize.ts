@@ -124,7 +124,8 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
           }
           continue
         case 'no_balance':
-          // The seed itself runs on past the deadline: it holds the account row until Redis answers.
+          // Each store call of the seed has a deadline of its own; this one bounds the whole seed, its
+          // PostgreSQL read too, to one.
           await withDeadline(ctx.credits.loadLiveBalance(app.accountId), STORE_CALL_TIMEOUT_MS, 'a balance load').catch((err: unknown) => {
             throw new StoreUnavailable(err)
           })

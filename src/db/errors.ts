@@ -2,8 +2,6 @@ import { DrizzleQueryError } from 'drizzle-orm'
 import { databaseErrors } from '../lib/metrics'
 
 export const SQLSTATE = /^[0-9A-Z]{5}$/
-/** A lock wait past lock_timeout, or a NOWAIT lock refused. */
-export const LOCK_NOT_AVAILABLE = '55P03'
 // postgres.js's own codes (CONNECTION_CLOSED, CONNECT_TIMEOUT, …) and socket errnos (ECONNREFUSED): a bounded set.
 const DRIVER_CODE = /^(CONNECT[A-Z_]*|E[A-Z]{2,20})$/
 

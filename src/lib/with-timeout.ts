@@ -19,15 +19,18 @@ export async function withTimeout<T>(work: Promise<T>, ms: number): Promise<T | 
   return result === TIMED_OUT ? null : result
 }
 
+/** What a call that did not finish by its deadline fails with: whoever it waited on is not answering. */
+export class DeadlineExceeded extends Error {}
+
 /**
- * What `work` resolves to, or a rejection naming `what` once `ms` passed first (the work itself runs
- * on; `late` is told it did).
+ * What `work` resolves to, or a DeadlineExceeded naming `what` once `ms` passed first (the work itself
+ * runs on; `late` is told it did).
  */
 export async function withDeadline<T>(work: Promise<T>, ms: number, what: string, late?: () => void): Promise<T> {
   const result = await race(work, ms)
   if (result === TIMED_OUT) {
     late?.()
-    throw new Error(`${what} did not finish within ${ms} ms`)
+    throw new DeadlineExceeded(`${what} did not finish within ${ms} ms`)
   }
   return result
 }

@@ -194,6 +194,7 @@ export class MemoryStore implements Store {
 
   async loadBalance(accountId: string, seen: CreditState, reconciled: number, flushCommitted: boolean, reconciledSeq = 0): Promise<'ok' | 'stale'> {
     if (this.#num(keys.accountEpoch(ONE_SHARD, accountId)) !== seen.epoch) return 'stale'
+    if (this.#num(keys.creditSeq(ONE_SHARD, accountId)) !== seen.seq) return 'stale'
     if (this.get(keys.balance(ONE_SHARD, accountId)) !== undefined) return 'ok'
     if (this.#num(keys.creditSeq(ONE_SHARD, accountId)) < reconciledSeq) {
       this.#dropCredits(accountId, reconciledSeq)
@@ -210,7 +211,11 @@ export class MemoryStore implements Store {
 
   async creditState(accountId: string): Promise<CreditState> {
     const flushing = this.get(keys.flushing(ONE_SHARD, accountId)) as { id: string } | undefined
-    return { epoch: this.#num(keys.accountEpoch(ONE_SHARD, accountId)), flushId: flushing?.id ?? null }
+    return {
+      epoch: this.#num(keys.accountEpoch(ONE_SHARD, accountId)),
+      flushId: flushing?.id ?? null,
+      seq: this.#num(keys.creditSeq(ONE_SHARD, accountId)),
+    }
   }
 
   async balance(accountId: string, reconciledSeq = 0): Promise<number | null> {

@@ -56,12 +56,14 @@ export interface Credits {
    * Seeds the live credit balance, when missing, from the reconciled one: minus the pending charges and
    * minus the unfinished flush unless `flushCommitted` (PostgreSQL, read with `reconciled`, has it).
    * 'stale' (nothing written; the caller reads again) when the account's epoch (a concurrent
-   * addCredits) or its unfinished flush changed since `seen` was read. When the store's credit
+   * addCredits), its unfinished flush or its credit sequence (a flush begun, even if ended since)
+   * changed since `seen` was read: so a load that runs late, after its caller released the account row
+   * and a flush moved charges, writes nothing. When the store's credit
    * sequence is behind `reconciledSeq` (accounts.credit_seq, read with `reconciled`), what it holds of
    * the account's credits is older than PostgreSQL: it is dropped, and the balance is `reconciled`.
    */
   loadBalance(accountId: string, seen: CreditState, reconciled: number, flushCommitted: boolean, reconciledSeq?: number): Promise<'ok' | 'stale'>
-  /** The account's epoch and unfinished flush, read before a balance load (see loadBalance). */
+  /** The account's epoch, unfinished flush and credit sequence, read before a balance load (see loadBalance). */
   creditState(accountId: string): Promise<CreditState>
   /** The live balance, or null while it is not loaded or the store's credit sequence is behind `reconciledSeq` (see loadBalance). */
   balance(accountId: string, reconciledSeq?: number): Promise<number | null>
@@ -167,6 +169,8 @@ export type BegunFlush = { id: string; amount: number; seq: number } | null | 'b
 export interface CreditState {
   epoch: number
   flushId: string | null
+  /** The store's credit sequence (see Credits.creditsChanging). */
+  seq: number
 }
 
 export interface TakeResult {

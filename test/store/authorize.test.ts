@@ -79,8 +79,8 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     const acct = id()
     const charge = { accountId: acct, cost: 1, counter: null }
     expect(await store.authorize(base({ charge }))).toEqual({ kind: 'no_balance' })
-    expect(await store.loadBalance(acct, { epoch: 1, flushId: null }, 2, false)).toBe('stale')
-    expect(await store.loadBalance(acct, { epoch: 0, flushId: null }, 2, false)).toBe('ok')
+    expect(await store.loadBalance(acct, { epoch: 1, flushId: null, seq: 0 }, 2, false)).toBe('stale')
+    expect(await store.loadBalance(acct, { epoch: 0, flushId: null, seq: 0 }, 2, false)).toBe('ok')
     expect(await store.authorize(base({ charge }))).toEqual({ kind: 'ok', charged: 1 })
     expect(await store.authorize(base({ charge }))).toEqual({ kind: 'ok', charged: 1 })
     expect(await store.authorize(base({ charge }))).toEqual({ kind: 'no_credits' })
@@ -88,9 +88,9 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     expect(await store.dirtyAccounts(store.shardOf(acct))).toContain(acct)
     await store.creditsChanging(acct)
     expect(await store.balance(acct)).toBeNull()
-    expect(await store.loadBalance(acct, { epoch: 0, flushId: null }, 7, false)).toBe('stale')
+    expect(await store.loadBalance(acct, { epoch: 0, flushId: null, seq: 1 }, 7, false)).toBe('stale')
     // PostgreSQL holds 2 + 5 now: the seed takes off the 2 charges not reconciled yet.
-    expect(await store.loadBalance(acct, { epoch: 1, flushId: null }, 7, false)).toBe('ok')
+    expect(await store.loadBalance(acct, { epoch: 1, flushId: null, seq: 1 }, 7, false)).toBe('ok')
     expect(await store.balance(acct)).toBe(5)
     await store.refund(acct, 1)
     expect(await store.balance(acct)).toBe(6)
@@ -106,7 +106,7 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
 
   test('heartbeat counter: every n-th call is charged, a refused charge is rolled back', async () => {
     const acct = id()
-    await store.loadBalance(acct, { epoch: 0, flushId: null }, 1, false)
+    await store.loadBalance(acct, { epoch: 0, flushId: null, seq: 0 }, 1, false)
     const charge = { accountId: acct, cost: 1, counter: { key: `ls:test:hb:${id()}`, every: 3 } }
     const kinds: string[] = []
     for (let i = 0; i < 7; i++) {
@@ -117,13 +117,13 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     await store.creditsChanging(acct)
     expect(await store.authorize(base({ charge }))).toEqual({ kind: 'no_balance' })
     // 1 + 1 in PostgreSQL, less the 1 charge not reconciled yet.
-    await store.loadBalance(acct, { epoch: 1, flushId: null }, 2, false)
+    await store.loadBalance(acct, { epoch: 1, flushId: null, seq: 1 }, 2, false)
     expect(await store.authorize(base({ charge }))).toEqual({ kind: 'ok', charged: 1 })
   })
 
   test('a denied request is never charged', async () => {
     const acct = id()
-    await store.loadBalance(acct, { epoch: 0, flushId: null }, 1, false)
+    await store.loadBalance(acct, { epoch: 0, flushId: null, seq: 0 }, 1, false)
     expect(await store.authorize(base({ deny: true, charge: { accountId: acct, cost: 1, counter: null } }))).toEqual({ kind: 'denied' })
     expect(await store.balance(acct)).toBe(1)
   })
@@ -152,7 +152,7 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
 
   test('requests issued together share one balance, counter and bucket as if one after another', async () => {
     const acct = id()
-    await store.loadBalance(acct, { epoch: 0, flushId: null }, 2, false)
+    await store.loadBalance(acct, { epoch: 0, flushId: null, seq: 0 }, 2, false)
     const charge = { accountId: acct, cost: 1, counter: null }
     const counted = { accountId: acct, cost: 1, counter: { key: `ls:test:hb:${id()}`, every: 2 } }
     const bucket = { key: `ls:test:b:${id()}`, capacity: 4, refillPerSecond: 0.001 }
@@ -177,7 +177,7 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
 
   test('an account refused for want of credits joins the dirty set, for its flush pass to check its balance', async () => {
     const acct = id()
-    await store.loadBalance(acct, { epoch: 0, flushId: null }, 0, false)
+    await store.loadBalance(acct, { epoch: 0, flushId: null, seq: 0 }, 0, false)
     expect(await store.authorize(base({ charge: { accountId: acct, cost: 1, counter: null } }))).toEqual({ kind: 'no_credits' })
     expect(await store.dirtyAccounts(store.shardOf(acct))).toContain(acct)
     expect(await store.beginFlush(acct, 'f')).toBeNull()
@@ -188,29 +188,29 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
   test("a store behind PostgreSQL's credit sequence (back from an older copy) drops what it holds of the account's credits", async () => {
     const acct = id()
     const charge = { accountId: acct, cost: 1, counter: null }
-    await store.loadBalance(acct, { epoch: 0, flushId: null }, 5, false)
+    await store.loadBalance(acct, { epoch: 0, flushId: null, seq: 0 }, 5, false)
     for (let i = 0; i < 2; i++) expect(await store.authorize(base({ charge }))).toEqual({ kind: 'ok', charged: 1 })
     expect(await store.beginFlush(acct, 'f1')).toEqual({ id: 'f1', amount: 2, seq: 1 })
     // PostgreSQL has recorded sequence 4: changes the store no longer holds. A flush drops the rest...
     expect(await store.beginFlush(acct, 'f2', 4)).toBe('behind')
     expect(await store.balance(acct)).toBeNull()
-    expect(await store.creditState(acct)).toEqual({ epoch: 1, flushId: null })
+    expect(await store.creditState(acct)).toEqual({ epoch: 1, flushId: null, seq: 4 })
     // ...and the balance is seeded from PostgreSQL alone: nothing pending or in flight is taken off.
-    expect(await store.loadBalance(acct, { epoch: 1, flushId: null }, 9, false, 4)).toBe('ok')
+    expect(await store.loadBalance(acct, { epoch: 1, flushId: null, seq: 4 }, 9, false, 4)).toBe('ok')
     expect(await store.balance(acct)).toBe(9)
     expect(await store.beginFlush(acct, 'f3', 4)).toBeNull()
     expect(await store.creditsChanging(acct)).toBe(5)
 
     // A seed that finds the store behind drops the pending charges and the flush record it holds.
     const other = id()
-    await store.loadBalance(other, { epoch: 0, flushId: null }, 5, false)
+    await store.loadBalance(other, { epoch: 0, flushId: null, seq: 0 }, 5, false)
     expect(await store.authorize(base({ charge: { ...charge, accountId: other } }))).toEqual({ kind: 'ok', charged: 1 })
     expect(await store.beginFlush(other, 'g1')).toEqual({ id: 'g1', amount: 1, seq: 1 })
     expect(await store.authorize(base({ charge: { ...charge, accountId: other } }))).toEqual({ kind: 'ok', charged: 1 })
     expect(await store.creditsChanging(other)).toBe(2)
-    expect(await store.loadBalance(other, { epoch: 1, flushId: 'g1' }, 20, false, 3)).toBe('ok')
+    expect(await store.loadBalance(other, { epoch: 1, flushId: 'g1', seq: 2 }, 20, false, 3)).toBe('ok')
     expect(await store.balance(other)).toBe(20)
-    expect(await store.creditState(other)).toEqual({ epoch: 1, flushId: null })
+    expect(await store.creditState(other)).toEqual({ epoch: 1, flushId: null, seq: 3 })
     expect(await store.beginFlush(other, 'g2', 3)).toBeNull()
   })
 
@@ -239,16 +239,34 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     expect(await store.snapshot([ep1, ep2])).toEqual({ generation, epochs: [1, 2] })
   })
 
-  test('creditState reports the account epoch and the unfinished flush a seed must account for', async () => {
+  test('creditState reports the account epoch, the unfinished flush and the credit sequence a seed must account for', async () => {
     const acct = id()
-    expect(await store.creditState(acct)).toEqual({ epoch: 0, flushId: null })
-    await store.loadBalance(acct, { epoch: 0, flushId: null }, 10, false)
+    expect(await store.creditState(acct)).toEqual({ epoch: 0, flushId: null, seq: 0 })
+    await store.loadBalance(acct, { epoch: 0, flushId: null, seq: 0 }, 10, false)
     await store.authorize(base({ charge: { accountId: acct, cost: 3, counter: null } }))
     await store.creditsChanging(acct)
     expect(await store.beginFlush(acct, 'f1')).toEqual({ id: 'f1', amount: 3, seq: 2 })
-    expect(await store.creditState(acct)).toEqual({ epoch: 1, flushId: 'f1' })
+    expect(await store.creditState(acct)).toEqual({ epoch: 1, flushId: 'f1', seq: 2 })
     await store.endFlush(acct, 'f1')
-    expect(await store.creditState(acct)).toEqual({ epoch: 1, flushId: null })
+    expect(await store.creditState(acct)).toEqual({ epoch: 1, flushId: null, seq: 2 })
+  })
+
+  test('a seed that runs after a flush began and ended since its read writes nothing (it would count that flush twice)', async () => {
+    const acct = id()
+    await store.loadBalance(acct, { epoch: 0, flushId: null, seq: 0 }, 10, false)
+    await store.authorize(base({ charge: { accountId: acct, cost: 3, counter: null } }))
+    await store.creditsChanging(acct)
+    // A seed reads the state and PostgreSQL's 10 (the 3 not moved yet), then waits...
+    const seen = await store.creditState(acct)
+    // ...while a flush moves the 3 into PostgreSQL (10 → 7) and ends: the epoch and flush record are as read.
+    expect(await store.beginFlush(acct, 'f1')).toMatchObject({ id: 'f1', amount: 3 })
+    await store.endFlush(acct, 'f1')
+    expect(await store.creditState(acct)).toMatchObject({ epoch: seen.epoch, flushId: seen.flushId })
+    // Run now, it would seed 10 less nothing pending: the 3 credits spent twice over.
+    expect(await store.loadBalance(acct, seen, 10, false)).toBe('stale')
+    expect(await store.balance(acct)).toBeNull()
+    expect(await store.loadBalance(acct, await store.creditState(acct), 7, false)).toBe('ok')
+    expect(await store.balance(acct)).toBe(7)
   })
 
   test('key names stay distinct per account', () => {
@@ -386,7 +404,7 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: one authorize call in flight', ()
         })
       }
       const acct = randomUUID()
-      await store.loadBalance(acct, { epoch: 0, flushId: null }, 5, false)
+      await store.loadBalance(acct, { epoch: 0, flushId: null, seq: 0 }, 5, false)
       const read = await store.snapshot([PROBE])
       const input = () => request(read.generation, Date.now(), { shard: S, charge: { accountId: acct, cost: 1, counter: null } })
       const started = Date.now()

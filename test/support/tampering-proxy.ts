@@ -1,6 +1,6 @@
 import { afterAll } from 'bun:test'
 import { connect, createServer, type Server, type Socket } from 'node:net'
-import { RedisStore } from '../../src/store/redis'
+import { RedisStore, type RedisStoreOptions } from '../../src/store/redis'
 import { ownRedis } from './servers'
 
 /**
@@ -24,6 +24,8 @@ export class TamperingProxy {
    * connection is dropped with the connection: a reply lost after the server ran the command.
    */
   loseReplyTo: ((data: Buffer) => boolean) | null = null
+  /** While holdWrites is in effect, the writes not yet sent on to the server, in order. */
+  #held: (() => void)[] | null = null
   readonly #server: Server
   readonly #sockets = new Set<Socket>()
 
@@ -49,7 +51,8 @@ export class TamperingProxy {
           this.loseReplyTo = null
           cutOnReply = true
         }
-        upstream.write(data)
+        if (this.#held) this.#held.push(() => upstream.write(data))
+        else upstream.write(data)
       })
       upstream.on('data', (data) => {
         if (cutOnReply) {
@@ -99,6 +102,19 @@ export class TamperingProxy {
     }
   }
 
+  /**
+   * Holds every connection's writes back from the server, as a server that stopped reading would (the
+   * connections stay open), until the function returned is called: it sends them on, in order.
+   */
+  holdWrites(): () => void {
+    this.#held = []
+    return () => {
+      const held = this.#held ?? []
+      this.#held = null
+      for (const send of held) send()
+    }
+  }
+
   listen(): Promise<number> {
     return new Promise((resolve) => this.#server.listen(0, '127.0.0.1', () => resolve((this.#server.address() as { port: number }).port)))
   }
@@ -114,15 +130,18 @@ export class TamperingProxy {
   }
 }
 
-/** A Redis of the test file's own behind a TamperingProxy, and a store that reaches it through the proxy; both go after the file's tests. */
-export async function storeBehindProxy(): Promise<{ proxy: TamperingProxy; store: RedisStore }> {
+/**
+ * A Redis of the test file's own behind a TamperingProxy, a store that reaches it through the proxy
+ * (with `options`), and the Redis's own URL; they go after the file's tests.
+ */
+export async function storeBehindProxy(options: RedisStoreOptions = {}): Promise<{ proxy: TamperingProxy; store: RedisStore; redisUrl: string }> {
   const redis = await ownRedis()
   const proxy = new TamperingProxy(redis.port)
-  const store = new RedisStore(`redis://127.0.0.1:${await proxy.listen()}`)
+  const store = new RedisStore(`redis://127.0.0.1:${await proxy.listen()}`, options)
   afterAll(async () => {
     await store.close()
     proxy.close()
     await redis.stop()
   })
-  return { proxy, store }
+  return { proxy, store, redisUrl: redis.url }
 }

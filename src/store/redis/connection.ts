@@ -1,7 +1,7 @@
 import calculateSlot from 'cluster-key-slot'
 import { Cluster, Redis, type RedisOptions } from 'ioredis'
 import { errorFields, log, logEvery } from '../../lib/log'
-import { withTimeout } from '../../lib/with-timeout'
+import { DeadlineExceeded, withTimeout } from '../../lib/with-timeout'
 import { storeErrors } from '../../lib/metrics'
 import { keys, type Shard, STORE_CALL_TIMEOUT_MS, shardOf } from '../store'
 
@@ -194,9 +194,12 @@ export class Connection<Commands extends object = object> {
     reply.then(answered, answered)
   }
 
-  /** The error to fail a call with at once while a call on one Redis is overdue (see overdue), else null. */
+  /**
+   * The error to fail a call with at once while a call on one Redis is overdue (see overdue), else null:
+   * the call would pass its own deadline, so it fails as if it had.
+   */
   stalled(): Error | null {
-    return this.#overdueCalls > 0 ? new Error(`redis has not answered a call in ${this.callTimeoutMs} ms`) : null
+    return this.#overdueCalls > 0 ? new DeadlineExceeded(`redis has not answered a call in ${this.callTimeoutMs} ms`) : null
   }
 
   /** False while a shard count check has no answer yet, or after one found another count (checkShardCount). */

@@ -2,11 +2,14 @@ import { type BegunFlush, type CreditState, type Credits, keys, type Shard } fro
 import type { Connection, Script } from './connection'
 
 // KEYS: balance, pending, flushing, account epoch, credit sequence. ARGV: expected epoch, expected flush
-// id ('' for none), '1' when PostgreSQL already has that flush, reconciled balance, reconciled sequence.
+// id ('' for none), '1' when PostgreSQL already has that flush, reconciled balance, reconciled sequence,
+// expected sequence (a flush begun and ended since the caller read the reconciled balance moved it).
 const LOAD_BALANCE = `
 if tonumber(redis.call('GET', KEYS[4]) or '0') ~= tonumber(ARGV[1]) then return 0 end
+local seq = tonumber(redis.call('GET', KEYS[5]) or '0')
+if seq ~= tonumber(ARGV[6]) then return 0 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return 1 end
-if tonumber(redis.call('GET', KEYS[5]) or '0') < tonumber(ARGV[5]) then
+if seq < tonumber(ARGV[5]) then
   redis.call('DEL', KEYS[2], KEYS[3])
   redis.call('SET', KEYS[5], ARGV[5])
   redis.call('SET', KEYS[1], math.max(0, tonumber(ARGV[4])))
@@ -83,6 +86,7 @@ export interface CreditCommands {
     committed: '0' | '1',
     reconciled: number,
     reconciledSeq: number,
+    expectedSeq: number,
   ): Promise<number>
   lsCreditsChanging(bal: string, ep: string, seq: string): Promise<unknown>
   lsRefund(bal: string, pend: string, dirty: string, account: string, n: number): Promise<number>
@@ -142,6 +146,7 @@ export class RedisCredits implements Credits {
       flushCommitted ? '1' : '0',
       reconciled,
       reconciledSeq,
+      seen.seq,
     )
     return done === 1 ? 'ok' : 'stale'
   }
@@ -149,8 +154,12 @@ export class RedisCredits implements Credits {
   async creditState(accountId: string): Promise<CreditState> {
     this.conn.failFastWhenLost()
     const k = accountKeys(this.conn, accountId)
-    const [epoch, flushing] = await this.conn.redis.mget(k.epoch, k.flushing)
-    return { epoch: epoch ? storedCount(epoch, 'credit epoch') : 0, flushId: flushing ? flushIdOf(flushing) : null }
+    const [epoch, flushing, seq] = await this.conn.redis.mget(k.epoch, k.flushing, k.seq)
+    return {
+      epoch: epoch ? storedCount(epoch, 'credit epoch') : 0,
+      flushId: flushing ? flushIdOf(flushing) : null,
+      seq: seq ? storedCount(seq, 'credit sequence') : 0,
+    }
   }
 
   async balance(accountId: string, reconciledSeq = 0): Promise<number | null> {

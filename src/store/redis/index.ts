@@ -45,19 +45,19 @@ export class RedisStore implements Store {
   }
 
   /**
-   * A call with the deadline of the authorize calls (STORE_CALL_TIMEOUT_MS): those that only read, take
-   * rate-limit or admission tokens or bump epochs, which Redis may still run after the caller gave up
-   * without harm (a token it takes then is charged to a request that went through unlimited anyway; a
-   * failed bump is retried; the live balance dropped by adding credits is seeded again from what
-   * PostgreSQL holds, so one dropped after that transaction rolled back costs a seed, and an account's
-   * row is not held for as long as a Redis node stops answering). While an earlier call is overdue on
-   * one Redis they fail at once, unsent.
-   * The balance seed has none: run after its caller released the account row, it could seed a balance a
-   * flush has moved since (ledger.ts); a client request waits for it under a deadline of its own.
+   * A call with the deadline of the authorize calls (STORE_CALL_TIMEOUT_MS): those that Redis may still
+   * run after the caller gave up without harm. A token taken then is charged to a request that went
+   * through unlimited anyway; a failed bump is retried; the live balance dropped by adding credits is
+   * seeded again from what PostgreSQL holds, so one dropped after that transaction rolled back costs a
+   * seed. A balance seed run late writes nothing if a flush began since its read (the credit sequence
+   * moved: see Credits.loadBalance). A flush's begin run late files the charges pending then under its
+   * own id, which is new (ledger.ts) and which PostgreSQL cannot have, as its transaction rolled back:
+   * the next pass applies it. It runs once at most: nothing sends a call again (Connection).
+   * So no transaction waits on Redis past the deadline: an account's row, or the whole embedded
+   * database (PGlite runs one transaction at a time), is never held for as long as Redis stops answering.
+   * While an earlier call is overdue on one Redis they fail at once, unsent.
    * A refund is never refused unsent: its caller waits under a deadline of its own, and a refund Redis
-   * runs late still gives the credits back. Flushes have none: run late, they would count charges twice (a
-   * flush's begin run once its transaction gave up and another instance applied and ended that flush
-   * would file new charges under an id PostgreSQL already has).
+   * runs late still gives the credits back. A flush's end runs after its transaction and holds nothing.
    */
   #waited<T>(call: () => Promise<T>): Promise<T> {
     const stalled = this.#conn.stalled()
@@ -104,7 +104,7 @@ export class RedisStore implements Store {
   }
 
   loadBalance(accountId: string, seen: CreditState, reconciled: number, flushCommitted: boolean, reconciledSeq?: number): Promise<'ok' | 'stale'> {
-    return watched(this.#credits.loadBalance(accountId, seen, reconciled, flushCommitted, reconciledSeq))
+    return watched(this.#waited(() => this.#credits.loadBalance(accountId, seen, reconciled, flushCommitted, reconciledSeq)))
   }
 
   creditState(accountId: string): Promise<CreditState> {
@@ -128,7 +128,7 @@ export class RedisStore implements Store {
   }
 
   beginFlush(accountId: string, newId: string, reconciledSeq?: number): Promise<BegunFlush> {
-    return watched(this.#credits.beginFlush(accountId, newId, reconciledSeq))
+    return watched(this.#waited(() => this.#credits.beginFlush(accountId, newId, reconciledSeq)))
   }
 
   endFlush(accountId: string, id: string): Promise<void> {
