@@ -18,7 +18,7 @@ describe("the parser against AuthForge's activation_request_vectors.json", () =>
 
   test.each(good.map((c) => [c.name, c] as const))('%s is accepted', (_, c) => {
     const inputs = 'inputs' in c && c.inputs ? c.inputs : { hwid: 'testhwid', licenseKey: undefined }
-    expect(parseActivationRequest(c.file, 'test-app')).toEqual({ hwid: inputs.hwid, licenseKey: inputs.licenseKey ?? null })
+    expect(parseActivationRequest(c.file, 'test-app')).toEqual({ hwid: inputs.hwid, licenseKey: inputs.licenseKey ?? null, appId: 'test-app' })
   })
 
   const reasons: Record<string, RegExp> = {
@@ -137,6 +137,34 @@ describe('POST /v1/apps/:appId/activation-requests', () => {
     expect((await row(licenseKey)).hwids).toEqual(['m1'])
   })
 
+  test("the body's licenseKey wins over the request's, which the customer writes (its checksum is no signature)", async () => {
+    const s = await t.seed()
+    const chosen = await insertLicense(t.ctx, s.appId, { maxHwidSlots: 1 })
+    const other = await insertLicense(t.ctx, s.appId, { maxHwidSlots: 1 })
+    const res = await post(s, { request: buildRequest(requestFields(s.appId, 'm-chosen', other)), licenseKey: chosen })
+    expect(res.status, JSON.stringify(res.body)).toBe(201)
+    expect(res.body.licenseKey).toBe(chosen)
+    expect((await row(chosen)).hwids).toEqual(['m-chosen'])
+    expect((await row(other)).hwids).toEqual([])
+    // A stale or mistyped key in the request does not stand in the way of the one the caller names.
+    const stale = await post(s, { request: buildRequest(requestFields(s.appId, 'm-chosen', 'ABCD-EFGH-JKLM-NPQR')), licenseKey: chosen })
+    expect(stale.status, JSON.stringify(stale.body)).toBe(201)
+    expect(stale.body.licenseKey).toBe(chosen)
+  })
+
+  test('an HWID that begins or ends with white space: 400, nothing bound, charged or minted (no SDK would ever match it)', async () => {
+    const s = await t.seed({ credits: 5 })
+    const licenseKey = await insertLicense(t.ctx, s.appId, { maxHwidSlots: 2 })
+    for (const machine of [' m1', 'm1 ', '   ', 'm1\t']) {
+      const res = await post(s, buildRequest(requestFields(s.appId, machine, licenseKey)))
+      expect(res.status, JSON.stringify(res.body)).toBe(400)
+      expect(res.body.message).toContain('white space')
+    }
+    expect((await row(licenseKey)).hwids).toEqual([])
+    expect(await fileRows(licenseKey)).toHaveLength(0)
+    expect(await balance(s)).toBe(5)
+  })
+
   test('with Accept: application/x-authforge-license the body is the file, as an attachment', async () => {
     const s = await t.seed()
     const licenseKey = await insertLicense(t.ctx, s.appId)
@@ -170,13 +198,16 @@ describe('POST /v1/apps/:appId/activation-requests', () => {
 })
 
 describe("the app's side", () => {
-  test('an App-Id in upper case (as an SDK may be configured) is the same app: it validates, so it activates', async () => {
+  test('an App-Id in upper case (as an SDK may be configured) is the same app: it activates, and the file names the app as that SDK does', async () => {
     const s = await t.seed({ credits: 5 })
     const licenseKey = await insertLicense(t.ctx, s.appId, { maxHwidSlots: 2 })
     const upper = s.appId.toUpperCase()
     const res = await post(s, buildRequest(requestFields(upper, 'lab-upper', licenseKey)))
     expect(res.status, JSON.stringify(res.body)).toBe(201)
-    expect(check(s, res.body.file, 'lab-upper').code).toBe('ok')
+    // The SDKs compare the file's appId with the one they are configured with, exactly.
+    const asConfigured = verifyLicenseFile(res.body.file, { appId: upper, publicKeys: [s.publicKey], hwid: 'lab-upper', nowMs: Date.now() })
+    expect(asConfigured.code).toBe('ok')
+    expect(res.body.appId).toBe(s.appId)
   })
 
   test("an HWID the app's blacklist names: 409 hwid_blocked, nothing bound, charged or minted", async () => {

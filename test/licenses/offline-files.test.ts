@@ -357,6 +357,18 @@ describe("the app's side, as a validate would see it", () => {
       expect(res.body.message).toBe('hwids must be an array from 1 to 16 items')
     }
   })
+
+  test('an HWID that begins or ends with white space, or is nothing else: 400 naming it, nothing bound or minted', async () => {
+    const s = await t.seed()
+    const licenseKey = await insertLicense(t.ctx, s.appId, { maxHwidSlots: 3 })
+    for (const hwids of [['m1', 'm2 '], ['   '], ['\tm1'], ['m1\u00a0']]) {
+      const res = await mint(s, licenseKey, { hwids })
+      expect(res.status, JSON.stringify(res.body)).toBe(400)
+      expect(res.body.message).toStartWith(`hwids.${hwids.length - 1} begins or ends with white space`)
+    }
+    expect((await row(licenseKey)).hwids).toEqual([])
+    expect(await fileRows(licenseKey)).toHaveLength(0)
+  })
 })
 
 describe('credits', () => {

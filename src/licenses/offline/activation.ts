@@ -21,10 +21,11 @@ export async function answerActivationRequest(
   const app = await requireOwnedApp(ctx, accountId, appId)
   const options = typeof body === 'string' ? { request: body } : body
   const request = parseActivationRequest(options.request, app.id)
-  const licenseKey = request.licenseKey ?? options.licenseKey
+  // The caller's key first: the request's is whatever the customer wrote (its checksum is no signature).
+  const licenseKey = options.licenseKey ?? request.licenseKey
   if (!licenseKey) throw badRequest('Activation request refused: it names no license; give licenseKey in the body')
   const license = await requireOwnedLicense(ctx, accountId, licenseKey)
   if (license.appId !== app.id) throw badRequest(`Activation request refused: license ${licenseKey} belongs to another app`)
   const mint = options.expiresAt === undefined ? { hwids: [request.hwid] } : { hwids: [request.hwid], expiresAt: options.expiresAt }
-  return mintOfflineFile(ctx, accountId, licenseKey, mint)
+  return mintOfflineFile(ctx, accountId, licenseKey, mint, request.appId)
 }

@@ -34,7 +34,8 @@ export const MintOfflineFileBody = StrictBody({
       minItems: 1,
       maxItems: 16,
       description:
-        '1 to 16 HWIDs (1 to 128 characters each) the file is bound to; each one not yet bound takes a free ' +
+        '1 to 16 HWIDs (1 to 128 characters each, neither beginning nor ending with white space: the SDKs ' +
+        'trim the machine\'s HWID before comparing) the file is bound to; each one not yet bound takes a free ' +
         "seat first (409 seats_full when there are too few, and then none is bound). Omitted: the license's " +
         'bound HWIDs (400 when none is bound).',
       examples: [[HWID_EXAMPLE]],
@@ -64,7 +65,8 @@ export const ActivationRequestBody = t.Union([
       request: Text({ description: 'The `.authforge-request` text', examples: [REQUEST_EXAMPLE] }),
       licenseKey: t.Optional(
         Text({
-          description: "The license to bind the machine to when the request names none (a request's own key wins)",
+          description:
+            "The license to bind the machine to; without it, the one the request names. The request's key is the customer's to write (its checksum is no signature), so this one wins.",
           examples: [EXAMPLE.licenseKey],
         }),
       ),

@@ -6,6 +6,8 @@ import { STORABLE_TEXT } from '../../lib/model'
 export interface ActivationRequest {
   hwid: string
   licenseKey: string | null
+  /** The app's id as the SDK spells it (any case): what it compares the file's `appId` with, exactly. */
+  appId: string
 }
 
 const BEGIN = '-----BEGIN AUTHFORGE ACTIVATION REQUEST-----'
@@ -77,5 +79,5 @@ export function parseActivationRequest(text: string, appId: string): ActivationR
     throw refuse(`the HWID is ${hwid.length} characters; it must be 1 to ${MAX_HWID} (AuthForge allows 256; this server ${MAX_HWID})`)
   }
   if (!STORABLE.test(hwid)) throw refuse('the HWID holds NUL characters or unpaired surrogates')
-  return { hwid, licenseKey: (payload.licenseKey as string | undefined) || null }
+  return { hwid, licenseKey: (payload.licenseKey as string | undefined) || null, appId: payload.appId as string }
 }

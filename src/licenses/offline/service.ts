@@ -59,6 +59,12 @@ function planMint(row: LicenseRow, input: MintOfflineFileBody, now: Date): MintP
     if (!row.unlimitedHwidSlots) throw badRequest('anyMachine is only allowed for unlimited-seat licenses')
     return { expiresAt, hwid: { mode: 'any' }, newHwids: [] }
   }
+  const untrimmed = input.hwids?.findIndex((hwid) => hwid.trim() !== hwid || hwid === '') ?? -1
+  if (untrimmed >= 0) {
+    throw badRequest(
+      `hwids.${untrimmed} begins or ends with white space: the SDKs trim the machine's HWID before comparing, so a file bound to it would never verify`,
+    )
+  }
   const hwids = input.hwids ? [...new Set(input.hwids)] : row.hwids
   if (hwids.length === 0) throw badRequest('The license has no bound HWID: give hwids')
   // An unlimited-seat license binds nothing, as on validate.
@@ -96,7 +102,7 @@ async function bindSeats(tx: Tx, row: LicenseRow, newHwids: string[], now: Date)
  * In the caller's transaction: lock the app and the license, bind the license's new seats, sign the
  * file with the app's active key, record it and its events.
  */
-async function mint(ctx: Context, tx: Tx, app: AppRow, licenseKey: string, input: MintOfflineFileBody) {
+async function mint(ctx: Context, tx: Tx, app: AppRow, licenseKey: string, input: MintOfflineFileBody, appIdAsSpelled: string) {
   const now = new Date(ctx.clock())
   // FOR SHARE: a disable, a list or variables change committing meanwhile waits for this file, or
   // this sees it: the file is checked against, and carries, the app as it stands at the commit.
@@ -110,7 +116,7 @@ async function mint(ctx: Context, tx: Tx, app: AppRow, licenseKey: string, input
   checkApp(locked, plan.hwid)
   const events = await bindSeats(tx, row, plan.newHwids, now)
   const payload: OfflinePayload = {
-    appId: app.id,
+    appId: appIdAsSpelled,
     licenseKey,
     jti: randomUUID(),
     kid: signing.keyId,
@@ -156,13 +162,15 @@ async function mint(ctx: Context, tx: Tx, app: AppRow, licenseKey: string, input
 /**
  * Mints a signed offline license file. A billed app's account pays 1 credit, taken from the live
  * balance before the transaction (so two instances never spend the same credit) and given back if
- * the mint then fails.
+ * the mint then fails. The file names the app as `appIdAsSpelled` when given (an activation request's
+ * spelling, which its SDK compares exactly), else as stored.
  */
 export async function mintOfflineFile(
   ctx: Context,
   accountId: string,
   licenseKey: string,
   input: MintOfflineFileBody,
+  appIdAsSpelled?: string,
 ): Promise<OfflineFile> {
   const owned = await requireOwnedLicense(ctx, accountId, licenseKey)
   const plan = planMint(owned, input, new Date(ctx.clock()))
@@ -176,7 +184,7 @@ export async function mintOfflineFile(
   try {
     const minted = await ctx.actors.write(
       app.id,
-      (tx) => mint(ctx, tx, app, licenseKey, input),
+      (tx) => mint(ctx, tx, app, licenseKey, input, appIdAsSpelled ?? app.id),
       ({ bound }) => ({ licenses: bound ? [licenseKey] : [], events: true }),
     )
     return minted.file
