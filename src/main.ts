@@ -108,7 +108,7 @@ async function main(): Promise<void> {
     log.info('shutting down', { reason, process: index })
     try {
       await others?.stop()
-      operatorSocket?.stop()
+      await operatorSocket?.stop()
       await metricsListener?.stop()
       await app.stop()
       await background.stop()

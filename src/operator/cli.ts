@@ -16,6 +16,17 @@ import { errorFields, setLogLevel } from '../lib/log'
 import { ResealRefused } from '../signing/reseal'
 import { SealError } from '../lib/crypto'
 
+/**
+ * The server took the command and dropped the connection before answering (a server stopping waits
+ * for commands under way, but not for ever): the operator must not take it for a failure and run it
+ * again, adding credits twice.
+ */
+const cutOff = (err: unknown) =>
+  new Refused(
+    `the server closed the connection before answering (${String(errorFields(err).message ?? 'no reason given')}): ` +
+      'the command may have taken effect; check (account list, app list) before running it again',
+  )
+
 /** The running server's answer, or null when no server listens on the socket. */
 async function viaServer(socket: string, argv: string[]): Promise<Record<string, unknown> | null> {
   if (!existsSync(socket)) return null
@@ -30,9 +41,11 @@ async function viaServer(socket: string, argv: string[]): Promise<Record<string,
   } catch (err) {
     // Only then may the CLI open the database itself.
     if (NO_SERVER.has((err as { code?: string }).code ?? '')) return null
-    throw err
+    throw cutOff(err)
   }
-  const reply = (await res.json()) as OperatorReply
+  const reply = (await res.json().catch((err: unknown) => {
+    throw cutOff(err)
+  })) as OperatorReply
   if (res.status === 400) throw new OperatorError(reply.error ?? 'bad input')
   if (!res.ok || !reply.result) throw new Refused(reply.error ?? `the server answered ${res.status}`)
   return reply.result

@@ -3,6 +3,7 @@ import type { Config } from '../config'
 import { OperatorError, parseCommand, runCommand } from './commands'
 import type { Context } from '../context'
 import { errorFields, log } from '../lib/log'
+import { withTimeout } from '../lib/with-timeout'
 import { operatorSocketPath } from '../db/operator-socket'
 
 /**
@@ -13,6 +14,8 @@ import { operatorSocketPath } from '../db/operator-socket'
 export const usesOperatorSocket = (config: Pick<Config, 'databaseUrl' | 'redisUrl'>) =>
   !config.databaseUrl || !config.redisUrl
 
+/** How long a stopping server waits for the operator commands under way before cutting them off. */
+const STOP_WAIT_MS = 5000
 
 /** The socket's one request: POST /run with `{ argv }`; 200 `{ result }`, 400 or 500 `{ error }`. */
 export interface OperatorReply {
@@ -63,7 +66,7 @@ async function handle(contextReady: Promise<Context>, request: Request): Promise
  * Commands that arrive while `contextReady` is pending (migrations at start) wait for it. The caller
  * holds the DATA_DIR lock (src/db/data-dir-lock.ts).
  */
-export function startOperatorSocket(dataDir: string, contextReady: Promise<Context>): { stop(): void } {
+export function startOperatorSocket(dataDir: string, contextReady: Promise<Context>): { stop(): Promise<void> } {
   const path = operatorSocketPath(dataDir)
   mkdirSync(dataDir, { recursive: true })
   // The caller holds the DATA_DIR lock, so a file here is a dead server's, and cannot be listened on.
@@ -80,8 +83,11 @@ export function startOperatorSocket(dataDir: string, contextReady: Promise<Conte
   const created = statSync(path).ino
   log.info('operator socket listening', { path })
   return {
-    stop() {
-      server.stop(true)
+    async stop() {
+      // The commands under way finish first (the database closes after this). Cut off, one still
+      // committed while its CLI reported a failure: retried, credits were added twice; an account
+      // created so lost its only API key.
+      if ((await withTimeout(server.stop(), STOP_WAIT_MS)) === null) await server.stop(true)
       // Only the socket this server created: whatever replaced it belongs to someone else.
       if (statSync(path, { throwIfNoEntry: false })?.ino === created) rmSync(path, { force: true })
     },

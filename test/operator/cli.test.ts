@@ -2,6 +2,7 @@ import { afterAll, describe, expect, setDefaultTimeout, test } from 'bun:test'
 import { existsSync, mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
+import postgres from 'postgres'
 import { keys } from '../../src/store/store'
 import { MODE, TEST_DATABASE_URL, TEST_MASTER_KEY, TEST_REDIS_URL, sharedInfra } from '../support/helpers'
 import { runToExit, startServer } from '../support/server-process'
@@ -356,6 +357,58 @@ describe('operator CLI beside a running server', () => {
       expect(ran).toBeGreaterThanOrEqual(0)
       expect(ran < listening || listening < 0).toBe(true)
     } else expect(ran).toBe(-1)
+  })
+
+  /**
+   * `account credits --add 5` through a server on PostgreSQL without Redis (so through its socket) while
+   * an outside connection holds the account's row, the server stopped meanwhile and the row released
+   * `holdMs` later; what the CLI printed and exited with, and the credits it left.
+   */
+  async function addingWhileStopping(holdMs: number) {
+    const dataDir = tempDir()
+    const env = { ...settings(dataDir), REDIS_URL: '' }
+    const cliRun = (args: string[]) => runToExit(['src/operator/cli.ts', ...args], env)
+    const { accountId } = JSON.parse((await cliRun(['account', 'create', '--name', 'Stopping', '--credits', '10'])).stdout)
+    const server = await startServer(env)
+    const sql = postgres(TEST_DATABASE_URL ?? '', { max: 1, onnotice: () => {} })
+    try {
+      const { promise: released, resolve: release } = Promise.withResolvers<void>()
+      const { promise: holding, resolve: held } = Promise.withResolvers<void>()
+      const holder = sql.begin(async (tx) => {
+        await tx`SELECT 1 FROM accounts WHERE id = ${accountId} FOR UPDATE`
+        held()
+        await released
+      })
+      await holding
+      const adding = cliRun(['account', 'credits', '--account', accountId, '--add', '5'])
+      await server.logged('"operator command"')
+      const stopped = server.stop()
+      await Bun.sleep(holdMs)
+      release()
+      await holder
+      const run = await adding
+      expect(await stopped).toBe(0)
+      const [row] = await sql`SELECT credits FROM accounts WHERE id = ${accountId}`
+      return { run, accountId, credits: Number(row?.credits) }
+    } finally {
+      await sql.end()
+    }
+  }
+
+  // Only PostgreSQL lets another connection hold a row; the socket is the same embedded.
+  test.if(MODE === 'postgres')('a command under way when the server stops is answered before it stops: the CLI reports what it did', async () => {
+    const { run, accountId, credits } = await addingWhileStopping(500)
+    expect(run.code, run.stderr).toBe(0)
+    expect(JSON.parse(run.stdout.trim().split('\n').at(-1) ?? '')).toEqual({ accountId, credits: 15 })
+    expect(credits).toBe(15)
+  })
+
+  test.if(MODE === 'postgres')('a command cut off by a stop after 5 s: the CLI says it may have taken effect, not that it failed', async () => {
+    const { run, credits } = await addingWhileStopping(6000)
+    expect(run.code).toBe(1)
+    expect(run.stderr).toContain('the command may have taken effect; check (account list, app list) before running it again')
+    // It did: an operator who ran it again on a plain failure would have added 5 more.
+    expect(credits).toBe(15)
   })
 
   test('a stale socket file left by a dead server does not stop the CLI', async () => {
