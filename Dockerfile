@@ -24,7 +24,7 @@ COPY --from=deps /app/node_modules ./node_modules
 COPY package.json tsconfig.json ./
 COPY drizzle ./drizzle
 COPY src ./src
-RUN mkdir -p /data && chown bun:bun /data
+RUN mkdir -p /data && chown bun:bun /data && chmod 700 /data
 USER bun
 # The embedded database, the development master key and the operator socket live here.
 VOLUME /data

@@ -1,4 +1,4 @@
-import { mkdirSync } from 'node:fs'
+import { makeDataDir } from './data-dir'
 import { join } from 'node:path'
 import { sql } from 'drizzle-orm'
 import type { PgDatabase, PgQueryResultHKT, PgTransaction } from 'drizzle-orm/pg-core'
@@ -98,7 +98,7 @@ export async function openDb(options: OpenDbOptions): Promise<Database> {
   const { migrate } = await import('drizzle-orm/pglite/migrator')
   let dir: string | undefined
   if (options.dataDir) {
-    mkdirSync(options.dataDir, { recursive: true })
+    makeDataDir(options.dataDir)
     dir = pgliteDir(options.dataDir)
   }
   const client = dir ? new PGlite(dir) : new PGlite()

@@ -12,10 +12,11 @@
  * Pids mean nothing across pid namespaces (a second container on the same volume) or boots: the lock
  * records both, and a holder from another one is judged by the operator socket it serves instead.
  */
-import { linkSync, mkdirSync, readFileSync, readlinkSync, unlinkSync, writeFileSync } from 'node:fs'
+import { linkSync, readFileSync, readlinkSync, unlinkSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { ConfigError } from '../config'
 import { operatorSocketAnswers, operatorSocketPath } from './operator-socket'
+import { makeDataDir } from './data-dir'
 
 export type LockOwner = 'server' | 'cli'
 
@@ -161,7 +162,7 @@ async function takeOver(dataDir: string, dead: LockHolder, me: LockHolder): Prom
  * by a dead process is taken over.
  */
 export async function tryLockDataDir(dataDir: string, owner: LockOwner): Promise<DataDirLock | LockHolder> {
-  mkdirSync(dataDir, { recursive: true })
+  makeDataDir(dataDir)
   const path = join(dataDir, LOCK_FILE)
   const me: LockHolder = { pid: process.pid, started: startTime(process.pid), owner, ...HERE }
   for (;;) {

@@ -1,10 +1,11 @@
-import { chmodSync, mkdirSync, rmSync, statSync } from 'node:fs'
+import { chmodSync, rmSync, statSync } from 'node:fs'
 import type { Config } from '../config'
 import { OperatorError, parseCommand, runCommand } from './commands'
 import type { Context } from '../context'
 import { errorFields, log } from '../lib/log'
 import { withTimeout } from '../lib/with-timeout'
 import { operatorSocketPath } from '../db/operator-socket'
+import { makeDataDir } from '../db/data-dir'
 
 /**
  * Whether a running server takes operator commands: when it holds state no other process can reach
@@ -68,7 +69,7 @@ async function handle(contextReady: Promise<Context>, request: Request): Promise
  */
 export function startOperatorSocket(dataDir: string, contextReady: Promise<Context>): { stop(): Promise<void> } {
   const path = operatorSocketPath(dataDir)
-  mkdirSync(dataDir, { recursive: true })
+  makeDataDir(dataDir)
   // The caller holds the DATA_DIR lock, so a file here is a dead server's, and cannot be listened on.
   rmSync(path, { force: true })
   // The umask makes the socket 0600 from its first instant; the chmod states it for the record.

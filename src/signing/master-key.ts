@@ -1,9 +1,10 @@
-import { closeSync, copyFileSync, existsSync, fsyncSync, mkdirSync, openSync, readFileSync, renameSync, rmSync, writeSync } from 'node:fs'
+import { closeSync, copyFileSync, existsSync, fsyncSync, openSync, readFileSync, renameSync, rmSync, writeSync } from 'node:fs'
 import { dirname, join } from 'node:path'
 import { randomBytes } from 'node:crypto'
 import { type Config, ConfigError } from '../config'
 import { keyCheckValue } from '../lib/crypto'
 import { log } from '../lib/log'
+import { makeDataDir } from '../db/data-dir'
 
 /**
  * The key that seals signing keys and webhook secrets. Without MASTER_KEY a development key is
@@ -102,7 +103,7 @@ export function resolveMasterKey(settings: KeySettings, stored: string | null): 
   if (existsSync(pendingKeyPath(path))) {
     throw new ConfigError(`${path} is missing and ${pendingKeyPath(path)} does not match the database: set MASTER_KEY`)
   }
-  mkdirSync(settings.dataDir, { recursive: true })
+  makeDataDir(settings.dataDir)
   const key = randomBytes(32)
   writeKeyFile(path, key, 'wx')
   log.warn('MASTER_KEY is not set: generated a development key into DATA_DIR; set MASTER_KEY in production', { path })
