@@ -22,10 +22,11 @@ export class UsageError extends OperatorError {
 export const PROGRAM = 'bun run cli'
 
 // A key or secret pasted into the wrong place must not land in scrollback or a CI log: API keys and
-// webhook secrets by their prefix, app secrets (and bare keys) as a long base64url run. UUIDs are
-// blanked first: they are ids, not secrets, and quoting them back is what makes an error readable.
+// webhook secrets by their prefix, app secrets and bare keys (hex, base64url, or base64 as a master key
+// may be written) as a long run of their alphabet. UUIDs are blanked first: they are ids, not secrets,
+// and quoting them back is what makes an error readable. A long path is hidden too, at no cost.
 const UUID_ANYWHERE = /[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}/gi
-const SECRET_SHAPED = /svc_live_|whsec_|[A-Za-z0-9_-]{32,}/i
+const SECRET_SHAPED = /svc_live_|whsec_|[A-Za-z0-9+/_-]{32,}/i
 
 const looksSecret = (text: string) => SECRET_SHAPED.test(text.replace(UUID_ANYWHERE, ' '))
 
@@ -119,7 +120,7 @@ export const COMMANDS = {
   'master-key rotate': {
     summary: 'Re-seal every signing key and webhook secret with a new master key',
     flags: {},
-    prints: '{ "rotated": { "signingKeys", "webhookSecrets" }, "developmentKeyFile" }',
+    prints: '{ "rotated": { "signingKeys", "webhookSecrets" }, "alreadyRotated", "developmentKeyFile" }',
     notes: [
       'The new key comes from the environment variable NEW_MASTER_KEY (64 hex characters or base64 of 32 bytes, ' +
         'as MASTER_KEY), never from the command line; the current one is MASTER_KEY, or the development key ' +
@@ -250,7 +251,8 @@ export function parseInvocation(argv: readonly string[]): Invocation {
       continue
     }
     if (token.kind === 'option-terminator') continue
-    const flag = known[token.name]
+    // Own names only: `--constructor` is no flag of any command.
+    const flag = Object.hasOwn(known, token.name) ? known[token.name] : undefined
     if (!flag) throw new UsageError(`unknown flag ${token.rawName} for "${name}"`, name)
     if (flags.has(token.name)) throw new UsageError(`--${token.name} is given twice`, name)
     if (flag.type === 'boolean') {

@@ -1,5 +1,8 @@
 import { describe, expect, test } from 'bun:test'
+import { readFileSync } from 'node:fs'
+import { join } from 'node:path'
 import { parseCommand } from '../../src/operator/commands'
+import { COMMANDS, type CommandName } from '../../src/operator/args'
 import { generateApiKey, generateAppSecret, generateWebhookSecret } from '../../src/lib/crypto'
 
 /** The message parseCommand throws for an argv: what the CLI prints as its one stderr line. */
@@ -30,7 +33,9 @@ describe('operator commands: what an error quotes back', () => {
   ])('%s is named, never shown', (_, argv) => {
     // A bare key starts with a dash one time in 64: read as one-letter flags, with an h among them as help.
     const dashed = `-h${appSecret.slice(2)}`
-    for (const secret of [apiKey, appSecret, webhookSecret, apiKey.slice('svc_live_'.length), dashed]) {
+    // A master key as base64 has + and / in it, which split it into runs too short to look secret.
+    const masterKeys = ['MFfJ/rBjZWAx+cxFkf5+FgXVsJTjrW6MHNUynfeT/8E=', 'a'.repeat(21) + '+/' + 'b'.repeat(20) + '=', 'ab'.repeat(32)]
+    for (const secret of [apiKey, appSecret, webhookSecret, apiKey.slice('svc_live_'.length), dashed, ...masterKeys]) {
       const message = problem(argv(secret))
       expect(message).toContain('a value shaped like a key or secret (not shown)')
       expect(message).not.toContain(secret)
@@ -48,6 +53,12 @@ describe('operator commands: what an error quotes back', () => {
     expect(parseCommand(['apikey', 'revoke', `--key=${apiKey}`])).toEqual({ command: { kind: 'apikey revoke', key: apiKey } })
   })
 
+  test("a flag named like an object's inherited member is as unknown as any other", () => {
+    for (const flag of ['--constructor=oops', '--__proto__=x', '--hasOwnProperty=x', '--toString']) {
+      expect(problem(['account', 'list', '--limit', '1', flag])).toContain(`unknown flag ${flag.split('=')[0]} for "account list"`)
+    }
+  })
+
   test('an ordinary mistake is still quoted back, a UUID-like id too', () => {
     expect(problem(['account', 'list', '--limit', 'ten'])).toContain('got "ten"')
     expect(problem(['frob', 'nicate'])).toContain('unknown command "frob nicate"')
@@ -55,4 +66,15 @@ describe('operator commands: what an error quotes back', () => {
     expect(problem(['app', 'list', '--account', almostUuid])).toContain(`got "${almostUuid}"`)
     expect(problem(['app', 'create', '--account', SOME_UUID, SOME_UUID])).toContain(`unexpected argument "${SOME_UUID}"`)
   })
+})
+
+test("each command's help prints what the README's table says it prints", () => {
+  const readme = readFileSync(join(import.meta.dir, '..', '..', 'README.md'), 'utf8')
+  for (const [name, command] of Object.entries(COMMANDS) as [CommandName, (typeof COMMANDS)[CommandName]][]) {
+    const row = readme.split('\n').find((line) => line.startsWith('| `') && line.includes(`bun run cli ${name}`))
+    expect(row, name).toBeDefined()
+    // The JSON's shape; the help may say more after it.
+    const shape = command.prints.replace(/: [^"}\]]*$/, '')
+    expect(row, name).toEndWith(`| \`${shape}\` |`)
+  }
 })
