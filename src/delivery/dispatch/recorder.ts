@@ -6,6 +6,12 @@ import { deliveryOutcome } from './options'
 
 const FLUSH_DELAY_MS = 100
 const RECORD_BATCH = 1_000
+/**
+ * How long a stopping instance keeps trying to record what it sent: a result not recorded is sent
+ * again once its lease (2 minutes) runs out, so a short database outage at a deploy must not give
+ * them up. Well inside the 30 s a container stop allows.
+ */
+export const STOP_RECORD_WAIT_MS = 15_000
 
 /** One delivery: an outbox event to one webhook. */
 export interface DeliveryKey {
@@ -39,6 +45,8 @@ export class Recorder {
   #flushing: Promise<void> | null = null
   /** Once stopping, results are written at once and a write that keeps failing is given up. */
   #stopping = false
+  /** When stopping() was called: the writes give up STOP_RECORD_WAIT_MS after it. */
+  #stoppedAt = 0
 
   readonly #recorded: (outcomes: Record<string, number>) => void
 
@@ -85,9 +93,10 @@ export class Recorder {
     }
   }
 
-  /** From now on nothing waits: results are written at once, and a failing write is given up. */
+  /** From now on nothing waits: results are written at once, and a write still failing STOP_RECORD_WAIT_MS later is given up. */
   stopping(): void {
     this.#stopping = true
+    this.#stoppedAt = Date.now()
   }
 
   /** Writes every result still waiting, then hands back what was cancelled. After stopping(). */
@@ -127,10 +136,17 @@ export class Recorder {
       } catch (err) {
         failures++
         logEvery('error', 'recording webhook attempts failed', () => errorFields(err))
-        // Unrecorded results are re-sent after the lease: keep trying while running, give up when stopping.
-        if (this.#stopping && failures >= 3) return
+        // Unrecorded results are re-sent after the lease: keep trying while running, and while stopping
+        // as long as a stop may take.
+        const left = this.#stopping ? this.#stoppedAt + STOP_RECORD_WAIT_MS - Date.now() : Number.POSITIVE_INFINITY
+        if (left <= 0) {
+          log.error('stopped without recording webhook deliveries already sent: they are sent again once their lease runs out', {
+            deliveries: batch.length + this.#results.length,
+          })
+          return
+        }
         this.#results.unshift(...batch)
-        await Bun.sleep(Math.min(5_000, 200 * 2 ** failures))
+        await Bun.sleep(Math.min(5_000, 200 * 2 ** failures, left))
       }
     }
   }

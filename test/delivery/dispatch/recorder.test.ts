@@ -104,4 +104,23 @@ describe('recorder', () => {
     const again = (await claimDue(o.db, room(10), 120)).claimed
     expect(again.map((c) => c.eventId)).toEqual([first.eventId])
   })
+
+  test('a stop in a short database outage keeps trying to record what was sent: given up, it would be sent again once its lease ran out', async () => {
+    const { o, ids, first } = await claimedPair()
+    const outageUntil = Date.now() + 3000
+    const flaky = new Proxy(o.db, {
+      get(target, prop, receiver) {
+        if (Date.now() < outageUntil) throw new Error('the database is unreachable')
+        return Reflect.get(target, prop, receiver)
+      },
+    })
+    const recorder = new Recorder(flaky, () => {})
+    recorder.take(first)
+    recorder.record({ ...first, at: new Date(), status: 200 })
+    recorder.stopping()
+    await recorder.drain()
+    const [row] = (await o.deliveriesOf(ids)).filter((r) => r.eventId === first.eventId)
+    expect(row).toMatchObject({ httpStatus: 200 })
+    expect(row?.attemptedAt).not.toBeNull()
+  }, 20_000)
 })
