@@ -44,3 +44,18 @@ test('a job already on its way runs to its end when the queue is cancelled', asy
     await pool.close()
   }
 })
+
+test('a stored URL that the checks of today refuse is not sent to: blocked, whatever the private-target setting', async () => {
+  const seen: string[] = []
+  using plain = Bun.serve({ hostname: '127.0.0.1', port: 0, fetch: (req) => (seen.push(req.url), new Response('ok')) })
+  const pool = new DeliveryPool({ allowPrivate: true, extraCaFile: testCertificate().certFile, size: 1 })
+  try {
+    // Plain http would carry the signed payload in the clear; file:// would answer 200 from a local read.
+    for (const url of [`http://127.0.0.1:${plain.port}/hook`, 'file:///etc/hostname', `https://user:pw@127.0.0.1:${plain.port}/hook`, 'not a url']) {
+      expect(await pool.send(jobTo(url)), url).toEqual({ status: 0, reason: 'blocked' })
+    }
+    expect(seen).toEqual([])
+  } finally {
+    await pool.close()
+  }
+})

@@ -1,5 +1,5 @@
 import type { DeliveryJob, DeliveryResult, WorkerInit } from '../protocol'
-import { pinnedTarget, resolvePublicTarget, TargetError } from '../target'
+import { parseTargetUrl, pinnedTarget, resolvePublicTarget, TargetError } from '../target'
 import { LowPriority } from './priority'
 
 interface Queued {
@@ -79,7 +79,9 @@ export class Deliveries {
     // One budget for the address check and the request together: the spec's 10 seconds per delivery.
     const signal = AbortSignal.timeout(settings.timeoutMs)
     try {
-      let url = new URL(job.url)
+      // Checked again here: a URL stored before the checks of today (plain http, say) would carry a
+      // signed payload in the clear, and with private targets allowed, file:// "delivered" a local read.
+      let url = parseTargetUrl(job.url)
       let headers = job.headers
       const tls: { ca?: string[]; serverName?: string } = settings.ca ? { ca: settings.ca } : {}
       if (!settings.allowPrivate) {
