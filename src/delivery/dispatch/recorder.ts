@@ -11,7 +11,7 @@ const RECORD_BATCH = 1_000
  * again once its lease (2 minutes) runs out, so a short database outage at a deploy must not give
  * them up. Well inside the 30 s a container stop allows.
  */
-export const STOP_RECORD_WAIT_MS = 15_000
+const STOP_RECORD_WAIT_MS = 15_000
 
 /** One delivery: an outbox event to one webhook. */
 export interface DeliveryKey {

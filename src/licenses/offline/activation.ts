@@ -17,7 +17,7 @@ export async function answerActivationRequest(
   appId: string,
   body: ActivationRequestBody,
 ): Promise<OfflineFile> {
-  // The app's id as stored: a path may spell it in upper case, the request carries the stored spelling.
+  // app.id is the id as stored (lower case); the path and the request may spell it in upper case.
   const app = await requireOwnedApp(ctx, accountId, appId)
   const options = typeof body === 'string' ? { request: body } : body
   const request = parseActivationRequest(options.request, app.id)
