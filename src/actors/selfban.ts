@@ -2,6 +2,7 @@ import { and, eq } from 'drizzle-orm'
 import type { Tx } from '../db/client'
 import { licenses } from '../db/schema'
 import { recordEvents } from '../delivery/outbox'
+import { PublicError } from '../lib/errors'
 import { appendEntry } from './list-append'
 
 /** What a selfban asks for: the caller has already applied the mode's defaults. */
@@ -11,6 +12,12 @@ export interface SelfbanWish {
   blacklistIp: boolean
   hwid: string
   ip: string
+  /**
+   * Post-session: the session is the device's only while `hwid` holds a seat of the license. Released or
+   * reset, the seat may be another device's by now, and the old session (valid until it expires) must
+   * not revoke that device's license.
+   */
+  sessionHwid: boolean
 }
 
 /** What it changed: a part already in place (revoked license, listed entry) reports false. */
@@ -36,6 +43,16 @@ export async function applySelfban(
   const done = { revokeLicense: false, blacklistHwid: false, blacklistIp: false }
   if (want.blacklistHwid) done.blacklistHwid = await appendEntry(tx, appId, 'hwidBlacklist', want.hwid)
   if (want.blacklistIp) done.blacklistIp = await appendEntry(tx, appId, 'ipBlacklist', want.ip)
+  if (want.sessionHwid) {
+    // After the lists (the app's row): the lock order of an offline mint. Checked under the license's
+    // lock, so a release committing on another instance meanwhile is seen; refused, nothing is changed.
+    const [seat] = await tx
+      .select({ hwids: licenses.hwids, unlimited: licenses.unlimitedHwidSlots })
+      .from(licenses)
+      .where(and(eq(licenses.key, licenseKey), eq(licenses.appId, appId)))
+      .for('update')
+    if (!seat || (!seat.unlimited && !seat.hwids.includes(want.hwid))) throw new PublicError('session_expired')
+  }
   if (want.revokeLicense) {
     const rows = await tx
       .update(licenses)

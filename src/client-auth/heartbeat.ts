@@ -3,7 +3,7 @@ import { countResult } from '../lib/metrics'
 import { keys } from '../store/store'
 import { authorize } from './authorize'
 import type { HeartbeatInput, SignedReply } from './model'
-import { canonicalAppId, ceiling, fail, HEARTBEATS_PER_CREDIT, licenseState, listsAllow, type Outcome, perIpBucket, SANDBOX } from './policy'
+import { canonicalAppId, ceiling, fail, HEARTBEATS_PER_CREDIT, holdsSeat, licenseState, listsAllow, type Outcome, perIpBucket, SANDBOX } from './policy'
 
 /** POST /auth/heartbeat: re-checks the license on every call, so revocations reach clients at once. */
 export const heartbeat = (ctx: Context, input: HeartbeatInput, ip: string, requestId: string): Promise<SignedReply> =>
@@ -23,7 +23,7 @@ async function renewSession(ctx: Context, input: HeartbeatInput, ip: string, req
       const state = licenseState(license, app, nowMs)
       if (state) outcome = fail(state)
       // A reset HWID ends the session: the client logs in again, which binds it afresh.
-      else if (!license!.unlimitedHwidSlots && !license!.hwids.includes(input.hwid)) outcome = fail('session_expired')
+      else if (!holdsSeat(license!, input.hwid)) outcome = fail('session_expired')
       else outcome = { ok: true, bind: false }
     }
     const ipBucket = app?.sandbox ? perIpBucket(shard, 'h:ip', app.id, ip, SANDBOX.heartbeatIp) : null

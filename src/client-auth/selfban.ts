@@ -4,7 +4,7 @@ import { countResult } from '../lib/metrics'
 import { keys } from '../store/store'
 import { authorize } from './authorize'
 import type { SelfbanInput, SelfbanReply } from './model'
-import { bucket, canonicalAppId, ceiling, fail, NONCE_TTL_SECONDS, type Outcome, perIpBucket, SANDBOX, secretMatches } from './policy'
+import { bucket, canonicalAppId, ceiling, fail, holdsSeat, NONCE_TTL_SECONDS, type Outcome, perIpBucket, SANDBOX, secretMatches } from './policy'
 
 /**
  * POST /auth/selfban. Pre-session (appSecret + licenseKey + nonce) never revokes; post-session (a
@@ -30,6 +30,8 @@ async function reportTampering(ctx: Context, input: SelfbanInput, ip: string, re
     else if (app.disabled) outcome = fail('app_disabled')
     else if (!post && revoke) outcome = fail('revoke_requires_session')
     else if (!license || license.appId !== app.id) outcome = fail('invalid_key')
+    // As on heartbeat: a released or reset seat ended the session (the actor checks again, under the license's lock).
+    else if (post && !holdsSeat(license, input.hwid)) outcome = fail('session_expired')
     else outcome = { ok: true, bind: false }
     const sandbox = app?.sandbox ?? false
     const perIp = sandbox ? SANDBOX.selfbanIp : ctx.config.selfbanLimitPerIp
@@ -57,6 +59,7 @@ async function reportTampering(ctx: Context, input: SelfbanInput, ip: string, re
       blacklistIp: input.blacklistIp ?? true,
       hwid: input.hwid,
       ip,
+      sessionHwid: post,
     }),
   }
 }

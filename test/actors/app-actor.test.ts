@@ -94,7 +94,7 @@ test('selfban revokes and lists in one go, and drops what it changed', async () 
   const licenseKey = await insertLicense(t.ctx, s.appId)
   await t.ctx.actors.ensureApp(s.appId)
   await t.ctx.actors.ensureLicense(s.appId, licenseKey)
-  const want = { revokeLicense: true, blacklistHwid: true, blacklistIp: true, hwid: hwid(), ip: '198.51.100.4' }
+  const want = { revokeLicense: true, blacklistHwid: true, blacklistIp: true, hwid: hwid(), ip: '198.51.100.4', sessionHwid: false }
   expect(await t.ctx.actors.selfban(s.appId, licenseKey, want)).toEqual({
     revokeLicense: true,
     blacklistHwid: true,
@@ -115,13 +115,27 @@ test('selfban revokes and lists in one go, and drops what it changed', async () 
   })
 })
 
+test("a session's selfban whose HWID no longer holds a seat (released on another instance meanwhile) changes nothing", async () => {
+  const s = await t.seed()
+  const licenseKey = await insertLicense(t.ctx, s.appId, { hwids: ['someone-else'] })
+  const want = { revokeLicense: true, blacklistHwid: true, blacklistIp: true, hwid: hwid(), ip: '198.51.100.6', sessionHwid: true }
+  await expect(t.ctx.actors.selfban(s.appId, licenseKey, want)).rejects.toThrow('session_expired')
+  const [app] = await t.ctx.database.db.select().from(apps).where(eq(apps.id, s.appId))
+  expect(app?.hwidBlacklist).toEqual([])
+  expect(app?.ipBlacklist).toEqual([])
+  const [row] = await t.ctx.database.db.select().from(licenses).where(eq(licenses.key, licenseKey))
+  expect(row?.status).toBe('active')
+})
+
 // Another process's offline mint of the same license, in the mint's lock order (the app row FOR SHARE,
 // then the license FOR UPDATE), held open around this process's selfban: PostgreSQL can only order
 // the two if both take the rows in that order, else it aborts one of them as a deadlock.
 test.skipIf(MODE !== 'postgres')('a selfban and another process\'s offline mint of one license queue, never deadlock', async () => {
   const s = await t.seed()
-  const licenseKey = await insertLicense(t.ctx, s.appId)
-  const want = { revokeLicense: true, blacklistHwid: true, blacklistIp: true, hwid: hwid(), ip: '198.51.100.5' }
+  const h = hwid()
+  const licenseKey = await insertLicense(t.ctx, s.appId, { hwids: [h] })
+  // A session's: the seat check locks the license too.
+  const want = { revokeLicense: true, blacklistHwid: true, blacklistIp: true, hwid: h, ip: '198.51.100.5', sessionHwid: true }
   const minting = postgres(TEST_DATABASE_URL!, { max: 1, onnotice: () => {} })
   try {
     let selfban!: Promise<unknown>

@@ -149,6 +149,28 @@ describe('POST /auth/heartbeat and /auth/selfban', async () => {
     expect(bad.body.error).toBe('session_expired')
   })
 
+  test("a session whose seat was released or reset can no longer selfban: the seat may be another device's by now", async () => {
+    for (const freeSeat of [
+      (key: string, h: string) => t.req('DELETE', `/v1/licenses/${key}/hwids/${h}`, { apiKey: s.apiKey }),
+      (key: string) => t.req('PUT', `/v1/licenses/${key}`, { apiKey: s.apiKey, body: { action: 'reset-hwid' } }),
+    ]) {
+      const old = await login({ maxHwidSlots: 1 })
+      expect((await freeSeat(old.licenseKey, old.hwid)).status).toBe(200)
+      // Another device takes the seat.
+      const taken = await t.req('POST', '/auth/validate', {
+        body: { appId: s.appId, appSecret: s.appSecret, licenseKey: old.licenseKey, hwid: hwid(), nonce: nonce() },
+      })
+      expect(taken.status, JSON.stringify(taken.body)).toBe(200)
+      const [before] = await t.ctx.database.db.select({ hwidBlacklist: apps.hwidBlacklist }).from(apps).where(eq(apps.id, s.appId))
+      const res = await t.req('POST', '/auth/selfban', { body: { appId: s.appId, sessionToken: old.token, hwid: old.hwid } })
+      expect(res.body).toEqual({ status: 'failed', error: 'session_expired' })
+      const [row] = await t.ctx.database.db.select({ status: licenses.status }).from(licenses).where(eq(licenses.key, old.licenseKey))
+      expect(row?.status).toBe('active')
+      const [after] = await t.ctx.database.db.select({ hwidBlacklist: apps.hwidBlacklist }).from(apps).where(eq(apps.id, s.appId))
+      expect(after?.hwidBlacklist).toEqual(before?.hwidBlacklist ?? [])
+    }
+  })
+
   test('selfban on the sandbox app succeeds and changes nothing', async () => {
     const sandbox = await t.seed({ sandbox: true })
     const licenseKey = await insertLicense(t.ctx, sandbox.appId)
