@@ -36,6 +36,13 @@ export interface CachedLicense {
   variables: VariableMap
 }
 
+/**
+ * Whether `hwid` holds a seat of the license (or needs none): a session's device stops being the
+ * license's when its seat is released or reset, and its session ends there (heartbeat, selfban).
+ */
+export const holdsSeat = (license: Pick<CachedLicense, 'unlimitedHwidSlots' | 'hwids'>, hwid: string) =>
+  license.unlimitedHwidSlots || license.hwids.includes(hwid)
+
 /** The shared store could not be reached; callers decide between failing closed and failing open. */
 export class StoreUnavailable extends Error {
   constructor(override readonly cause: unknown) {

@@ -4,6 +4,7 @@ import { licenses } from '../db/schema'
 import { recordEvents } from '../delivery/outbox'
 import { PublicError } from '../lib/errors'
 import { appendEntry } from './list-append'
+import { holdsSeat } from './load'
 
 /** What a selfban asks for: the caller has already applied the mode's defaults. */
 export interface SelfbanWish {
@@ -47,11 +48,11 @@ export async function applySelfban(
     // After the lists (the app's row): the lock order of an offline mint. Checked under the license's
     // lock, so a release committing on another instance meanwhile is seen; refused, nothing is changed.
     const [seat] = await tx
-      .select({ hwids: licenses.hwids, unlimited: licenses.unlimitedHwidSlots })
+      .select({ hwids: licenses.hwids, unlimitedHwidSlots: licenses.unlimitedHwidSlots })
       .from(licenses)
       .where(and(eq(licenses.key, licenseKey), eq(licenses.appId, appId)))
       .for('update')
-    if (!seat || (!seat.unlimited && !seat.hwids.includes(want.hwid))) throw new PublicError('session_expired')
+    if (!seat || !holdsSeat(seat, want.hwid)) throw new PublicError('session_expired')
   }
   if (want.revokeLicense) {
     const rows = await tx

@@ -1,9 +1,10 @@
+import { holdsSeat } from '../actors/load'
 import type { Context } from '../context'
 import { countResult } from '../lib/metrics'
 import { keys } from '../store/store'
 import { authorize } from './authorize'
 import type { HeartbeatInput, SignedReply } from './model'
-import { canonicalAppId, ceiling, fail, HEARTBEATS_PER_CREDIT, holdsSeat, licenseState, listsAllow, type Outcome, perIpBucket, SANDBOX } from './policy'
+import { canonicalAppId, ceiling, fail, HEARTBEATS_PER_CREDIT, licenseState, listsAllow, type Outcome, perIpBucket, SANDBOX } from './policy'
 
 /** POST /auth/heartbeat: re-checks the license on every call, so revocations reach clients at once. */
 export const heartbeat = (ctx: Context, input: HeartbeatInput, ip: string, requestId: string): Promise<SignedReply> =>

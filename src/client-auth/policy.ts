@@ -41,12 +41,6 @@ export function listsAllow(app: CachedApp, ip: string, hwid: string): boolean {
   return hwidListsAllow(app.hwidBlacklist, app.hwidWhitelist, hwid)
 }
 
-/**
- * Whether `hwid` holds a seat of the license (or needs none): a session's device stops being the
- * license's when its seat is released or reset, and its session ends there (heartbeat, selfban).
- */
-export const holdsSeat = (license: CachedLicense, hwid: string) => license.unlimitedHwidSlots || license.hwids.includes(hwid)
-
 export function licenseState(license: CachedLicense | null, app: CachedApp, nowMs: number): PublicErrorCode | null {
   if (!license || license.appId !== app.id) return 'invalid_key'
   if (license.status === 'revoked') return 'revoked'

@@ -1,10 +1,11 @@
+import { holdsSeat } from '../actors/load'
 import type { Context } from '../context'
 import { PublicError } from '../lib/errors'
 import { countResult } from '../lib/metrics'
 import { keys } from '../store/store'
 import { authorize } from './authorize'
 import type { SelfbanInput, SelfbanReply } from './model'
-import { bucket, canonicalAppId, ceiling, fail, holdsSeat, NONCE_TTL_SECONDS, type Outcome, perIpBucket, SANDBOX, secretMatches } from './policy'
+import { bucket, canonicalAppId, ceiling, fail, NONCE_TTL_SECONDS, type Outcome, perIpBucket, SANDBOX, secretMatches } from './policy'
 
 /**
  * POST /auth/selfban. Pre-session (appSecret + licenseKey + nonce) never revokes; post-session (a
