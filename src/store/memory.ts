@@ -194,9 +194,10 @@ export class MemoryStore implements Store {
 
   async loadBalance(accountId: string, seen: CreditState, reconciled: number, flushCommitted: boolean, reconciledSeq = 0): Promise<'ok' | 'stale'> {
     if (this.#num(keys.accountEpoch(ONE_SHARD, accountId)) !== seen.epoch) return 'stale'
-    if (this.#num(keys.creditSeq(ONE_SHARD, accountId)) !== seen.seq) return 'stale'
+    const seq = this.#num(keys.creditSeq(ONE_SHARD, accountId))
+    if (seq !== seen.seq) return 'stale'
     if (this.get(keys.balance(ONE_SHARD, accountId)) !== undefined) return 'ok'
-    if (this.#num(keys.creditSeq(ONE_SHARD, accountId)) < reconciledSeq) {
+    if (seq < reconciledSeq) {
       this.#dropCredits(accountId, reconciledSeq)
       this.set(keys.balance(ONE_SHARD, accountId), Math.max(0, reconciled))
       return 'ok'
