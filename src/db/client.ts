@@ -3,7 +3,9 @@ import { join } from 'node:path'
 import { sql } from 'drizzle-orm'
 import type { PgDatabase, PgQueryResultHKT, PgTransaction } from 'drizzle-orm/pg-core'
 import type { ExtractTablesWithRelations } from 'drizzle-orm'
+import type postgres from 'postgres'
 import * as schema from './schema'
+import { STALL_SECONDS, backendCheck } from './stall-check'
 
 export type Schema = typeof schema
 /** Either driver's database: postgres.js against a server, or embedded PGlite. */
@@ -30,6 +32,8 @@ export interface OpenDbOptions {
   dataDir: string | null
   /** Connections of the request pool (postgres://… only); REQUEST_POOL_SIZE unless given. */
   poolSize?: number
+  /** Seconds a query goes unanswered before its connection is checked on; STALL_SECONDS unless given. */
+  stallSeconds?: number
 }
 
 /** The request pool of a server: shared out among its processes, so the server holds about as many. */
@@ -48,6 +52,9 @@ export const poolSizePerProcess = (serverProcesses: number) =>
 /** The application_name of the connections that serve requests or deliveries. */
 export const SERVER_CONNECTION_NAME = 'license-service'
 
+/** What a backend idle in a transaction is given before PostgreSQL ends it (idle_in_transaction_session_timeout). */
+export const IDLE_IN_TRANSACTION_MS = 60_000
+
 /** Session lock a starting process holds while it migrates; held by whatever must not overlap a start. */
 export const MIGRATION_LOCK = 7428531
 
@@ -57,13 +64,28 @@ export const MIGRATION_LOCK = 7428531
  * that long before its connection even tries (the per-app mailbox, the webhook dispatcher behind it
  * stall). A refused connect is cheap, so retry within a second at most.
  */
-export const POOL_OPTIONS = {
+const CONNECTION_OPTIONS = {
   onnotice: () => {},
-  // How `master-key rotate` sees, in pg_stat_activity, a server still connected that holds the old key.
-  connection: { application_name: SERVER_CONNECTION_NAME },
+  connection: {
+    // How `master-key rotate` sees, in pg_stat_activity, a server still connected that holds the old key.
+    application_name: SERVER_CONNECTION_NAME,
+    // A server that vanished inside a transaction (a machine lost, a network cut) leaves its backend
+    // holding the transaction's locks, and every other instance's request for those rows waiting,
+    // until PostgreSQL's keepalive gives up on it (two hours). No transaction of the service idles
+    // for more than the store's deadline between statements.
+    idle_in_transaction_session_timeout: IDLE_IN_TRANSACTION_MS,
+  },
   backoff: (retries: number) => Math.min(0.05 * 2 ** retries, 1),
   // A connect that gets no answer (a server going down or coming up) otherwise holds its query 30 s.
   connect_timeout: 5,
+} satisfies postgres.Options<{}>
+
+/**
+ * The settings of a pool of `url`: those above, and the check on a connection whose query goes
+ * unanswered for `stallSeconds` (stall-check.ts).
+ */
+export function poolOptions(connect: typeof postgres, url: string, stallSeconds = STALL_SECONDS): postgres.Options<{}> {
+  return { ...CONNECTION_OPTIONS, stall_timeout: stallSeconds, stall_check: backendCheck(connect, url, CONNECTION_OPTIONS) }
 }
 
 /** Where the embedded database keeps its files in DATA_DIR. */
@@ -75,7 +97,10 @@ export async function openDb(options: OpenDbOptions): Promise<Database> {
     const { default: postgres } = await import('postgres')
     const { drizzle } = await import('drizzle-orm/postgres-js')
     const { migrate } = await import('drizzle-orm/postgres-js/migrator')
-    const client = postgres(options.databaseUrl, { ...POOL_OPTIONS, max: options.poolSize ?? REQUEST_POOL_SIZE })
+    const client = postgres(options.databaseUrl, {
+      ...poolOptions(postgres, options.databaseUrl, options.stallSeconds),
+      max: options.poolSize ?? REQUEST_POOL_SIZE,
+    })
     const db = drizzle({ client, schema })
     // Two processes starting at once must not both run a migration: a session lock on one connection.
     const lockConn = postgres(options.databaseUrl, { max: 1, onnotice: () => {} })

@@ -25,7 +25,15 @@ export class TamperingProxy {
    */
   loseReplyTo: ((data: Buffer) => boolean) | null = null
   /** While holdWrites is in effect, the writes not yet sent on to the server, in order. */
-  #held: (() => void)[] | null = null
+  #held: (() => void)[] = []
+  /** The client connections whose writes are held; while #holdingNew, each new one joins them. */
+  readonly #heldClients = new Set<Socket>()
+  /** Held client connections the server's side cannot reach either: its replies and its close are dropped. */
+  readonly #forgotten = new Set<Socket>()
+  /** The server's side of forgotten connections their client closed: it learns of it on release. */
+  readonly #orphaned = new Set<Socket>()
+  #holdingNew = false
+  readonly #clients = new Set<Socket>()
   readonly #server: Server
   readonly #sockets = new Set<Socket>()
 
@@ -43,18 +51,26 @@ export class TamperingProxy {
       }
       const upstream = connect(upstreamPort, '127.0.0.1')
       this.#keep(upstream)
-      client.on('close', () => upstream.destroy())
-      upstream.on('close', () => client.destroy())
+      this.#clients.add(client)
+      if (this.#holdingNew) this.#heldClients.add(client)
+      client.on('close', () => {
+        this.#clients.delete(client)
+        this.#heldClients.delete(client)
+        if (this.#forgotten.delete(client)) this.#orphaned.add(upstream)
+        else upstream.destroy()
+      })
+      upstream.on('close', () => this.#forgotten.has(client) || client.destroy())
       let cutOnReply = false
       client.on('data', (data: Buffer) => {
         if (this.loseReplyTo?.(data)) {
           this.loseReplyTo = null
           cutOnReply = true
         }
-        if (this.#held) this.#held.push(() => upstream.write(data))
+        if (this.#heldClients.has(client)) this.#held.push(() => upstream.write(data))
         else upstream.write(data)
       })
       upstream.on('data', (data) => {
+        if (this.#forgotten.has(client)) return
         if (cutOnReply) {
           client.destroy()
           upstream.destroy()
@@ -103,14 +119,26 @@ export class TamperingProxy {
   }
 
   /**
-   * Holds every connection's writes back from the server, as a server that stopped reading would (the
-   * connections stay open), until the function returned is called: it sends them on, in order.
+   * Holds connections' writes back from the server, as a server that stopped reading would (the
+   * connections stay open), until the function returned is called: it sends them on, in order. Of
+   * `all` connections, or only of those `open` now, as a network path that forgot them would (a NAT,
+   * a load balancer): nothing reaches either side then, not even a close, while new connections
+   * reach the server.
    */
-  holdWrites(): () => void {
-    this.#held = []
+  holdWrites(of: 'all' | 'open' = 'all'): () => void {
+    for (const client of this.#clients) {
+      this.#heldClients.add(client)
+      if (of === 'open') this.#forgotten.add(client)
+    }
+    this.#holdingNew = of === 'all'
     return () => {
-      const held = this.#held ?? []
-      this.#held = null
+      const held = this.#held
+      this.#held = []
+      this.#heldClients.clear()
+      this.#forgotten.clear()
+      for (const upstream of this.#orphaned) upstream.destroy()
+      this.#orphaned.clear()
+      this.#holdingNew = false
       for (const send of held) send()
     }
   }

@@ -1,4 +1,4 @@
-import { type Db, POOL_OPTIONS } from '../../db/client'
+import { type Db, poolOptions } from '../../db/client'
 import { errorFields, log, setLogLevel } from '../../lib/log'
 import type { RunningDispatcher } from '../dispatch/options'
 import type { DispatchStart, SecretReply, SecretRequest, WorkerEvent } from '../protocol'
@@ -65,7 +65,7 @@ export class Dispatching {
     const { drizzle } = await import('drizzle-orm/postgres-js')
     const { WebhookDispatcher } = await import('../dispatch/webhook-dispatcher')
     // Claims, records and the poll's fan-out run one at a time; two connections let a purge overlap.
-    const client = postgres(msg.databaseUrl, { ...POOL_OPTIONS, max: 2 })
+    const client = postgres(msg.databaseUrl, { ...poolOptions(postgres, msg.databaseUrl), max: 2 })
     const deliveries = this.#deliveries
     const running = new WebhookDispatcher(
       {

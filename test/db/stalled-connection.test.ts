@@ -1,0 +1,104 @@
+/**
+ * A PostgreSQL connection whose packets are dropped without a reset (a black-holed network, a NAT or
+ * load balancer that forgot the flow) used to hold its query, and whatever waited on it (a request, an
+ * app's mailbox, the webhook dispatcher and its stop), until the kernel gave up on the socket: about
+ * 15 minutes, as postgres.js has no timeout of its own. Its backend, idle inside the transaction,
+ * kept that transaction's locks for as long, and every other instance's request for those rows waited
+ * behind them. Now a query unanswered for the stall time is checked on from a connection of its own:
+ * a backend running no statement is ended and the connection fails its queries; one running a long
+ * statement is left alone.
+ */
+import { afterAll, describe, expect, test } from 'bun:test'
+import { sql } from 'drizzle-orm'
+import postgres from 'postgres'
+import { openDb } from '../../src/db/client'
+import { errorCode } from '../../src/db/errors'
+import { MODE, TEST_DATABASE_URL } from '../support/helpers'
+import { until } from '../support/servers'
+import { TamperingProxy } from '../support/tampering-proxy'
+
+const STALL_SECONDS = 1
+// The advisory lock the stalled transaction holds, which another connection then waits for.
+const LOCK = 7_771_001
+
+if (MODE === 'postgres') {
+  describe('A PostgreSQL connection that goes unanswered', async () => {
+    const target = new URL(TEST_DATABASE_URL!)
+    const proxy = new TamperingProxy(Number(target.port || 5432))
+    const url = new URL(target)
+    url.port = String(await proxy.listen())
+    // One connection, so every query meets the one that is black-holed.
+    const database = await openDb({ databaseUrl: url.toString(), dataDir: null, poolSize: 1, stallSeconds: STALL_SECONDS })
+    const direct = postgres(TEST_DATABASE_URL!, { max: 1, onnotice: () => {} })
+    afterAll(async () => {
+      await database.close()
+      await direct.end({ timeout: 1 })
+      proxy.close()
+    })
+
+    const failure = (work: Promise<unknown>) => work.then(() => null, (err: unknown) => err)
+    const serves = async () => expect((await database.db.execute(sql`SELECT 1 AS one`))[0]).toEqual({ one: 1 })
+    // After an outage the pool's first connect may still be on its way out (its connect timeout).
+    const servesAgain = async () => {
+      const answered = await until(() => failure(database.db.execute(sql`SELECT 1`)), (err) => err === null, 10_000)
+      expect(answered).toBeNull()
+    }
+
+    test('a transaction whose connection is black-holed fails within seconds, and its backend lets go of its locks', async () => {
+      let pid = 0
+      let startedAt = 0
+      let stalled: unknown = null
+      const transaction = failure(
+        database.db.transaction(async (tx) => {
+          const [row] = await tx.execute<{ pid: number }>(sql`SELECT pg_backend_pid() AS pid, pg_advisory_xact_lock(${LOCK})`)
+          pid = row!.pid
+          proxy.holdWrites('open')
+          startedAt = Date.now()
+          stalled = await failure(tx.execute(sql`SELECT 1`))
+          throw stalled
+        }),
+      )
+      // The transaction itself fails with its ROLLBACK's error: the connection is gone by then.
+      expect(await transaction).not.toBeNull()
+      expect(errorCode(stalled)).toBe('CONNECTION_STALLED')
+      // The stall time and one check, up to twice the stall time with the watch's granularity.
+      expect(Date.now() - startedAt).toBeLessThan(STALL_SECONDS * 2_000 + 2_000)
+      // The backend was ended: another connection gets the lock at once, not in two hours.
+      const backends = async () => (await direct`SELECT count(*)::int AS n FROM pg_stat_activity WHERE pid = ${pid}`)[0]!.n
+      expect(await until(backends, (n) => n === 0, 5_000)).toBe(0)
+      const [taken] = await direct`SELECT pg_try_advisory_lock(${LOCK}) AS taken`
+      expect(taken!.taken).toBe(true)
+      await direct`SELECT pg_advisory_unlock(${LOCK})`
+      // The pool opens a new connection, which the network still carries.
+      await serves()
+    })
+
+    test('with the server unreachable, the query fails once the check goes unanswered, and the pool serves again after', async () => {
+      await serves()
+      const release = proxy.holdWrites('all')
+      const started = Date.now()
+      try {
+        expect(errorCode(await failure(database.db.execute(sql`SELECT 1`)))).toBe('CONNECTION_STALLED')
+        // The stall time, up to twice it, then the check's 5 s.
+        expect(Date.now() - started).toBeLessThan(STALL_SECONDS * 2_000 + 7_000)
+      } finally {
+        release()
+      }
+      await servesAgain()
+    }, 30_000)
+
+    test('a statement that runs past the stall time, or waits for a lock that long, is left to finish', async () => {
+      expect((await database.db.execute<{ slept: string }>(sql`SELECT pg_sleep(${STALL_SECONDS * 2.5})::text AS slept`))[0]).toEqual({ slept: '' })
+      await direct`SELECT pg_advisory_lock(${LOCK})`
+      const waiting = database.db.execute(sql`SELECT pg_advisory_xact_lock(${LOCK})`)
+      await Bun.sleep(STALL_SECONDS * 2_500)
+      await direct`SELECT pg_advisory_unlock(${LOCK})`
+      expect((await waiting).length).toBe(1)
+    })
+
+    test('a backend left idle inside a transaction is ended by PostgreSQL after a minute', async () => {
+      // The case no check of this process can reach: the process's machine is gone with its locks.
+      expect((await database.db.execute(sql`SHOW idle_in_transaction_session_timeout`))[0]).toEqual({ idle_in_transaction_session_timeout: '1min' })
+    })
+  })
+}
