@@ -7,7 +7,7 @@ import { errorFields, log } from '../lib/log'
 import type { DispatcherOptions, RunningDispatcher } from './dispatch/options'
 import type { EventBus } from './outbox'
 import {
-  CANCEL_QUEUED,
+  type CancelQueued,
   type DeliveryJob,
   type DeliveryResult,
   type DispatchStart,
@@ -153,20 +153,24 @@ export class DeliveryPool {
   }
 
   /**
-   * Answers every job still waiting in a worker's queue (never sent) with reason 'cancelled'; requests
-   * already open run to their end. For shutdown: the caller can hand those back instead of losing them.
+   * Answers the jobs still waiting in a worker's queue (never sent) with reason 'cancelled'; requests
+   * already open run to their end. Every job at shutdown, so that the caller can hand them back
+   * instead of losing them; or those of `webhookIds` (their webhooks changed since the claim).
    */
-  cancelQueued(): void {
+  cancelQueued(webhookIds: ReadonlySet<string> | null = null): void {
+    const cancel: CancelQueued = { type: 'cancel', webhookIds: webhookIds && [...webhookIds] }
     for (const slot of this.#slots) {
       if (!slot) continue
-      // Jobs of this turn not posted yet are cancelled here (their batch leaves them out); those
-      // already posted, by the worker.
-      for (const [id, resolve] of slot.pending) {
-        if (id <= slot.posted) continue
-        slot.pending.delete(id)
-        resolve({ status: 0, reason: 'cancelled' })
+      // At shutdown, jobs of this turn not posted yet are cancelled here (their batch leaves them
+      // out); those already posted, by the worker. A webhook's jobs of this turn were claimed just now.
+      if (!webhookIds) {
+        for (const [id, resolve] of slot.pending) {
+          if (id <= slot.posted) continue
+          slot.pending.delete(id)
+          resolve({ status: 0, reason: 'cancelled' })
+        }
       }
-      slot.worker.postMessage(CANCEL_QUEUED)
+      slot.worker.postMessage(cancel)
     }
   }
 

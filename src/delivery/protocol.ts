@@ -19,6 +19,8 @@ export interface DeliveryJob {
   url: string
   headers: Record<string, string>
   body: string
+  /** The webhook a delivery of the outbox goes to, by which its job can be cancelled while queued. */
+  webhookId?: string
 }
 
 export interface WorkerSend extends DeliveryJob {
@@ -33,8 +35,14 @@ export interface WorkerSend extends DeliveryJob {
  */
 export type FailureReason = 'timeout' | 'connection' | 'blocked' | 'worker' | 'cancelled'
 
-/** Sent to a worker at shutdown: answer every job still queued (never sent) with reason 'cancelled'. */
-export const CANCEL_QUEUED = 'cancel-queued'
+/**
+ * Sent to a worker: answer the jobs still queued (never sent) with reason 'cancelled': every one at
+ * shutdown (null), or those of webhooks changed since their deliveries were claimed.
+ */
+export interface CancelQueued {
+  type: 'cancel'
+  webhookIds: string[] | null
+}
 
 /** Sent to the worker running the dispatcher after a commit wrote events: look for work now. */
 export const KICK = 'kick'

@@ -13,6 +13,7 @@ import { sql } from 'drizzle-orm'
 import postgres from 'postgres'
 import { openDb } from '../../src/db/client'
 import { errorCode } from '../../src/db/errors'
+import { rowsOf } from '../../src/delivery/prepared'
 import { MODE, TEST_DATABASE_URL } from '../support/helpers'
 import { until } from '../support/servers'
 import { TamperingProxy } from '../support/tampering-proxy'
@@ -37,7 +38,7 @@ if (MODE === 'postgres') {
     })
 
     const failure = (work: Promise<unknown>) => work.then(() => null, (err: unknown) => err)
-    const serves = async () => expect((await database.db.execute(sql`SELECT 1 AS one`))[0]).toEqual({ one: 1 })
+    const serves = async () => expect(rowsOf(await database.db.execute(sql`SELECT 1 AS one`))[0]).toEqual({ one: 1 })
     // After an outage the pool's first connect may still be on its way out (its connect timeout).
     const servesAgain = async () => {
       const answered = await until(() => failure(database.db.execute(sql`SELECT 1`)), (err) => err === null, 10_000)
@@ -50,8 +51,8 @@ if (MODE === 'postgres') {
       let stalled: unknown = null
       const transaction = failure(
         database.db.transaction(async (tx) => {
-          const [row] = await tx.execute<{ pid: number }>(sql`SELECT pg_backend_pid() AS pid, pg_advisory_xact_lock(${LOCK})`)
-          pid = row!.pid
+          const [row] = rowsOf(await tx.execute(sql`SELECT pg_backend_pid() AS pid, pg_advisory_xact_lock(${LOCK})`))
+          pid = Number(row!.pid)
           proxy.holdWrites('open')
           startedAt = Date.now()
           stalled = await failure(tx.execute(sql`SELECT 1`))
@@ -88,17 +89,17 @@ if (MODE === 'postgres') {
     }, 30_000)
 
     test('a statement that runs past the stall time, or waits for a lock that long, is left to finish', async () => {
-      expect((await database.db.execute<{ slept: string }>(sql`SELECT pg_sleep(${STALL_SECONDS * 2.5})::text AS slept`))[0]).toEqual({ slept: '' })
+      expect(rowsOf(await database.db.execute(sql`SELECT pg_sleep(${STALL_SECONDS * 2.5})::text AS slept`))[0]).toEqual({ slept: '' })
       await direct`SELECT pg_advisory_lock(${LOCK})`
       const waiting = database.db.execute(sql`SELECT pg_advisory_xact_lock(${LOCK})`)
       await Bun.sleep(STALL_SECONDS * 2_500)
       await direct`SELECT pg_advisory_unlock(${LOCK})`
-      expect((await waiting).length).toBe(1)
+      expect(rowsOf(await waiting)).toHaveLength(1)
     })
 
     test('a backend left idle inside a transaction is ended by PostgreSQL after a minute', async () => {
       // The case no check of this process can reach: the process's machine is gone with its locks.
-      expect((await database.db.execute(sql`SHOW idle_in_transaction_session_timeout`))[0]).toEqual({ idle_in_transaction_session_timeout: '1min' })
+      expect(rowsOf(await database.db.execute(sql`SHOW idle_in_transaction_session_timeout`))[0]).toEqual({ idle_in_transaction_session_timeout: '1min' })
     })
   })
 }

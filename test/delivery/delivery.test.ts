@@ -199,6 +199,43 @@ describe('webhook delivery', () => {
     await t.ctx.webhookPool.close()
   })
 
+  test('deliveries queued behind a hanging host go where their webhook now points, or nowhere once it is disabled or deleted', async () => {
+    const t = await appWithReceiverCa()
+    const s = await t.seed()
+    await using hanging = startReceiver(() => 'hang')
+    await using rx = startReceiver()
+    const moved = await addHook(t, s, hanging.url('/moved'), ['license.created'])
+    const disabled = await addHook(t, s, hanging.url('/disabled'), ['license.created'])
+    const deleted = await addHook(t, s, hanging.url('/deleted'), ['license.created'])
+    // One request at a time to a host: the one that hangs holds it, and the other eight queue behind it.
+    t.ctx.webhookPool = new DeliveryPool({ allowPrivate: true, extraCaFile: testCertificate().certFile, size: 1, perHost: 1, timeoutMs: 4_000 })
+    await using _d = startDispatcher(t.ctx, { pollMs: 50 })
+    await emit(t.ctx, [1, 2, 3].map(() => ({ event: 'license.created' as const, data: dataFor('license.created', s.appId, keyFor()) })))
+    await until(() => hanging.received.length === 1, 'the hanging host holding its one request')
+    const held = hanging.received[0]!.path
+
+    const hook = (id: string) => `/v1/apps/${s.appId}/webhooks/${id}`
+    expect((await t.req('PUT', hook(moved.webhookId), { apiKey: s.apiKey, body: { url: rx.url('/moved') } })).status).toBe(200)
+    expect((await t.req('PUT', hook(disabled.webhookId), { apiKey: s.apiKey, body: { enabled: false } })).status).toBe(200)
+    expect((await t.req('DELETE', hook(deleted.webhookId), { apiKey: s.apiKey })).status).toBe(200)
+
+    // The moved webhook's deliveries still queued go to its new URL, signed as before, well before the held request times out.
+    const movedQueued = held === '/moved' ? 2 : 3
+    await until(() => rx.at('/moved').length === movedQueued, "the moved webhook's queued deliveries at its new URL", 3_500)
+    for (const r of rx.at('/moved')) expect(signatureValid(r, moved.secret), r.raw).toBe(true)
+    // The disabled webhook's are closed unsent; the deleted one's are gone with it.
+    const owed = async () =>
+      t.ctx.database.db.select().from(webhookDeliveries).where(inArray(webhookDeliveries.webhookId, [disabled.webhookId, deleted.webhookId]))
+    await until(async () => (await owed()).every((d) => d.attemptedAt !== null), "the disabled webhook's deliveries closed")
+    const closed = await owed()
+    expect(closed.map((d) => d.webhookId)).toEqual(Array(3).fill(disabled.webhookId))
+    expect(closed.map((d) => d.httpStatus).sort()).toEqual(held === '/disabled' ? [0, null, null] : [null, null, null])
+    // Once the held request timed out, nothing more reached the old host.
+    await Bun.sleep(1_000)
+    expect(hanging.received.map((r) => r.path)).toEqual([held])
+    expect(rx.received).toHaveLength(movedQueued)
+  }, 30_000)
+
   test('a receiver that hangs holds a few of the workers\' requests, never another receiver\'s deliveries', async () => {
     const pool = new DeliveryPool({ allowPrivate: true, extraCaFile: testCertificate().certFile, size: 1, timeoutMs: 3_000 })
     await using hanging = startReceiver(() => 'hang')

@@ -60,8 +60,8 @@ export interface DispatcherContext {
   db: Db
   /** Sends one prepared delivery; never rejects. */
   send(job: DeliveryJob): Promise<DeliveryResult>
-  /** Answers every delivery still queued (not sent) with reason 'cancelled'. */
-  cancelQueued(): void
+  /** Answers the deliveries still queued (not sent) with reason 'cancelled': every one, or those of `webhookIds`. */
+  cancelQueued(webhookIds?: ReadonlySet<string> | null): void
   /** Opens a sealed webhook secret; throws when it cannot be opened. */
   openSecret(sealed: string): Promise<string>
   /** Calls the listener after every commit that wrote events; returns the unsubscribe. */

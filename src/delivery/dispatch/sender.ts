@@ -1,6 +1,6 @@
 import { errorFields, log } from '../../lib/log'
 import { signedDelivery } from '../signed-delivery'
-import type { DeliveryResult } from '../protocol'
+import type { DeliveryJob, DeliveryResult } from '../protocol'
 import type { Claimed, Outlet, Room } from './claim'
 import type { DispatcherContext } from './options'
 import type { Recorder } from './recorder'
@@ -15,13 +15,21 @@ const MAX_SECRETS = 1_000
 const SLOW_MS = 1_000
 /** How long the reserve is kept after a delivery took that long: a receiver that hangs goes on hanging. */
 const SLOW_MEMORY_MS = 60_000
+/** A delivery out longer than this may be waiting behind its receiver's host: its webhook is looked at again (`waiting`). */
+const RECHECK_AFTER_MS = 1_000
+
+/** A webhook as it is now: where its deliveries go, and whether they go at all. */
+export interface WebhookNow {
+  url: string
+  enabled: boolean
+}
 
 /**
  * Sends claimed deliveries: signs each and hands it to the pool (or this worker's queue), keeps
  * count of what is out, and passes every outcome to the recorder.
  */
 export class Sender implements Outlet {
-  readonly #ctx: Pick<DispatcherContext, 'send' | 'openSecret' | 'clock'>
+  readonly #ctx: Pick<DispatcherContext, 'send' | 'cancelQueued' | 'openSecret' | 'clock'>
   readonly #recorder: Ledger
   readonly #maxInFlight: number
   /** Free slots a claim waits for while deliveries are out; as many are kept for accounts within their share (Room). */
@@ -29,8 +37,16 @@ export class Sender implements Outlet {
   readonly #share: number
   /** Deliveries out by account; an account with none has no entry. */
   readonly #heldByAccount = new Map<string, number>()
-  /** When each delivery out was sent (by `#now`), oldest first. */
-  readonly #sentAt = new Map<string, number>()
+  /** Each delivery out, with when it was sent (by `#now`), oldest first. */
+  readonly #out = new Map<string, { at: number; claimed: Claimed }>()
+  /**
+   * Webhooks changed since deliveries of theirs still out were claimed (null: deleted), as the last
+   * `withdraw` found them: those deliveries' queued jobs were cancelled, to be sent as the webhook
+   * is now.
+   */
+  #changed = new Map<string, WebhookNow | null>()
+  /** Once stopping, a cancelled delivery is handed back instead of sent again. */
+  #stopping = false
   /** Until when a delivery that was slow keeps the reserve. */
   #slowUntil = -Infinity
   /** Milliseconds of real time, for how long deliveries take (the context's clock may stand still in tests). */
@@ -43,7 +59,7 @@ export class Sender implements Outlet {
   readonly #secrets = new Map<string, string>()
 
   constructor(
-    ctx: Pick<DispatcherContext, 'send' | 'openSecret' | 'clock'>,
+    ctx: Pick<DispatcherContext, 'send' | 'cancelQueued' | 'openSecret' | 'clock'>,
     recorder: Ledger,
     limits: { maxInFlight: number; perAccountShare: number },
     onFreed: (accountId: string) => void,
@@ -75,8 +91,8 @@ export class Sender implements Outlet {
   #receiverSlow(): boolean {
     const now = this.#now()
     if (now < this.#slowUntil) return true
-    const oldest = this.#sentAt.values().next()
-    return !oldest.done && now - oldest.value > SLOW_MS
+    const oldest = this.#out.values().next()
+    return !oldest.done && now - oldest.value.at > SLOW_MS
   }
 
   room(): Room {
@@ -106,26 +122,70 @@ export class Sender implements Outlet {
   }
 
   send(c: Claimed): void {
-    if (!this.#recorder.take(c)) return
+    if (this.#recorder.take(c)) this.#dispatch(c)
+  }
+
+  /** From now on a cancelled delivery is handed back: the dispatcher cancels what is queued to stop. */
+  stopping(): void {
+    this.#stopping = true
+  }
+
+  /** The webhooks of deliveries out for a while: ones that may wait behind a busy host, whose webhook may have changed since. */
+  waiting(): string[] {
+    const since = this.#now() - RECHECK_AFTER_MS
+    const webhooks = new Set<string>()
+    for (const { at, claimed } of this.#out.values()) {
+      if (at > since) break
+      webhooks.add(claimed.webhookId)
+    }
+    return [...webhooks]
+  }
+
+  /**
+   * Takes the webhooks `waiting` named as they are now (`now`; one missing was deleted). The queued
+   * deliveries of one whose URL changed, or that was disabled or deleted, since they were claimed are
+   * cancelled, and come back to go where the webhook now says, or nowhere: a vendor that moves or
+   * removes a webhook (a receiver it no longer trusts) is obeyed for what has not been sent yet, not
+   * minutes later once a hanging host let the old claims through.
+   */
+  withdraw(asked: readonly string[], now: ReadonlyMap<string, WebhookNow>): void {
+    const checked = new Set(asked)
+    this.#changed = new Map()
+    for (const { claimed } of this.#out.values()) {
+      if (!checked.has(claimed.webhookId)) continue
+      const current = now.get(claimed.webhookId) ?? null
+      if (current === null || !current.enabled || current.url !== claimed.url) this.#changed.set(claimed.webhookId, current)
+    }
+    if (this.#changed.size > 0 && !this.#stopping) this.#ctx.cancelQueued(new Set(this.#changed.keys()))
+  }
+
+  #dispatch(c: Claimed): void {
     if (!c.enabled) {
-      // Disabled after fan-out: close the row without sending, so re-enabling does not replay old events.
+      // Disabled (or deleted) after fan-out: close the row without sending, so re-enabling does not replay old events.
       this.#recorder.record({ eventId: c.eventId, webhookId: c.webhookId, at: new Date(this.#ctx.clock()), status: null })
       return
     }
     this.#inFlight++
     this.#heldByAccount.set(c.accountId, (this.#heldByAccount.get(c.accountId) ?? 0) + 1)
     const key = `${c.eventId} ${c.webhookId}`
-    this.#sentAt.set(key, this.#now())
+    this.#out.set(key, { at: this.#now(), claimed: c })
     void this.#deliver(c).then((result) => {
       const now = this.#now()
-      if (now - (this.#sentAt.get(key) ?? now) > SLOW_MS) this.#slowUntil = now + SLOW_MEMORY_MS
-      this.#sentAt.delete(key)
-      if (result.reason === 'cancelled') this.#recorder.handBack(c)
-      else this.#recorder.record({ eventId: c.eventId, webhookId: c.webhookId, at: new Date(this.#ctx.clock()), status: result.status })
+      if (now - (this.#out.get(key)?.at ?? now) > SLOW_MS) this.#slowUntil = now + SLOW_MEMORY_MS
+      this.#out.delete(key)
       this.#inFlight--
       const held = (this.#heldByAccount.get(c.accountId) ?? 1) - 1
       if (held > 0) this.#heldByAccount.set(c.accountId, held)
       else this.#heldByAccount.delete(c.accountId)
+      if (result.reason !== 'cancelled') {
+        this.#recorder.record({ eventId: c.eventId, webhookId: c.webhookId, at: new Date(this.#ctx.clock()), status: result.status })
+      } else if (this.#stopping) {
+        this.#recorder.handBack(c)
+      } else {
+        // Withdrawn while queued: it goes as its webhook now is.
+        const current = this.#changed.get(c.webhookId)
+        this.#dispatch(current === undefined ? c : current === null ? { ...c, enabled: false } : { ...c, ...current })
+      }
       if (this.#inFlight === 0) for (const resolve of this.#idle.splice(0)) resolve()
       this.#onFreed(c.accountId)
     })
@@ -133,9 +193,9 @@ export class Sender implements Outlet {
 
   #deliver(c: Claimed): Promise<DeliveryResult> {
     const secret = this.#secrets.get(c.secretEnc)
-    if (secret !== undefined) return this.#ctx.send(signedDelivery(c.url, secret, c.event, c.occurredAt, c.data))
+    if (secret !== undefined) return this.#ctx.send(this.#job(c, secret))
     return this.#secret(c.secretEnc).then(
-      (opened) => this.#ctx.send(signedDelivery(c.url, opened, c.event, c.occurredAt, c.data)),
+      (opened) => this.#ctx.send(this.#job(c, opened)),
       (err): DeliveryResult => {
         log.error('webhook secret could not be opened; delivery recorded without sending', {
           webhookId: c.webhookId,
@@ -144,6 +204,10 @@ export class Sender implements Outlet {
         return { status: 0 }
       },
     )
+  }
+
+  #job(c: Claimed, secret: string): DeliveryJob {
+    return { ...signedDelivery(c.url, secret, c.event, c.occurredAt, c.data), webhookId: c.webhookId }
   }
 
   async #secret(sealed: string): Promise<string> {

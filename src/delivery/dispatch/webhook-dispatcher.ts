@@ -1,10 +1,23 @@
+import { inArray } from 'drizzle-orm'
+import type { Db } from '../../db/client'
+import { webhooks } from '../../db/schema'
+import { errorFields, logEvery } from '../../lib/log'
 import { Claims } from './claim'
 import { HostLoad } from './host-load'
 import { type DispatcherContext, type DispatcherOptions, dispatcherSettings, type RunningDispatcher } from './options'
 import { Purger } from './purger'
 import { Recorder } from './recorder'
 import { Schedule } from './schedule'
-import { Sender } from './sender'
+import { Sender, type WebhookNow } from './sender'
+
+/** How often the webhooks of deliveries that may wait behind a busy host are looked at again (Sender.withdraw). */
+const RECHECK_EVERY_MS = 1_000
+
+/** The webhooks of `ids` as they are now; a deleted one is missing. */
+async function webhooksNow(db: Db, ids: string[]): Promise<Map<string, WebhookNow>> {
+  const rows = await db.select({ id: webhooks.id, url: webhooks.url, enabled: webhooks.enabled }).from(webhooks).where(inArray(webhooks.id, ids))
+  return new Map(rows.map(({ id, ...now }) => [id, now]))
+}
 
 /**
  * Delivers the outbox. On PostgreSQL it runs inside one of the delivery pool's workers, with a
@@ -39,6 +52,8 @@ export class WebhookDispatcher implements RunningDispatcher {
   readonly #purger: Purger
   readonly #renewEveryMs: number
   #renewal: ReturnType<typeof setInterval> | null = null
+  #recheck: ReturnType<typeof setInterval> | null = null
+  #rechecking = false
 
   constructor(ctx: DispatcherContext, options: DispatcherOptions = {}) {
     const settings = dispatcherSettings(options)
@@ -71,7 +86,24 @@ export class WebhookDispatcher implements RunningDispatcher {
     this.#purger.start()
     this.#renewal = setInterval(() => void this.#recorder.renew(), this.#renewEveryMs)
     this.#renewal.unref?.()
+    this.#recheck = setInterval(() => void this.#withdrawChanged(), RECHECK_EVERY_MS)
+    this.#recheck.unref?.()
     return this
+  }
+
+  /** Deliveries still queued whose webhook moved, or was disabled or deleted, since the claim go as it is now. */
+  async #withdrawChanged(): Promise<void> {
+    if (this.#rechecking) return
+    const waiting = this.#sender.waiting()
+    if (waiting.length === 0) return
+    this.#rechecking = true
+    try {
+      this.#sender.withdraw(waiting, await webhooksNow(this.#ctx.db, waiting))
+    } catch (err) {
+      logEvery('warn', 'reading the webhooks of waiting deliveries failed; will retry', () => errorFields(err))
+    } finally {
+      this.#rechecking = false
+    }
   }
 
   /** Stops taking work, then waits for deliveries on the workers and records their results. */
@@ -80,7 +112,9 @@ export class WebhookDispatcher implements RunningDispatcher {
     const pass = this.#schedule.stop()
     const purge = this.#purger.stop()
     if (this.#renewal) clearInterval(this.#renewal)
+    if (this.#recheck) clearInterval(this.#recheck)
     this.#recorder.stopping()
+    this.#sender.stopping()
     await pass
     await purge
     // Claimed deliveries still queued behind busy receivers were never sent: hand them back.

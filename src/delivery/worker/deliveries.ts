@@ -45,9 +45,15 @@ export class Deliveries {
     })
   }
 
-  /** Answers every job still queued (never sent) with reason 'cancelled'. */
-  cancelQueued(): void {
-    for (const { done } of this.#queue.splice(0)) done({ status: 0, reason: 'cancelled' })
+  /** Answers the jobs still queued (never sent) with reason 'cancelled': every one, or only those of `webhookIds`. */
+  cancelQueued(webhookIds: ReadonlySet<string> | null = null): void {
+    const kept: Queued[] = []
+    for (const queued of this.#queue.splice(0)) {
+      const { webhookId } = queued.job
+      if (webhookIds && (webhookId === undefined || !webhookIds.has(webhookId))) kept.push(queued)
+      else queued.done({ status: 0, reason: 'cancelled' })
+    }
+    this.#queue.push(...kept)
   }
 
   /** Starts the oldest queued jobs whose hosts have room, while requests are free. */

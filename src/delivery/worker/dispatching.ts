@@ -71,7 +71,7 @@ export class Dispatching {
       {
         db: drizzle({ client }) as unknown as Db,
         send: (job) => deliveries.send(job),
-        cancelQueued: () => deliveries.cancelQueued(),
+        cancelQueued: (webhookIds) => deliveries.cancelQueued(webhookIds),
         openSecret: (sealed) => this.#openSecret(sealed),
         onCommit: (listener) => {
           this.#wakeUps.add(listener)

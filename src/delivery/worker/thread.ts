@@ -1,6 +1,6 @@
 /// <reference lib="webworker" />
 import { TurnBatcher } from '../../lib/batcher'
-import { CANCEL_QUEUED, type DispatchStart, type DispatchStop, KICK, type SecretReply, type WorkerInit, type WorkerReply, type WorkerSend } from '../protocol'
+import { type CancelQueued, type DispatchStart, type DispatchStop, KICK, type SecretReply, type WorkerInit, type WorkerReply, type WorkerSend } from '../protocol'
 import { Deliveries } from './deliveries'
 import { Dispatching } from './dispatching'
 
@@ -16,7 +16,7 @@ const dispatching = new Dispatching(deliveries, (msg) => self.postMessage(msg))
 // Replies finished in the same turn travel back as one message, like the jobs came in.
 const replies = new TurnBatcher<WorkerReply>((batch) => self.postMessage(JSON.stringify(batch)))
 
-type Incoming = WorkerInit | DispatchStart | DispatchStop | SecretReply | string
+type Incoming = WorkerInit | DispatchStart | DispatchStop | SecretReply | CancelQueued | string
 
 self.onmessage = (event: MessageEvent<Incoming>) => {
   const msg = event.data
@@ -25,10 +25,10 @@ self.onmessage = (event: MessageEvent<Incoming>) => {
     else if (msg.type === 'dispatch') dispatching.start(msg)
     else if (msg.type === 'opened') dispatching.opened(msg)
     else if (msg.type === 'stop') dispatching.stop()
+    else if (msg.type === 'cancel') deliveries.cancelQueued(msg.webhookIds && new Set(msg.webhookIds))
     return
   }
   if (msg === KICK) return dispatching.wake()
-  if (msg === CANCEL_QUEUED) return deliveries.cancelQueued()
   for (const { id, type: _, ...job } of JSON.parse(msg) as WorkerSend[]) {
     void deliveries.send(job).then((result) => replies.add({ id, ...result }))
   }

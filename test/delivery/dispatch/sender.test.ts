@@ -30,6 +30,8 @@ function harness(maxInFlight = 8, openSecret: (sealed: string) => Promise<string
   /** The sender's real-time clock, moved by the test. */
   const elapsed = { ms: 0 }
   const sent: { job: DeliveryJob; answer: (r: DeliveryResult) => void }[] = []
+  /** The webhooks whose queued deliveries the sender cancelled, one set per call. */
+  const cancelled: string[][] = []
   const opened: string[] = []
   const recorded: Attempt[] = []
   const handedBack: number[] = []
@@ -38,6 +40,7 @@ function harness(maxInFlight = 8, openSecret: (sealed: string) => Promise<string
   const sender = new Sender(
     {
       send: (job) => new Promise((answer) => sent.push({ job, answer })),
+      cancelQueued: (webhookIds) => void cancelled.push([...(webhookIds ?? [])].sort()),
       openSecret: (sealed) => {
         opened.push(sealed)
         return openSecret(sealed)
@@ -59,7 +62,7 @@ function harness(maxInFlight = 8, openSecret: (sealed: string) => Promise<string
     () => void freed++,
     () => elapsed.ms,
   )
-  return { sender, sent, opened, recorded, handedBack, freed: () => freed, elapsed }
+  return { sender, sent, opened, recorded, handedBack, cancelled, freed: () => freed, elapsed }
 }
 
 const settle = () => Bun.sleep(0)
@@ -108,14 +111,49 @@ describe('sender', () => {
     expect(h.sender.room().free).toBe(8)
   })
 
-  test('a delivery cancelled in the queue is handed back, not recorded', async () => {
+  test('a delivery cancelled in the queue at stop is handed back, not recorded', async () => {
     const h = harness()
     h.sender.send(claimed(1))
     await settle()
+    h.sender.stopping()
     h.sent[0]!.answer({ status: 0, reason: 'cancelled' })
     await h.sender.idle()
     expect(h.handedBack).toEqual([1])
     expect(h.recorded).toEqual([])
+  })
+
+  test('a queued delivery whose webhook moved goes to its new URL; one disabled or deleted since the claim is closed unsent', async () => {
+    const h = harness()
+    const hooks = ['wh_moved', 'wh_disabled', 'wh_deleted', 'wh_same']
+    hooks.forEach((webhookId, i) => h.sender.send(claimed(i + 1, { webhookId })))
+    await settle()
+    expect(h.sent.map((s) => s.job.webhookId)).toEqual(hooks)
+    // Only deliveries out for over a second may be waiting behind a host.
+    h.elapsed.ms = 900
+    expect(h.sender.waiting()).toEqual([])
+    h.elapsed.ms = 1_100
+    expect(h.sender.waiting().sort()).toEqual([...hooks].sort())
+    const now = new Map([
+      ['wh_moved', { url: 'https://elsewhere.example/hook', enabled: true }],
+      ['wh_disabled', { url: 'https://receiver.example/hook', enabled: false }],
+      ['wh_same', { url: 'https://receiver.example/hook', enabled: true }],
+    ])
+    h.sender.withdraw(hooks, now)
+    expect(h.cancelled).toEqual([['wh_deleted', 'wh_disabled', 'wh_moved']])
+    // The pool answers the three still queued.
+    for (const s of h.sent.slice(0, 3)) s.answer({ status: 0, reason: 'cancelled' })
+    await settle()
+    await settle()
+    const again = h.sent.slice(4)
+    expect(again.map((s) => [s.job.webhookId, s.job.url])).toEqual([['wh_moved', 'https://elsewhere.example/hook']])
+    expect(again[0]!.job.headers['x-service-signature']).toBe(`sha256=${hmacHex('secret-of-sealed-1', again[0]!.job.body)}`)
+    expect(h.recorded.map((a) => [a.eventId, a.status])).toEqual([[2, null], [3, null]])
+    expect(h.handedBack).toEqual([])
+    expect(h.sender.room().free).toBe(8 - 2)
+    // What it withdrew is not withdrawn again: the moved delivery now goes where its webhook says.
+    h.elapsed.ms = 2_500
+    h.sender.withdraw(h.sender.waiting(), now)
+    expect(h.cancelled).toHaveLength(1)
   })
 
   test('a secret that cannot be opened records status 0 without sending', async () => {
