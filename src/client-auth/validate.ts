@@ -1,4 +1,4 @@
-import type { CachedApp, CachedLicense } from '../actors/load'
+import { type CachedApp, type CachedLicense, StoreUnavailable } from '../actors/load'
 import type { Context } from '../context'
 import { PublicError } from '../lib/errors'
 import { countResult } from '../lib/metrics'
@@ -62,7 +62,7 @@ async function validateAndSign(ctx: Context, input: ValidateInput, ip: string, r
   let license = auth.license!
   if (auth.outcome.bind) {
     try {
-      license = await bindHwid(ctx, app, license.key, hwid)
+      license = await bindHwid(ctx, app, license, hwid)
     } catch (err) {
       if (auth.charged > 0) await ctx.credits.refund(app.accountId, auth.charged)
       throw err
@@ -82,24 +82,41 @@ async function validateAndSign(ctx: Context, input: ValidateInput, ip: string, r
 }
 
 /** Binds a new HWID through the app's actor, then reports the license as it now stands. */
-async function bindHwid(ctx: Context, app: CachedApp, licenseKey: string, hwid: string): Promise<CachedLicense> {
+async function bindHwid(ctx: Context, app: CachedApp, license: CachedLicense, hwid: string): Promise<CachedLicense> {
   const { actors } = ctx
   let bound: boolean
   try {
-    bound = await actors.bindSeat(app.id, licenseKey, hwid)
+    bound = await actors.bindSeat(app.id, license.key, hwid)
   } catch (err) {
     ctx.metrics.seatBinds.add('failed')
     throw err
   }
   ctx.metrics.seatBinds.add(bound ? 'bound' : 'refused')
-  // Reloaded under a freshly read epoch, so the next request of this HWID is served from the actor.
-  actors.forgetLicense(app.id, licenseKey)
-  await actors.ensureLicense(app.id, licenseKey)
-  const current = actors.cachedLicense(app.id, licenseKey)?.value ?? (await actors.loadLicense(licenseKey))
-  if (bound && current) return current
+  actors.forgetLicense(app.id, license.key)
+  if (bound) {
+    // The seat is committed (to an active, unexpired license: the bind's own condition), so the login
+    // succeeded and is charged whatever the reload meets: a store or database failing it now only
+    // leaves the next request to load the license.
+    const current = await reloadLicense(actors, app.id, license.key).catch(() => null)
+    return current ?? { ...license, hwids: [...license.hwids, hwid] }
+  }
+  const current = await reloadLicense(actors, app.id, license.key)
   const state = current ? licenseState(current, app, ctx.clock()) : 'invalid_key'
   if (state) throw new PublicError(state)
   // Bound meanwhile by a concurrent validate of the same HWID: that is a pass, not a mismatch.
   if (current!.hwids.includes(hwid)) return current!
   throw new PublicError('hwid_mismatch')
+}
+
+/**
+ * The license as PostgreSQL now holds it, cached under a freshly read epoch so that the next request
+ * of this HWID is served from the actor; read from PostgreSQL alone when the store cannot give the epoch.
+ */
+async function reloadLicense(actors: Context['actors'], appId: string, licenseKey: string): Promise<CachedLicense | null> {
+  try {
+    await actors.ensureLicense(appId, licenseKey)
+  } catch (err) {
+    if (!(err instanceof StoreUnavailable)) throw err
+  }
+  return actors.cachedLicense(appId, licenseKey)?.value ?? (await actors.loadLicense(licenseKey))
 }

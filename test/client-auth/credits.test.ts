@@ -117,6 +117,30 @@ describe('credits on the client endpoints', async () => {
     expect(await live(s)).toBe(19)
   })
 
+  test('a bind that committed is a login, charged once, even when the store fails the reload after it', async () => {
+    let failReads = false
+    const flaky = withOverrides(t.ctx.store, {
+      snapshotEach: async (reads) => {
+        if (failReads) throw new Error('the store is unreachable')
+        return t.ctx.store.snapshotEach(reads)
+      },
+    })
+    const own = await makeTestApp({ store: flaky })
+    const s = await own.seed({ credits: 10 })
+    const key = await insertLicense(own.ctx, s.appId, { maxHwidSlots: 2 })
+    const send = (h: string) =>
+      own.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey: key, hwid: h, nonce: nonce() } })
+    expect((await send('device-1')).status).toBe(200)
+    failReads = true
+    const second = await send('device-2')
+    expect(second.status, JSON.stringify(second.body)).toBe(200)
+    expect(decode(second.body.payload).hwidCount).toBe(2)
+    const [row] = await own.ctx.database.db.select({ hwids: licenses.hwids }).from(licenses).where(eq(licenses.key, key))
+    expect(row!.hwids).toEqual(['device-1', 'device-2'])
+    expect((await own.req('GET', '/v1/account', { apiKey: s.apiKey })).body.credits).toBe(8)
+    failReads = false
+  })
+
   test('a refund that cannot reach the store leaves the client the answer its request earned, and is logged', async () => {
     const unreachable = withOverrides(t.ctx.store, {
       refund: async () => {
