@@ -306,6 +306,7 @@ function takeBucket(
   } else {
     retryAfterMs = Math.ceil((cost - tokens) / ratePerMs)
   }
-  store.setBucketState(key, { tokens, ts: now }, Math.ceil(capacity / ratePerMs) + 1000, now)
+  // The latest time seen, as the Redis script keeps it (instances' clocks differ there).
+  store.setBucketState(key, { tokens, ts: Math.max(ts, now) }, Math.ceil(capacity / ratePerMs) + 1000, now)
   return { ok, remaining: Math.floor(tokens), retryAfterMs }
 }

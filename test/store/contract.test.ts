@@ -79,6 +79,17 @@ describe.each(backends)('$name', ({ store }) => {
       })
     })
 
+    test('an instance whose clock is behind refills nothing, and sets no one back to refill it again', async () => {
+      const key = fresh('take')
+      expect((await store().take(key, 2, 1, T0, 2)).ok).toBe(true)
+      // Another instance, its clock a second behind, then this one again: the bucket keeps the latest
+      // time it saw. Moved back, the next take would refill the skew's worth, and alternating
+      // instances would earn that again on every round trip.
+      expect(await store().take(key, 2, 1, T0 - 1_000)).toEqual({ ok: false, remaining: 0, retryAfterMs: 1_000 })
+      expect(await store().take(key, 2, 1, T0)).toEqual({ ok: false, remaining: 0, retryAfterMs: 1_000 })
+      expect(await store().take(key, 2, 1, T0 + 1_000)).toEqual({ ok: true, remaining: 0, retryAfterMs: 0 })
+    })
+
     test('refill never passes capacity, however long the bucket idles', async () => {
       const key = fresh('take')
       await store().take(key, 10, 5, T0)

@@ -19,7 +19,9 @@ if tokens >= cost then
 else
   retry = math.ceil((cost - tokens) / rate)
 end
-redis.call('HSET', KEYS[1], 't', string.format('%.17g', tokens), 'ts', now)
+-- The latest time any instance saw: one whose clock is behind must not move it back, or the next
+-- take (on a clock ahead) would refill the skew's worth again.
+redis.call('HSET', KEYS[1], 't', string.format('%.17g', tokens), 'ts', math.max(ts, now))
 redis.call('PEXPIRE', KEYS[1], math.ceil(cap / rate) + 1000)
 return { ok, math.floor(tokens), retry }
 `
