@@ -124,18 +124,20 @@ async function entryOf(ctx: Context, accountId: string, appId: string, kind: Lis
 export async function addEntry(ctx: Context, accountId: string, appId: string, kind: ListKind, input: SecurityEntryBody) {
   if (shortIp(input.type, input.value)) throw ipLength()
   const { name, value, app } = await entryOf(ctx, accountId, appId, kind, input)
-  const added = await ctx.actors.write(
+  const outcome = await ctx.actors.write(
     app.id,
-    (tx) => appendEntry(tx, app.id, name, value),
-    (appended) => ({ app: appended }),
+    async (tx) => {
+      // Read under the row's lock: decided from a read after the append, an entry another instance
+      // removed in between made a list of one entry answer "full".
+      const [locked] = await tx.select({ list: apps[name] }).from(apps).where(eq(apps.id, app.id)).for('update')
+      if (!locked || locked.list.includes(value)) return 'present'
+      if (locked.list.length >= MAX_LIST_ENTRIES) return 'full'
+      return (await appendEntry(tx, app.id, name, value)) ? 'added' : 'full'
+    },
+    (result) => ({ app: result === 'added' }),
   )
-  if (added) return { ok: true as const }
-  const [current] = await ctx.database.db
-    .select({ list: apps[name] })
-    .from(apps)
-    .where(eq(apps.id, app.id))
-  if (current?.list.includes(value)) return { ok: true as const }
-  throw badRequest(`${name} already holds ${MAX_LIST_ENTRIES} entries`)
+  if (outcome === 'full') throw badRequest(`${name} already holds ${MAX_LIST_ENTRIES} entries`)
+  return { ok: true as const }
 }
 
 /** Removes one entry in a single UPDATE; removing an absent entry is a no-op success. */

@@ -182,6 +182,26 @@ describe('POST and DELETE /v1/apps/:appId/security/{blacklist,whitelist}', () =>
     expect([...(await security(s)).body.hwidBlacklist].sort()).toEqual(['a', 'b', 'c', 'd'])
   })
 
+  test('adding an entry another process removes at the same time is never answered as a full list', async () => {
+    // A second process on the same database and store: its mailbox does not order its writes with ours.
+    const other = await makeTestApp()
+    const s = await t.seed()
+    const path = `/v1/apps/${s.appId}/security/whitelist`
+    const answers: string[] = []
+    for (let i = 0; i < 60; i++) {
+      const body = { type: 'hwid', value: `device-${i}` }
+      expect((await t.req('POST', path, { apiKey: s.apiKey, body })).status).toBe(200)
+      const [add, remove] = await Promise.all([
+        t.req('POST', path, { apiKey: s.apiKey, body }),
+        other.req('DELETE', path, { apiKey: s.apiKey, body }),
+      ])
+      answers.push(`${add.status} ${add.body.message ?? ''}/${remove.status}`)
+      // Within the API key's 50 requests a second.
+      await Bun.sleep(40)
+    }
+    expect(answers.filter((a) => a !== '200 /200')).toEqual([])
+  }, 30_000)
+
   describe.each([
     ['hwid of 1 character', 'hwid', 'h'],
     ['hwid of 128 characters', 'hwid', 'h'.repeat(128)],
