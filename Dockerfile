@@ -2,7 +2,7 @@
 
 # Production dependencies exactly as package-lock.json pins them (npm ci); the Bun image carries no npm.
 # bun is a devDependency: the base image below brings the runtime, so --omit=dev leaves out a second one.
-# npm ci's postinstall applies patches/ (patch-package) to the installed drivers.
+# npm ci's postinstall applies patches/ (patch-package) to the installed drivers and Elysia.
 FROM node:22-bookworm-slim AS deps
 WORKDIR /app
 COPY package.json package-lock.json ./

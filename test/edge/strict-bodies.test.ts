@@ -117,3 +117,27 @@ test('a body nested deeper than 32 levels gets 400, never a 500, on every kind o
     expect(await accountDigest(t.ctx, s.accountId)).toBe(before)
   }
 })
+
+test('an object whose toString is not a function where a string belongs gets 400, never a 500, on every kind of route', async () => {
+  // Unpatched, Elysia built its validation message with the value put into a string as it is, which
+  // throws for such an object (patches/elysia+1.4.30.patch); outside NODE_ENV=production only.
+  const t = await makeTestApp()
+  const s = await t.seed()
+  const key = await insertLicense(t.ctx, s.appId)
+  const base = { appId: s.appId, appSecret: s.appSecret, licenseKey: key, hwid: hwid(), nonce: nonce() }
+  const sent = [
+    ['POST', '/auth/validate', { ...base, hwid: { toString: 1 } }],
+    ['POST', '/auth/validate', { ...base, hwid: [{ toString: {} }] }],
+    ['POST', '/auth/heartbeat', { appId: { toString: null }, sessionToken: 'x.y', hwid: 'h' }],
+    ['POST', '/auth/selfban', { ...base, sessionToken: { toString: 1 } }],
+    ['POST', '/v1/licenses', { appId: { toString: 1 } }],
+    ['PUT', `/v1/licenses/${key}`, { action: { toString: 1 } }],
+  ] as const
+  for (const [method, path, body] of sent) {
+    const before = await accountDigest(t.ctx, s.accountId)
+    const res = await t.req(method, path, { apiKey: s.apiKey, body })
+    expect(res.status, `${method} ${path}: ${JSON.stringify(res.body)}`).toBe(400)
+    expect(res.body.error).toBe('bad_request')
+    expect(await accountDigest(t.ctx, s.accountId)).toBe(before)
+  }
+})
