@@ -29,14 +29,16 @@ const MAX_WORKER_KEYS = 4096
  * requests, so the hand-off would only add the messages and wake-ups.
  */
 export class Signer {
-  #worker: Worker | null = null
-  /** Key ids the current worker holds. */
-  #known = new Set<string>()
+  #worker: SigningWorker | null = null
   /** One message to the worker per turn, however many requests sign in it. */
   readonly #queue = new TurnBatcher<Job>((batch) => this.#post(batch))
-  /** Batches posted and not answered yet, in the order the worker answers them. */
-  #posted: Job[][] = []
   #onCallerThread = false
+  readonly #spawnWorker: () => Worker
+
+  /** `spawnWorker` starts a worker of sign-worker.ts (tests stand in for it). */
+  constructor(spawnWorker: () => Worker = () => new Worker(new URL('./sign-worker.ts', import.meta.url).href)) {
+    this.#spawnWorker = spawnWorker
+  }
 
   sign(keyId: string, key: KeyObject, text: string): Promise<string> {
     if (this.#onCallerThread) return Promise.resolve(signText(text, key))
@@ -53,50 +55,71 @@ export class Signer {
   }
 
   #post(batch: Job[]): void {
-    const worker = (this.#worker ??= this.#spawn())
-    if (this.#known.size + batch.length > MAX_WORKER_KEYS) {
-      worker.postMessage({ type: 'forget' } satisfies SignerMessage)
-      this.#known.clear()
-    }
-    const keyIds: string[] = []
-    const texts: string[] = []
-    for (const job of batch) {
-      if (!this.#known.has(job.keyId)) {
-        this.#known.add(job.keyId)
-        worker.postMessage({
-          type: 'key',
-          keyId: job.keyId,
-          pkcs8: job.key.export({ format: 'der', type: 'pkcs8' }),
-        } satisfies SignerMessage)
+    let current: SigningWorker | null = null
+    try {
+      current = this.#worker ??= this.#spawn()
+      const { worker, known, posted } = current
+      if (known.size + batch.length > MAX_WORKER_KEYS) {
+        worker.postMessage({ type: 'forget' } satisfies SignerMessage)
+        known.clear()
       }
-      keyIds.push(job.keyId)
-      texts.push(job.text)
+      const keyIds: string[] = []
+      const texts: string[] = []
+      for (const job of batch) {
+        if (!known.has(job.keyId)) {
+          known.add(job.keyId)
+          worker.postMessage({
+            type: 'key',
+            keyId: job.keyId,
+            pkcs8: job.key.export({ format: 'der', type: 'pkcs8' }),
+          } satisfies SignerMessage)
+        }
+        keyIds.push(job.keyId)
+        texts.push(job.text)
+      }
+      posted.push(batch)
+      worker.postMessage({ type: 'sign', keyIds, texts } satisfies SignerMessage)
+    } catch (err) {
+      // A worker that cannot be started or written to: this batch, and whatever it had, is signed
+      // here; left unanswered, each of its requests would hang with its credit charged.
+      const retired = current?.posted.includes(batch) ?? false
+      this.#retire(current, err)
+      if (!retired) for (const job of batch) job.resolve(signText(job.text, job.key))
     }
-    this.#posted.push(batch)
-    worker.postMessage({ type: 'sign', keyIds, texts } satisfies SignerMessage)
   }
 
-  #spawn(): Worker {
-    const worker = new Worker(new URL('./sign-worker.ts', import.meta.url).href)
+  #spawn(): SigningWorker {
+    const worker = this.#spawnWorker()
+    const signing: SigningWorker = { worker, known: new Set(), posted: [] }
     worker.onmessage = (event: MessageEvent<(string | null)[]>) => {
-      const batch = this.#posted.shift() ?? []
+      // This worker's own batches: an answer it sent before it failed must never be read as another
+      // worker's, whose texts (other apps' payloads) it did not sign.
+      const batch = signing.posted.shift() ?? []
       const signatures = event.data
       for (let i = 0; i < batch.length; i++) {
         const job = batch[i] as Job
         job.resolve(signatures[i] ?? signText(job.text, job.key))
       }
     }
-    worker.onerror = (event) => {
-      log.error('signing worker failed; signing on the main thread until a new one starts', errorFields(event.error ?? event.message))
-      if (this.#worker === worker) {
-        this.#worker = null
-        this.#known.clear()
-      }
-      for (const batch of this.#posted.splice(0)) for (const job of batch) job.resolve(signText(job.text, job.key))
-      worker.terminate()
-    }
+    worker.onerror = (event) => this.#retire(signing, event.error ?? event.message)
     // A finished process (a test, the CLI) must not be kept alive by an idle signer.
     worker.unref()
-    return worker
+    return signing
   }
+
+  /** A worker that failed: what it was asked to sign is signed here, and the next batch starts a new one. */
+  #retire(signing: SigningWorker | null, err: unknown): void {
+    log.error('signing worker failed; signing on the main thread until a new one starts', errorFields(err))
+    if (!signing) return
+    if (this.#worker === signing) this.#worker = null
+    for (const batch of signing.posted.splice(0)) for (const job of batch) job.resolve(signText(job.text, job.key))
+    signing.worker.terminate()
+  }
+}
+
+/** A signing worker, the key ids it holds and its batches not answered yet, in the order it answers them. */
+interface SigningWorker {
+  worker: Worker
+  known: Set<string>
+  posted: Job[][]
 }

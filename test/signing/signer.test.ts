@@ -39,3 +39,55 @@ test('a signer started without a worker signs on the calling thread, with the sa
   expect(Bun.peek(pending)).toBe(await signer.sign(pair.keyId, pair.privateKey, text))
   expect(valid(text, await pending, pair.publicKey)).toBe(true)
 })
+
+/** A stand-in for the signing worker that the test answers by hand. */
+class FakeWorker {
+  onmessage: ((event: { data: (string | null)[] }) => void) | null = null
+  onerror: ((event: { error: unknown; message: string }) => void) | null = null
+  readonly signs: { texts: string[] }[] = []
+  terminated = false
+  postMessage(msg: { type: string; texts?: string[] }): void {
+    if (msg.type === 'sign') this.signs.push({ texts: msg.texts! })
+  }
+  terminate(): void {
+    this.terminated = true
+  }
+  unref(): void {}
+}
+
+test('a worker that failed: its batches are signed here, and an answer it sent late is never taken for the next worker\'s', async () => {
+  const workers: FakeWorker[] = []
+  const own = new Signer(() => {
+    const fake = new FakeWorker()
+    workers.push(fake)
+    return fake as unknown as Worker
+  })
+  const pair = keyPair()
+  const first = own.sign(pair.keyId, pair.privateKey, 'first')
+  await Bun.sleep(0)
+  workers[0]!.onerror!({ error: new Error('worker died'), message: 'worker died' })
+  expect(valid('first', await first, pair.publicKey)).toBe(true)
+  expect(workers[0]!.terminated).toBe(true)
+
+  const second = own.sign(pair.keyId, pair.privateKey, 'second')
+  await Bun.sleep(0)
+  expect(workers).toHaveLength(2)
+  // The dead worker's answer to its own batch arrives after its failure.
+  workers[0]!.onmessage!({ data: ['a signature of "first"'] })
+  workers[1]!.onmessage!({ data: [null] })
+  expect(valid('second', await second, pair.publicKey)).toBe(true)
+})
+
+test('a worker that cannot be started leaves its batch signed here, not waiting for ever', async () => {
+  let starts = 0
+  const own = new Signer(() => {
+    starts++
+    throw new Error('no more threads')
+  })
+  const pair = keyPair()
+  const signatures = await Promise.all(['a', 'b'].map((text) => own.sign(pair.keyId, pair.privateKey, text)))
+  expect(signatures.map((sig, i) => valid(['a', 'b'][i]!, sig, pair.publicKey))).toEqual([true, true])
+  // The next batch tries a worker again.
+  expect(valid('c', await own.sign(pair.keyId, pair.privateKey, 'c'), pair.publicKey)).toBe(true)
+  expect(starts).toBe(2)
+})
