@@ -36,7 +36,7 @@ export async function seedBench(env: Record<string, string>, count: number): Pro
     const licenses = rows.map(({ key, hwids: [hwid = ''] }) => ({
       key,
       hwid,
-      token: ctx.sessions.issue({ app: app.appId, lic: key, hwid, ttl: MAX_SESSION_TTL }, Date.now()).token,
+      token: ctx.sessions.issue({ app: app.appId, lic: key, hwid, ttl: MAX_SESSION_TTL }, null, Date.now()).token,
     }))
     return { ...account, appId: app.appId, appSecret: app.appSecret, licenses }
   } finally {

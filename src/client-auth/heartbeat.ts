@@ -41,6 +41,7 @@ async function renewSession(ctx: Context, input: HeartbeatInput, ip: string, req
     }
   })
   const nowMs = ctx.clock()
-  const renewed = sessions.issue({ app: auth.app.id, lic: session!.lic, hwid: input.hwid, ttl: session!.ttl }, nowMs)
-  return payloads.sign(auth.app, auth.license!, input.hwid, renewed, input.nonce, nowMs)
+  const license = auth.license!
+  const renewed = sessions.issue({ app: auth.app.id, lic: session!.lic, hwid: input.hwid, ttl: session!.ttl }, license.expiresAt, nowMs)
+  return payloads.sign(auth.app, license, input.hwid, renewed, input.nonce, nowMs)
 }

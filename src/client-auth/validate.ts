@@ -77,7 +77,7 @@ async function validateAndSign(ctx: Context, input: ValidateInput, ip: string, r
     })
   }
   const ttl = clampTtl(input.ttlSeconds, ctx.config.sessionTtlSeconds)
-  const session = ctx.sessions.issue({ app: app.id, lic: licenseKey, hwid, ttl }, nowMs)
+  const session = ctx.sessions.issue({ app: app.id, lic: licenseKey, hwid, ttl }, license.expiresAt, nowMs)
   return ctx.payloads.sign(app, license, hwid, session, input.nonce, nowMs)
 }
 

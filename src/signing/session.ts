@@ -48,7 +48,12 @@ export class SessionTokens {
     this.#hasher = new Bun.CryptoHasher('sha256', key)
   }
 
-  issue(s: Omit<Session, 'v' | 'exp' | 'iat' | 'jti'>, nowMs: number): { token: string; session: Session } {
+  /**
+   * A session of `ttl` seconds from now, ending no later than its license (`licenseExpiresAt`, epoch
+   * milliseconds, null for lifetime): an SDK heartbeating locally reads `exp` alone, and would run on
+   * past the license's end until the session's, up to the longest TTL (7 days), never asking again.
+   */
+  issue(s: Omit<Session, 'v' | 'exp' | 'iat' | 'jti'>, licenseExpiresAt: number | null, nowMs: number): { token: string; session: Session } {
     const iat = Math.floor(nowMs / 1000)
     const session: Session = {
       v: 1,
@@ -56,7 +61,7 @@ export class SessionTokens {
       lic: s.lic,
       hwid: s.hwid,
       ttl: s.ttl,
-      exp: iat + s.ttl,
+      exp: licenseExpiresAt === null ? iat + s.ttl : Math.min(iat + s.ttl, Math.floor(licenseExpiresAt / 1000)),
       iat,
       jti: this.#randomJti(),
     }

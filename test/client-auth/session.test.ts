@@ -35,6 +35,26 @@ describe('POST /auth/heartbeat and /auth/selfban', async () => {
     expect(decode(next.body.payload).nonce).toBeUndefined()
   })
 
+  test("a session ends no later than its license, however long its lifetime; the lifetime is kept for the heartbeats after an extension", async () => {
+    // An SDK heartbeating locally reads exp alone: a 7-day session of a license ending in 10 minutes
+    // would run on for 7 days without asking again.
+    const endsAt = new Date(Date.now() + 600_000)
+    const session = await login({ expiresAt: endsAt }, 604_800)
+    const ends = Math.floor(endsAt.getTime() / 1000)
+    const first = await t.req('POST', '/auth/validate', {
+      body: { appId: s.appId, appSecret: s.appSecret, licenseKey: session.licenseKey, hwid: session.hwid, nonce: nonce(), ttlSeconds: 604_800 },
+    })
+    const validated = decode(first.body.payload)
+    expect([validated.expiresIn, tokenExp(validated.sessionToken)]).toEqual([ends, ends])
+    expect(validated.sessionExpiresAt).toBe(new Date(ends * 1000).toISOString())
+    const beaten = decode((await beat(session.token, session.hwid)).body.payload)
+    expect([beaten.expiresIn, tokenExp(beaten.sessionToken)]).toEqual([ends, ends])
+    // Extended: the next heartbeat's session has its full lifetime again.
+    await updateLicense(t.ctx, session.licenseKey, { expiresAt: new Date(Date.now() + 30 * 86_400_000) })
+    const extended = decode((await beat(beaten.sessionToken, session.hwid)).body.payload)
+    expect(extended.expiresIn - Math.floor(Date.now() / 1000)).toBeWithin(604_799, 604_802)
+  })
+
   test('a token bound to another HWID or app, tampered or expired, is session_expired', async () => {
     const session = await login()
     expect((await beat(session.token, hwid())).body.error).toBe('session_expired')

@@ -3,7 +3,7 @@ import { SessionTokens } from '../../src/signing/session'
 
 const tokens = new SessionTokens(Buffer.alloc(32, 7))
 const NOW = Date.UTC(2026, 10, 24)
-const issued = (hwid = 'hwid-1') => tokens.issue({ app: 'app-1', lic: 'AAAA-BBBB-CCCC-DDDD', hwid, ttl: 3600 }, NOW)
+const issued = (hwid = 'hwid-1') => tokens.issue({ app: 'app-1', lic: 'AAAA-BBBB-CCCC-DDDD', hwid, ttl: 3600 }, null, NOW)
 
 test('a token reads back as the session it was issued with, whatever characters the HWID holds', () => {
   for (const hwid of ['hwid-1', 'é€😀', 'x'.repeat(128)]) {
@@ -15,7 +15,7 @@ test('a token reads back as the session it was issued with, whatever characters 
 test('a token whose MAC is not exactly this key\'s MAC of its body is refused', () => {
   const { token } = issued()
   const [body, mac] = token.split('.') as [string, string]
-  const other = new SessionTokens(Buffer.alloc(32, 8)).issue({ app: 'app-1', lic: 'AAAA-BBBB-CCCC-DDDD', hwid: 'hwid-1', ttl: 3600 }, NOW)
+  const other = new SessionTokens(Buffer.alloc(32, 8)).issue({ app: 'app-1', lic: 'AAAA-BBBB-CCCC-DDDD', hwid: 'hwid-1', ttl: 3600 }, null, NOW)
   const flipped = `${mac[0] === 'A' ? 'B' : 'A'}${mac.slice(1)}`
   for (const forged of [
     `${body}.${flipped}`,
