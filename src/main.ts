@@ -17,6 +17,7 @@ import {
   startOtherServerProcesses,
 } from './server-processes'
 import { startDispatcher } from './delivery/dispatcher'
+import { watchKeyCheck } from './signing/key-check'
 
 /** The settings, or exit 2 naming the one that is wrong. */
 function settings(): Readonly<Config> {
@@ -102,11 +103,12 @@ async function main(): Promise<void> {
 
   let others: OtherServerProcesses | null = null
   let stopping = false
-  const shutdown = async (reason: string) => {
+  const shutdown = async (reason: string, exitCode = 0) => {
     if (stopping) return
     stopping = true
     log.info('shutting down', { reason, process: index })
     try {
+      keyWatch?.stop()
       await others?.stop()
       await operatorSocket?.stop()
       await metricsListener?.stop()
@@ -117,10 +119,15 @@ async function main(): Promise<void> {
     } catch (err) {
       log.error('error during shutdown', errorFields(err))
     }
-    process.exit(0)
+    process.exit(exitCode)
   }
   process.on('SIGINT', () => void shutdown('SIGINT'))
   process.on('SIGTERM', () => void shutdown('SIGTERM'))
+  // Instances share PostgreSQL: a master-key rotation can commit while this one runs (the rotation
+  // refuses while it sees a server connected, and it may have seen none). Exit 2, as a start with
+  // the old key would: a supervisor that restarts it shows why it does not start.
+  const keyWatch =
+    ctx.database.kind === 'postgres' ? watchKeyCheck(ctx.database, ctx.sealer, () => void shutdown('the master key was rotated', 2)) : null
 
   if (index > 0) {
     reportToFirstServerProcess(

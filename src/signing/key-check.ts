@@ -37,7 +37,9 @@ export async function storeKeyCheck(tx: DbOrTx, value: string): Promise<void> {
  * there opens with it.
  */
 export async function adoptKeyCheck(database: Database, sealer: Sealer): Promise<void> {
-  const stored = await storedKeyCheck(database.db)
+  // Read FOR SHARE: a rotation under way holds the row FOR UPDATE until its commit, so a server
+  // starting meanwhile reads the new value and refuses, instead of starting on the old key.
+  const stored = await database.db.transaction((tx) => storedKeyCheck(tx, 'share'))
   if (stored === null) {
     await database.db.transaction(async (tx) => {
       const unopened = await unopenedValues(tx, sealer)
@@ -57,6 +59,36 @@ export async function requireSealingKey(tx: DbOrTx, sealer: Sealer): Promise<voi
   if ((await storedKeyCheck(tx, 'share')) === sealer.check) return
   log.error(`${KEY_MISMATCH}: refusing to seal a new secret; restart this server with the current MASTER_KEY`)
   throw new MasterKeyMismatch(KEY_MISMATCH)
+}
+
+/** How often a running server reads the stored check value (watchKeyCheck). */
+export const KEY_WATCH_MS = 5_000
+
+/**
+ * Calls `rotated` once the stored check value is no longer `sealer`'s: a rotation that committed while
+ * this server ran (one whose connections had all dropped when the rotation counted them) left it with
+ * a key that opens nothing re-sealed and may seal nothing new. A read that fails is tried again.
+ */
+export function watchKeyCheck(database: Database, sealer: Sealer, rotated: () => void, everyMs = KEY_WATCH_MS): { stop(): void } {
+  let reading = false
+  const timer = setInterval(async () => {
+    if (reading) return
+    reading = true
+    try {
+      const stored = await storedKeyCheck(database.db)
+      if (stored !== null && stored !== sealer.check) {
+        clearInterval(timer)
+        log.error(`${KEY_MISMATCH}: the master key was rotated while this server ran; start it again with MASTER_KEY set to the new key`)
+        rotated()
+      }
+    } catch {
+      // Unreachable database: the next read tries again.
+    } finally {
+      reading = false
+    }
+  }, everyMs)
+  timer.unref?.()
+  return { stop: () => clearInterval(timer) }
 }
 
 /** How many of the values that do not open are named in a refusal. */

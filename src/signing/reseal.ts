@@ -23,11 +23,15 @@ export class ResealRefused extends Error {}
 /** The counts re-sealed, or null when the database is already sealed with `to` (a rotation that committed before). */
 export async function resealAll(database: Database, from: Sealer, to: Sealer): Promise<Resealed | null> {
   return database.db.transaction(async (tx) => {
+    // The migration lock holds back a server starting from here on; the check row, taken before the
+    // count, one that got past its migration already: it reads the row FOR SHARE at start (adoptKeyCheck),
+    // so it has either read it and is connected, counted below, or waits for the commit and then
+    // refuses the old key. A sealing transaction takes this row (FOR SHARE) before it writes, so the
+    // two queue here instead of deadlocking.
+    if (database.kind === 'postgres') await tx.execute(sql.raw(`SELECT pg_advisory_xact_lock(${MIGRATION_LOCK})`))
+    const stored = await storedKeyCheck(tx, 'update')
     // Before the table lock, which would otherwise wait behind a running server's transaction.
     if (database.kind === 'postgres') await refuseWhileServersConnected(tx)
-    // Before the tables too: a sealing transaction takes this row (FOR SHARE) before it writes, so
-    // the two queue here instead of deadlocking.
-    const stored = await storedKeyCheck(tx, 'update')
     if (stored === to.check) return null
     if (stored !== null && stored !== from.check) throw new ResealRefused(`${KEY_MISMATCH}; nothing was changed`)
     // A writer (a signing-key rotation, a new webhook) waits until the commit, so what is read here
@@ -46,6 +50,10 @@ export async function resealAll(database: Database, from: Sealer, to: Sealer): P
       await tx.update(webhooks).set({ secretEnc: to.seal(from.open(row.sealed)) }).where(eq(webhooks.id, row.id))
     }
     await storeKeyCheck(tx, to.check)
+    // Counted again at the end: a running server whose connections had all dropped (a restart of
+    // PostgreSQL, a network cut) is seen once it reconnects. One that reconnects after the commit
+    // notices the new check value (watchKeyCheck) and stops.
+    if (database.kind === 'postgres') await refuseWhileServersConnected(tx)
     return { signingKeys: keys.length, webhookSecrets: hooks.length }
   })
 }
@@ -53,11 +61,9 @@ export async function resealAll(database: Database, from: Sealer, to: Sealer): P
 /**
  * A server keeps the old key in memory and would seal new values with it after the commit, and fail
  * to open the re-sealed ones: with PostgreSQL shared by instances the data-dir lock says nothing, but
- * each server's connections carry their application_name. The migration lock holds back a server
- * starting meanwhile until the commit.
+ * each server's connections carry their application_name.
  */
 async function refuseWhileServersConnected(tx: Tx): Promise<void> {
-  await tx.execute(sql.raw(`SELECT pg_advisory_xact_lock(${MIGRATION_LOCK})`))
   const result = await tx.execute(sql`
     SELECT count(*)::int AS n FROM pg_stat_activity
     WHERE datname = current_database() AND application_name = ${SERVER_CONNECTION_NAME} AND pid <> pg_backend_pid()`)

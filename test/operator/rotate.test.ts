@@ -359,6 +359,21 @@ describe(`master-key rotate (${MODE})`, () => {
     expect(existsSync(join(env.DATA_DIR ?? '', 'master.key'))).toBe(false)
   })
 
+  test.if(MODE === 'postgres')('a server still running when a rotation commits stops, exit 2, as a start on the old key would', async () => {
+    // A rotation counts the servers connected: one whose connections had all dropped then (a restart
+    // of PostgreSQL) is missed, and kept serving on a key that opens nothing re-sealed.
+    const env = await settings(hexKey())
+    await provision(env)
+    const server = await startServer(env)
+    try {
+      await withDb(env, (db) => db.update(schema.masterKeyCheck).set({ value: new Sealer(randomBytes(32)).check }))
+      // The first process to notice stops the server, its other processes with it.
+      await until(() => server.log().includes('the master key was rotated while this server ran'), 'the server noticing the rotation', 15_000)
+    } finally {
+      expect(await server.stop()).toBe(2)
+    }
+  })
+
   test('NEW_MASTER_KEY equal to the current key is refused', async () => {
     const key = hexKey()
     const env = { ...unopened(key), NEW_MASTER_KEY: key }

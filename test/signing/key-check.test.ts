@@ -13,7 +13,7 @@ import { createApplication } from '../../src/apps/service'
 import { type Database, openDb } from '../../src/db/client'
 import { masterKeyCheck, signingKeys, webhooks } from '../../src/db/schema'
 import { Sealer } from '../../src/lib/crypto'
-import { KEY_MISMATCH, MasterKeyMismatch, storedKeyCheck, storeKeyCheck } from '../../src/signing/key-check'
+import { KEY_MISMATCH, MasterKeyMismatch, storedKeyCheck, storeKeyCheck, watchKeyCheck } from '../../src/signing/key-check'
 import { makeTestApp, MODE, TEST_DATABASE_URL, TEST_MASTER_KEY } from '../support/helpers'
 import { createOwnDatabase } from '../support/own-database'
 
@@ -88,5 +88,50 @@ describe(`master key check value (${MODE})`, () => {
     expect(await database.db.select().from(webhooks)).toEqual([])
     expect(await database.db.select({ id: signingKeys.id, active: signingKeys.active }).from(signingKeys)).toHaveLength(1)
     expect((await database.db.select({ active: signingKeys.active }).from(signingKeys))[0]?.active).toBe(true)
+  })
+
+  test('a server starting while a rotation holds the check row waits for its commit, then refuses the old key', async () => {
+    const database = await ownDatabase()
+    await makeTestApp({ database })
+    const rotatedTo = new Sealer(randomBytes(32)).check
+    let release = () => {}
+    const held = new Promise<void>((resolve) => (release = resolve))
+    let locked = () => {}
+    const taken = new Promise<void>((resolve) => (locked = resolve))
+    // The rotation's hold: the row FOR UPDATE from before its count of servers until its commit.
+    const rotation = database.db.transaction(async (tx) => {
+      await storedKeyCheck(tx, 'update')
+      locked()
+      await held
+      await storeKeyCheck(tx, rotatedTo)
+    })
+    await taken
+    const starting = start(database, TEST_MASTER_KEY)
+    let settled = false
+    void starting.then(() => (settled = true), () => (settled = true))
+    await Bun.sleep(300)
+    // Read without waiting, it found the old value and started on the old key.
+    expect(settled).toBe(false)
+    release()
+    await rotation
+    await expect(starting).rejects.toBeInstanceOf(MasterKeyMismatch)
+  })
+
+  test('a running server notices a rotation that committed while it ran', async () => {
+    const database = await ownDatabase()
+    await makeTestApp({ database })
+    let rotated = 0
+    const watch = watchKeyCheck(database, new Sealer(TEST_MASTER_KEY), () => void rotated++, 50)
+    try {
+      await Bun.sleep(200)
+      expect(rotated).toBe(0)
+      await storeKeyCheck(database.db, new Sealer(randomBytes(32)).check)
+      const deadline = Date.now() + 5_000
+      while (rotated === 0 && Date.now() < deadline) await Bun.sleep(20)
+      await Bun.sleep(200)
+      expect(rotated).toBe(1)
+    } finally {
+      watch.stop()
+    }
   })
 })
