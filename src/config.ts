@@ -1,4 +1,5 @@
-import { existsSync } from 'node:fs'
+import { createPrivateKey, X509Certificate } from 'node:crypto'
+import { existsSync, readFileSync } from 'node:fs'
 import { isIP } from 'node:net'
 import { availableParallelism, totalmem } from 'node:os'
 import { type Cidr, parseCidr } from './lib/ip'
@@ -112,6 +113,8 @@ function redisSettings(env: Env): Pick<Config, 'redisUrl' | 'redisClusterShards'
   for (const node of nodes) {
     if (node === '') throw new ConfigError('REDIS_URL has an empty entry between commas')
     const { pathname } = new URL(url({ REDIS_URL: node }, 'REDIS_URL', ['redis:', 'rediss:']) as string)
+    // The path is the database number: ioredis reads anything else as database 0, where other data lives.
+    if (!/^(\/\d*)?$/.test(pathname)) throw new ConfigError(`REDIS_URL's path must be a database number, got "${pathname}"`)
     if (cluster && !['', '/', '/0'].includes(pathname)) {
       throw new ConfigError(`REDIS_URL names database ${pathname.slice(1)}: a Redis Cluster has database 0 only`)
     }
@@ -127,9 +130,26 @@ function redisSettings(env: Env): Pick<Config, 'redisUrl' | 'redisClusterShards'
 export function masterKeyFrom(env: Env, name: string): Buffer | null {
   const raw = optional(env, name)
   if (raw === null) return null
-  const key = /^[0-9a-fA-F]{64}$/.test(raw) ? Buffer.from(raw, 'hex') : Buffer.from(raw, 'base64')
-  if (key.length !== 32) throw new ConfigError(`${name} must be 32 bytes, as 64 hex characters or base64`)
+  // Base64 decoding skips what is not base64: a stray quote or typo would read as another key.
+  const key = /^[0-9a-fA-F]{64}$/.test(raw) ? Buffer.from(raw, 'hex') : /^[A-Za-z0-9+/_-]{43}=?$/.test(raw) ? Buffer.from(raw, 'base64') : null
+  if (key?.length !== 32) throw new ConfigError(`${name} must be 32 bytes, as 64 hex characters or base64`)
   return key
+}
+
+/** Reads the PEM file a setting names and checks it parses as `parse` expects; a ConfigError naming the setting otherwise. */
+function pemFile(name: string, file: string, parse: (pem: string) => unknown): void {
+  if (!existsSync(file)) throw new ConfigError(`${name} names a file that does not exist: "${file}"`)
+  let pem: string
+  try {
+    pem = readFileSync(file, 'utf8')
+  } catch (err) {
+    throw new ConfigError(`${name} names a file that cannot be read: "${file}" (${(err as { code?: string }).code ?? 'unreadable'})`)
+  }
+  try {
+    parse(pem)
+  } catch {
+    throw new ConfigError(`${name} names a file that is not a PEM ${name === 'TLS_CERT_FILE' ? 'certificate' : 'private key'}: "${file}"`)
+  }
 }
 
 function hostSetting(env: Env, name: string, fallback: string): string {
@@ -186,10 +206,10 @@ export function loadConfig(env: Env = process.env): Readonly<Config> {
   if ((tlsCertFile === null) !== (tlsKeyFile === null)) {
     throw new ConfigError('TLS_CERT_FILE and TLS_KEY_FILE must be set together')
   }
-  // A missing file is a setting error: say so before start-up, not as a stack trace from listen.
-  for (const [name, file] of [['TLS_CERT_FILE', tlsCertFile], ['TLS_KEY_FILE', tlsKeyFile]] as const) {
-    if (file !== null && !existsSync(file)) throw new ConfigError(`${name} names a file that does not exist: "${file}"`)
-  }
+  // A file that is missing, unreadable or not PEM is a setting error: say so before start-up, not as a
+  // stack trace from listen once the database is migrated.
+  if (tlsCertFile !== null) pemFile('TLS_CERT_FILE', tlsCertFile, (pem) => new X509Certificate(pem))
+  if (tlsKeyFile !== null) pemFile('TLS_KEY_FILE', tlsKeyFile, (pem) => createPrivateKey(pem))
   const host = hostSetting(env, 'HOST', '0.0.0.0')
   const metricsHost = hostSetting(env, 'METRICS_HOST', '127.0.0.1')
   const port = int(env, 'PORT', 3000, 0, 65535)

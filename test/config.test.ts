@@ -5,12 +5,13 @@ import { join } from 'node:path'
 import { ConfigError, DEFAULT_PROCESSES_CAP, defaultCacheMb, loadConfig, usableMemoryMb } from '../src/config'
 import { parseCidr } from '../src/lib/ip'
 import { runToExit } from './support/server-process'
+import { testCertificate } from './support/webhooks-receiver'
 
 const dir = mkdtempSync(join(tmpdir(), 'ls-config-'))
 const certFile = join(dir, 'cert.pem')
 const keyFile = join(dir, 'key.pem')
-writeFileSync(certFile, 'cert')
-writeFileSync(keyFile, 'key')
+writeFileSync(certFile, testCertificate().cert)
+writeFileSync(keyFile, testCertificate().key)
 
 describe('defaults', () => {
   test('an empty environment gives the contract defaults', () => {
@@ -182,14 +183,23 @@ describe('a bad value is a ConfigError naming the setting', () => {
     ['SESSION_TTL_SECONDS', '604801'],
     ['LOG_LEVEL', 'verbose'],
     ['MASTER_KEY', 'short'],
+    // Base64 of 32 bytes but for what base64 decoding would skip: another key than the one meant.
+    ['MASTER_KEY', `"${Buffer.alloc(32, 1).toString('base64')}`],
+    ['MASTER_KEY', `!!!${Buffer.alloc(32, 1).toString('base64').slice(3)}`],
+    ['REDIS_URL', 'redis://cache/abc'],
+    ['REDIS_URL', 'redis://cache/1/2'],
     ['TLS_CERT_FILE', join(dir, 'missing.pem')],
+    ['TLS_CERT_FILE', dir],
+    ['TLS_CERT_FILE', keyFile],
+    ['TLS_KEY_FILE', certFile],
     ['SERVER_PROCESSES', '0'],
     ['SERVER_PROCESSES', 'many'],
     ['SERVER_PROCESSES', '2'],
   ] as const)('%s=%s', (name, value) => {
     const env: Record<string, string> = { [name]: value }
-    // The TLS pair must be complete for the missing-file check to be the one that fires.
+    // The TLS pair must be complete for the file checks to be the ones that fire.
     if (name === 'TLS_CERT_FILE') env.TLS_KEY_FILE = keyFile
+    if (name === 'TLS_KEY_FILE') env.TLS_CERT_FILE = certFile
     expect(() => loadConfig(env)).toThrow(ConfigError)
     expect(() => loadConfig(env)).toThrow(name)
   })

@@ -94,3 +94,23 @@ test('started without Redis, which comes back written with another shard count: 
     await redis.stop()
   }
 })
+
+test('a database Redis refuses (past its `databases` setting) stops the start, writing nothing to database 0', async () => {
+  const redis = await ownRedis()
+  const db0 = new Redis(redis.url)
+  try {
+    // ioredis goes on in database 0 when its SELECT is refused, where other data lives.
+    await expect(openStore(`${redis.url}/99`)).rejects.toThrow('REDIS_URL names database 99, which this Redis refuses')
+    expect(await db0.dbsize()).toBe(0)
+    const store = (await openStore(`${redis.url}/5`)) as RedisStore
+    try {
+      expect(await attempt(store)).toBe('ok')
+      expect(await db0.dbsize()).toBe(0)
+    } finally {
+      await store.close()
+    }
+  } finally {
+    db0.disconnect()
+    await redis.stop()
+  }
+})

@@ -1,3 +1,5 @@
+import { Cluster, ReplyError } from 'ioredis'
+import { ConfigError } from '../../config'
 import { storeErrors } from '../../lib/metrics'
 import { withDeadline } from '../../lib/with-timeout'
 import { log } from '../../lib/log'
@@ -140,6 +142,23 @@ export class RedisStore implements Store {
     return this.#conn.checkShardCount(waitMs)
   }
 
+  /**
+   * Throws a ConfigError when Redis refuses the database REDIS_URL names (an index past its `databases`
+   * setting): ioredis selects it on connect and, refused, goes on in database 0, where other data
+   * lives. A Redis that does not answer within `waitMs` is left to the outage handling, as at start.
+   */
+  async requireDatabase(waitMs: number): Promise<void> {
+    const redis = this.#conn.redis
+    if (redis instanceof Cluster) return
+    const db = redis.options.db ?? 0
+    if (db === 0) return
+    try {
+      await withDeadline(redis.select(db), waitMs, 'selecting the database of REDIS_URL')
+    } catch (err) {
+      if (err instanceof ReplyError) throw new ConfigError(`REDIS_URL names database ${db}, which this Redis refuses (${(err as Error).message})`)
+    }
+  }
+
   async ping(): Promise<boolean> {
     if (!this.#conn.shardCountAllows) return false
     try {
@@ -172,6 +191,7 @@ export async function openStore(redisUrl: string | null, clusterShards: number |
   }
   const store = new RedisStore(redisUrl, { cluster: clusterShards === null ? null : { shards: clusterShards } })
   try {
+    await store.requireDatabase(shardCountWaitMs)
     if (!(await store.checkShardCount(shardCountWaitMs))) {
       log.warn('redis did not confirm its shard count at start: store operations fail as in an outage until it does')
     }
