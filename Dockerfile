@@ -20,8 +20,9 @@ ENV NODE_ENV=production \
     MIMALLOC_PURGE_DELAY=-1
 COPY --from=deps /app/node_modules ./node_modules
 # package.json is read at run time (the API version in the OpenAPI document); drizzle/ holds the
-# migrations src/main.ts applies at start.
-COPY package.json tsconfig.json ./
+# migrations src/main.ts applies at start; bunfig.toml keeps `bun run cli` from echoing its command
+# line (an API key given to `apikey revoke`) on stderr.
+COPY package.json tsconfig.json bunfig.toml ./
 COPY drizzle ./drizzle
 COPY src ./src
 RUN mkdir -p /data && chown bun:bun /data && chmod 700 /data

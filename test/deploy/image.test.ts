@@ -122,8 +122,10 @@ describe('the production image', () => {
       expect(launchSettingsOf(server.pid)).toEqual(LAUNCH_ENV)
 
       const cli = inImage(['bun', 'run', 'cli', 'account', 'create', '--name', 'Image check'])
-      const [out, code] = await Promise.all([new Response(cli.stdout).text(), cli.exited])
+      const [out, err, code] = await Promise.all([new Response(cli.stdout).text(), new Response(cli.stderr).text(), cli.exited])
       expect(code).toBe(0)
+      // bunfig.toml keeps `bun run` from echoing the command line, `apikey revoke --key svc_live_…` included.
+      expect(err).toBe('')
       const lastLine = out.trim().split('\n').at(-1) ?? ''
       expect(JSON.parse(lastLine)).toMatchObject({ accountId: expect.any(String), apiKey: expect.stringMatching(/^svc_live_/) })
     } catch (err) {
