@@ -61,7 +61,8 @@ export class SessionTokens {
       lic: s.lic,
       hwid: s.hwid,
       ttl: s.ttl,
-      exp: licenseExpiresAt === null ? iat + s.ttl : Math.min(iat + s.ttl, Math.floor(licenseExpiresAt / 1000)),
+      // Rounded up: a license ending within the second still gets a session that has not already expired.
+      exp: licenseExpiresAt === null ? iat + s.ttl : Math.min(iat + s.ttl, Math.ceil(licenseExpiresAt / 1000)),
       iat,
       jti: this.#randomJti(),
     }
@@ -75,10 +76,15 @@ export class SessionTokens {
     if (dot <= 0 || dot !== token.lastIndexOf('.')) return null
     const body = token.slice(0, dot)
     // A MAC part that decodes to more than MAC_BYTES fills the buffer past them and is refused like a short one.
-    const given = this.#givenMac.write(token.slice(dot + 1), 0, 'base64url')
+    const mac = token.slice(dot + 1)
+    const given = this.#givenMac.write(mac, 0, 'base64url')
     // Bun writes an HMAC into a caller's array only when it has room for any digest (64 bytes).
     this.#hasher.copy().update(body, 'utf8').digest(this.#wantMac)
     if (given !== MAC_BYTES || !timingSafeEqual(this.#givenMac.subarray(0, MAC_BYTES), this.#wantMac.subarray(0, MAC_BYTES))) return null
+    // Only the spelling issued: decoding skips what is not base64url and the last character's unused
+    // bits, so `token + "!!"` read as the same token, a token never issued that anything keyed on the
+    // token's text (a denylist, a count) would take for another.
+    if (mac !== this.#wantMac.toString('base64url', 0, MAC_BYTES)) return null
     let s: Session
     try {
       s = JSON.parse(decodeUtf8Base64(body, 'base64url')) as Session

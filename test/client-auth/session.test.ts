@@ -40,7 +40,7 @@ describe('POST /auth/heartbeat and /auth/selfban', async () => {
     // would run on for 7 days without asking again.
     const endsAt = new Date(Date.now() + 600_000)
     const session = await login({ expiresAt: endsAt }, 604_800)
-    const ends = Math.floor(endsAt.getTime() / 1000)
+    const ends = Math.ceil(endsAt.getTime() / 1000)
     const first = await t.req('POST', '/auth/validate', {
       body: { appId: s.appId, appSecret: s.appSecret, licenseKey: session.licenseKey, hwid: session.hwid, nonce: nonce(), ttlSeconds: 604_800 },
     })

@@ -1,6 +1,7 @@
 import { expect, test } from 'bun:test'
 import { SessionTokens } from '../../src/signing/session'
 
+const BASE64URL = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_'
 const tokens = new SessionTokens(Buffer.alloc(32, 7))
 const NOW = Date.UTC(2026, 10, 24)
 const issued = (hwid = 'hwid-1') => tokens.issue({ app: 'app-1', lic: 'AAAA-BBBB-CCCC-DDDD', hwid, ttl: 3600 }, null, NOW)
@@ -26,6 +27,12 @@ test('a token whose MAC is not exactly this key\'s MAC of its body is refused', 
     `${body}.`,
     `${body}.${other.token.split('.')[1]}`,
     `${body.slice(0, -2)}.${mac}`,
+    // What base64url decoding skips or ignores: the same MAC, spelled as it was never issued.
+    `${body}.${mac}!!`,
+    `${body}.${mac}==`,
+    `${body}. ${mac}`,
+    `${body}.${mac.slice(0, 20)}\n${mac.slice(20)}`,
+    `${body}.${mac.slice(0, -1)}${BASE64URL[BASE64URL.indexOf(mac[42]!) ^ 1]}`,
   ]) {
     expect(tokens.read(forged, NOW)).toBeNull()
   }
