@@ -1,4 +1,5 @@
 import { readFileSync } from 'node:fs'
+import { createServer } from 'node:net'
 import { createApp } from './app'
 import { buildContext } from './boot'
 import { type Config, ConfigError, loadConfig } from './config'
@@ -54,9 +55,28 @@ function startBackgroundWork(ctx: Context): { stop(): Promise<void> } {
   }
 }
 
+/**
+ * Whether something already listens on the port. The server's processes share it with SO_REUSEPORT,
+ * which the kernel grants any listener of the same user that asks for it too: a second server started
+ * on the same port (`npm start` twice, an upgrade beside the old one) would take part of the traffic,
+ * with another database's keys, without an error. Bound without it, a probe finds any listener there.
+ */
+function portInUse(host: string, port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const probe = createServer()
+    probe.once('error', (err: NodeJS.ErrnoException) => resolve(err.code === 'EADDRINUSE'))
+    probe.listen({ host, port }, () => probe.close(() => resolve(false)))
+  })
+}
+
 async function main(): Promise<void> {
   const config = settings()
   setLogLevel(config.logLevel)
+  // Checked by the first process before anything opens; the others join its listener.
+  if (config.serverProcesses > 1 && config.port !== 0 && serverProcessIndex() === 0 && (await portInUse(config.host, config.port))) {
+    process.stderr.write(`error: port ${config.port} on ${config.host} is in use: one server per port (its own processes share it)\n`)
+    process.exit(1)
+  }
   if (usesOperatorSocket(config)) {
     // A CLI in direct mode lets go within seconds; another server never does.
     const lock = await lockDataDir(config.dataDir, 'server', LOCK_WAIT_MS, async (holder) => holder.owner === 'cli')

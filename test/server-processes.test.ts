@@ -4,7 +4,7 @@ import { availableParallelism, tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { decode, hwid, insertLicense, nonce, verifySigned } from './support/client'
 import { makeTestApp, MODE, TEST_DATABASE_URL, TEST_MASTER_KEY, TEST_REDIS_URL } from './support/helpers'
-import { launchSettingsOf, type ServerProcess, startServer } from './support/server-process'
+import { launchSettingsOf, runToExit, type ServerProcess, startServer } from './support/server-process'
 import { freePort } from './support/servers'
 import { LAUNCH_ENV } from '../src/server-processes'
 
@@ -124,6 +124,22 @@ if (MODE === 'postgres') {
       const next = await until(() => childrenOf(server.pid).find((pid) => pid !== first))
       expect(next).not.toBe(first)
       expect((await labelsSeen((labels) => labels.has('1'))).has('1')).toBe(true)
+    })
+
+    test('a second server started on the same port refuses to start, and takes none of the traffic', async () => {
+      const port = new URL(server.url).port
+      const second = await runToExit(['src/main.ts'], {
+        HOST: '127.0.0.1',
+        PORT: port,
+        DATABASE_URL: TEST_DATABASE_URL!,
+        REDIS_URL: TEST_REDIS_URL!,
+        SERVER_PROCESSES: '2',
+        MASTER_KEY: TEST_MASTER_KEY.toString('hex'),
+        DATA_DIR: mkdtempSync(join(tmpdir(), 'ls-second-')),
+      })
+      expect(second.code).toBe(1)
+      expect(second.stderr).toBe(`error: port ${port} on 127.0.0.1 is in use: one server per port (its own processes share it)\n`)
+      expect((await fresh('/healthz')).status).toBe(200)
     })
 
     test('SIGTERM to the first process stops them all, exit code 0', async () => {
