@@ -17,6 +17,9 @@ export type WriteFailure =
 // SQLSTATE classes: 08 connection exception, 40 transaction rollback (serialization, deadlock),
 // 53 insufficient resources, 57 operator intervention (admin shutdown, cannot connect now), 58 system error.
 const OUTAGE_CLASSES = new Set(['08', '40', '53', '57', '58'])
+// And one code: 25006 read_only_sql_transaction, a server that takes no writes for now (a failover that
+// left the connection on a standby, a primary in recovery).
+const OUTAGE_CODES = new Set(['25006'])
 // 22 data exception (bad encoding, NUL, invalid JSON), 23 integrity constraint, 54 program limit (a value too large).
 const DATA_CLASSES = new Set(['22', '23', '54'])
 
@@ -27,7 +30,7 @@ export function classifyWriteError(err: unknown): WriteFailure {
   if (coded.syscall || coded.code.startsWith('CONNECT')) return 'outage'
   if (!SQLSTATE.test(coded.code)) return 'failure'
   const cls = coded.code.slice(0, 2)
-  if (OUTAGE_CLASSES.has(cls)) return 'outage'
+  if (OUTAGE_CLASSES.has(cls) || OUTAGE_CODES.has(coded.code)) return 'outage'
   return DATA_CLASSES.has(cls) ? 'data' : 'failure'
 }
 
