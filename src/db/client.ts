@@ -52,9 +52,6 @@ export const poolSizePerProcess = (serverProcesses: number) =>
 /** The application_name of the connections that serve requests or deliveries. */
 export const SERVER_CONNECTION_NAME = 'license-service'
 
-/** What a backend idle in a transaction is given before PostgreSQL ends it (idle_in_transaction_session_timeout). */
-export const IDLE_IN_TRANSACTION_MS = 60_000
-
 /** Session lock a starting process holds while it migrates; held by whatever must not overlap a start. */
 export const MIGRATION_LOCK = 7428531
 
@@ -69,11 +66,8 @@ const CONNECTION_OPTIONS = {
   connection: {
     // How `master-key rotate` sees, in pg_stat_activity, a server still connected that holds the old key.
     application_name: SERVER_CONNECTION_NAME,
-    // A server that vanished inside a transaction (a machine lost, a network cut) leaves its backend
-    // holding the transaction's locks, and every other instance's request for those rows waiting,
-    // until PostgreSQL's keepalive gives up on it (two hours). No transaction of the service idles
-    // for more than the store's deadline between statements.
-    idle_in_transaction_session_timeout: IDLE_IN_TRANSACTION_MS,
+    // Nothing else: a pooler (PgBouncer) refuses a startup parameter it does not know, and with it
+    // every connection. idle_in_transaction_session_timeout is the database's setting (README).
   },
   backoff: (retries: number) => Math.min(0.05 * 2 ** retries, 1),
   // A connect that gets no answer (a server going down or coming up) otherwise holds its query 30 s.
@@ -85,7 +79,7 @@ const CONNECTION_OPTIONS = {
  * unanswered for `stallSeconds` (stall-check.ts).
  */
 export function poolOptions(connect: typeof postgres, url: string, stallSeconds = STALL_SECONDS): postgres.Options<{}> {
-  return { ...CONNECTION_OPTIONS, stall_timeout: stallSeconds, stall_check: backendCheck(connect, url, CONNECTION_OPTIONS) }
+  return { ...CONNECTION_OPTIONS, stall_timeout: stallSeconds, stall_check: backendCheck(connect, url, CONNECTION_OPTIONS, stallSeconds) }
 }
 
 /** Where the embedded database keeps its files in DATA_DIR. */

@@ -13,6 +13,7 @@ import { sql } from 'drizzle-orm'
 import postgres from 'postgres'
 import { openDb } from '../../src/db/client'
 import { errorCode } from '../../src/db/errors'
+import { backendCheck } from '../../src/db/stall-check'
 import { rowsOf } from '../../src/delivery/prepared'
 import { MODE, TEST_DATABASE_URL } from '../support/helpers'
 import { until } from '../support/servers'
@@ -88,6 +89,26 @@ if (MODE === 'postgres') {
       await servesAgain()
     }, 30_000)
 
+    test('the check ends a backend only once it has been idle for the stall time, and only while its connection still waits', async () => {
+      const check = backendCheck(postgres, TEST_DATABASE_URL!, { onnotice: () => {} }, STALL_SECONDS)
+      const other = postgres(TEST_DATABASE_URL!, { max: 1, onnotice: () => {} })
+      try {
+        const [{ pid }] = (await other`SELECT pg_backend_pid() AS pid`) as unknown as [{ pid: number }]
+        const alive = async () => (await direct`SELECT count(*)::int AS n FROM pg_stat_activity WHERE pid = ${pid}`)[0]!.n === 1
+        // Just finished: its answer may still be on the way (a lock wait that ended as the check began).
+        expect(await check({ pid }, () => true)).toBe(true)
+        await Bun.sleep(STALL_SECONDS * 1_000 + 200)
+        // An answer read meanwhile: the connection is not waiting any more.
+        expect(await check({ pid }, () => false)).toBe(true)
+        expect(await alive()).toBe(true)
+        // Idle for the stall time, its connection still waiting: ended.
+        expect(await check({ pid }, () => true)).toBe(false)
+        expect(await until(alive, (up) => !up, 5_000)).toBe(false)
+      } finally {
+        await other.end({ timeout: 1 })
+      }
+    })
+
     test('a statement that runs past the stall time, or waits for a lock that long, is left to finish', async () => {
       expect(rowsOf(await database.db.execute(sql`SELECT pg_sleep(${STALL_SECONDS * 2.5})::text AS slept`))[0]).toEqual({ slept: '' })
       await direct`SELECT pg_advisory_lock(${LOCK})`
@@ -95,11 +116,6 @@ if (MODE === 'postgres') {
       await Bun.sleep(STALL_SECONDS * 2_500)
       await direct`SELECT pg_advisory_unlock(${LOCK})`
       expect(rowsOf(await waiting)).toHaveLength(1)
-    })
-
-    test('a backend left idle inside a transaction is ended by PostgreSQL after a minute', async () => {
-      // The case no check of this process can reach: the process's machine is gone with its locks.
-      expect(rowsOf(await database.db.execute(sql`SHOW idle_in_transaction_session_timeout`))[0]).toEqual({ idle_in_transaction_session_timeout: '1min' })
     })
   })
 }

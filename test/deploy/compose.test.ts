@@ -129,6 +129,12 @@ describe('compose.yml', () => {
     expect(Object.keys(compose.volumes)).toContain(volumeAt(postgres, '/var/lib/postgresql/data'))
   })
 
+  test('PostgreSQL ends a backend left idle inside a transaction after a minute', () => {
+    // The case no check of a running server can reach: its machine gone with the transaction's locks.
+    // The server sends no such startup parameter itself: a pooler would refuse the connection.
+    expect([postgres.command ?? []].flat()).toEqual(['postgres', '-c', 'idle_in_transaction_session_timeout=60s'])
+  })
+
   test('the server starts once PostgreSQL and Redis are healthy; every service restarts', () => {
     expect(server.depends_on).toEqual({ postgres: { condition: 'service_healthy' }, redis: { condition: 'service_healthy' } })
     for (const name of ['postgres', 'redis']) expect(compose.services[name]?.healthcheck?.test.length).toBeGreaterThan(1)
