@@ -64,6 +64,9 @@ export async function resealAll(database: Database, from: Sealer, to: Sealer): P
  * each server's connections carry their application_name.
  */
 async function refuseWhileServersConnected(tx: Tx): Promise<void> {
+  // pg_stat_activity is read once per transaction and kept (stats_fetch_consistency): a second count
+  // would see the first one's connections, not the ones opened since.
+  await tx.execute(sql`SELECT pg_stat_clear_snapshot()`)
   const result = await tx.execute(sql`
     SELECT count(*)::int AS n FROM pg_stat_activity
     WHERE datname = current_database() AND application_name = ${SERVER_CONNECTION_NAME} AND pid <> pg_backend_pid()`)

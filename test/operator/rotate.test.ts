@@ -359,6 +359,32 @@ describe(`master-key rotate (${MODE})`, () => {
     expect(existsSync(join(env.DATA_DIR ?? '', 'master.key'))).toBe(false)
   })
 
+  test.if(MODE === 'postgres')('a server that connects while the rotation runs makes it refuse at its commit', async () => {
+    const env = await settings(hexKey())
+    await provision(env)
+    // Another session's lock holds the rotation after its first count of servers, at its table lock.
+    const locker = postgres(env.DATABASE_URL!, { max: 2, onnotice: () => {} })
+    const reconnected = postgres(env.DATABASE_URL!, { max: 1, onnotice: () => {}, connection: { application_name: SERVER_CONNECTION_NAME } })
+    try {
+      const rotation = await locker.reserve()
+      await rotation`BEGIN`
+      await rotation`LOCK TABLE webhooks IN ROW EXCLUSIVE MODE`
+      const rotating = cli({ ...env, NEW_MASTER_KEY: hexKey() }, ['master-key', 'rotate'])
+      await until(
+        async () => (await locker`SELECT count(*)::int AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`)[0]!.n > 0,
+        'the rotation waiting at its table lock',
+      )
+      // A server whose connections had dropped reconnects now (a restart of PostgreSQL behind it).
+      await reconnected`SELECT 1`
+      await rotation`COMMIT`
+      rotation.release()
+      await refused(rotating, /connection\(s\) of a running server or CLI are open/)
+    } finally {
+      await reconnected.end({ timeout: 1 })
+      await locker.end({ timeout: 1 })
+    }
+  })
+
   test.if(MODE === 'postgres')('a server still running when a rotation commits stops, exit 2, as a start on the old key would', async () => {
     // A rotation counts the servers connected: one whose connections had all dropped then (a restart
     // of PostgreSQL) is missed, and kept serving on a key that opens nothing re-sealed.
