@@ -24,7 +24,7 @@ export function startDispatcher(ctx: DispatcherWiring, options: DispatcherOption
     {
       db: ctx.database.db,
       send: (job) => pool.send(job),
-      cancelQueued: (webhookIds) => pool.cancelQueued(webhookIds),
+      cancelQueued: (withdrawn) => pool.cancelQueued(withdrawn),
       openSecret: async (sealed) => ctx.sealer.open(sealed).toString('utf8'),
       onCommit: (listener) => ctx.bus.subscribe(listener),
       recorded: (outcomes) => ctx.metrics.webhookDeliveries.addAll(outcomes),

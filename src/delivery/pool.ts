@@ -9,6 +9,7 @@ import type { EventBus } from './outbox'
 import {
   type CancelQueued,
   type DeliveryJob,
+  type Withdrawn,
   type DeliveryResult,
   type DispatchStart,
   KICK,
@@ -155,15 +156,15 @@ export class DeliveryPool {
   /**
    * Answers the jobs still waiting in a worker's queue (never sent) with reason 'cancelled'; requests
    * already open run to their end. Every job at shutdown, so that the caller can hand them back
-   * instead of losing them; or those of `webhookIds` (their webhooks changed since the claim).
+   * instead of losing them; or those `withdrawn` names (their webhooks changed since the claim).
    */
-  cancelQueued(webhookIds: ReadonlySet<string> | null = null): void {
-    const cancel: CancelQueued = { type: 'cancel', webhookIds: webhookIds && [...webhookIds] }
+  cancelQueued(withdrawn: Withdrawn | null = null): void {
+    const cancel: CancelQueued = { type: 'cancel', withdrawn: withdrawn && [...withdrawn] }
     for (const slot of this.#slots) {
       if (!slot) continue
       // At shutdown, jobs of this turn not posted yet are cancelled here (their batch leaves them
       // out); those already posted, by the worker. A webhook's jobs of this turn were claimed just now.
-      if (!webhookIds) {
+      if (!withdrawn) {
         for (const [id, resolve] of slot.pending) {
           if (id <= slot.posted) continue
           slot.pending.delete(id)

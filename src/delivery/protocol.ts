@@ -37,12 +37,18 @@ export type FailureReason = 'timeout' | 'connection' | 'blocked' | 'worker' | 'c
 
 /**
  * Sent to a worker: answer the jobs still queued (never sent) with reason 'cancelled': every one at
- * shutdown (null), or those of webhooks changed since their deliveries were claimed.
+ * shutdown (null), or those of webhooks changed since their deliveries were claimed (Withdrawn).
  */
 export interface CancelQueued {
   type: 'cancel'
-  webhookIds: string[] | null
+  withdrawn: [string, string | null][] | null
 }
+
+/**
+ * Webhooks changed since deliveries of theirs were claimed, each with the URL its deliveries now go
+ * to (null: none, disabled or deleted): their queued jobs for any other URL are cancelled.
+ */
+export type Withdrawn = ReadonlyMap<string, string | null>
 
 /** Sent to the worker running the dispatcher after a commit wrote events: look for work now. */
 export const KICK = 'kick'

@@ -59,3 +59,25 @@ test('a stored URL that the checks of today refuse is not sent to: blocked, what
     await pool.close()
   }
 })
+
+test("a webhook's queued jobs for a URL it no longer has are cancelled; its jobs for the new URL and other webhooks' keep their place", async () => {
+  await using rx = startReceiver((path) => (path === '/held' ? 'hang' : 200))
+  // One request at a time to the receiver's host: the first hangs, the rest queue behind it.
+  const pool = new DeliveryPool({ allowPrivate: true, extraCaFile: testCertificate().certFile, size: 1, perHost: 1, timeoutMs: 1_500 })
+  const of = (webhookId: string, path: string) => ({ ...jobTo(rx.url(path)), webhookId })
+  try {
+    const held = pool.send(of('wh_other', '/held'))
+    const old = pool.send(of('wh_moved', '/old'))
+    const moved = pool.send(of('wh_moved', '/new'))
+    const other = pool.send(of('wh_other', '/old'))
+    await Bun.sleep(200)
+    pool.cancelQueued(new Map([['wh_moved', rx.url('/new')]]))
+    expect(await old).toEqual({ status: 0, reason: 'cancelled' })
+    expect(Bun.peek.status(moved)).toBe('pending')
+    // In queue order once the held request times out.
+    expect(await Promise.all([held, moved, other])).toEqual([{ status: 0, reason: 'timeout' }, { status: 200 }, { status: 200 }])
+    expect(rx.received.map((r) => r.path)).toEqual(['/held', '/new', '/old'])
+  } finally {
+    await pool.close()
+  }
+})

@@ -1,5 +1,5 @@
 import type { Db } from '../../db/client'
-import type { DeliveryJob, DeliveryResult } from '../protocol'
+import type { DeliveryJob, DeliveryResult, Withdrawn } from '../protocol'
 
 export interface DispatcherOptions {
   /** How often to look for work from other instances (and missed wake-ups). */
@@ -60,8 +60,8 @@ export interface DispatcherContext {
   db: Db
   /** Sends one prepared delivery; never rejects. */
   send(job: DeliveryJob): Promise<DeliveryResult>
-  /** Answers the deliveries still queued (not sent) with reason 'cancelled': every one, or those of `webhookIds`. */
-  cancelQueued(webhookIds?: ReadonlySet<string> | null): void
+  /** Answers the deliveries still queued (not sent) with reason 'cancelled': every one, or those `withdrawn` names. */
+  cancelQueued(withdrawn?: Withdrawn | null): void
   /** Opens a sealed webhook secret; throws when it cannot be opened. */
   openSecret(sealed: string): Promise<string>
   /** Calls the listener after every commit that wrote events; returns the unsubscribe. */

@@ -40,11 +40,11 @@ export class Sender implements Outlet {
   /** Each delivery out, with when it was sent (by `#now`), oldest first. */
   readonly #out = new Map<string, { at: number; claimed: Claimed }>()
   /**
-   * Webhooks changed since deliveries of theirs still out were claimed (null: deleted), as the last
-   * `withdraw` found them: those deliveries' queued jobs were cancelled, to be sent as the webhook
-   * is now.
+   * Webhooks changed since deliveries of theirs still out were claimed (null: deleted), as the latest
+   * `withdraw` that asked found them: those deliveries' queued jobs were cancelled, to be sent as the
+   * webhook is now.
    */
-  #changed = new Map<string, WebhookNow | null>()
+  readonly #changed = new Map<string, WebhookNow | null>()
   /** Once stopping, a cancelled delivery is handed back instead of sent again. */
   #stopping = false
   /** Until when a delivery that was slow keeps the reserve. */
@@ -149,14 +149,20 @@ export class Sender implements Outlet {
    * minutes later once a hanging host let the old claims through.
    */
   withdraw(asked: readonly string[], now: ReadonlyMap<string, WebhookNow>): void {
-    const checked = new Set(asked)
-    this.#changed = new Map()
+    const out = new Set<string>()
+    for (const { claimed } of this.#out.values()) out.add(claimed.webhookId)
+    // Kept for what is out: a cancelled delivery that comes back after a later check still goes as it says.
+    for (const webhookId of this.#changed.keys()) if (!out.has(webhookId)) this.#changed.delete(webhookId)
+    for (const webhookId of asked) this.#changed.delete(webhookId)
+    const withdrawn = new Map<string, string | null>()
     for (const { claimed } of this.#out.values()) {
-      if (!checked.has(claimed.webhookId)) continue
+      if (!asked.includes(claimed.webhookId)) continue
       const current = now.get(claimed.webhookId) ?? null
-      if (current === null || !current.enabled || current.url !== claimed.url) this.#changed.set(claimed.webhookId, current)
+      if (current !== null && current.enabled && current.url === claimed.url) continue
+      this.#changed.set(claimed.webhookId, current)
+      withdrawn.set(claimed.webhookId, current?.enabled ? current.url : null)
     }
-    if (this.#changed.size > 0 && !this.#stopping) this.#ctx.cancelQueued(new Set(this.#changed.keys()))
+    if (withdrawn.size > 0 && !this.#stopping) this.#ctx.cancelQueued(withdrawn)
   }
 
   #dispatch(c: Claimed): void {

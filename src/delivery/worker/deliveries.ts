@@ -1,4 +1,4 @@
-import type { DeliveryJob, DeliveryResult, WorkerInit } from '../protocol'
+import type { DeliveryJob, DeliveryResult, WorkerInit, Withdrawn } from '../protocol'
 import { parseTargetUrl, pinnedTarget, resolvePublicTarget, TargetError } from '../target'
 import { LowPriority } from './priority'
 
@@ -45,12 +45,17 @@ export class Deliveries {
     })
   }
 
-  /** Answers the jobs still queued (never sent) with reason 'cancelled': every one, or only those of `webhookIds`. */
-  cancelQueued(webhookIds: ReadonlySet<string> | null = null): void {
+  /**
+   * Answers the jobs still queued (never sent) with reason 'cancelled': every one, or those of the
+   * `withdrawn` webhooks that go to another URL than the webhook's now (a job already sent again to
+   * the new URL keeps its place).
+   */
+  cancelQueued(withdrawn: Withdrawn | null = null): void {
     const kept: Queued[] = []
     for (const queued of this.#queue.splice(0)) {
-      const { webhookId } = queued.job
-      if (webhookIds && (webhookId === undefined || !webhookIds.has(webhookId))) kept.push(queued)
+      const { webhookId, url } = queued.job
+      const now = webhookId === undefined ? undefined : withdrawn?.get(webhookId)
+      if (withdrawn && (now === undefined || now === url)) kept.push(queued)
       else queued.done({ status: 0, reason: 'cancelled' })
     }
     this.#queue.push(...kept)

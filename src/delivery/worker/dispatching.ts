@@ -71,7 +71,7 @@ export class Dispatching {
       {
         db: drizzle({ client }) as unknown as Db,
         send: (job) => deliveries.send(job),
-        cancelQueued: (webhookIds) => deliveries.cancelQueued(webhookIds),
+        cancelQueued: (withdrawn) => deliveries.cancelQueued(withdrawn),
         openSecret: (sealed) => this.#openSecret(sealed),
         onCommit: (listener) => {
           this.#wakeUps.add(listener)

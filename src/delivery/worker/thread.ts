@@ -25,7 +25,7 @@ self.onmessage = (event: MessageEvent<Incoming>) => {
     else if (msg.type === 'dispatch') dispatching.start(msg)
     else if (msg.type === 'opened') dispatching.opened(msg)
     else if (msg.type === 'stop') dispatching.stop()
-    else if (msg.type === 'cancel') deliveries.cancelQueued(msg.webhookIds && new Set(msg.webhookIds))
+    else if (msg.type === 'cancel') deliveries.cancelQueued(msg.withdrawn && new Map(msg.withdrawn))
     return
   }
   if (msg === KICK) return dispatching.wake()

@@ -30,8 +30,8 @@ function harness(maxInFlight = 8, openSecret: (sealed: string) => Promise<string
   /** The sender's real-time clock, moved by the test. */
   const elapsed = { ms: 0 }
   const sent: { job: DeliveryJob; answer: (r: DeliveryResult) => void }[] = []
-  /** The webhooks whose queued deliveries the sender cancelled, one set per call. */
-  const cancelled: string[][] = []
+  /** What the sender withdrew, one list of webhooks with the URL each now goes to per call. */
+  const cancelled: [string, string | null][][] = []
   const opened: string[] = []
   const recorded: Attempt[] = []
   const handedBack: number[] = []
@@ -40,7 +40,7 @@ function harness(maxInFlight = 8, openSecret: (sealed: string) => Promise<string
   const sender = new Sender(
     {
       send: (job) => new Promise((answer) => sent.push({ job, answer })),
-      cancelQueued: (webhookIds) => void cancelled.push([...(webhookIds ?? [])].sort()),
+      cancelQueued: (withdrawn) => void cancelled.push([...(withdrawn ?? [])].sort()),
       openSecret: (sealed) => {
         opened.push(sealed)
         return openSecret(sealed)
@@ -139,7 +139,13 @@ describe('sender', () => {
       ['wh_same', { url: 'https://receiver.example/hook', enabled: true }],
     ])
     h.sender.withdraw(hooks, now)
-    expect(h.cancelled).toEqual([['wh_deleted', 'wh_disabled', 'wh_moved']])
+    expect(h.cancelled).toEqual([
+      [
+        ['wh_deleted', null],
+        ['wh_disabled', null],
+        ['wh_moved', 'https://elsewhere.example/hook'],
+      ],
+    ])
     // The pool answers the three still queued.
     for (const s of h.sent.slice(0, 3)) s.answer({ status: 0, reason: 'cancelled' })
     await settle()
