@@ -60,6 +60,10 @@ export function parseTargetUrl(text: string): URL {
   } catch {
     throw new TargetError('url is not a valid URL')
   }
+  // Stored and sent as parsed: non-ASCII and spaces percent-encoded, host names in punycode.
+  if (url.href.length > MAX_WEBHOOK_URL_LENGTH) {
+    throw new TargetError(`url must be at most ${MAX_WEBHOOK_URL_LENGTH} characters once normalized (non-ASCII characters percent-encoded)`)
+  }
   if (url.protocol !== 'https:') throw new TargetError('url must use https://')
   if (!url.hostname) throw new TargetError('url has no host')
   // Credentials in a URL would be echoed by every list response; receivers authenticate by signature.
