@@ -300,6 +300,29 @@ describe('webhook delivery', () => {
     await t.ctx.webhookPool.close()
   })
 
+  test("when one account's receiver starts to hang with every slot, another account's delivery goes once the first timeouts free a few", async () => {
+    const t = await appWithReceiverCa()
+    const slow = await t.seed()
+    const other = await t.seed()
+    await using hanging = startReceiver(() => 'hang')
+    await using answering = startReceiver()
+    await addHook(t, slow, hanging.url('/backlog'), ['license.created'])
+    await addHook(t, other, answering.url('/other'), ['license.created'])
+    // The spec's 10 s timeout, shortened; the dispatcher's 256 slots, of which the hanging host holds
+    // 16 open and the rest wait behind them, 16 freed a timeout.
+    t.ctx.webhookPool = new DeliveryPool({ allowPrivate: true, extraCaFile: testCertificate().certFile, size: 1, timeoutMs: 2_000 })
+    await using _d = startDispatcher(t.ctx, { pollMs: 200, yieldAbove: 2 })
+    const created = (s: { appId: string }) => ({ event: 'license.created' as EventName, data: dataFor('license.created', s.appId, keyFor()) })
+    await emit(t.ctx, Array.from({ length: 300 }, () => created(slow)))
+    await until(() => hanging.at('/backlog').length === 16, 'the hanging receiver holding its 16')
+    const started = performance.now()
+    await emit(t.ctx, [created(other)])
+    await until(() => answering.at('/other').length === 1, "the other account's delivery")
+    // After the first timeouts, not after the four it took to free a chunk of 64 slots.
+    expect(performance.now() - started).toBeLessThan(4_500)
+    await t.ctx.webhookPool.close()
+  }, 30_000)
+
   test('the private-address guard applies again at delivery time', async () => {
     const t = await appWithReceiverCa()
     const s = await t.seed()

@@ -104,7 +104,9 @@ export class Sender implements Outlet {
    * finished delivery would otherwise run a statement for one or two rows.
    */
   worthClaiming(): boolean {
-    return this.#worth(this.#free)
+    // While a receiver is slow its slots come back a few at a time, a timeout apart (16 a host every
+    // 10 s): waiting for a chunk of them would keep other accounts' deliveries waiting several timeouts.
+    return this.#receiverSlow() ? this.#free >= 1 : this.#worth(this.#free)
   }
 
   worthBorrowing(): boolean {
