@@ -23,11 +23,11 @@ export class ResealRefused extends Error {}
 /** The counts re-sealed, or null when the database is already sealed with `to` (a rotation that committed before). */
 export async function resealAll(database: Database, from: Sealer, to: Sealer): Promise<Resealed | null> {
   return database.db.transaction(async (tx) => {
-    // The migration lock holds back a server starting from here on; the check row, taken before the
-    // count, one that got past its migration already: it reads the row FOR SHARE at start (adoptKeyCheck),
-    // so it has either read it and is connected, counted below, or waits for the commit and then
-    // refuses the old key. A sealing transaction takes this row (FOR SHARE) before it writes, so the
-    // two queue here instead of deadlocking.
+    // A server starting from here on waits at its migration (this lock). One already past it reads the
+    // check row FOR SHARE at start (adoptKeyCheck), and the row is taken here before the count: it has
+    // either read the row and is connected, so counted below, or waits for the commit and then refuses
+    // the old key. A sealing transaction takes this row (FOR SHARE) before it writes, so the two queue
+    // here instead of deadlocking.
     if (database.kind === 'postgres') await tx.execute(sql.raw(`SELECT pg_advisory_xact_lock(${MIGRATION_LOCK})`))
     const stored = await storedKeyCheck(tx, 'update')
     // Before the table lock, which would otherwise wait behind a running server's transaction.
