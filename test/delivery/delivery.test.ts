@@ -28,6 +28,32 @@ async function addHook(t: TestApp, s: { appId: string; apiKey: string }, url: st
   return res.body as { webhookId: string; secret: string }
 }
 
+/**
+ * Two accounts of `t`: `slow`, whose webhook goes to a receiver that hangs (`/backlog`), and `other`,
+ * whose webhook goes to one that answers (`/other`); `created` makes an event of either. Disposing it
+ * stops both receivers.
+ */
+async function hangingBeside(t: TestApp) {
+  const slow = await t.seed()
+  const other = await t.seed()
+  const hanging = startReceiver(() => 'hang')
+  const answering = startReceiver()
+  await addHook(t, slow, hanging.url('/backlog'), ['license.created'])
+  await addHook(t, other, answering.url('/other'), ['license.created'])
+  const created = (s: { appId: string }) => ({ event: 'license.created' as EventName, data: dataFor('license.created', s.appId, keyFor()) })
+  return {
+    slow,
+    other,
+    hanging,
+    answering,
+    created,
+    async [Symbol.asyncDispose]() {
+      await hanging[Symbol.asyncDispose]()
+      await answering[Symbol.asyncDispose]()
+    },
+  }
+}
+
 async function hooksOf(t: TestApp, s: { appId: string; apiKey: string }) {
   const res = await t.req('GET', `/v1/apps/${s.appId}/webhooks`, { apiKey: s.apiKey })
   return res.body.webhooks as { webhookId: string; lastDeliveryAt: string | null; lastDeliveryStatus: number | null }[]
@@ -274,18 +300,13 @@ describe('webhook delivery', () => {
 
   test("one account's receivers that hang with a backlog leave room for other accounts' deliveries once they are seen to be slow", async () => {
     const t = await appWithReceiverCa()
-    const slow = await t.seed()
-    const other = await t.seed()
-    await using hanging = startReceiver(() => 'hang')
-    await using answering = startReceiver()
-    await addHook(t, slow, hanging.url('/backlog'), ['license.created'])
-    await addHook(t, other, answering.url('/other'), ['license.created'])
+    await using accounts = await hangingBeside(t)
+    const { slow, other, hanging, answering, created } = accounts
     // The spec's 10 s timeout, shortened so the test sees the first ones expire.
     t.ctx.webhookPool = new DeliveryPool({ allowPrivate: true, extraCaFile: testCertificate().certFile, timeoutMs: 3_000 })
     // 8 slots, one account's first delivery on the way within its share. The poll never comes round,
     // and passes never give way to the test's own CPU: wake-ups alone move the deliveries.
     await using _d = startDispatcher(t.ctx, { pollMs: 60_000, maxInFlight: 8, yieldAbove: 2 })
-    const created = (s: { appId: string }) => ({ event: 'license.created' as EventName, data: dataFor('license.created', s.appId, keyFor()) })
     await emit(t.ctx, Array.from({ length: 30 }, () => created(slow)))
     // No receiver was slow yet: the account alone borrows every slot.
     await until(() => hanging.at('/backlog').length === 8, 'the hanging receiver holding every slot')
@@ -302,17 +323,12 @@ describe('webhook delivery', () => {
 
   test("when one account's receiver starts to hang with every slot, another account's delivery goes once the first timeouts free a few", async () => {
     const t = await appWithReceiverCa()
-    const slow = await t.seed()
-    const other = await t.seed()
-    await using hanging = startReceiver(() => 'hang')
-    await using answering = startReceiver()
-    await addHook(t, slow, hanging.url('/backlog'), ['license.created'])
-    await addHook(t, other, answering.url('/other'), ['license.created'])
+    await using accounts = await hangingBeside(t)
+    const { slow, other, hanging, answering, created } = accounts
     // The spec's 10 s timeout, shortened; the dispatcher's 256 slots, of which the hanging host holds
     // 16 open and the rest wait behind them, 16 freed a timeout.
     t.ctx.webhookPool = new DeliveryPool({ allowPrivate: true, extraCaFile: testCertificate().certFile, size: 1, timeoutMs: 2_000 })
     await using _d = startDispatcher(t.ctx, { pollMs: 200, yieldAbove: 2 })
-    const created = (s: { appId: string }) => ({ event: 'license.created' as EventName, data: dataFor('license.created', s.appId, keyFor()) })
     await emit(t.ctx, Array.from({ length: 300 }, () => created(slow)))
     await until(() => hanging.at('/backlog').length === 16, 'the hanging receiver holding its 16')
     const started = performance.now()
