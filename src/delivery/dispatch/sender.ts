@@ -151,19 +151,21 @@ export class Sender implements Outlet {
    * minutes later once a hanging host let the old claims through.
    */
   withdraw(asked: readonly string[], now: ReadonlyMap<string, WebhookNow>): void {
+    const checked = new Set(asked)
+    for (const webhookId of checked) this.#changed.delete(webhookId)
     const out = new Set<string>()
-    for (const { claimed } of this.#out.values()) out.add(claimed.webhookId)
-    // Kept for what is out: a cancelled delivery that comes back after a later check still goes as it says.
-    for (const webhookId of this.#changed.keys()) if (!out.has(webhookId)) this.#changed.delete(webhookId)
-    for (const webhookId of asked) this.#changed.delete(webhookId)
     const withdrawn = new Map<string, string | null>()
     for (const { claimed } of this.#out.values()) {
-      if (!asked.includes(claimed.webhookId)) continue
+      out.add(claimed.webhookId)
+      if (!checked.has(claimed.webhookId)) continue
       const current = now.get(claimed.webhookId) ?? null
       if (current !== null && current.enabled && current.url === claimed.url) continue
       this.#changed.set(claimed.webhookId, current)
       withdrawn.set(claimed.webhookId, current?.enabled ? current.url : null)
     }
+    // Kept while anything of the webhook is out: a cancelled delivery that comes back after a later
+    // check still goes as it says.
+    for (const webhookId of this.#changed.keys()) if (!out.has(webhookId)) this.#changed.delete(webhookId)
     if (withdrawn.size > 0 && !this.#stopping) this.#ctx.cancelQueued(withdrawn)
   }
 
