@@ -430,4 +430,42 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: one authorize call in flight', ()
       await store.close()
     }
   })
+
+  test('a heartbeat answered as failed for want of a reply is uncounted too, so its repeat pays the charge it gave back', async () => {
+    const store = new RedisStore(TEST_REDIS_URL as string, { callTimeoutMs: 300 })
+    try {
+      const original = store.redis.lsAuthorize.bind(store.redis)
+      let deliver = () => {}
+      let holdNext = false
+      store.redis.lsAuthorize = (...args: Parameters<typeof original>) => {
+        const call = original(...args)
+        if (!holdNext) return call
+        holdNext = false
+        const held = new Promise<void>((resolve) => {
+          deliver = resolve
+        })
+        return call.then(async (reply) => {
+          await held
+          return reply
+        })
+      }
+      const acct = randomUUID()
+      await store.loadBalance(acct, { epoch: 0, flushId: null, seq: 0 }, 5, false)
+      const read = await store.snapshot([PROBE])
+      const counter = { key: `ls:test:hb:${randomUUID()}`, every: 2 }
+      const heartbeat = () => store.authorize(request(read.generation, Date.now(), { shard: S, charge: { accountId: acct, cost: 1, counter } }))
+      expect(await heartbeat()).toEqual({ kind: 'ok', charged: 0 })
+      // The second heartbeat, the charged one, runs but its reply comes after its deadline.
+      holdNext = true
+      await expect(heartbeat()).rejects.toThrow('did not answer')
+      deliver()
+      expect(await until(() => store.redis.get(keys.balance(S, acct)), (balance) => balance === '5')).toBe('5')
+      expect(await until(() => store.redis.get(counter.key), (count) => count === '1')).toBe('1')
+      // The client repeats it: that repeat is the second counted heartbeat, and is charged.
+      expect(await heartbeat()).toEqual({ kind: 'ok', charged: 1 })
+      expect(await store.balance(acct)).toBe(4)
+    } finally {
+      await store.close()
+    }
+  })
 })

@@ -187,17 +187,27 @@ export class RedisAuthorizer implements Authorizer {
     }
   }
 
-  /** Gives back what a call charged for requests that were answered as failed (a late reply, a replaced connection). */
+  /**
+   * Gives back what a call charged for requests that were answered as failed (a late reply, a replaced
+   * connection), and uncounts their heartbeats: a counted call the client must repeat would otherwise
+   * make the repeat of a charged tenth call free.
+   */
   #refundAll(batch: PendingAuthorize[], replies: number[]): void {
     let at = 1
     try {
       for (const p of batch) {
         const [result, next] = authorizeResult(replies, at)
         at = next
-        const accountId = p.input.charge?.accountId
-        if (result.kind === 'ok' && result.charged > 0 && accountId) {
-          this.credits.refund(accountId, result.charged).catch((e: unknown) =>
+        const charge = p.input.charge
+        if (result.kind !== 'ok' || !charge) continue
+        if (result.charged > 0) {
+          this.credits.refund(charge.accountId, result.charged).catch((e: unknown) =>
             log.warn('refund of a call answered as failed did not reach redis', errorFields(e)),
+          )
+        }
+        if (charge.counter) {
+          this.conn.redis.decr(charge.counter.key).catch((e: unknown) =>
+            log.warn('the heartbeat count of a call answered as failed was not given back', errorFields(e)),
           )
         }
       }
