@@ -18,12 +18,18 @@ interface Job {
 
 /** Keys the worker may hold at once; past this it forgets them all and is sent those in use again. */
 const MAX_WORKER_KEYS = 4096
+/** After a second failure in a row, the wait before the next worker starts: doubled at each, up to the last. */
+const FIRST_RETRY_MS = 1000
+const LAST_RETRY_MS = 60_000
 
 /**
  * Ed25519 signing on a worker thread. A sign costs ~20 µs, the largest single cost of a client
  * request, and the HTTP work of every request runs on the one main thread: handing a turn's
  * signatures over in one message costs that thread ~1 µs each instead, and the second core signs.
- * If the worker fails, its pending texts are signed here and a new worker starts with the next batch.
+ * If the worker fails, its pending texts are signed here and a new worker starts with the next batch;
+ * after failures in a row with no answer between them (a worker that cannot start), batches are signed
+ * here for a while before the next try, so a broken worker costs one attempt and one log line a minute
+ * at most, not one of each per turn.
  * A server running several processes signs on the calling thread instead (start): on this project's
  * usual hosts (up to 4 cores, the default process count's cap) every core already runs a process's
  * requests, so the hand-off would only add the messages and wake-ups.
@@ -34,10 +40,18 @@ export class Signer {
   readonly #queue = new TurnBatcher<Job>((batch) => this.#post(batch))
   #onCallerThread = false
   readonly #spawnWorker: () => Worker
+  readonly #now: () => number
+  /** Worker failures since a worker last answered. */
+  #failures = 0
+  #nextStartAt = 0
 
-  /** `spawnWorker` starts a worker of sign-worker.ts (tests stand in for it). */
-  constructor(spawnWorker: () => Worker = () => new Worker(new URL('./sign-worker.ts', import.meta.url).href)) {
+  /** `spawnWorker` starts a worker of sign-worker.ts; tests stand in for it and for the clock. */
+  constructor(
+    spawnWorker: () => Worker = () => new Worker(new URL('./sign-worker.ts', import.meta.url).href),
+    now: () => number = () => performance.now(),
+  ) {
     this.#spawnWorker = spawnWorker
+    this.#now = now
   }
 
   sign(keyId: string, key: KeyObject, text: string): Promise<string> {
@@ -55,6 +69,10 @@ export class Signer {
   }
 
   #post(batch: Job[]): void {
+    if (!this.#worker && this.#now() < this.#nextStartAt) {
+      for (const job of batch) job.resolve(signText(job.text, job.key))
+      return
+    }
     let current: SigningWorker | null = null
     try {
       current = this.#worker ??= this.#spawn()
@@ -95,6 +113,7 @@ export class Signer {
       // This worker's own batches: an answer it sent before it failed must never be read as another
       // worker's, whose texts (other apps' payloads) it did not sign.
       const batch = signing.posted.shift() ?? []
+      if (this.#worker === signing) this.#failures = 0
       const signatures = event.data
       for (let i = 0; i < batch.length; i++) {
         const job = batch[i] as Job
@@ -110,6 +129,11 @@ export class Signer {
   /** A worker that failed: what it was asked to sign is signed here, and the next batch starts a new one. */
   #retire(signing: SigningWorker | null, err: unknown): void {
     log.error('signing worker failed; signing on the main thread until a new one starts', errorFields(err))
+    if (!signing || this.#worker === signing) {
+      // A lone failure is retried with the next batch; one after another, after a wait.
+      this.#failures++
+      this.#nextStartAt = this.#failures < 2 ? 0 : this.#now() + Math.min(LAST_RETRY_MS, FIRST_RETRY_MS * 2 ** (this.#failures - 2))
+    }
     if (!signing) return
     if (this.#worker === signing) this.#worker = null
     for (const batch of signing.posted.splice(0)) for (const job of batch) job.resolve(signText(job.text, job.key))

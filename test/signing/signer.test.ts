@@ -91,3 +91,57 @@ test('a worker that cannot be started leaves its batch signed here, not waiting 
   expect(valid('c', await own.sign(pair.keyId, pair.privateKey, 'c'), pair.publicKey)).toBe(true)
   expect(starts).toBe(2)
 })
+
+test('a worker failing again and again is tried after waits that double, up to a minute, and its batches meanwhile are signed here', async () => {
+  let starts = 0
+  let now = 0
+  const own = new Signer(() => {
+    starts++
+    throw new Error('no more threads')
+  }, () => now)
+  const pair = keyPair()
+  const sign = async (text: string) => expect(valid(text, await own.sign(pair.keyId, pair.privateKey, text), pair.publicKey)).toBe(true)
+  await sign('first failure')
+  await sign('second failure')
+  expect(starts).toBe(2)
+  for (const [wait, failures] of [[1000, 3], [2000, 4], [4000, 5]] as const) {
+    now += wait - 1
+    await sign('still waiting')
+    expect(starts).toBe(failures - 1)
+    now += 1
+    await sign('tried again')
+    expect(starts).toBe(failures)
+  }
+  for (let i = 0; i < 10; i++) {
+    now += 60_000
+    await sign('a minute apart at most')
+  }
+  expect(starts).toBe(15)
+})
+
+test('a worker that answers ends the waits: its own failure later is retried with the next batch', async () => {
+  const workers: FakeWorker[] = []
+  let failStart = true
+  const own = new Signer(() => {
+    if (failStart) {
+      failStart = false
+      throw new Error('no more threads')
+    }
+    const fake = new FakeWorker()
+    workers.push(fake)
+    return fake as unknown as Worker
+  }, () => 5000)
+  const pair = keyPair()
+  await own.sign(pair.keyId, pair.privateKey, 'signed here')
+  const answered = own.sign(pair.keyId, pair.privateKey, 'by the worker')
+  await Bun.sleep(0)
+  workers[0]!.onmessage!({ data: [null] })
+  await answered
+  workers[0]!.onerror!({ error: new Error('worker died'), message: 'worker died' })
+  // The clock stands still: only the answer's reset lets a worker start at once after this second failure.
+  const next = own.sign(pair.keyId, pair.privateKey, 'next')
+  await Bun.sleep(0)
+  expect(workers).toHaveLength(2)
+  workers[1]!.onmessage!({ data: [null] })
+  expect(valid('next', await next, pair.publicKey)).toBe(true)
+})
