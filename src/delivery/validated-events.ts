@@ -3,8 +3,10 @@ import type { EventBus } from './outbox'
 import type { LabeledCounter } from '../lib/metrics'
 import { log } from '../lib/log'
 import { type DomainEvent, recordEvents } from './outbox'
+import { sql } from 'drizzle-orm'
 import { errorCode } from '../db/errors'
-import { writeIsolated } from '../db/isolated-write'
+import { classifyWriteError, writeIsolated } from '../db/isolated-write'
+import { rowsOf } from './prepared'
 
 /**
  * How long a license.validated event waits in memory for others to join its INSERT. It fires on
@@ -27,7 +29,7 @@ const RETRY_FIRST_MS = 100
 const RETRY_MAX_MS = 2_000
 
 export interface ValidatedEventBatchOptions {
-  /** Writes one batch; recordEvents on the database unless a test replaces it. */
+  /** Writes one batch; recordEvents in a transaction whose outcome can be asked for (see #unsure), unless a test replaces it. */
   write?: (list: readonly DomainEvent[]) => Promise<void>
   maxKept?: number
 }
@@ -36,7 +38,9 @@ export interface ValidatedEventBatchOptions {
  * license.validated fires on every login: written in batches (one INSERT per VALIDATED_BATCH_MS,
  * one write at a time) instead of one transaction per request. An event PostgreSQL refuses is split
  * off and dropped alone (writeIsolated); while the database is unreachable the events wait here,
- * up to maxKept, and are retried with back-off until it answers.
+ * up to maxKept, and are retried with back-off until it answers. A write whose answer was lost (the
+ * connection dropped around its COMMIT) is not simply written again: its transaction's fate is asked
+ * first, so events it did commit are not recorded, and delivered, twice.
  */
 export class ValidatedEventBatch {
   /** Oldest first: the events of the current wait, behind any an outage kept. */
@@ -46,6 +50,11 @@ export class ValidatedEventBatch {
   #writing: Promise<void> | null = null
   #failures = 0
   #overflowReported = false
+  /**
+   * The last write that failed as an outage after its transaction had an id: it may have committed
+   * all the same. Its events are written again only once PostgreSQL says that transaction did not.
+   */
+  #unsure: { xid: string; events: ReadonlySet<DomainEvent> } | null = null
   readonly #write: (list: readonly DomainEvent[]) => Promise<void>
   readonly #maxKept: number
 
@@ -53,7 +62,7 @@ export class ValidatedEventBatch {
     private readonly sink: { database: Database; bus: EventBus; dropped: LabeledCounter },
     options: ValidatedEventBatchOptions = {},
   ) {
-    this.#write = options.write ?? ((list) => recordEvents(sink.database.db, list))
+    this.#write = options.write ?? ((list) => this.#writeTracked(list))
     this.#maxKept = options.maxKept ?? MAX_KEPT_EVENTS
   }
 
@@ -109,7 +118,53 @@ export class ValidatedEventBatch {
     return this.#writing
   }
 
+  async #writeTracked(list: readonly DomainEvent[]): Promise<void> {
+    let xid: string | null = null
+    try {
+      await this.sink.database.db.transaction(async (tx) => {
+        xid = String(rowsOf(await tx.execute(sql`SELECT pg_current_xact_id()::text AS xid`))[0]?.xid)
+        await recordEvents(tx, list)
+      })
+    } catch (err) {
+      if (xid !== null && classifyWriteError(err) === 'outage') this.#unsure = { xid, events: new Set(list) }
+      throw err
+    }
+  }
+
+  /**
+   * Settles the unsure write: its events leave the queue if its transaction committed, stay to be
+   * written if it did not. False while that cannot be known yet (the database unreachable, or the
+   * transaction still open on a backend that has not noticed its connection is gone).
+   */
+  async #settleUnsure(): Promise<boolean> {
+    const unsure = this.#unsure
+    if (!unsure) return true
+    let status: unknown
+    try {
+      status = rowsOf(await this.sink.database.db.execute(sql`SELECT pg_xact_status(${unsure.xid}::xid8) AS status`))[0]?.status
+    } catch (err) {
+      if (classifyWriteError(err) === 'outage') {
+        this.#backOff(err)
+        return false
+      }
+      // An id this server never gave out (a failover to a standby that had not seen it) or one too old
+      // to have a status: the transaction is not there to have committed.
+      status = null
+    }
+    if (status === 'in progress') {
+      this.#backOff(new Error('an unanswered license.validated write is still in progress'))
+      return false
+    }
+    this.#unsure = null
+    if (status === 'committed') {
+      this.#pending = this.#pending.filter((e) => !unsure.events.has(e))
+      this.sink.bus.notify()
+    }
+    return true
+  }
+
   async #writeDue(): Promise<void> {
+    if (!(await this.#settleUnsure())) return
     // Later events wait for their own batch: writing them now would mean more, smaller statements.
     let due = this.#pending.length
     while (due > 0 && this.#pending.length > 0) {

@@ -1,13 +1,15 @@
-import { expect, test } from 'bun:test'
+import { afterAll, describe, expect, test } from 'bun:test'
 import { and, eq, inArray } from 'drizzle-orm'
 import { type DomainEvent, recordEvents } from '../../src/delivery/outbox'
 import { ValidatedEventBatch } from '../../src/delivery/validated-events'
 import { events } from '../../src/db/schema'
-import { makeTestApp } from '../support/helpers'
+import { openDb } from '../../src/db/client'
+import { makeTestApp, MODE, TEST_DATABASE_URL } from '../support/helpers'
 import { loggedBy } from '../support/log-capture'
 import { hwid } from '../support/client'
 import { connectionRefused } from '../support/pg-errors'
 import { until } from '../support/servers'
+import { TamperingProxy } from '../support/tampering-proxy'
 
 const t = await makeTestApp()
 const batchSink = (ctx: typeof t.ctx) => ({ database: ctx.database, bus: ctx.bus, dropped: ctx.metrics.validatedEventsDropped })
@@ -97,3 +99,46 @@ test('beyond the bound the oldest kept events are dropped, with one error line a
   const recorded = await until(() => hwidsRecorded([s.appId]), (got) => got.length >= 50)
   expect(recorded).toEqual(sent.slice(30).map((e) => String(e.data.hwid)))
 })
+
+if (MODE === 'postgres') {
+  describe('a write whose answer is lost with its connection', async () => {
+    const target = new URL(TEST_DATABASE_URL!)
+    const proxy = new TamperingProxy(Number(target.port || 5432))
+    const url = new URL(target)
+    url.port = String(await proxy.listen())
+    const database = await openDb({ databaseUrl: url.toString(), dataDir: null, poolSize: 1 })
+    afterAll(async () => {
+      await database.close()
+      proxy.close()
+    })
+    const proxiedSink = () => ({ ...batchSink(t.ctx), database })
+
+    // Until every kept event is written, and the write under way with them has finished.
+    const settled = (batch: ValidatedEventBatch) =>
+      until(
+        async () => {
+          await batch.flush()
+          return batch.kept
+        },
+        (kept) => kept === 0,
+      )
+
+    test.each([
+      ['its COMMIT reached PostgreSQL: its events are recorded once, not written again', (data: Buffer) => data.includes('commit'), 5],
+      ['it was cut before its COMMIT: its events are written again, once the transaction is known to have failed', (data: Buffer, marker: string) => data.includes(marker), 0],
+    ])('%s', async (_name, lose, committed) => {
+      const s = await t.seed()
+      const batch = new ValidatedEventBatch(proxiedSink())
+      const sent = Array.from({ length: 5 }, () => validated(s.appId))
+      const marker = String(sent[0]!.data.hwid)
+      proxy.loseReplyTo = (data) => lose(data, marker)
+      for (const e of sent) batch.add(e)
+      await batch.flush()
+      expect(proxy.loseReplyTo).toBeNull()
+      expect(batch.kept).toBe(5)
+      expect(await until(() => hwidsRecorded([s.appId]), (got) => got.length === committed)).toHaveLength(committed)
+      expect(await settled(batch)).toBe(0)
+      expect(await hwidsRecorded([s.appId])).toEqual(sent.map((e) => String(e.data.hwid)))
+    })
+  })
+}
