@@ -38,37 +38,45 @@ export async function revokeApiKey(ctx: Context, apiKey: string): Promise<boolea
   return rows.length > 0
 }
 
+const accountNotFound = (accountId: string) => new ApiError('not_found', 404, `No account ${accountId}`)
+
 /** The account's row, or 404. */
 export async function requireAccount(db: DbOrTx, accountId: string) {
   const [row] = await db.select().from(accounts).where(eq(accounts.id, accountId)).limit(1)
-  if (!row) throw new ApiError('not_found', 404, `No account ${accountId}`)
+  if (!row) throw accountNotFound(accountId)
   return row
 }
 
-/** Adds (or with a negative n removes, never below zero) credits; the store learns of it at once. */
+/**
+ * Adds credits, or with a negative n removes them, never below zero: below what the account can spend
+ * now, charges not yet reconciled counted. The store learns of it at once.
+ */
 export async function addCredits(ctx: Context, accountId: string, n: number) {
   const row = await ctx.database.db.transaction(async (tx) => {
-    const [updated] = await tx
-      .update(accounts)
-      .set({ credits: sql`GREATEST(0, ${accounts.credits} + ${n})` })
-      // Past it a balance reads rounded here and in every client's JSON, and charges stop showing.
-      .where(and(eq(accounts.id, accountId), sql`${accounts.credits} + ${n} <= ${Number.MAX_SAFE_INTEGER}`))
-      .returning({ accountId: accounts.id, credits: accounts.credits })
-    if (!updated) {
-      await requireAccount(tx, accountId)
+    const [current] = await tx
+      .select({ credits: accounts.credits, creditSeq: accounts.creditSeq })
+      .from(accounts)
+      .where(eq(accounts.id, accountId))
+      .for('update')
+    if (!current) throw accountNotFound(accountId)
+    // Past it a balance reads rounded here and in every client's JSON, and charges stop showing.
+    if (current.credits + n > Number.MAX_SAFE_INTEGER)
       throw new ApiError('bad_request', 400, `The balance would pass ${Number.MAX_SAFE_INTEGER} credits`)
-    }
-    // The store drops the live balance while the UPDATE still holds the row: a balance seed (which reads
+    // The store drops the live balance while this transaction holds the row: a balance seed (which reads
     // the row FOR SHARE) either finished before, and is dropped here, or waits and finds the epoch moved.
     // The next seed reads whatever PostgreSQL then holds, so a COMMIT that fails after this adds nothing
     // (a delta given to the store here would stay in the live balance). If the store is unreachable
     // nothing is committed, so a retry cannot add twice either.
     const seq = await ctx.store.creditsChanging(accountId)
-    await tx
+    // A removal is held to what the charges not yet reconciled leave: clamped against PostgreSQL's
+    // balance alone, it left a debt that the next credits added, and the next flush, silently paid.
+    const change = n >= 0 ? n : -Math.min(-n, await ctx.credits.spendable(tx, accountId, current.credits, current.creditSeq))
+    const [updated] = await tx
       .update(accounts)
-      .set({ creditSeq: sql`GREATEST(${accounts.creditSeq}, ${seq})` })
+      .set({ credits: current.credits + change, creditSeq: sql`GREATEST(${accounts.creditSeq}, ${seq})` })
       .where(eq(accounts.id, accountId))
-    return updated
+      .returning({ accountId: accounts.id, credits: accounts.credits })
+    return updated!
   })
   // Seeded again now, so the answer counts the charges not reconciled yet; with the store gone since the
   // commit, currentBalance answers from PostgreSQL.

@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto'
 import { eq, sql } from 'drizzle-orm'
 import { accounts, creditFlushes } from '../db/schema'
-import type { Database } from '../db/client'
+import type { Database, DbOrTx, Tx } from '../db/client'
 import { allShards, type AuthorizeInput, keys, type Shard, type Store, STORE_CALL_TIMEOUT_MS } from '../store/store'
 import { errorFields, log, logEvery } from '../lib/log'
 import { countDatabaseError, isDatabaseError } from '../db/errors'
@@ -83,14 +83,26 @@ export class CreditLedger {
           .from(accounts)
           .where(eq(accounts.id, accountId))
           .for('share')
-        const committed = seen.flushId
-          ? (await tx.select({ id: creditFlushes.id }).from(creditFlushes).where(eq(creditFlushes.id, seen.flushId))).length > 0
-          : false
+        const committed = await flushCommitted(tx, seen.flushId)
         return this.#store.loadBalance(accountId, seen, row?.credits ?? 0, committed, row?.creditSeq ?? 0)
       })
       if (done === 'ok') return
     }
     throw new Error('account credits kept changing while loading the live balance')
+  }
+
+  /**
+   * What the account can spend, as the next seed would load it: PostgreSQL's balance, read under the
+   * caller's row lock as `reconciled` (with its credit sequence), minus the charges the store holds and
+   * PostgreSQL has not taken yet. For a change of the balance, under that lock and after
+   * creditsChanging: no charge can then be made, nor a flush taken into PostgreSQL, before it commits.
+   */
+  async spendable(tx: Tx, accountId: string, reconciled: number, reconciledSeq: number): Promise<number> {
+    const state = await this.#store.creditState(accountId)
+    // Behind PostgreSQL (back from an older copy), the store's charges are dropped at the next seed.
+    if (state.seq < reconciledSeq) return reconciled
+    const inflight = (await flushCommitted(tx, state.flushId)) ? 0 : state.flushing
+    return Math.max(0, reconciled - state.pending - inflight)
   }
 
   /**
@@ -294,4 +306,10 @@ export class CreditLedger {
       },
     }
   }
+}
+
+/** Whether PostgreSQL holds the flush the store still has unfinished (none: false). */
+async function flushCommitted(tx: DbOrTx, flushId: string | null): Promise<boolean> {
+  if (!flushId) return false
+  return (await tx.select({ id: creditFlushes.id }).from(creditFlushes).where(eq(creditFlushes.id, flushId))).length > 0
 }

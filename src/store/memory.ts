@@ -3,6 +3,7 @@ import {
   type AuthorizeInput,
   type AuthorizeResult,
   type BegunFlush,
+  type CreditCharges,
   type CreditState,
   type EpochRead,
   keys,
@@ -210,12 +211,14 @@ export class MemoryStore implements Store {
     return 'ok'
   }
 
-  async creditState(accountId: string): Promise<CreditState> {
-    const flushing = this.get(keys.flushing(ONE_SHARD, accountId)) as { id: string } | undefined
+  async creditState(accountId: string): Promise<CreditCharges> {
+    const flushing = this.get(keys.flushing(ONE_SHARD, accountId)) as { id: string; amount: number } | undefined
     return {
       epoch: this.#num(keys.accountEpoch(ONE_SHARD, accountId)),
       flushId: flushing?.id ?? null,
       seq: this.#num(keys.creditSeq(ONE_SHARD, accountId)),
+      pending: this.#num(keys.pendingCharges(ONE_SHARD, accountId)),
+      flushing: flushing?.amount ?? 0,
     }
   }
 

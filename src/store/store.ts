@@ -63,8 +63,8 @@ export interface Credits {
    * the account's credits is older than PostgreSQL: it is dropped, and the balance is `reconciled`.
    */
   loadBalance(accountId: string, seen: CreditState, reconciled: number, flushCommitted: boolean, reconciledSeq?: number): Promise<'ok' | 'stale'>
-  /** The account's epoch, unfinished flush and credit sequence, read before a balance load (see loadBalance). */
-  creditState(accountId: string): Promise<CreditState>
+  /** The account's epoch, unfinished flush, credit sequence and charges, read before a balance load (see loadBalance). */
+  creditState(accountId: string): Promise<CreditCharges>
   /** The live balance, or null while it is not loaded or the store's credit sequence is behind `reconciledSeq` (see loadBalance). */
   balance(accountId: string, reconciledSeq?: number): Promise<number | null>
   /**
@@ -171,6 +171,14 @@ export interface CreditState {
   flushId: string | null
   /** The store's credit sequence (see Credits.creditsChanging). */
   seq: number
+}
+
+/** CreditState and the charges not in PostgreSQL's balance yet: what a seed takes off it. */
+export interface CreditCharges extends CreditState {
+  /** Charges not yet taken into a flush. */
+  pending: number
+  /** The unfinished flush's amount, 0 when there is none. */
+  flushing: number
 }
 
 export interface TakeResult {

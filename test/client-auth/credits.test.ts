@@ -1,4 +1,5 @@
 import { describe, expect, test } from 'bun:test'
+import { randomUUID } from 'node:crypto'
 import { eq } from 'drizzle-orm'
 import { addCredits } from '../../src/accounts/service'
 import { accounts, creditFlushes, licenses } from '../../src/db/schema'
@@ -95,6 +96,24 @@ describe('credits on the client endpoints', async () => {
     expect((await validate(s, key)).status).toBe(200)
     expect(await addCredits(t.ctx, s.accountId, 4)).toEqual({ accountId: s.accountId, credits: 6 })
     expect(await live(s)).toBe(6)
+  })
+
+  test('credits taken away while charges wait for their flush go no lower than what the account can spend, and the next ones added stay', async () => {
+    const s = await t.seed({ credits: 30 })
+    for (let i = 0; i < 25; i++) expect(await t.ctx.credits.charge(s.accountId, 1, t.ctx.clock())).toBe(true)
+    expect(await addCredits(t.ctx, s.accountId, -20)).toEqual({ accountId: s.accountId, credits: 0 })
+    expect(await addCredits(t.ctx, s.accountId, 10)).toEqual({ accountId: s.accountId, credits: 10 })
+    await t.ctx.credits.flush()
+    expect(await reconciled(s.accountId)).toBe(10)
+    expect(await live(s)).toBe(10)
+    // The same with the charges taken into a flush that has not reached PostgreSQL yet.
+    for (let i = 0; i < 4; i++) expect(await t.ctx.credits.charge(s.accountId, 1, t.ctx.clock())).toBe(true)
+    expect(await t.ctx.store.beginFlush(s.accountId, randomUUID())).toMatchObject({ amount: 4 })
+    expect(await addCredits(t.ctx, s.accountId, -100)).toEqual({ accountId: s.accountId, credits: 0 })
+    expect(await addCredits(t.ctx, s.accountId, 3)).toEqual({ accountId: s.accountId, credits: 3 })
+    await t.ctx.credits.flush()
+    expect(await reconciled(s.accountId)).toBe(3)
+    expect(await live(s)).toBe(3)
   })
 
   test('concurrent validates never overspend', async () => {

@@ -194,7 +194,7 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     // PostgreSQL has recorded sequence 4: changes the store no longer holds. A flush drops the rest...
     expect(await store.beginFlush(acct, 'f2', 4)).toBe('behind')
     expect(await store.balance(acct)).toBeNull()
-    expect(await store.creditState(acct)).toEqual({ epoch: 1, flushId: null, seq: 4 })
+    expect(await store.creditState(acct)).toEqual({ epoch: 1, flushId: null, seq: 4, pending: 0, flushing: 0 })
     // ...and the balance is seeded from PostgreSQL alone: nothing pending or in flight is taken off.
     expect(await store.loadBalance(acct, { epoch: 1, flushId: null, seq: 4 }, 9, false, 4)).toBe('ok')
     expect(await store.balance(acct)).toBe(9)
@@ -210,7 +210,7 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     expect(await store.creditsChanging(other)).toBe(2)
     expect(await store.loadBalance(other, { epoch: 1, flushId: 'g1', seq: 2 }, 20, false, 3)).toBe('ok')
     expect(await store.balance(other)).toBe(20)
-    expect(await store.creditState(other)).toEqual({ epoch: 1, flushId: null, seq: 3 })
+    expect(await store.creditState(other)).toEqual({ epoch: 1, flushId: null, seq: 3, pending: 0, flushing: 0 })
     expect(await store.beginFlush(other, 'g2', 3)).toBeNull()
   })
 
@@ -239,16 +239,17 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     expect(await store.snapshot([ep1, ep2])).toEqual({ generation, epochs: [1, 2] })
   })
 
-  test('creditState reports the account epoch, the unfinished flush and the credit sequence a seed must account for', async () => {
+  test('creditState reports the account epoch, the unfinished flush, the credit sequence and the charges a seed must account for', async () => {
     const acct = id()
-    expect(await store.creditState(acct)).toEqual({ epoch: 0, flushId: null, seq: 0 })
+    expect(await store.creditState(acct)).toEqual({ epoch: 0, flushId: null, seq: 0, pending: 0, flushing: 0 })
     await store.loadBalance(acct, { epoch: 0, flushId: null, seq: 0 }, 10, false)
     await store.authorize(base({ charge: { accountId: acct, cost: 3, counter: null } }))
+    expect(await store.creditState(acct)).toEqual({ epoch: 0, flushId: null, seq: 0, pending: 3, flushing: 0 })
     await store.creditsChanging(acct)
     expect(await store.beginFlush(acct, 'f1')).toEqual({ id: 'f1', amount: 3, seq: 2 })
-    expect(await store.creditState(acct)).toEqual({ epoch: 1, flushId: 'f1', seq: 2 })
+    expect(await store.creditState(acct)).toEqual({ epoch: 1, flushId: 'f1', seq: 2, pending: 0, flushing: 3 })
     await store.endFlush(acct, 'f1')
-    expect(await store.creditState(acct)).toEqual({ epoch: 1, flushId: null, seq: 2 })
+    expect(await store.creditState(acct)).toEqual({ epoch: 1, flushId: null, seq: 2, pending: 0, flushing: 0 })
   })
 
   test('a seed that runs after a flush began and ended since its read writes nothing (it would count that flush twice)', async () => {

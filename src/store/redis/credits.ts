@@ -1,4 +1,4 @@
-import { type BegunFlush, type CreditState, type Credits, keys, type Shard } from '../store'
+import { type BegunFlush, type CreditCharges, type CreditState, type Credits, keys, type Shard } from '../store'
 import type { Connection, Script } from './connection'
 
 // KEYS: balance, pending, flushing, account epoch, credit sequence. ARGV: expected epoch, expected flush
@@ -102,8 +102,12 @@ export const creditScripts: { [name in keyof CreditCommands]: Script } = {
   lsEndFlush: { numberOfKeys: 3, lua: END_FLUSH },
 }
 
-/** The id of a flush record "<flush id>:<amount>". */
-const flushIdOf = (record: string) => record.slice(0, record.lastIndexOf(':'))
+/** A flush record "<flush id>:<amount>" read. */
+function flushRecord(record: string): { id: string; amount: number } {
+  const colon = record.lastIndexOf(':')
+  if (colon < 0) throw new Error('unexpected flush record in the store')
+  return { id: record.slice(0, colon), amount: storedCount(record.slice(colon + 1), 'flush amount') }
+}
 
 /**
  * A count the scripts keep as text (a balance, an epoch, a flush's amount). Text that is not one (from
@@ -151,14 +155,17 @@ export class RedisCredits implements Credits {
     return done === 1 ? 'ok' : 'stale'
   }
 
-  async creditState(accountId: string): Promise<CreditState> {
+  async creditState(accountId: string): Promise<CreditCharges> {
     this.conn.failFastWhenLost()
     const k = accountKeys(this.conn, accountId)
-    const [epoch, flushing, seq] = await this.conn.redis.mget(k.epoch, k.flushing, k.seq)
+    const [epoch, flushing, seq, pending] = await this.conn.redis.mget(k.epoch, k.flushing, k.seq, k.pending)
+    const flush = flushing ? flushRecord(flushing) : null
     return {
       epoch: epoch ? storedCount(epoch, 'credit epoch') : 0,
-      flushId: flushing ? flushIdOf(flushing) : null,
+      flushId: flush?.id ?? null,
       seq: seq ? storedCount(seq, 'credit sequence') : 0,
+      pending: pending ? storedCount(pending, 'pending charges') : 0,
+      flushing: flush?.amount ?? 0,
     }
   }
 
@@ -195,12 +202,8 @@ export class RedisCredits implements Credits {
     const [record, seq] = reply as unknown[]
     if (record === 'behind') return 'behind'
     if (record === null) return null
-    if (typeof record !== 'string' || !record.includes(':')) throw new Error('unexpected flush record in the store')
-    return {
-      id: flushIdOf(record),
-      amount: storedCount(record.slice(record.lastIndexOf(':') + 1), 'flush amount'),
-      seq: storedCount(String(seq), 'credit sequence'),
-    }
+    if (typeof record !== 'string') throw new Error('unexpected flush record in the store')
+    return { ...flushRecord(record), seq: storedCount(String(seq), 'credit sequence') }
   }
 
   async endFlush(accountId: string, id: string): Promise<void> {

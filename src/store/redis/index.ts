@@ -3,7 +3,7 @@ import { ConfigError } from '../../config'
 import { storeErrors } from '../../lib/metrics'
 import { withDeadline } from '../../lib/with-timeout'
 import { log } from '../../lib/log'
-import { type AuthorizeInput, type AuthorizeResult, type BegunFlush, type CreditState, type EpochRead, type Shard, type Snapshot, type Snapshots, type Store, type TakeResult } from '../store'
+import { type AuthorizeInput, type AuthorizeResult, type BegunFlush, type CreditCharges, type CreditState, type EpochRead, type Shard, type Snapshot, type Snapshots, type Store, type TakeResult } from '../store'
 import { type AuthorizeCommands, authorizeScripts, RedisAuthorizer } from './authorize'
 import { Connection, type RedisStoreOptions } from './connection'
 import { type CreditCommands, creditScripts, RedisCredits } from './credits'
@@ -109,7 +109,7 @@ export class RedisStore implements Store {
     return watched(this.#waited(() => this.#credits.loadBalance(accountId, seen, reconciled, flushCommitted, reconciledSeq)))
   }
 
-  creditState(accountId: string): Promise<CreditState> {
+  creditState(accountId: string): Promise<CreditCharges> {
     return watched(this.#waited(() => this.#credits.creditState(accountId)))
   }
 
