@@ -17,7 +17,7 @@ afterAll(async () => {
 
 const t = await makeTestApp({ store })
 
-test('Redis unreachable: validate fails closed, heartbeat fails open, /readyz is 503, all recover when it returns', async () => {
+test('Redis unreachable: validate fails closed, heartbeat fails open, minting fails charging nothing, /readyz is 503, all recover when it returns', async () => {
   await until(() => store.ping(), (up) => up)
   const s = await t.seed()
   const licenseKey = await insertLicense(t.ctx, s.appId)
@@ -41,12 +41,19 @@ test('Redis unreachable: validate fails closed, heartbeat fails open, /readyz is
   expect(decode(open.body.payload).licenseKey).toBe(licenseKey)
   // Failing open still reads the license fresh: a bad token is refused without the store.
   expect((await t.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken: 'x.y', hwid: h } })).status).toBe(401)
+  // A billed mint is charged in the store first: it fails, and no file is made.
+  const files = `/v1/licenses/${licenseKey}/offline-files`
+  const refused = await t.req('POST', files, { apiKey: s.apiKey, body: {} })
+  expect(refused.status).toBe(500)
+  expect(refused.body.error).toBe('internal_error')
+  expect((await t.req('GET', files, { apiKey: s.apiKey })).body.files).toEqual([])
 
   await redis.start()
   const back = await until(validate, (r) => r.status === 200)
   expect(back.status).toBe(200)
   expect((await beat()).status).toBe(200)
   expect((await t.req('GET', '/readyz')).status).toBe(200)
+  expect((await t.req('POST', files, { apiKey: s.apiKey, body: {} })).status).toBe(201)
 })
 
 test('Redis unreachable: an IP past its budget of made-up app ids still reaches an app this process holds', async () => {
