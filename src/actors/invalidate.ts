@@ -1,4 +1,4 @@
-import { asc, inArray, lt, sql } from 'drizzle-orm'
+import { and, asc, gt, inArray, lt, sql } from 'drizzle-orm'
 import type { Database, DbOrTx } from '../db/client'
 import { cacheInvalidations } from '../db/schema'
 import { errorFields, log, logEvery } from '../lib/log'
@@ -96,22 +96,59 @@ export class Invalidator {
     }
   }
 
-  /** Bumps every change recorded more than SWEEP_AFTER_SECONDS ago, oldest first; how many it bumped. */
+  /**
+   * Bumps every change recorded more than SWEEP_AFTER_SECONDS ago, oldest first; how many it bumped.
+   * Shard by shard: on a Redis Cluster a master that does not answer keeps the changes that touch its
+   * shards recorded, for the next sweep, and holds up no other shard's, however many of its own are
+   * ahead of them. It throws the first such failure once every other change is bumped.
+   */
   async sweep(): Promise<number> {
     let swept = 0
+    let after = 0
+    const failed = new Map<Shard, unknown>()
     for (;;) {
       const rows = await this.database.db
         .select()
         .from(cacheInvalidations)
-        .where(lt(cacheInvalidations.notedAt, sql`now() - make_interval(secs => ${SWEEP_AFTER_SECONDS})`))
+        .where(and(lt(cacheInvalidations.notedAt, sql`now() - make_interval(secs => ${SWEEP_AFTER_SECONDS})`), gt(cacheInvalidations.id, after)))
         .orderBy(asc(cacheInvalidations.id))
         .limit(SWEEP_BATCH)
-      if (rows.length === 0) return swept
-      await this.#bumpEpochs(rows)
-      await this.#delete(rows.map((row) => row.id))
-      swept += rows.length
-      if (rows.length < SWEEP_BATCH) return swept
+      if (rows.length === 0) break
+      after = rows[rows.length - 1]!.id
+      const bumped = await this.#bumpByShard(rows, failed)
+      if (bumped.length > 0) await this.#delete(bumped)
+      swept += bumped.length
+      if (rows.length < SWEEP_BATCH) break
     }
+    const [failure] = failed.values()
+    if (failed.size > 0) throw failure
+    return swept
+  }
+
+  /**
+   * One bump per shard the changes touch, but for the shards in `failed` (tried and failed earlier in
+   * the sweep, which a failure here joins): the ids of the changes each of whose shards was bumped.
+   */
+  async #bumpByShard(changes: readonly NotedInvalidation[], failed: Map<Shard, unknown>): Promise<number[]> {
+    const shardsOf = new Map<number, Shard[]>()
+    const keysOf = new Map<Shard, string[]>()
+    for (const change of changes) {
+      const shards = await this.shardsToBump(change.appId)
+      shardsOf.set(change.id, shards)
+      for (const shard of shards) {
+        let shardKeys = keysOf.get(shard)
+        if (!shardKeys) keysOf.set(shard, (shardKeys = []))
+        shardKeys.push(...epochKeys(change, shard))
+      }
+    }
+    await Promise.all(
+      [...keysOf].filter(([shard]) => !failed.has(shard)).map(([shard, shardKeys]) =>
+        this.store.bump(shardKeys).catch((err: unknown) => {
+          failed.set(shard, err)
+        }),
+      ),
+    )
+    return changes.filter((change) => shardsOf.get(change.id)!.every((shard) => !failed.has(shard))).map((change) => change.id)
   }
 
   /** Runs sweep() every `intervalMs` until stopped; stop() also waits for the deletes under way. */
@@ -139,15 +176,10 @@ export class Invalidator {
   }
 
   async #bumpEpochs(changes: readonly Invalidation[]): Promise<void> {
-    const epochKeys: string[] = []
-    for (const change of changes) {
-      for (const shard of await this.shardsToBump(change.appId)) {
-        for (const key of change.licenseKeys) epochKeys.push(keys.licenseEpoch(shard, key))
-        if (change.app) epochKeys.push(keys.appEpoch(shard, change.appId))
-      }
-    }
+    const bumped: string[] = []
+    for (const change of changes) for (const shard of await this.shardsToBump(change.appId)) bumped.push(...epochKeys(change, shard))
     // An app that does not exist has no shard: no process reads its keys.
-    if (epochKeys.length > 0) await this.store.bump(epochKeys)
+    if (bumped.length > 0) await this.store.bump(bumped)
   }
 
   /**
@@ -160,4 +192,11 @@ export class Invalidator {
       await tx.delete(cacheInvalidations).where(inArray(cacheInvalidations.id, [...ids]))
     })
   }
+}
+
+/** The epoch keys of what a change touched, in one shard. */
+function epochKeys(change: Invalidation, shard: Shard): string[] {
+  const touched = change.licenseKeys.map((key) => keys.licenseEpoch(shard, key))
+  if (change.app) touched.push(keys.appEpoch(shard, change.appId))
+  return touched
 }

@@ -1,6 +1,7 @@
+import { randomUUID } from 'node:crypto'
 import { expect, test } from 'bun:test'
 import { eq, sql } from 'drizzle-orm'
-import { SWEEP_AFTER_SECONDS } from '../../src/actors/invalidate'
+import { Invalidator, SWEEP_AFTER_SECONDS } from '../../src/actors/invalidate'
 import { cacheInvalidations } from '../../src/db/schema'
 import type { Store } from '../../src/store/store'
 import { makeTestApp, type TestApp } from '../support/helpers'
@@ -99,4 +100,28 @@ test('a sweep that cannot reach the store keeps what it read, for the next sweep
   cut.down = false
   expect(await cutOff.ctx.actors.invalidator.sweep()).toBeGreaterThanOrEqual(1)
   expect(await notedFor(other, s.appId)).toEqual([])
+})
+
+test("a sweep bumps every shard it can reach: a dead shard's changes, however many, hold up no other shard's", async () => {
+  const t = await makeTestApp()
+  const [dead, alive] = [randomUUID(), randomUUID()]
+  const shards = new Map([[dead, '{s0}'], [alive, '{s1}']])
+  const bumped: string[] = []
+  const store = withOverrides(t.ctx.store, {
+    bump: async (epochKeys: readonly string[]) => {
+      if (epochKeys.some((key) => key.startsWith('ls:{s0}:'))) throw new Error('cluster master down')
+      bumped.push(...epochKeys)
+    },
+  })
+  const invalidator = new Invalidator(t.ctx.database, store, async (appId) => [shards.get(appId)!])
+  // More changes of the dead shard than one page of the sweep, ahead of the live shard's.
+  await t.ctx.database.db.insert(cacheInvalidations).values(Array.from({ length: 600 }, () => ({ appId: dead, app: true, licenseKeys: [] })))
+  await t.ctx.database.db.insert(cacheInvalidations).values({ appId: alive, app: false, licenseKeys: ['AAAA-BBBB-CCCC-DDDD'] })
+  for (const appId of [dead, alive]) await age(t, appId)
+
+  await expect(invalidator.sweep()).rejects.toThrow('cluster master down')
+  expect(bumped).toEqual(['ls:{s1}:ep:lic:AAAA-BBBB-CCCC-DDDD'])
+  expect(await notedFor(t, alive)).toEqual([])
+  expect(await notedFor(t, dead)).toHaveLength(600)
+  await t.ctx.database.db.delete(cacheInvalidations).where(eq(cacheInvalidations.appId, dead))
 })
