@@ -361,13 +361,25 @@ describe("the app's side, as a validate would see it", () => {
   test('an HWID that begins or ends with white space, or is nothing else: 400 naming it, nothing bound or minted', async () => {
     const s = await t.seed()
     const licenseKey = await insertLicense(t.ctx, s.appId, { maxHwidSlots: 3 })
-    for (const hwids of [['m1', 'm2 '], ['   '], ['\tm1'], ['m1\u00a0']]) {
+    // \x85 and \x1c-\x1f: Python's strip takes them off too, and Go's TrimSpace \x85.
+    for (const hwids of [['m1', 'm2 '], ['   '], ['\tm1'], ['m1\u00a0'], ['m1\u0085'], ['\u001fm1'], ['m1', 'm2\u001c']]) {
       const res = await mint(s, licenseKey, { hwids })
       expect(res.status, JSON.stringify(res.body)).toBe(400)
       expect(res.body.message).toStartWith(`hwids.${hwids.length - 1} begins or ends with white space`)
     }
     expect((await row(licenseKey)).hwids).toEqual([])
     expect(await fileRows(licenseKey)).toHaveLength(0)
+  })
+
+  test('a license whose bound HWID begins or ends with white space (validate binds it as sent): 400 for a file of the bound HWIDs, nothing charged or minted', async () => {
+    const s = await t.seed({ credits: 5 })
+    const licenseKey = await insertLicense(t.ctx, s.appId, { maxHwidSlots: 3, hwids: ['m1', ' padded '] })
+    const res = await mint(s, licenseKey, {})
+    expect(res.status, JSON.stringify(res.body)).toBe(400)
+    expect(res.body.message).toStartWith("The license's bound HWID 2 (give hwids) begins or ends with white space")
+    expect(await fileRows(licenseKey)).toHaveLength(0)
+    expect(await balance(s)).toBe(5)
+    expect((await mint(s, licenseKey, { hwids: ['m1'] })).status).toBe(201)
   })
 })
 

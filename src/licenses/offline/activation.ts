@@ -4,7 +4,7 @@ import { requireOwnedApp } from '../../apps/service'
 import { requireOwnedLicense } from '../service'
 import type { ActivationRequestBody, OfflineFile } from './model'
 import { parseActivationRequest } from './request'
-import { mintOfflineFile } from './service'
+import { mintOfflineFile, NEVER_VERIFIES, neverVerifies } from './service'
 
 /**
  * Answers an air-gapped machine's activation request: verifies it is this app's, then mints a file
@@ -26,6 +26,7 @@ export async function answerActivationRequest(
   if (!licenseKey) throw badRequest('Activation request refused: it names no license; give licenseKey in the body')
   const license = await requireOwnedLicense(ctx, accountId, licenseKey)
   if (license.appId !== app.id) throw badRequest(`Activation request refused: license ${licenseKey} belongs to another app`)
+  if (neverVerifies(request.hwid)) throw badRequest(`Activation request refused: its HWID ${NEVER_VERIFIES}`)
   const mint = options.expiresAt === undefined ? { hwids: [request.hwid] } : { hwids: [request.hwid], expiresAt: options.expiresAt }
   return mintOfflineFile(ctx, accountId, licenseKey, mint, request.appId)
 }

@@ -126,7 +126,7 @@ export const activationRequestRoutes = (ctx: Context) =>
             'Takes the `.authforge-request` an SDK (1.4 on) wrote on a machine with no network, sent as is ' +
             '(`Content-Type: text/plain`, e-mail text around it allowed) or as `{ request, licenseKey?, expiresAt? }` ' +
             "JSON. The request is verified (armor, checksum, version, this app's `App-Id` and `appId`), its HWID " +
-            "takes a seat of the license (the request's own `licenseKey`, else the body's; it must be this app's) " +
+            "takes a seat of the license (the body's `licenseKey`, else the request's own; it must be this app's) " +
             'and a file bound to that HWID is minted exactly as `POST /v1/licenses/{licenseKey}/offline-files` ' +
             'does: 409 seats_full, license_inactive, app_disabled or hwid_blocked, 1 credit on a billed app (402 no_credits), the ' +
             'license.offline_issued event. A refused request changes nothing. 403 for an app of another ' +

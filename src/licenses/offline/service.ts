@@ -41,6 +41,15 @@ function checkApp(app: AppRow, machines: MintPlan['hwid']): void {
   }
 }
 
+// What one SDK or another trims off the machine's HWID before comparing: JavaScript's trim, and Python's
+// strip also \x1c-\x1f and \x85 (Go's TrimSpace, Rust's trim and C#'s Trim \x85 too).
+const SDK_TRIMMED = /^[\s\x1c-\x1f\x85]|[\s\x1c-\x1f\x85]$/
+
+/** An HWID no SDK would match: a file bound to it never verifies. */
+export const neverVerifies = (hwid: string) => hwid === '' || SDK_TRIMMED.test(hwid)
+export const NEVER_VERIFIES =
+  "begins or ends with white space: the SDKs trim the machine's HWID before comparing, so a file bound to it would never verify"
+
 /**
  * Checks a mint against the license row. Run twice: on the row as read (so a request that must fail
  * costs no credit) and on the row locked in the minting transaction (what decides).
@@ -59,11 +68,11 @@ function planMint(row: LicenseRow, input: MintOfflineFileBody, now: Date): MintP
     if (!row.unlimitedHwidSlots) throw badRequest('anyMachine is only allowed for unlimited-seat licenses')
     return { expiresAt, hwid: { mode: 'any' }, newHwids: [] }
   }
-  const untrimmed = input.hwids?.findIndex((hwid) => hwid.trim() !== hwid || hwid === '') ?? -1
+  // The bound HWIDs too: validate binds an HWID as the client sent it.
+  const untrimmed = (input.hwids ?? row.hwids).findIndex(neverVerifies)
   if (untrimmed >= 0) {
-    throw badRequest(
-      `hwids.${untrimmed} begins or ends with white space: the SDKs trim the machine's HWID before comparing, so a file bound to it would never verify`,
-    )
+    const which = input.hwids ? `hwids.${untrimmed}` : `The license's bound HWID ${untrimmed + 1} (give hwids)`
+    throw badRequest(`${which} ${NEVER_VERIFIES}`)
   }
   const hwids = input.hwids ? [...new Set(input.hwids)] : row.hwids
   if (hwids.length === 0) throw badRequest('The license has no bound HWID: give hwids')
