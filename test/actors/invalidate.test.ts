@@ -105,7 +105,7 @@ test('a sweep that cannot reach the store keeps what it read, for the next sweep
 test("a sweep bumps every shard it can reach: a dead shard's changes, however many, hold up no other shard's", async () => {
   const t = await makeTestApp()
   const [dead, alive] = [randomUUID(), randomUUID()]
-  const shards = new Map([[dead, '{s0}'], [alive, '{s1}']])
+  const shards = new Map<string, string>([[dead, '{s0}'], [alive, '{s1}']])
   const bumped: string[] = []
   const store = withOverrides(t.ctx.store, {
     bump: async (epochKeys: readonly string[]) => {
