@@ -6,6 +6,7 @@ import { allShards, type AuthorizeInput, keys, type Shard, type Store, STORE_CAL
 import { errorFields, log, logEvery } from '../lib/log'
 import { countDatabaseError, isDatabaseError } from '../db/errors'
 import { SingleFlight } from '../lib/single-flight'
+import { type PurgeJob, Purger } from '../db/purger'
 import { DeadlineExceeded, withDeadline, withTimeout } from '../lib/with-timeout'
 
 /**
@@ -280,6 +281,8 @@ export class CreditLedger {
    * instance (a flush begun and not finished is retried under its id, never doubled).
    */
   startReconciler(intervalMs = RECONCILE_MS, stopWaitMs = STOP_WAIT_MS): { stop(): Promise<void> } {
+    const purger = new Purger(this.#database.db, settledFlushes)
+    purger.start()
     const running = new Map<Shard, Promise<void>>()
     const pass = (shard: Shard) => {
       const previous = running.get(shard)
@@ -295,6 +298,7 @@ export class CreditLedger {
     return {
       stop: async () => {
         clearInterval(timer)
+        await purger.stop()
         const last = Promise.all(this.#shards.map(async (shard) => {
           await running.get(shard)
           await pass(shard)
@@ -306,6 +310,29 @@ export class CreditLedger {
       },
     }
   }
+}
+
+/** How long a flush's idempotency record is kept once a newer flush of its account is recorded. */
+const FLUSH_RECORD_HOURS = 1
+
+/**
+ * Flush records no store can still name: a flush begins in the store only once the one before it
+ * ended, so each account's newest record is the only one an unfinished flush may be, and stays. The
+ * older ones go after FLUSH_RECORD_HOURS; a busy account writes two a second.
+ */
+export const settledFlushes: PurgeJob = {
+  what: 'settled credit flush records',
+  batch: (limit) => sql`
+    WITH settled AS (
+      SELECT f.id FROM credit_flushes f
+      WHERE f.created_at < now() - make_interval(hours => ${FLUSH_RECORD_HOURS})
+        AND EXISTS (SELECT 1 FROM credit_flushes g WHERE g.account_id = f.account_id AND g.created_at > f.created_at)
+      ORDER BY f.created_at
+      LIMIT ${limit}
+    ), gone AS (
+      DELETE FROM credit_flushes f USING settled WHERE f.id = settled.id RETURNING 1
+    )
+    SELECT count(*)::int AS n FROM gone`,
 }
 
 /** Whether PostgreSQL holds the flush the store still has unfinished (none: false). */

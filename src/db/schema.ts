@@ -203,15 +203,22 @@ export const webhookDeliveries = pgTable(
   ],
 )
 
-/** Idempotency record of each credit flush from the store into accounts.credits. */
-export const creditFlushes = pgTable('credit_flushes', {
-  id: uuid('id').primaryKey(),
-  accountId: uuid('account_id')
-    .notNull()
-    .references(() => accounts.id, { onDelete: 'cascade' }),
-  amount: bigint('amount', { mode: 'number' }).notNull(),
-  createdAt: createdAt(),
-})
+/**
+ * Idempotency record of each credit flush from the store into accounts.credits. Only an account's
+ * newest can still be named by the store's flush record; the older go after an hour (settledFlushes).
+ */
+export const creditFlushes = pgTable(
+  'credit_flushes',
+  {
+    id: uuid('id').primaryKey(),
+    accountId: uuid('account_id')
+      .notNull()
+      .references(() => accounts.id, { onDelete: 'cascade' }),
+    amount: bigint('amount', { mode: 'number' }).notNull(),
+    createdAt: createdAt(),
+  },
+  (t) => [index('credit_flushes_account_idx').on(t.accountId, t.createdAt), index('credit_flushes_created_idx').on(t.createdAt)],
+)
 
 /**
  * One minted offline license file (`.authforge`). The file text is not kept: a delivered file cannot be

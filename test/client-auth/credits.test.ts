@@ -1,7 +1,9 @@
 import { describe, expect, test } from 'bun:test'
 import { randomUUID } from 'node:crypto'
-import { eq } from 'drizzle-orm'
+import { eq, inArray } from 'drizzle-orm'
 import { addCredits } from '../../src/accounts/service'
+import { settledFlushes } from '../../src/credits/ledger'
+import { Purger } from '../../src/db/purger'
 import { accounts, creditFlushes, licenses } from '../../src/db/schema'
 import { makeTestApp } from '../support/helpers'
 import { withOverrides } from '../support/overrides'
@@ -265,5 +267,27 @@ describe('credits on the client endpoints', async () => {
     await t.ctx.credits.flush()
     expect(await reconciled(kept.accountId)).toBe(9)
     expect(await t.ctx.store.dirtyAccounts(t.ctx.store.shardOf(gone.accountId))).not.toContain(gone.accountId)
+  })
+})
+
+describe('flush records', async () => {
+  const t = await makeTestApp()
+  const record = (accountId: string, hoursAgo: number) => ({
+    id: randomUUID(),
+    accountId,
+    amount: 1,
+    createdAt: new Date(Date.now() - hoursAgo * 3_600_000),
+  })
+
+  test("an account's flush records older than an hour go, but its newest, the only one the store can still name", async () => {
+    const [busy, quiet] = [await t.seed(), await t.seed()]
+    const records = [record(busy.accountId, 3), record(busy.accountId, 2), record(busy.accountId, 0.5), record(busy.accountId, 0), record(quiet.accountId, 5)]
+    await t.ctx.database.db.insert(creditFlushes).values(records)
+    await new Purger(t.ctx.database.db, settledFlushes).purge()
+    const left = await t.ctx.database.db
+      .select({ id: creditFlushes.id })
+      .from(creditFlushes)
+      .where(inArray(creditFlushes.id, records.map((r) => r.id)))
+    expect(left.map((r) => r.id).sort()).toEqual(records.slice(2).map((r) => r.id).sort())
   })
 })

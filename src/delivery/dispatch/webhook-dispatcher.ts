@@ -5,7 +5,8 @@ import { errorFields, logEvery } from '../../lib/log'
 import { Claims } from './claim'
 import { HostLoad } from './host-load'
 import { type DispatcherContext, type DispatcherOptions, dispatcherSettings, type RunningDispatcher } from './options'
-import { Purger } from './purger'
+import { Purger } from '../../db/purger'
+import { oldWebhookEvents } from './purger'
 import { Recorder } from './recorder'
 import { Schedule } from './schedule'
 import { Sender, type WebhookNow } from './sender'
@@ -61,7 +62,7 @@ export class WebhookDispatcher implements RunningDispatcher {
     // Four renewals a lease: a claim outlives a slow renewal or two, never a stopped instance by much.
     this.#renewEveryMs = (settings.leaseSeconds * 1000) / 4
     this.#recorder = new Recorder(ctx.db, ctx.recorded)
-    this.#purger = new Purger(ctx.db, settings.retentionDays)
+    this.#purger = new Purger(ctx.db, oldWebhookEvents(settings.retentionDays))
     const claims = new Claims(ctx.db, settings.fanOutBatch, settings.leaseSeconds)
     const sender = new Sender(ctx, this.#recorder, settings, (accountId) => {
       claims.freed(accountId, sender)

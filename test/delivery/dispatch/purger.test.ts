@@ -2,7 +2,8 @@ import { afterEach, expect, test } from 'bun:test'
 import { randomUUID } from 'node:crypto'
 import { sql } from 'drizzle-orm'
 import type { Db } from '../../../src/db/client'
-import { Purger } from '../../../src/delivery/dispatch/purger'
+import { Purger } from '../../../src/db/purger'
+import { oldWebhookEvents } from '../../../src/delivery/dispatch/purger'
 import { rowsOf } from '../../../src/delivery/prepared'
 import { sharedInfra } from '../../support/helpers'
 import { outboxApp } from './outbox-rows'
@@ -46,7 +47,7 @@ test('old events whose deliveries were all attempted go, with their deliveries; 
   await addEvent(o.db, -7, null) // never dispatched: stays
   await addEvent(o.db, -6, 8) // no webhook subscribed: goes
 
-  await new Purger(o.db, 7).purge()
+  await new Purger(o.db, oldWebhookEvents(7)).purge()
   expect(await eventIdsBelowZero(o.db)).toEqual([-9, -8, -7])
   const deliveries = rowsOf(await o.db.execute(sql`SELECT event_id::float8 AS id FROM webhook_deliveries WHERE event_id < 0`))
   expect(deliveries.map((r) => Number(r.id))).toEqual([-9])
@@ -62,11 +63,11 @@ test('a purge goes on batch after batch while they come back full, and a stopped
     FROM generate_series(-20000, -14951) AS g`)
   await addEvent(db, -5, null)
 
-  const stopped = new Purger(db, 7)
+  const stopped = new Purger(db, oldWebhookEvents(7))
   await stopped.stop()
   await stopped.purge()
   expect(await eventIdsBelowZero(db)).toHaveLength(5_051)
 
-  await new Purger(db, 7).purge()
+  await new Purger(db, oldWebhookEvents(7)).purge()
   expect(await eventIdsBelowZero(db)).toEqual([-5])
 })
