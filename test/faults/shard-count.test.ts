@@ -114,3 +114,28 @@ test('a database Redis refuses (past its `databases` setting) stops the start, w
     await redis.stop()
   }
 })
+
+test('a Redis that lost its data lost the recorded count: recorded again at the next generation, and if another count got there first, operations fail', async () => {
+  const redis = await ownRedis()
+  const store = (await openStore(redis.url)) as RedisStore
+  const admin = new Redis(redis.url)
+  try {
+    const epoch = 'ls:ep:app:shard-count-test'
+    await store.snapshot([epoch])
+    await admin.flushall()
+    await store.snapshot([epoch])
+    expect(await until(() => admin.get(keys.shardCount), (count) => count === '1')).toBe('1')
+    expect(await attempt(store)).toBe('ok')
+
+    // Lost again, and this time an instance spreading accounts over 64 shards records its count first.
+    await admin.flushall()
+    await admin.set(keys.shardCount, '64')
+    await store.snapshot([epoch])
+    expect(await until(() => attempt(store), (answer) => answer !== 'ok')).toBe("redis shard count is not this instance's")
+    expect(await admin.get(keys.shardCount)).toBe('64')
+  } finally {
+    admin.disconnect()
+    await store.close()
+    await redis.stop()
+  }
+})

@@ -138,7 +138,12 @@ export class Connection<Commands extends object = object> {
     if (sentAt !== this.#generation) return sentAt
     const known = this.#seen.get(shard)
     if (known !== seen) {
-      if (known !== undefined) this.#generation++
+      if (known !== undefined) {
+        this.#generation++
+        // The data lost may have held the recorded shard count: it is recorded again, unless an instance
+        // with another count did so first, which refuses this one's operations from then on.
+        if (this.#shardCount === 'matches') void this.#askShardCount()
+      }
       this.#seen.set(shard, seen)
     }
     return this.#generation
@@ -235,11 +240,13 @@ export class Connection<Commands extends object = object> {
     }
     return read().then(
       (recorded) => {
+        const was = this.#shardCount
         this.#recordedShardCount = recorded ?? mine
         this.#shardCount = this.#recordedShardCount === mine ? 'matches' : 'refused'
-        if (!this.#announceShardCount) return
-        if (this.#shardCount === 'matches') log.info('redis answered: its shard count is this instance\'s, store operations resume')
-        else log.error('store operations fail until this instance runs with the shard count the store was written with', errorFields(this.#mismatch()))
+        // Reported here when no caller hears of it: a late answer to the check at start, or a check again.
+        if (this.#shardCount === 'refused' && (this.#announceShardCount || was === 'matches'))
+          log.error('store operations fail until this instance runs with the shard count the store was written with', errorFields(this.#mismatch()))
+        else if (this.#shardCount === 'matches' && this.#announceShardCount) log.info('redis answered: its shard count is this instance\'s, store operations resume')
       },
       (err: unknown) => {
         logEvery('warn', 'redis shard count not checked yet: store operations fail as in an outage', () => errorFields(err))
