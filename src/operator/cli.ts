@@ -15,6 +15,7 @@ import { Refused } from './args'
 import { errorFields, setLogLevel } from '../lib/log'
 import { ResealRefused } from '../signing/reseal'
 import { SealError } from '../lib/crypto'
+import { codedError } from '../db/errors'
 
 /**
  * The server took the command and dropped the connection before answering (a server stopping waits
@@ -22,10 +23,14 @@ import { SealError } from '../lib/crypto'
  * again, adding credits twice.
  */
 const cutOff = (err: unknown) =>
-  new Refused(
-    `the server closed the connection before answering (${String(errorFields(err).message ?? 'no reason given')}): ` +
-      'the command may have taken effect; check (account list, app list) before running it again',
-  )
+  new Refused(`the server closed the connection before answering (${String(errorFields(err).message ?? 'no reason given')}): ${MAY_HAVE_RUN}`)
+const MAY_HAVE_RUN = 'the command may have taken effect; check (account list, app list) before running it again'
+
+/**
+ * postgres.js's codes for a connection lost with a statement on it, a COMMIT say, that PostgreSQL may
+ * have run: a command run directly then fails as one cut off from the server does.
+ */
+const LOST_WITH_A_STATEMENT = new Set(['CONNECTION_CLOSED', 'CONNECTION_DESTROYED', 'CONNECTION_STALLED'])
 
 /** The running server's answer, or null when no server listens on the socket. */
 async function viaServer(socket: string, argv: string[]): Promise<Record<string, unknown> | null> {
@@ -91,7 +96,8 @@ function failure(err: unknown): { line: string; code: number } {
   if (err instanceof Refused || err instanceof ResealRefused || err instanceof SealError) return { line: err.message, code: 1 }
   // A driver's error: its message without the values it may quote (errorFields), never a stack.
   const fields = errorFields(err)
-  return { line: String(fields.message ?? fields.error), code: 1 }
+  const line = String(fields.message ?? fields.error)
+  return { line: LOST_WITH_A_STATEMENT.has(codedError(err)?.code ?? '') ? `${line}: ${MAY_HAVE_RUN}` : line, code: 1 }
 }
 
 async function main(argv: string[]): Promise<number> {
