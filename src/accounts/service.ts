@@ -57,7 +57,7 @@ export async function addCredits(ctx: Context, accountId: string, n: number) {
       .select({ credits: accounts.credits, creditSeq: accounts.creditSeq })
       .from(accounts)
       .where(eq(accounts.id, accountId))
-      .for('update')
+      .for('no key update')
     if (!current) throw accountNotFound(accountId)
     // Past it a balance reads rounded here and in every client's JSON, and charges stop showing.
     if (current.credits + n > Number.MAX_SAFE_INTEGER)

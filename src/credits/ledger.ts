@@ -249,7 +249,7 @@ export class CreditLedger {
         .select({ creditSeq: accounts.creditSeq })
         .from(accounts)
         .where(eq(accounts.id, accountId))
-        .for('update')
+        .for('no key update')
       const flush = await this.#store.beginFlush(accountId, newId, account?.creditSeq ?? 0)
       if (flush === 'behind') {
         logEvery('warn', "the store holds older credit data than PostgreSQL (it came back from an older copy): an account's live balance is seeded again, and its charges not yet moved are dropped", () => ({ accountId }))

@@ -5,7 +5,8 @@ import { addCredits } from '../../src/accounts/service'
 import { settledFlushes } from '../../src/credits/ledger'
 import { Purger } from '../../src/db/purger'
 import { accounts, creditFlushes, licenses } from '../../src/db/schema'
-import { makeTestApp } from '../support/helpers'
+import { makeTestApp, MODE } from '../support/helpers'
+import { until } from '../support/servers'
 import { withOverrides } from '../support/overrides'
 import { decode, hwid, insertLicense, nonce } from '../support/client'
 import { loggedBy } from '../support/log-capture'
@@ -290,4 +291,34 @@ describe('flush records', async () => {
       .where(inArray(creditFlushes.id, records.map((r) => r.id)))
     expect(left.map((r) => r.id).sort()).toEqual(records.slice(2).map((r) => r.id).sort())
   })
+})
+
+test.skipIf(MODE !== 'postgres')("a flush waiting on the store holds the account's credits, not the account: its apps and keys can still be created", async () => {
+  const base = await makeTestApp()
+  let release = () => {}
+  const held = new Promise<void>((resolve) => {
+    release = resolve
+  })
+  let waiting = false
+  const t = await makeTestApp({
+    store: withOverrides(base.ctx.store, {
+      beginFlush: async (...args: Parameters<typeof base.ctx.store.beginFlush>) => {
+        waiting = true
+        await held
+        return base.ctx.store.beginFlush(...args)
+      },
+    }),
+  })
+  const s = await t.seed({ credits: 5 })
+  expect(await t.ctx.credits.charge(s.accountId, 1, t.ctx.clock())).toBe(true)
+  const flushed = t.ctx.credits.flush()
+  expect(await until(async () => waiting, (w) => w)).toBe(true)
+  try {
+    const created = await Promise.race([t.req('POST', '/v1/apps', { apiKey: s.apiKey, body: { name: 'While flushing' } }), Bun.sleep(1500)])
+    expect((created as { status?: number } | undefined)?.status).toBe(201)
+  } finally {
+    release()
+    await flushed
+  }
+  expect(await t.ctx.credits.currentBalance(s.accountId)).toBe(4)
 })
