@@ -17,7 +17,7 @@ import { backendCheck } from '../../src/db/stall-check'
 import { rowsOf } from '../../src/delivery/prepared'
 import { MODE, TEST_DATABASE_URL } from '../support/helpers'
 import { until } from '../support/servers'
-import { TamperingProxy } from '../support/tampering-proxy'
+import { postgresBehindProxy } from '../support/tampering-proxy'
 
 const STALL_SECONDS = 1
 // The advisory lock the stalled transaction holds, which another connection then waits for.
@@ -25,12 +25,9 @@ const LOCK = 7_771_001
 
 if (MODE === 'postgres') {
   describe('A PostgreSQL connection that goes unanswered', async () => {
-    const target = new URL(TEST_DATABASE_URL!)
-    const proxy = new TamperingProxy(Number(target.port || 5432))
-    const url = new URL(target)
-    url.port = String(await proxy.listen())
+    const { proxy, url } = await postgresBehindProxy(TEST_DATABASE_URL!)
     // One connection, so every query meets the one that is black-holed.
-    const database = await openDb({ databaseUrl: url.toString(), dataDir: null, poolSize: 1, stallSeconds: STALL_SECONDS })
+    const database = await openDb({ databaseUrl: url, dataDir: null, poolSize: 1, stallSeconds: STALL_SECONDS })
     const direct = postgres(TEST_DATABASE_URL!, { max: 1, onnotice: () => {} })
     afterAll(async () => {
       await database.close()

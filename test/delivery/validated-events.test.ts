@@ -9,7 +9,7 @@ import { loggedBy } from '../support/log-capture'
 import { hwid } from '../support/client'
 import { connectionRefused } from '../support/pg-errors'
 import { until } from '../support/servers'
-import { TamperingProxy } from '../support/tampering-proxy'
+import { postgresBehindProxy } from '../support/tampering-proxy'
 
 const t = await makeTestApp()
 const batchSink = (ctx: typeof t.ctx) => ({ database: ctx.database, bus: ctx.bus, dropped: ctx.metrics.validatedEventsDropped })
@@ -102,11 +102,8 @@ test('beyond the bound the oldest kept events are dropped, with one error line a
 
 if (MODE === 'postgres') {
   describe('a write whose answer is lost with its connection', async () => {
-    const target = new URL(TEST_DATABASE_URL!)
-    const proxy = new TamperingProxy(Number(target.port || 5432))
-    const url = new URL(target)
-    url.port = String(await proxy.listen())
-    const database = await openDb({ databaseUrl: url.toString(), dataDir: null, poolSize: 1 })
+    const { proxy, url } = await postgresBehindProxy(TEST_DATABASE_URL!)
+    const database = await openDb({ databaseUrl: url, dataDir: null, poolSize: 1 })
     afterAll(async () => {
       await database.close()
       proxy.close()

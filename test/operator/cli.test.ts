@@ -6,7 +6,7 @@ import postgres from 'postgres'
 import { keys } from '../../src/store/store'
 import { MODE, TEST_DATABASE_URL, TEST_MASTER_KEY, TEST_REDIS_URL, sharedInfra } from '../support/helpers'
 import { runToExit, startServer } from '../support/server-process'
-import { TamperingProxy } from '../support/tampering-proxy'
+import { postgresBehindProxy } from '../support/tampering-proxy'
 
 // Each test spawns processes that open (and the first time migrate) an embedded database: seconds, not
 // milliseconds. bunfig's `timeout` is not read by bun test, so the file sets its own default.
@@ -270,10 +270,7 @@ describe('operator CLI: commands', () => {
 
   test.skipIf(MODE !== 'postgres')('credits whose COMMIT went through but whose answer was lost: the error says they may have been added', async () => {
     const { accountId } = expectOk(await cli(dataDir, ['account', 'create', '--name', 'Cut Corp', '--credits', '1']))
-    const target = new URL(TEST_DATABASE_URL!)
-    const proxy = new TamperingProxy(Number(target.port || 5432))
-    const url = new URL(target)
-    url.port = String(await proxy.listen())
+    const { proxy, url } = await postgresBehindProxy(TEST_DATABASE_URL!)
     // The COMMIT of the transaction that wrote the new balance: what the client sends next after that
     // UPDATE (the statement and its values, which name the account). A prepared statement once used,
     // postgres.js sends it by name, so the word is not to be seen.
@@ -286,7 +283,7 @@ describe('operator CLI: commands', () => {
     try {
       const run = await runToExit(['src/operator/cli.ts', 'account', 'credits', '--account', accountId, '--add', '5'], {
         ...settings(dataDir),
-        DATABASE_URL: url.toString(),
+        DATABASE_URL: url,
       })
       expect(proxy.loseReplyTo).toBeNull()
       expect(run.code, run.stdout).toBe(1)

@@ -321,6 +321,31 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: expiries', () => {
   })
 })
 
+/** The store's authorize calls, of which the next one after holdNext() runs but has its reply held until deliver(). */
+function holdingReplies(store: RedisStore) {
+  const original = store.redis.lsAuthorize.bind(store.redis)
+  let hold = false
+  let deliver = () => {}
+  store.redis.lsAuthorize = (...args: Parameters<typeof original>) => {
+    const call = original(...args)
+    if (!hold) return call
+    hold = false
+    const held = new Promise<void>((resolve) => {
+      deliver = resolve
+    })
+    return call.then(async (reply) => {
+      await held
+      return reply
+    })
+  }
+  return {
+    holdNext: () => {
+      hold = true
+    },
+    deliver: () => deliver(),
+  }
+}
+
 describe.skipIf(!TEST_REDIS_URL)('redis store: one authorize call in flight', () => {
   test('requests that arrive while a call is in flight ride together on the next one', async () => {
     const store = new RedisStore(TEST_REDIS_URL as string)
@@ -389,21 +414,8 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: one authorize call in flight', ()
     const store = new RedisStore(TEST_REDIS_URL as string, { callTimeoutMs: 1000 })
     try {
       // The first call reaches Redis and runs, but its reply is held back, as over a stalled connection.
-      const original = store.redis.lsAuthorize.bind(store.redis)
-      let deliver = () => {}
-      let holdNext = true
-      store.redis.lsAuthorize = (...args: Parameters<typeof original>) => {
-        const call = original(...args)
-        if (!holdNext) return call
-        holdNext = false
-        const held = new Promise<void>((resolve) => {
-          deliver = resolve
-        })
-        return call.then(async (reply) => {
-          await held
-          return reply
-        })
-      }
+      const reply = holdingReplies(store)
+      reply.holdNext()
       const acct = randomUUID()
       await store.loadBalance(acct, { epoch: 0, flushId: null, seq: 0 }, 5, false)
       const read = await store.snapshot([PROBE])
@@ -423,7 +435,7 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: one authorize call in flight', ()
       // while a call is overdue); once its reply is in, that charge is given back.
       await expect(store.balance(acct)).rejects.toThrow('has not answered')
       expect(await store.redis.get(keys.balance(S, acct))).toBe('4')
-      deliver()
+      reply.deliver()
       expect(await until(() => store.redis.get(keys.balance(S, acct)), (balance) => balance === '5')).toBe('5')
       expect(await store.authorize(input())).toEqual({ kind: 'ok', charged: 1 })
       expect(await store.balance(acct)).toBe(4)
@@ -435,21 +447,7 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: one authorize call in flight', ()
   test('a heartbeat answered as failed for want of a reply is uncounted too, so its repeat pays the charge it gave back', async () => {
     const store = new RedisStore(TEST_REDIS_URL as string, { callTimeoutMs: 300 })
     try {
-      const original = store.redis.lsAuthorize.bind(store.redis)
-      let deliver = () => {}
-      let holdNext = false
-      store.redis.lsAuthorize = (...args: Parameters<typeof original>) => {
-        const call = original(...args)
-        if (!holdNext) return call
-        holdNext = false
-        const held = new Promise<void>((resolve) => {
-          deliver = resolve
-        })
-        return call.then(async (reply) => {
-          await held
-          return reply
-        })
-      }
+      const reply = holdingReplies(store)
       const acct = randomUUID()
       await store.loadBalance(acct, { epoch: 0, flushId: null, seq: 0 }, 5, false)
       const read = await store.snapshot([PROBE])
@@ -457,9 +455,9 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: one authorize call in flight', ()
       const heartbeat = () => store.authorize(request(read.generation, Date.now(), { shard: S, charge: { accountId: acct, cost: 1, counter } }))
       expect(await heartbeat()).toEqual({ kind: 'ok', charged: 0 })
       // The second heartbeat, the charged one, runs but its reply comes after its deadline.
-      holdNext = true
+      reply.holdNext()
       await expect(heartbeat()).rejects.toThrow('did not answer')
-      deliver()
+      reply.deliver()
       expect(await until(() => store.redis.get(keys.balance(S, acct)), (balance) => balance === '5')).toBe('5')
       expect(await until(() => store.redis.get(counter.key), (count) => count === '1')).toBe('1')
       // The client repeats it: that repeat is the second counted heartbeat, and is charged.

@@ -158,6 +158,15 @@ export class TamperingProxy {
   }
 }
 
+/** A PostgreSQL server's URL through a TamperingProxy of its own (the caller closes it). */
+export async function postgresBehindProxy(serverUrl: string): Promise<{ proxy: TamperingProxy; url: string }> {
+  const target = new URL(serverUrl)
+  const proxy = new TamperingProxy(Number(target.port || 5432))
+  const url = new URL(target)
+  url.port = String(await proxy.listen())
+  return { proxy, url: url.toString() }
+}
+
 /**
  * A Redis of the test file's own behind a TamperingProxy, a store that reaches it through the proxy
  * (with `options`), and the Redis's own URL; they go after the file's tests.
