@@ -69,8 +69,10 @@ export async function addCredits(ctx: Context, accountId: string, n: number) {
     // nothing is committed, so a retry cannot add twice either.
     const seq = await ctx.store.creditsChanging(accountId)
     // A removal is held to what the charges not yet reconciled leave: clamped against PostgreSQL's
-    // balance alone, it left a debt that the next credits added, and the next flush, silently paid.
-    const change = n >= 0 ? n : -Math.min(-n, await ctx.credits.spendable(tx, accountId, current.credits, current.creditSeq))
+    // balance alone, it left a debt that the next credits added, and the next flush, silently paid. And
+    // to PostgreSQL's balance: a refund of a charge already flushed is still on its way there.
+    const change =
+      n >= 0 ? n : -Math.min(-n, current.credits, await ctx.credits.spendable(tx, accountId, current.credits, current.creditSeq))
     const [updated] = await tx
       .update(accounts)
       .set({ credits: current.credits + change, creditSeq: sql`GREATEST(${accounts.creditSeq}, ${seq})` })

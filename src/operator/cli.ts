@@ -27,10 +27,11 @@ const cutOff = (err: unknown) =>
 const MAY_HAVE_RUN = 'the command may have taken effect; check (account list, app list) before running it again'
 
 /**
- * postgres.js's codes for a connection lost with a statement on it, a COMMIT say, that PostgreSQL may
- * have run: a command run directly then fails as one cut off from the server does.
+ * A connection lost with a statement on it, a COMMIT say, that PostgreSQL may have run: postgres.js's
+ * codes for one that closed, and the socket's for one reset or timed out. A command run directly then
+ * fails as one cut off from the server does. (A connection that never opened fails otherwise.)
  */
-const LOST_WITH_A_STATEMENT = new Set(['CONNECTION_CLOSED', 'CONNECTION_DESTROYED', 'CONNECTION_STALLED'])
+const LOST_WITH_A_STATEMENT = new Set(['CONNECTION_CLOSED', 'CONNECTION_DESTROYED', 'CONNECTION_STALLED', 'ECONNRESET', 'EPIPE', 'ETIMEDOUT'])
 
 /** The running server's answer, or null when no server listens on the socket. */
 async function viaServer(socket: string, argv: string[]): Promise<Record<string, unknown> | null> {

@@ -113,7 +113,11 @@ test("a sweep bumps every shard it can reach: a dead shard's changes, however ma
       bumped.push(...epochKeys)
     },
   })
-  const invalidator = new Invalidator(t.ctx.database, store, async (appId) => [shards.get(appId)!])
+  // Other tests' apps are gone: no shard, as for an app that does not exist.
+  const invalidator = new Invalidator(t.ctx.database, store, async (appId) => {
+    const shard = shards.get(appId)
+    return shard ? [shard] : []
+  })
   // More changes of the dead shard than one page of the sweep, ahead of the live shard's.
   await t.ctx.database.db.insert(cacheInvalidations).values(Array.from({ length: 600 }, () => ({ appId: dead, app: true, licenseKeys: [] })))
   await t.ctx.database.db.insert(cacheInvalidations).values({ appId: alive, app: false, licenseKeys: ['AAAA-BBBB-CCCC-DDDD'] })

@@ -117,6 +117,16 @@ describe('credits on the client endpoints', async () => {
     await t.ctx.credits.flush()
     expect(await reconciled(s.accountId)).toBe(3)
     expect(await live(s)).toBe(3)
+    // A refund of a charge already flushed is on its way to PostgreSQL: the account can spend it, but a
+    // removal takes PostgreSQL's balance no lower than zero, and the refund then lands on top.
+    expect(await t.ctx.credits.charge(s.accountId, 3, t.ctx.clock())).toBe(true)
+    await t.ctx.credits.flush()
+    await t.ctx.credits.refund(s.accountId, 3)
+    expect(await addCredits(t.ctx, s.accountId, -100)).toEqual({ accountId: s.accountId, credits: 3 })
+    expect(await reconciled(s.accountId)).toBe(0)
+    await t.ctx.credits.flush()
+    expect(await reconciled(s.accountId)).toBe(3)
+    expect(await live(s)).toBe(3)
   })
 
   test('concurrent validates never overspend', async () => {
@@ -300,16 +310,21 @@ test.skipIf(MODE !== 'postgres')("a flush waiting on the store holds the account
     release = resolve
   })
   let waiting = false
+  let flushing = ''
   const t = await makeTestApp({
     store: withOverrides(base.ctx.store, {
       beginFlush: async (...args: Parameters<typeof base.ctx.store.beginFlush>) => {
-        waiting = true
-        await held
+        // Other tests' accounts of the shared store flush as ever.
+        if (args[0] === flushing) {
+          waiting = true
+          await held
+        }
         return base.ctx.store.beginFlush(...args)
       },
     }),
   })
   const s = await t.seed({ credits: 5 })
+  flushing = s.accountId
   expect(await t.ctx.credits.charge(s.accountId, 1, t.ctx.clock())).toBe(true)
   const flushed = t.ctx.credits.flush()
   expect(await until(async () => waiting, (w) => w)).toBe(true)
