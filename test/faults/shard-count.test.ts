@@ -115,6 +115,34 @@ test('a database Redis refuses (past its `databases` setting) stops the start, w
   }
 })
 
+test('a Redis that restarted empty lost the recorded count: recorded again at the first read after, and if another count got there first, operations fail', async () => {
+  const redis = await ownRedis()
+  const store = (await openStore(redis.url)) as RedisStore
+  const admin = () => new Redis(redis.url)
+  const epoch = 'ls:ep:app:shard-count-test'
+  const read = () => until(() => store.snapshot([epoch]).then(() => true, () => false), (done) => done)
+  try {
+    await read()
+    await redis.stop()
+    await redis.start()
+    await read()
+    const first = admin()
+    expect(await until(() => first.get(keys.shardCount), (count) => count === '1')).toBe('1')
+    first.disconnect()
+
+    await redis.stop()
+    await redis.start()
+    const second = admin()
+    await second.set(keys.shardCount, '64')
+    await read()
+    expect(await until(() => attempt(store), (answer) => answer !== 'ok')).toBe("redis shard count is not this instance's")
+    second.disconnect()
+  } finally {
+    await store.close()
+    await redis.stop()
+  }
+})
+
 test('a Redis that lost its data lost the recorded count: recorded again at the next generation, and if another count got there first, operations fail', async () => {
   const redis = await ownRedis()
   const store = (await openStore(redis.url)) as RedisStore

@@ -73,6 +73,8 @@ export class Connection<Commands extends object = object> {
   #recordedShardCount = ''
   /** Set when the check at start got no answer: the one that comes later is logged. */
   #announceShardCount = false
+  /** A connection dropped since the last generation read: the next one checks the shard count again. */
+  #connectionLost = false
   /** On a cluster, the node that served each shard's slot at its last read (#checkMaster); cleared with #seen. */
   readonly #masters = new Map<Shard, string>()
   /** Calls on one Redis that went past their deadline and are still unanswered (overdue). */
@@ -138,18 +140,19 @@ export class Connection<Commands extends object = object> {
     if (sentAt !== this.#generation) return sentAt
     const known = this.#seen.get(shard)
     if (known !== seen) {
-      if (known !== undefined) {
-        this.#generation++
-        // The data lost may have held the recorded shard count: it is recorded again, unless an instance
-        // with another count did so first, which refuses this one's operations from then on.
-        if (this.#shardCount === 'matches') void this.#askShardCount()
-      }
+      if (known !== undefined) this.#generation++
+      // A new generation, or the first read since a connection dropped (a restart, a failover): the
+      // data lost may have held the recorded shard count. It is recorded again, unless an instance with
+      // another count did so first, which refuses this one's operations from then on.
+      if ((known !== undefined || this.#connectionLost) && this.#shardCount === 'matches') void this.#askShardCount()
+      this.#connectionLost = false
       this.#seen.set(shard, seen)
     }
     return this.#generation
   }
 
   #lost(): void {
+    this.#connectionLost = true
     this.#generation++
     this.#seen.clear()
     this.#masters.clear()
