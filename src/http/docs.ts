@@ -68,14 +68,33 @@ const SUBSCHEMA_LISTS = ['anyOf', 'oneOf', 'allOf', 'prefixItems'] as const
 const SUBSCHEMA_MAPS = ['properties', 'patternProperties', '$defs'] as const
 const SUBSCHEMA_ONE = ['items', 'additionalProperties', 'not', 'contentSchema'] as const
 
-/** Drops OpenAPI 3.0's `nullable` (Elysia's t.Nullable writes it): 3.1 says null in the type union, as the anyOf beside it does. */
+/**
+ * Drops OpenAPI 3.0's `nullable` (Elysia's t.Nullable writes it): 3.1 says null in the type union, as the
+ * anyOf beside it does. And an `$id` that is a fragment (Elysia names a model `#/components/schemas/…`),
+ * which JSON Schema 2020-12 forbids: validators refuse the document.
+ */
 function toJsonSchema(schema: unknown): void {
   if (!schema || typeof schema !== 'object') return
   const node = schema as Json
   delete node.nullable
+  if (typeof node.$id === 'string' && node.$id.startsWith('#')) delete node.$id
   for (const key of SUBSCHEMA_LISTS) for (const child of node[key] ?? []) toJsonSchema(child)
   for (const key of SUBSCHEMA_MAPS) for (const child of Object.values(node[key] ?? {})) toJsonSchema(child)
   for (const key of SUBSCHEMA_ONE) toJsonSchema(node[key])
+}
+
+/**
+ * A query parameter's number as its value: Elysia's numeric query schemas add a member for the text
+ * ("10") they convert, with a default of 0 of its own, which a generated client would take for the
+ * parameter's.
+ */
+function numberParameter(schema: Json): Json {
+  const members = (schema.anyOf ?? []) as Json[]
+  const number = members.find((s) => s.type === 'integer' || s.type === 'number')
+  const text = members.find((s) => s.type === 'string' && (s.format === 'integer' || s.format === 'numeric'))
+  if (!number || !text || members.length !== 2) return schema
+  const { anyOf: _members, ...rest } = schema
+  return { ...rest, ...number }
 }
 
 /** The member of a body schema that a text/plain body (read as a string by app.ts) can match, if any. */
@@ -113,8 +132,8 @@ function responseHeaders(operation: Json, status: string): Json {
  *   title) returned to the schema;
  * - response headers, which route schemas cannot declare: those every response or every Developer API
  *   response carries (`components.headers`) and what the route declares in RESPONSE_HEADERS;
- * - parameters: the `examples` the generator lifted out of the schema returned to it;
- * - schemas: no 3.0 `nullable`.
+ * - parameters: the `examples` the generator lifted out of the schema returned to it, a number as a number;
+ * - schemas: no 3.0 `nullable`, no fragment `$id`.
  */
 function asOpenApi31(generated: Json): Json {
   const doc: Json = JSON.parse(JSON.stringify(generated))
@@ -123,6 +142,7 @@ function asOpenApi31(generated: Json): Json {
       for (const parameter of operation.parameters ?? []) {
         if (parameter.examples !== undefined) parameter.schema = { ...parameter.schema, examples: parameter.examples }
         delete parameter.examples
+        parameter.schema = numberParameter(parameter.schema)
         toJsonSchema(parameter.schema)
       }
       const body = operation.requestBody?.content?.['application/json']?.schema

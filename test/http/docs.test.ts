@@ -153,3 +153,22 @@ describe('the document describes what requests may hold', () => {
     }
   })
 })
+
+test('no schema carries a fragment $id (JSON Schema 2020-12 forbids it), and a numeric query parameter is documented as its number alone', async () => {
+  const { req } = await makeTestApp()
+  const doc = (await req('GET', '/docs/json')).body
+  const ids: string[] = []
+  const walk = (node: unknown): void => {
+    if (Array.isArray(node)) for (const n of node) walk(n)
+    else if (node && typeof node === 'object') {
+      for (const [k, v] of Object.entries(node)) {
+        if (k === '$id' && typeof v === 'string') ids.push(v)
+        else walk(v)
+      }
+    }
+  }
+  walk(doc)
+  expect(ids.filter((id) => id.includes('#'))).toEqual([])
+  const limit = doc.paths['/v1/licenses'].get.parameters.find((p: { name: string }) => p.name === 'limit')
+  expect(limit.schema).toEqual({ type: 'integer', minimum: 1, maximum: 200, default: 50 })
+})
