@@ -78,7 +78,7 @@ export const CreateLicensesBody = StrictBody({
     }),
   ),
   unlimitedHwidSlots: t.Optional(t.Boolean({ default: false })),
-  label: t.Optional(t.Nullable(Text({ maxLength: 128 }))),
+  label: t.Optional(Text({ maxLength: 128 })),
 }, {
   examples: [
     { appId: EXAMPLE.appId, quantity: 1, expiresAt: EXAMPLE.expiresAt, maxHwidSlots: 2, label: 'Order 10482' },

@@ -44,7 +44,7 @@ describe('strict /v1 bodies', async () => {
     for (const [method, path, body] of cases) await refused(method, path, body, '__proto__')
   })
 
-  test('a count must be a JSON integer: numbers as text, fractions and null get 400 and create nothing', async () => {
+  test('a count must be a JSON integer, a label a string: numbers as text, fractions and null get 400 and create nothing', async () => {
     const cases = [
       ...['0x10', '1e1', ' 3', '3', '3.0', ''].map((quantity) => [{ quantity }, 'quantity'] as const),
       [{ quantity: 1.5 }, 'quantity'],
@@ -53,6 +53,8 @@ describe('strict /v1 bodies', async () => {
       [{ maxHwidSlots: '2' }, 'maxHwidSlots'],
       [{ unlimitedHwidSlots: 'true' }, 'unlimitedHwidSlots'],
       [{ appId: null }, 'appId'],
+      // A string field, optional: absent when there is no label, never null.
+      [{ label: null }, 'label'],
     ] as const
     for (const [fields, field] of cases) await refused('POST', '/v1/licenses', { appId: s.appId, ...fields }, field)
   })

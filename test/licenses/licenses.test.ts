@@ -602,7 +602,7 @@ describe('validation messages name the field and what it must be', () => {
   test.each([
     [{ quantity: 101 }, 'quantity must be an integer from 1 to 100'],
     [{ quantity: 'many' }, 'quantity must be an integer from 1 to 100'],
-    [{ label: 'x'.repeat(129) }, 'label must be a string of at most 128 characters or null'],
+    [{ label: 'x'.repeat(129) }, 'label must be a string of at most 128 characters'],
     [{ unlimitedHwidSlots: 'yes' }, 'unlimitedHwidSlots must be true or false'],
   ])('%j', async (extra, message) => {
     const s = await t.seed()
