@@ -51,10 +51,13 @@ export class ValidatedEventBatch {
   #failures = 0
   #overflowReported = false
   /**
-   * The last write that failed as an outage after its transaction had an id: it may have committed
-   * all the same. Its events are written again only once PostgreSQL says that transaction did not.
+   * Writes that failed as an outage after their transaction had an id: each may have committed all the
+   * same. Their events wait here, apart, and go back to be written only once PostgreSQL says that
+   * transaction did not commit; meanwhile later events are written as ever.
    */
-  #unsure: { xid: string; events: ReadonlySet<DomainEvent> } | null = null
+  #unsure: { xid: string; events: DomainEvent[] }[] = []
+  /** The next look at the unsure writes, while one is still undecided and nothing else would look. */
+  #recheck: ReturnType<typeof setTimeout> | null = null
   readonly #write: (list: readonly DomainEvent[]) => Promise<void>
   readonly #maxKept: number
 
@@ -73,7 +76,7 @@ export class ValidatedEventBatch {
 
   /** Events not yet written (waiting for the batch or for the database). */
   get kept(): number {
-    return this.#pending.length
+    return this.#pending.length + this.#unsure.reduce((n, write) => n + write.events.length, 0)
   }
 
   /** Writes what is pending now, at once even while backing off (tests and shutdown). */
@@ -88,6 +91,9 @@ export class ValidatedEventBatch {
   async stop(): Promise<void> {
     await this.flush()
     this.#clearTimers()
+    const unsure = this.#unsure.reduce((n, write) => n + write.events.length, 0)
+    this.#unsure = []
+    if (unsure > 0) log.error('license.validated events of a write whose answer was lost, its outcome still unknown at shutdown: they may be lost', { events: unsure })
     const lost = this.#pending.length
     if (lost === 0) return
     this.#pending = []
@@ -96,10 +102,10 @@ export class ValidatedEventBatch {
   }
 
   #clearTimers(): void {
-    if (this.#timer) clearTimeout(this.#timer)
-    if (this.#retry) clearTimeout(this.#retry)
+    for (const timer of [this.#timer, this.#retry, this.#recheck]) if (timer) clearTimeout(timer)
     this.#timer = null
     this.#retry = null
+    this.#recheck = null
   }
 
   readonly #due = (): void => {
@@ -126,51 +132,50 @@ export class ValidatedEventBatch {
         await recordEvents(tx, list)
       })
     } catch (err) {
-      if (xid !== null && classifyWriteError(err) === 'outage') this.#unsure = { xid, events: new Set(list) }
+      if (xid !== null && classifyWriteError(err) === 'outage') this.#unsure.push({ xid, events: [...list] })
       throw err
     }
   }
 
   /**
-   * Settles the unsure write: its events leave the queue if its transaction committed, stay to be
-   * written if it did not. False while that cannot be known yet (the database unreachable, or the
-   * transaction still open on a backend that has not noticed its connection is gone).
+   * Settles the unsure writes PostgreSQL can tell about: the events of one that committed are done, those
+   * of one that did not go back to be written, in front. One whose transaction is still open (on a
+   * backend that has not noticed its connection is gone) stays, as all do while the database cannot be
+   * asked. True while one is left.
    */
   async #settleUnsure(): Promise<boolean> {
-    const unsure = this.#unsure
-    if (!unsure) return true
-    let status: unknown
-    try {
-      status = rowsOf(await this.sink.database.db.execute(sql`SELECT pg_xact_status(${unsure.xid}::xid8) AS status`))[0]?.status
-    } catch (err) {
-      if (classifyWriteError(err) === 'outage') {
-        this.#backOff(err)
-        return false
+    for (const write of [...this.#unsure]) {
+      let status: unknown
+      try {
+        status = rowsOf(await this.sink.database.db.execute(sql`SELECT pg_xact_status(${write.xid}::xid8) AS status`))[0]?.status
+      } catch (err) {
+        // Unreachable: the write below meets the outage too, and backs off.
+        if (classifyWriteError(err) === 'outage') return true
+        // An id this server never gave out (a failover to a standby that had not seen it) or one too old
+        // to have a status: the transaction is not there to have committed.
+        status = null
       }
-      // An id this server never gave out (a failover to a standby that had not seen it) or one too old
-      // to have a status: the transaction is not there to have committed.
-      status = null
+      if (status === 'in progress') continue
+      this.#unsure.splice(this.#unsure.indexOf(write), 1)
+      if (status === 'committed') this.sink.bus.notify()
+      else this.#pending = write.events.concat(this.#pending)
     }
-    if (status === 'in progress') {
-      this.#backOff(new Error('an unanswered license.validated write is still in progress'))
-      return false
-    }
-    this.#unsure = null
-    if (status === 'committed') {
-      this.#pending = this.#pending.filter((e) => !unsure.events.has(e))
-      this.sink.bus.notify()
-    }
-    return true
+    return this.#unsure.length > 0
   }
 
   async #writeDue(): Promise<void> {
-    if (!(await this.#settleUnsure())) return
+    const undecided = await this.#settleUnsure()
+    if (undecided) this.#recheckLater()
     // Later events wait for their own batch: writing them now would mean more, smaller statements.
     let due = this.#pending.length
     while (due > 0 && this.#pending.length > 0) {
       const chunk = this.#pending.splice(0, Math.min(due, WRITE_CHUNK))
       due -= chunk.length
-      const { refused, unwritten, outage } = await writeIsolated(chunk, this.#write)
+      const result = await writeIsolated(chunk, this.#write)
+      const { refused, outage } = result
+      // The events of a write whose answer was lost wait apart, in #unsure.
+      const apart = this.#unsure.length > 0 ? new Set(this.#unsure.flatMap((write) => write.events)) : null
+      const unwritten = apart ? result.unwritten.filter((e) => !apart.has(e)) : result.unwritten
       if (refused.length > 0) {
         this.sink.dropped.add('refused', refused.length)
         log.warn('license.validated events refused by the database, dropped', {
@@ -178,8 +183,8 @@ export class ValidatedEventBatch {
           code: errorCode(refused[0]?.error),
         })
       }
-      if (refused.length + unwritten.length < chunk.length) this.sink.bus.notify()
-      if (unwritten.length > 0) {
+      if (refused.length + result.unwritten.length < chunk.length) this.sink.bus.notify()
+      if (result.unwritten.length > 0) {
         this.#pending = unwritten.concat(this.#pending)
         this.#trim()
         this.#backOff(outage)
@@ -191,6 +196,15 @@ export class ValidatedEventBatch {
         this.#overflowReported = false
       }
     }
+  }
+
+  #recheckLater(): void {
+    if (this.#recheck) return
+    this.#recheck = setTimeout(() => {
+      this.#recheck = null
+      void this.#drain()
+    }, RETRY_MAX_MS)
+    this.#recheck.unref?.()
   }
 
   #backOff(outage: unknown): void {

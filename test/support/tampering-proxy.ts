@@ -143,6 +143,14 @@ export class TamperingProxy {
     }
   }
 
+  /**
+   * Closes the client side of the connections holdWrites('open') forgot: their clients see them fail,
+   * while the server's side stays open, as after a NAT forgot the flow, until the holdWrites release.
+   */
+  closeForgottenClients(): void {
+    for (const client of this.#forgotten) client.destroy()
+  }
+
   listen(): Promise<number> {
     return new Promise((resolve) => this.#server.listen(0, '127.0.0.1', () => resolve((this.#server.address() as { port: number }).port)))
   }
