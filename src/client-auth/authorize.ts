@@ -8,6 +8,13 @@ import { keys, STORE_CALL_TIMEOUT_MS } from '../store/store'
 import { type Bucket, type Outcome, rateLimited } from './policy'
 
 const MAX_ATTEMPTS = 5
+/**
+ * Stale answers after which a request reads its app and license from PostgreSQL for itself and asks the
+ * store with no epoch to compare: an app whose owner writes to it many times a second (each write bumps
+ * its epoch) moved on during every reload, and its clients got 500s. A row read now is as fresh as a
+ * request served without the cache can be.
+ */
+const STALE_ATTEMPTS = 3
 
 /**
  * What one request asks of the store, minus the epochs (added from the cache entries used). A plan
@@ -66,13 +73,15 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
   const nowMs = ctx.clock()
   // Set once an IP token was taken to admit a license lookup; the script then leaves that bucket out.
   let admitted: Bucket | null = null
+  let stale = 0
   try {
     for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
       // The generation the entries below are read under, taken before any of them: a load awaited on the
       // way may move the registry to a newer one (emptying it), and an entry read before that move must
       // not be checked as if it belonged to the new one (the store then answers new_generation).
       const generation = actors.generation
-      let appEntry = actors.cachedApp(appId)
+      const fresh = stale >= STALE_ATTEMPTS ? await freshEntries(ctx, appId, licenseKey) : null
+      let appEntry = fresh?.app ?? actors.cachedApp(appId)
       // Awaited only on a miss: the common all-cached request skips a promise and a microtask turn.
       if (!appEntry) {
         admitAppLookup(ctx, ip, nowMs)
@@ -83,7 +92,7 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
       }
       const app = appEntry.value
       const shard = app ? ctx.store.shardOf(app.accountId) : ''
-      let licenseEntry = licenseKey === null ? undefined : actors.cachedLicense(appId, licenseKey)
+      let licenseEntry = licenseKey === null ? undefined : (fresh?.license ?? actors.cachedLicense(appId, licenseKey))
       let p = plan(app, licenseEntry?.value ?? null, nowMs, shard)
       if (licenseKey !== null && !licenseEntry && licenseDecides(p)) {
         // The app secret (or session), the app's state and its lists passed: only now may the key reach
@@ -100,8 +109,8 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
       }
       const license = licenseEntry?.value ?? null
       if (!app) throw new PublicError('invalid_app')
-      const epochs = [{ key: keys.appEpoch(shard, appId), expected: appEntry.epoch }]
-      if (licenseKey !== null && licenseEntry) epochs.push({ key: keys.licenseEpoch(shard, licenseKey), expected: licenseEntry.epoch })
+      const epochs = fresh ? [] : [{ key: keys.appEpoch(shard, appId), expected: appEntry.epoch }]
+      if (!fresh && licenseKey !== null && licenseEntry) epochs.push({ key: keys.licenseEpoch(shard, licenseKey), expected: licenseEntry.epoch })
       const { outcome, ipBucket: _, ...rest } = p
       if (!ctx.config.publicRateLimits) rest.buckets = []
       else if (admitted) rest.buckets = rest.buckets.filter((b) => b.key !== admitted!.key)
@@ -116,6 +125,7 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
           actors.startOver(result.generation)
           continue
         case 'stale':
+          stale++
           if (result.epochs[0] !== appEntry.epoch) await actors.reloadApp(appId, result.epochs[0] ?? 0, generation)
           if (licenseKey !== null && result.epochs[1] !== licenseEntry?.epoch) {
             // Read again at once only for a caller that may look the license up at all.
@@ -150,6 +160,12 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
     if (!(err instanceof StoreUnavailable)) throw err
     return withoutStore(ctx, request, plan, err, nowMs)
   }
+}
+
+/** The request's app and license read from PostgreSQL now, as entries no epoch is compared with (see STALE_ATTEMPTS). */
+async function freshEntries({ actors }: Context, appId: string, licenseKey: string | null) {
+  const [app, license] = await Promise.all([actors.loadApp(appId), licenseKey === null ? null : actors.loadLicense(licenseKey)])
+  return { app: { value: app, epoch: 0 }, license: licenseKey === null ? undefined : { value: license, epoch: 0 } }
 }
 
 /** The store is unreachable: a request that needs a nonce claim fails closed, the others are served from PostgreSQL. */

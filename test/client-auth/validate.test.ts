@@ -2,7 +2,9 @@ import { describe, expect, test } from 'bun:test'
 import { eq } from 'drizzle-orm'
 import { rotateSigningKey } from '../../src/apps/service'
 import { licenses } from '../../src/db/schema'
+import type { AuthorizeInput } from '../../src/store/store'
 import { makeTestApp } from '../support/helpers'
+import { withOverrides } from '../support/overrides'
 import { decode, hwid, insertLicense, nonce, tokenExp, updateLicense, verifySigned } from '../support/client'
 
 describe('POST /auth/validate', async () => {
@@ -211,4 +213,26 @@ test('hot path: a validate of a bound HWID and every heartbeat read no PostgreSQ
     token = decode(beat.body.payload).sessionToken
   }
   expect(({ ...t.ctx.actors.loads })).toEqual(before)
+})
+
+test("an app written to faster than its entries reload: the request reads its rows for itself after a few stale answers, and is answered by them", async () => {
+  const base = await makeTestApp()
+  // Every epoch has moved on by the time the script compares it, as under an owner's write a few ms apart.
+  const store = withOverrides(base.ctx.store, {
+    authorize: (input: AuthorizeInput) =>
+      input.epochs.length > 0
+        ? Promise.resolve({ kind: 'stale' as const, epochs: input.epochs.map((e) => e.expected + 1) })
+        : base.ctx.store.authorize(input),
+  })
+  const t = await makeTestApp({ store })
+  const s = await t.seed()
+  const key = await insertLicense(t.ctx, s.appId)
+  const validate = () =>
+    t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey: key, hwid: hwid(), nonce: nonce() } })
+  const ok = await validate()
+  expect(ok.status, JSON.stringify(ok.body)).toBe(200)
+  expect(decode(ok.body.payload).licenseKey).toBe(key)
+  // Read afresh, a revoke made a moment ago holds.
+  await updateLicense(t.ctx, key, { status: 'revoked' })
+  expect((await validate()).body).toEqual({ status: 'failed', error: 'revoked' })
 })
