@@ -42,13 +42,15 @@ describe("the parser against AuthForge's activation_request_vectors.json", () =>
 
 const wrap64 = (base64: string) => base64.replace(/.{64}(?=.)/g, '$&\n')
 
-function buildRequest(fields: Record<string, unknown>, opts: { version?: string; checksum?: string; appIdHeader?: string } = {}) {
-  const payload = Buffer.from(JSON.stringify(fields), 'utf8').toString('base64')
+/** `fields` as JSON, or JSON text as it is (one no JSON.stringify could write). */
+function buildRequest(fields: Record<string, unknown> | string, opts: { version?: string; checksum?: string; appIdHeader?: string } = {}) {
+  const json = typeof fields === 'string' ? fields : JSON.stringify(fields)
+  const payload = Buffer.from(json, 'utf8').toString('base64')
   const checksum = opts.checksum ?? createHash('sha256').update(payload).digest('hex').slice(0, 16)
   return [
     '-----BEGIN AUTHFORGE ACTIVATION REQUEST-----',
     `Version: ${opts.version ?? '1'}`,
-    `App-Id: ${opts.appIdHeader ?? fields.appId}`,
+    `App-Id: ${opts.appIdHeader ?? (typeof fields === 'string' ? '' : fields.appId)}`,
     `Checksum: ${checksum}`,
     '',
     wrap64(payload),
@@ -240,6 +242,9 @@ describe('refused requests: 400 bad_request saying which, and nothing changes', 
     ['truncated', (a, k) => buildRequest(requestFields(a, 'm1', k)).split('-----END')[0]!, /truncated/],
     ['bad checksum', (a, k) => buildRequest(requestFields(a, 'm1', k), { checksum: '0123456789abcdef' }), /bad checksum/],
     ['unsupported version', (a, k) => buildRequest(requestFields(a, 'm1', k), { version: '2' }), /unsupported version/],
+    ['a version nested deeper than any stack', (a) => buildRequest(`{"v":${'['.repeat(200_000)}${']'.repeat(200_000)}}`, { appIdHeader: a }), /unsupported version an array in the payload$/],
+    ['a version of long text, not quoted back', (a, k) => buildRequest({ ...requestFields(a, 'm1', k), v: 'x'.repeat(100_000) }), /unsupported version a string of 100000 characters in the payload$/],
+    ['a license key longer than any key', (a) => buildRequest(requestFields(a, 'm1', 'K'.repeat(65))), /the license key is 65 characters; a key is at most 64$/],
     ['malformed payload', (a, k) => buildRequest({ ...requestFields(a, 'm1', k), typ: 'something-else' }), /malformed payload/],
     ["another app's request", (_, k) => buildRequest(requestFields(crypto.randomUUID(), 'm1', k)), /another app's request/],
     ["another app's App-Id header", (a, k) => buildRequest(requestFields(a, 'm1', k), { appIdHeader: crypto.randomUUID() }), /another app's request/],

@@ -22,6 +22,15 @@ const STORABLE = new RegExp(STORABLE_TEXT)
 
 const refuse = (why: string) => badRequest(`Activation request refused: ${why}`)
 const optionalText = (v: unknown) => v === undefined || typeof v === 'string'
+/** A license key in the request longer than this is no key: refused, never echoed or looked up. */
+const MAX_LICENSE_KEY = 64
+
+/** A value from the payload, as a refusal may quote it: a short scalar as JSON, anything else by its kind (never a structure to walk). */
+function brief(value: unknown): string {
+  if (value === null || typeof value === 'number' || typeof value === 'boolean') return JSON.stringify(value)
+  if (typeof value === 'string') return value.length <= 32 ? JSON.stringify(value) : `a string of ${value.length} characters`
+  return Array.isArray(value) ? 'an array' : typeof value === 'object' ? 'an object' : 'none'
+}
 
 /** The `Checksum` header: the first 16 hex characters of SHA-256 of the base64 payload string. */
 export const requestChecksum = (payloadBase64: string) =>
@@ -63,7 +72,7 @@ export function parseActivationRequest(text: string, appId: string): ActivationR
     throw refuse('malformed payload (not JSON)')
   }
   if (typeof payload !== 'object' || payload === null || Array.isArray(payload)) throw refuse('malformed payload')
-  if (payload.v !== 1) throw refuse(`unsupported version ${JSON.stringify(payload.v ?? null)} in the payload`)
+  if (payload.v !== 1) throw refuse(`unsupported version ${brief(payload.v)} in the payload`)
   const shaped =
     payload.typ === 'authforge-activation-request' &&
     typeof payload.appId === 'string' &&
@@ -79,5 +88,8 @@ export function parseActivationRequest(text: string, appId: string): ActivationR
     throw refuse(`the HWID is ${hwid.length} characters; it must be 1 to ${MAX_HWID} (AuthForge allows 256; this server ${MAX_HWID})`)
   }
   if (!STORABLE.test(hwid)) throw refuse('the HWID holds NUL characters or unpaired surrogates')
+  if (typeof payload.licenseKey === 'string' && payload.licenseKey.length > MAX_LICENSE_KEY) {
+    throw refuse(`the license key is ${payload.licenseKey.length} characters; a key is at most ${MAX_LICENSE_KEY}`)
+  }
   return { hwid, licenseKey: (payload.licenseKey as string | undefined) || null, appId: payload.appId as string }
 }
