@@ -30,6 +30,8 @@ const isPublic = (path: string) => path.startsWith('/auth/') || path === '/auth'
 class BodyTooLarge extends Error {}
 // Stateless between calls (no streaming), so one decoder serves every request.
 const utf8 = new TextDecoder()
+/** A /v1 body that is not UTF-8 is refused: decoded leniently, U+FFFD would be stored in place of its bytes. */
+const strictUtf8 = new TextDecoder('utf-8', { fatal: true })
 class MalformedJson extends Error {}
 /** A parsed body that must not reach validation; the message says why. */
 class RefusedBody extends Error {}
@@ -109,30 +111,48 @@ const isPlainText = (request: Request) =>
  * Reads a body within the route's limit. Every body is JSON whatever its Content-Type says, except a
  * `text/plain` one on the Developer API: that is a string (an `.authforge-request` pasted as is), which
  * a route without a text body refuses with 400. The client endpoints keep JSON only, as the SDKs send it.
- * An empty JSON body is null, like a JSON `null`: a route that takes a body refuses both with 400.
+ * An empty JSON body is null, like a JSON `null`: a route that takes a body refuses both with 400. A
+ * Developer API body must be UTF-8 (a 400 otherwise); the client endpoints' read stays Bun's own.
  */
 async function parseBody(request: Request, path: string): Promise<unknown> {
   const limit = isPublic(path) ? AUTH_BODY_LIMIT : API_BODY_LIMIT
   const declared = Number(request.headers.get('content-length') ?? '0')
   if (declared > limit) throw new BodyTooLarge()
-  if (!isPublic(path) && isPlainText(request)) return utf8.decode(await readBounded(request, limit))
+  if (!isPublic(path)) {
+    const bytes = await readBounded(request, limit)
+    let text: string
+    try {
+      text = strictUtf8.decode(bytes)
+    } catch {
+      throw new RefusedBody('Request body is not valid UTF-8')
+    }
+    if (isPlainText(request)) return text
+    return text === '' ? null : checked(parsed(text))
+  }
   // A declared length bounds the body already; Bun's own JSON read is ~1 µs cheaper than the copy below.
-  let body: unknown
   if (declared > 0) {
+    let body: unknown
     try {
       body = await request.json()
     } catch {
       throw new MalformedJson()
     }
-  } else {
-    const bytes = await readBounded(request, limit)
-    if (bytes.byteLength === 0) return null
-    try {
-      body = JSON.parse(utf8.decode(bytes))
-    } catch {
-      throw new MalformedJson()
-    }
+    return checked(body)
   }
+  const bytes = await readBounded(request, limit)
+  return bytes.byteLength === 0 ? null : checked(parsed(utf8.decode(bytes)))
+}
+
+function parsed(text: string): unknown {
+  try {
+    return JSON.parse(text)
+  } catch {
+    throw new MalformedJson()
+  }
+}
+
+/** A parsed body, unless refusal() finds it must not reach validation. */
+function checked(body: unknown): unknown {
   const refused = refusal(body)
   if (refused) throw new RefusedBody(refused)
   return body

@@ -44,7 +44,7 @@ const DESCRIPTION = `Self-hosted license-key service speaking the AuthForge wire
 400 \`bad_request\`, 401 \`invalid_api_key\`, 402 \`no_credits\`, 403 \`forbidden\`, 404 \`not_found\`,
 413 \`bad_request\` (body over 1 MiB), 429 \`rate_limited\`, 500 \`internal_error\`.
 Bodies are strict: exactly the documented fields (an unknown one is a 400 naming it), counts as JSON integers, no
-\`null\`, array or empty body where an object is expected. No string may hold a NUL character or an unpaired UTF-16
+\`null\`, array or empty body where an object is expected, bytes that are not UTF-8. No string may hold a NUL character or an unpaired UTF-16
 surrogate (the \`pattern\` of every string field). Nothing changes on a 4xx.
 Rate limit: per API key, a burst of 100 requests refilling at 50 per second. Responses past the key check
 carry \`RateLimit-Limit\`, \`RateLimit-Remaining\` and \`RateLimit-Reset\` (a 413, refused while the body is read,

@@ -104,3 +104,28 @@ describe.each(HOSTILE)('%s in a client endpoint field', async (_name, bad, _inPa
     expect(answers.map((r) => r.status)).toEqual(others.map(() => 200))
   })
 })
+
+describe('bytes that are not UTF-8 in a Developer API body', async () => {
+  const t = await makeTestApp()
+  const s = await t.seed()
+  // {"name":"\xff\xfe"}, and the same bytes as a text/plain body.
+  const notUtf8 = Buffer.concat([Buffer.from('{"name":"'), Buffer.from([0xff, 0xfe]), Buffer.from('"}')])
+
+  test.each([
+    ['POST', '/v1/apps', 'application/json'],
+    ['PUT', `/v1/apps/${s.appId}/variables`, 'application/json'],
+    ['POST', `/v1/apps/${s.appId}/activation-requests`, 'text/plain'],
+  ])('%s %s (%s): 400, never U+FFFD stored in their place', async (method, path, contentType) => {
+    const before = await accountDigest(t.ctx, s.accountId)
+    const res = await t.app.handle(
+      new Request(`http://localhost${path}`, {
+        method,
+        headers: { authorization: `Bearer ${s.apiKey}`, 'content-type': contentType },
+        body: notUtf8,
+      }),
+    )
+    expect(res.status).toBe(400)
+    expect(await res.json()).toEqual({ error: 'bad_request', message: 'Request body is not valid UTF-8' })
+    expect(await accountDigest(t.ctx, s.accountId)).toBe(before)
+  })
+})
