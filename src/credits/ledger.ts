@@ -258,7 +258,9 @@ export class CreditLedger {
       if (!flush || !account) return flush?.id ?? ''
       const inserted = await tx
         .insert(creditFlushes)
-        .values({ id: flush.id, accountId, amount: flush.amount })
+        // The time of the insert, taken under the row lock, not of the transaction's start: an account's
+        // records are then in the order its flushes ran, which settledFlushes relies on.
+        .values({ id: flush.id, accountId, amount: flush.amount, createdAt: sql`clock_timestamp()` })
         .onConflictDoNothing()
         .returning({ id: creditFlushes.id })
       if (inserted.length > 0) {
@@ -317,8 +319,10 @@ const FLUSH_RECORD_HOURS = 1
 
 /**
  * Flush records no store can still name: a flush begins in the store only once the one before it
- * ended, so each account's newest record is the only one an unfinished flush may be, and stays. The
- * older ones go after FLUSH_RECORD_HOURS; a busy account writes two a second.
+ * ended, so each account's newest record (by the time of its insert, under the account's row lock) is
+ * the only one an unfinished flush may be, and stays. The older ones go after FLUSH_RECORD_HOURS; a busy
+ * account writes two a second. (A database clock stepped back between two flushes of an account could
+ * misorder them; servers slew their clocks.)
  */
 export const settledFlushes: PurgeJob = {
   what: 'settled credit flush records',

@@ -5,7 +5,8 @@ import { addCredits } from '../../src/accounts/service'
 import { settledFlushes } from '../../src/credits/ledger'
 import { Purger } from '../../src/db/purger'
 import { accounts, creditFlushes, licenses } from '../../src/db/schema'
-import { makeTestApp, MODE } from '../support/helpers'
+import postgres from 'postgres'
+import { makeTestApp, MODE, TEST_DATABASE_URL } from '../support/helpers'
 import { until } from '../support/servers'
 import { withOverrides } from '../support/overrides'
 import { decode, hwid, insertLicense, nonce } from '../support/client'
@@ -336,4 +337,26 @@ test.skipIf(MODE !== 'postgres')("a flush waiting on the store holds the account
     await flushed
   }
   expect(await t.ctx.credits.currentBalance(s.accountId)).toBe(4)
+})
+
+test.skipIf(MODE !== 'postgres')("a flush record carries the time of its insert under the account's lock, not of its transaction's start: an account's records are in the order its flushes ran", async () => {
+  const t = await makeTestApp()
+  const s = await t.seed({ credits: 5 })
+  expect(await t.ctx.credits.charge(s.accountId, 1, t.ctx.clock())).toBe(true)
+  const other = postgres(TEST_DATABASE_URL!, { max: 1, onnotice: () => {} })
+  try {
+    let released = 0
+    // Another instance's flush of the account holds its row: this one's transaction waits for it.
+    const holder = other.begin(async (sql) => {
+      await sql`SELECT 1 FROM accounts WHERE id = ${s.accountId} FOR UPDATE`
+      await Bun.sleep(300)
+      released = Date.now()
+    })
+    await Bun.sleep(50)
+    await Promise.all([holder, t.ctx.credits.flush()])
+    const [record] = await t.ctx.database.db.select().from(creditFlushes).where(eq(creditFlushes.accountId, s.accountId))
+    expect(record!.createdAt.getTime()).toBeGreaterThanOrEqual(released - 20)
+  } finally {
+    await other.end({ timeout: 1 })
+  }
 })
