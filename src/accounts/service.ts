@@ -67,7 +67,7 @@ export async function addCredits(ctx: Context, accountId: string, n: number) {
     // The next seed reads whatever PostgreSQL then holds, so a COMMIT that fails after this adds nothing
     // (a delta given to the store here would stay in the live balance). If the store is unreachable
     // nothing is committed, so a retry cannot add twice either.
-    const seq = await ctx.store.creditsChanging(accountId)
+    const seq = await ctx.store.creditsChanging(accountId, current.creditSeq)
     // A removal is held to what the charges not yet reconciled leave: clamped against PostgreSQL's
     // balance alone, it left a debt that the next credits added, and the next flush, silently paid. And
     // to PostgreSQL's balance: a refund of a charge already flushed is still on its way there.

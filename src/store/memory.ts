@@ -227,7 +227,8 @@ export class MemoryStore implements Store {
     return (this.get(keys.balance(ONE_SHARD, accountId)) as number | undefined) ?? null
   }
 
-  async creditsChanging(accountId: string): Promise<number> {
+  async creditsChanging(accountId: string, reconciledSeq = 0): Promise<number> {
+    if (this.#num(keys.creditSeq(ONE_SHARD, accountId)) < reconciledSeq) this.#dropCredits(accountId, reconciledSeq)
     this.set(keys.accountEpoch(ONE_SHARD, accountId), this.#num(keys.accountEpoch(ONE_SHARD, accountId)) + 1)
     this.delete(keys.balance(ONE_SHARD, accountId))
     const seq = this.#num(keys.creditSeq(ONE_SHARD, accountId)) + 1

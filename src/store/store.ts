@@ -71,9 +71,11 @@ export interface Credits {
    * The account's credits are changing in PostgreSQL: bumps the account epoch (a seed under way is
    * refused) and drops the live balance, so the next charge seeds it from what PostgreSQL then holds,
    * whether the change committed or not. Returns the account's next credit sequence number, for
-   * PostgreSQL to record with the change.
+   * PostgreSQL to record with the change. A store behind `reconciledSeq` (accounts.credit_seq, read under
+   * the change's row lock) first drops its charges and flush record, as loadBalance does: counted after
+   * its increment, a store one change behind would pass for current.
    */
-  creditsChanging(accountId: string): Promise<number>
+  creditsChanging(accountId: string, reconciledSeq?: number): Promise<number>
   /** Gives back a charge whose request failed after the charge (a lost seat race). */
   refund(accountId: string, n: number): Promise<void>
   /** The accounts of `shard` with charges not yet reconciled to PostgreSQL. */

@@ -239,6 +239,21 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     expect(await store.snapshot([ep1, ep2])).toEqual({ generation, epochs: [1, 2] })
   })
 
+  test("a change of credits finds a store one change behind PostgreSQL's credit sequence, and drops what it holds of the account's charges first", async () => {
+    const acct = id()
+    await store.loadBalance(acct, { epoch: 0, flushId: null, seq: 0 }, 10, false)
+    expect(await store.authorize(base({ charge: { accountId: acct, cost: 2, counter: null } }))).toEqual({ kind: 'ok', charged: 2 })
+    // PostgreSQL recorded sequence 1, which this copy of the store never saw: its pending 2 are older.
+    expect(await store.creditsChanging(acct, 1)).toBe(2)
+    expect(await store.creditState(acct)).toEqual({ epoch: 1, flushId: null, seq: 2, pending: 0, flushing: 0 })
+    // Not behind: what the store holds stays.
+    const current = id()
+    await store.loadBalance(current, { epoch: 0, flushId: null, seq: 0 }, 10, false)
+    await store.authorize(base({ charge: { accountId: current, cost: 2, counter: null } }))
+    expect(await store.creditsChanging(current, 0)).toBe(1)
+    expect(await store.creditState(current)).toMatchObject({ seq: 1, pending: 2 })
+  })
+
   test('creditState reports the account epoch, the unfinished flush, the credit sequence and the charges a seed must account for', async () => {
     const acct = id()
     expect(await store.creditState(acct)).toEqual({ epoch: 0, flushId: null, seq: 0, pending: 0, flushing: 0 })

@@ -25,8 +25,12 @@ redis.call('SET', KEYS[1], math.max(0, live))
 return 1
 `
 
-// KEYS: balance, account epoch, credit sequence.
+// KEYS: balance, account epoch, credit sequence, pending, flushing. ARGV: reconciled sequence.
 const CREDITS_CHANGING = `
+if tonumber(redis.call('GET', KEYS[3]) or '0') < tonumber(ARGV[1]) then
+  redis.call('DEL', KEYS[4], KEYS[5])
+  redis.call('SET', KEYS[3], ARGV[1])
+end
 redis.call('INCR', KEYS[2])
 redis.call('DEL', KEYS[1])
 return redis.call('INCR', KEYS[3])
@@ -88,7 +92,7 @@ export interface CreditCommands {
     reconciledSeq: number,
     expectedSeq: number,
   ): Promise<number>
-  lsCreditsChanging(bal: string, ep: string, seq: string): Promise<unknown>
+  lsCreditsChanging(bal: string, ep: string, seq: string, pend: string, fl: string, reconciledSeq: number): Promise<unknown>
   lsRefund(bal: string, pend: string, dirty: string, account: string, n: number): Promise<number>
   lsBeginFlush(pend: string, fl: string, seq: string, bal: string, ep: string, id: string, reconciledSeq: number): Promise<unknown>
   lsEndFlush(fl: string, pend: string, dirty: string, id: string, account: string): Promise<number>
@@ -96,7 +100,7 @@ export interface CreditCommands {
 
 export const creditScripts: { [name in keyof CreditCommands]: Script } = {
   lsLoadBalance: { numberOfKeys: 5, lua: LOAD_BALANCE },
-  lsCreditsChanging: { numberOfKeys: 3, lua: CREDITS_CHANGING },
+  lsCreditsChanging: { numberOfKeys: 5, lua: CREDITS_CHANGING },
   lsRefund: { numberOfKeys: 3, lua: REFUND },
   lsBeginFlush: { numberOfKeys: 5, lua: BEGIN_FLUSH },
   lsEndFlush: { numberOfKeys: 3, lua: END_FLUSH },
@@ -177,10 +181,11 @@ export class RedisCredits implements Credits {
     return storedCount(v, 'balance')
   }
 
-  async creditsChanging(accountId: string): Promise<number> {
+  async creditsChanging(accountId: string, reconciledSeq = 0): Promise<number> {
     this.conn.failFastWhenLost()
     const k = accountKeys(this.conn, accountId)
-    return storedCount(String(await this.conn.redis.lsCreditsChanging(k.balance, k.epoch, k.seq)), 'credit sequence')
+    const seq = await this.conn.redis.lsCreditsChanging(k.balance, k.epoch, k.seq, k.pending, k.flushing, reconciledSeq)
+    return storedCount(String(seq), 'credit sequence')
   }
 
   async refund(accountId: string, n: number): Promise<void> {

@@ -117,8 +117,8 @@ export class RedisStore implements Store {
     return watched(this.#waited(() => this.#credits.balance(accountId, reconciledSeq)))
   }
 
-  creditsChanging(accountId: string): Promise<number> {
-    return watched(this.#waited(() => this.#credits.creditsChanging(accountId)))
+  creditsChanging(accountId: string, reconciledSeq?: number): Promise<number> {
+    return watched(this.#waited(() => this.#credits.creditsChanging(accountId, reconciledSeq)))
   }
 
   refund(accountId: string, n: number): Promise<void> {
