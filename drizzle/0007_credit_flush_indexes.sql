@@ -1,2 +1,2 @@
-CREATE INDEX "credit_flushes_account_idx" ON "credit_flushes" USING btree ("account_id","created_at");--> statement-breakpoint
-CREATE INDEX "credit_flushes_created_idx" ON "credit_flushes" USING btree ("created_at");
+CREATE INDEX IF NOT EXISTS "credit_flushes_account_idx" ON "credit_flushes" USING btree ("account_id","created_at");--> statement-breakpoint
+CREATE INDEX IF NOT EXISTS "credit_flushes_created_idx" ON "credit_flushes" USING btree ("created_at");
