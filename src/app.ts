@@ -9,7 +9,7 @@ import { REQUEST_ID_HEADER } from './http/request-id'
 import { ServerMetrics } from './http/scrape'
 import { isDatabaseError, countDatabaseError } from './db/errors'
 import { log, logErrorOnce } from './lib/log'
-import { STORABLE_TEXT } from './lib/model'
+import { STORABLE, STORABLE_TEXT } from './lib/model'
 import { accountRoutes } from './accounts/routes'
 import { appRoutes } from './apps/routes'
 import { clientRoutes } from './client-auth/routes'
@@ -170,6 +170,8 @@ interface SchemaLike {
   enum?: unknown[]
   const?: unknown
   pattern?: string
+  /** Chars' bounds, in characters (lib/model.ts). */
+  'x-characters'?: [number, number]
 }
 
 /** What a field must be, in words, from its schema (the numeric-string union Elysia adds is looked through). */
@@ -194,8 +196,10 @@ function expected(schema: SchemaLike | undefined): string | null {
       return `an integer${range(schema.minimum, schema.maximum)}`
     case 'number':
       return `a number${range(schema.minimum, schema.maximum)}`
-    case 'string':
-      return `a string${range(schema.minLength, schema.maxLength, ' characters')}`
+    case 'string': {
+      const [lo, hi] = schema['x-characters'] ?? [schema.minLength, schema.maxLength]
+      return `a string${range(lo || undefined, hi, ' characters')}`
+    }
     case 'boolean':
       return 'true or false'
     case 'array':
@@ -235,8 +239,11 @@ function validationMessage(error: unknown): string {
   // JSON-quoted: a field name may be anything a client sent, NUL included.
   if (first?.type === ValueErrorType.ObjectAdditionalProperties) return `Unknown field ${JSON.stringify(where)}`
   if (first?.type === ValueErrorType.ObjectMinProperties) return `The ${where} must hold at least one field`
-  if (first?.type === ValueErrorType.StringPattern && first.schema?.pattern === STORABLE_TEXT) {
-    return `${where} must not contain NUL characters or unpaired surrogates`
+  if (first?.type === ValueErrorType.StringPattern) {
+    // Chars' pattern counts the characters too: only text it could never match is told about them.
+    const { value, schema } = first
+    const unstorable = schema?.pattern === STORABLE_TEXT || (typeof value === 'string' && !STORABLE.test(value))
+    if (unstorable) return `${where} must not contain NUL characters or unpaired surrogates`
   }
   const want = expected(first?.schema)
   if (!first?.path && want) return `The ${where} must be ${want}`

@@ -1,11 +1,11 @@
 import { Type } from '@sinclair/typebox'
 import { t } from 'elysia'
 import { EXAMPLE } from '../lib/examples'
-import { Text } from '../lib/model'
+import { Chars, Text } from '../lib/model'
 import { SignedPayload, SignedResponse } from '../signing/model'
 
 const appId = Text({ minLength: 1, maxLength: 64, description: 'The application id (UUID)' })
-const hwid = Text({ minLength: 1, maxLength: 128, description: 'Hardware id of the device, 1 to 128 characters' })
+const hwid = Chars(1, 128, { description: 'Hardware id of the device, 1 to 128 characters' })
 const appSecret = Text({ minLength: 1, maxLength: 256, description: 'The app secret' })
 const licenseKey = Text({ minLength: 1, maxLength: 64, description: 'XXXX-XXXX-XXXX-XXXX' })
 const nonce = Text({

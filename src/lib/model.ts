@@ -9,8 +9,37 @@ import { t } from 'elysia'
 export const STORABLE_TEXT =
   '^[^\\u0000\\uD800-\\uDFFF]*(?:[\\uD800-\\uDBFF][\\uDC00-\\uDFFF][^\\u0000\\uD800-\\uDFFF]*)*$'
 
+/** STORABLE_TEXT as a RegExp, for text read outside a schema. */
+export const STORABLE = new RegExp(STORABLE_TEXT)
+
 /** A request string: `t.String` limited to storable text (see STORABLE_TEXT). */
 export const Text = (options: StringOptions = {}) => t.String({ ...options, pattern: STORABLE_TEXT })
+
+/** One storable character: a code point, a surrogate pair one (see STORABLE_TEXT). */
+export const STORABLE_CHAR = '(?:[^\\u0000\\uD800-\\uDFFF]|[\\uD800-\\uDBFF][\\uDC00-\\uDFFF])'
+
+/**
+ * Storable text of `min` to `max` characters as the spec counts them, a character outside the BMP (an
+ * emoji) one: TypeBox's minLength and maxLength count UTF-16 code units, two for it. The bounds are in
+ * the pattern; `x-characters` names them for the validation message and the document's readers.
+ */
+export const Chars = (min: number, max: number, options: StringOptions = {}) =>
+  t.String({ ...options, pattern: `^${STORABLE_CHAR}{${min},${max}}$`, 'x-characters': [min, max] })
+
+/** How many characters `text` holds as Chars counts them (code points). */
+export function characters(text: string): number {
+  let n = 0
+  for (let i = 0; i < text.length; i++) {
+    const unit = text.charCodeAt(i)
+    // A high surrogate followed by a low one is one character.
+    if (unit >= 0xd800 && unit <= 0xdbff && i + 1 < text.length) {
+      const next = text.charCodeAt(i + 1)
+      if (next >= 0xdc00 && next <= 0xdfff) i++
+    }
+    n++
+  }
+  return n
+}
 
 /**
  * A count in a request body or a response: a JSON integer only. TypeBox's own Integer, because Elysia's

@@ -1,6 +1,6 @@
 import { t } from 'elysia'
 import { EXAMPLE } from '../lib/examples'
-import { Count, StrictBody, Text } from '../lib/model'
+import { Chars, Count, StrictBody, Text } from '../lib/model'
 
 /** The instants an expiry may name: what PostgreSQL's timestamptz and a JS Date both hold, in plain ISO 8601. */
 const EXPIRY_RANGE_TEXT = 'from 1970-01-01T00:00:00Z to 9999-12-31T23:59:59.999Z (UTC), else 400'
@@ -17,7 +17,7 @@ export const LicenseKeyParams = t.Object({
 export const LicenseHwidParams = t.Composite([
   LicenseKeyParams,
   t.Object({
-    hwid: Text({ minLength: 1, maxLength: 128, description: 'A bound hardware ID', examples: [EXAMPLE.hwid] }),
+    hwid: Chars(1, 128, { description: 'A bound hardware ID', examples: [EXAMPLE.hwid] }),
   }),
 ])
 
@@ -43,7 +43,7 @@ export const License = t.Object({
   unlimitedHwidSlots: t.Boolean({
     description: 'Shared unlimited-seat key: seat enforcement is skipped',
   }),
-  label: t.Nullable(t.String({ maxLength: 128 })),
+  label: t.Nullable(Chars(0, 128)),
   createdAt: isoDate('Creation time, with milliseconds'),
 }, { examples: [LICENSE_EXAMPLE] })
 
@@ -78,7 +78,7 @@ export const CreateLicensesBody = StrictBody({
     }),
   ),
   unlimitedHwidSlots: t.Optional(t.Boolean({ default: false })),
-  label: t.Optional(Text({ maxLength: 128 })),
+  label: t.Optional(Chars(0, 128)),
 }, {
   examples: [
     { appId: EXAMPLE.appId, quantity: 1, expiresAt: EXAMPLE.expiresAt, maxHwidSlots: 2, label: 'Order 10482' },

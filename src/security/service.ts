@@ -4,6 +4,7 @@ import type { PgUpdateSetSource } from 'drizzle-orm/pg-core'
 import { apps } from '../db/schema'
 import type { Context } from '../context'
 import { badRequest } from '../lib/errors'
+import { characters } from '../lib/model'
 import { canonicalIp } from '../lib/ip'
 import { requireOwnedApp } from '../apps/service'
 import { appendEntry, type ListName, MAX_LIST_ENTRIES } from '../actors/list-append'
@@ -33,7 +34,8 @@ const listName = (type: EntryType, kind: ListKind): ListName =>
  */
 export function normalizeEntry(type: EntryType, value: string): string {
   if (type === 'hwid') {
-    if (value.length < HWID_LENGTH.min || value.length > HWID_LENGTH.max) {
+    const length = characters(value)
+    if (length < HWID_LENGTH.min || length > HWID_LENGTH.max) {
       throw badRequest(`An HWID entry is ${HWID_LENGTH.min} to ${HWID_LENGTH.max} characters`)
     }
     return value

@@ -36,6 +36,7 @@ interface Schema {
   maximum?: number
   minLength?: number
   maxLength?: number
+  'x-characters'?: [number, number]
   maxItems?: number
   format?: string
 }
@@ -175,7 +176,11 @@ function validFromSchema(schema: Schema, name?: string): fc.Arbitrary<Gen> {
   if (schema.enum) return plain(fc.constantFrom(...schema.enum))
   switch (schema.type) {
     case 'string':
-      return plain(fc.string({ minLength: schema.minLength ?? 0, maxLength: Math.min(schema.maxLength ?? 20, 20) }))
+    {
+      // Chars' bounds are in its pattern, named by x-characters.
+      const [lo, hi] = schema['x-characters'] ?? [schema.minLength ?? 0, schema.maxLength ?? 20]
+      return plain(fc.string({ minLength: lo, maxLength: Math.min(hi, 20) }))
+    }
     case 'integer':
       return plain(fc.integer({ min: schema.minimum ?? -1000, max: Math.min(schema.maximum ?? 1000, 1000) }))
     case 'number':

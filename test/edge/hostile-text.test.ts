@@ -129,3 +129,40 @@ describe('bytes that are not UTF-8 in a Developer API body', async () => {
     expect(await accountDigest(t.ctx, s.accountId)).toBe(before)
   })
 })
+
+describe('lengths count characters, as the spec does: one outside the BMP (an emoji) is one, not two UTF-16 units', async () => {
+  const t = await makeTestApp()
+  const s = await t.seed()
+  const emoji = (n: number) => '😀'.repeat(n)
+
+  test('an HWID of 128 such characters validates, binds and is listed; 129 is a 400', async () => {
+    const key = await insertLicense(t.ctx, s.appId)
+    const validate = (h: string) =>
+      t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey: key, hwid: h, nonce: nonce() } })
+    expect((await validate(emoji(129))).status).toBe(400)
+    const ok = await validate(emoji(128))
+    expect(ok.status, JSON.stringify(ok.body)).toBe(200)
+    const got = await t.req('GET', `/v1/licenses/${key}`, { apiKey: s.apiKey })
+    expect(got.status, JSON.stringify(got.body)).toBe(200)
+    expect(got.body.hwid).toBe(emoji(128))
+  })
+
+  test('a label of 128 such characters is kept; 129 is a 400 saying so', async () => {
+    const made = await t.req('POST', '/v1/licenses', { apiKey: s.apiKey, body: { appId: s.appId, label: emoji(128) } })
+    expect(made.status, JSON.stringify(made.body)).toBe(201)
+    expect(made.body.licenses[0].label).toBe(emoji(128))
+    const long = await t.req('POST', '/v1/licenses', { apiKey: s.apiKey, body: { appId: s.appId, label: emoji(129) } })
+    expect(long.body).toEqual({ error: 'bad_request', message: 'label must be a string of at most 128 characters' })
+  })
+
+  test('a list entry and an offline file take an HWID of 128 such characters', async () => {
+    const listed = await t.req('POST', `/v1/apps/${s.appId}/security/blacklist`, { apiKey: s.apiKey, body: { type: 'hwid', value: emoji(128) } })
+    expect(listed.status, JSON.stringify(listed.body)).toBe(200)
+    const tooLong = await t.req('POST', `/v1/apps/${s.appId}/security/blacklist`, { apiKey: s.apiKey, body: { type: 'hwid', value: emoji(129) } })
+    expect(tooLong.status).toBe(400)
+    const key = await insertLicense(t.ctx, s.appId)
+    const file = await t.req('POST', `/v1/licenses/${key}/offline-files`, { apiKey: s.apiKey, body: { hwids: [emoji(100)] } })
+    expect(file.status, JSON.stringify(file.body)).toBe(201)
+    expect(file.body.hwid).toEqual({ mode: 'bound', hwids: [emoji(100)] })
+  })
+})

@@ -1,6 +1,6 @@
 import { t } from 'elysia'
 import { EXAMPLE } from '../../lib/examples'
-import { StrictBody, Text } from '../../lib/model'
+import { Chars, StrictBody, Text } from '../../lib/model'
 
 const isoDate = (description: string) => t.String({ format: 'date-time', description })
 const HWID_EXAMPLE = EXAMPLE.hwid
@@ -30,7 +30,7 @@ const FileExpiry = t.Optional(
 
 export const MintOfflineFileBody = StrictBody({
   hwids: t.Optional(
-    t.Array(Text({ minLength: 1, maxLength: 128, examples: [HWID_EXAMPLE] }), {
+    t.Array(Chars(1, 128, { examples: [HWID_EXAMPLE] }), {
       minItems: 1,
       maxItems: 16,
       description:

@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto'
 import { badRequest } from '../../lib/errors'
-import { STORABLE_TEXT } from '../../lib/model'
+import { characters, STORABLE } from '../../lib/model'
 
 /** What a verified activation request asks for: a file for this machine, of this license if it names one. */
 export interface ActivationRequest {
@@ -17,8 +17,6 @@ const BASE64 = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$
 /** AuthForge's SDKs accept HWIDs up to 256 characters; this server's seats hold 128, as validate does. */
 const MAX_HWID = 128
 
-/** Text PostgreSQL can store (see lib/model.ts): the payload is JSON, whose escapes can spell a NUL. */
-const STORABLE = new RegExp(STORABLE_TEXT)
 
 const refuse = (why: string) => badRequest(`Activation request refused: ${why}`)
 const optionalText = (v: unknown) => v === undefined || typeof v === 'string'
@@ -84,9 +82,11 @@ export function parseActivationRequest(text: string, appId: string): ActivationR
   const sameApp = (id: unknown) => typeof id === 'string' && id.toLowerCase() === appId
   if (!sameApp(headers.get('app-id')) || !sameApp(payload.appId)) throw refuse("it is another app's request")
   const hwid = payload.hwid as string
-  if (hwid.length < 1 || hwid.length > MAX_HWID) {
-    throw refuse(`the HWID is ${hwid.length} characters; it must be 1 to ${MAX_HWID} (AuthForge allows 256; this server ${MAX_HWID})`)
+  const length = characters(hwid)
+  if (length < 1 || length > MAX_HWID) {
+    throw refuse(`the HWID is ${length} characters; it must be 1 to ${MAX_HWID} (AuthForge allows 256; this server ${MAX_HWID})`)
   }
+  // The payload is JSON, whose escapes can spell a NUL.
   if (!STORABLE.test(hwid)) throw refuse('the HWID holds NUL characters or unpaired surrogates')
   if (typeof payload.licenseKey === 'string' && payload.licenseKey.length > MAX_LICENSE_KEY) {
     throw refuse(`the license key is ${payload.licenseKey.length} characters; a key is at most ${MAX_LICENSE_KEY}`)
