@@ -48,8 +48,9 @@ export async function requireAccount(db: DbOrTx, accountId: string) {
 }
 
 /**
- * Adds credits, or with a negative n removes them, never below zero: below what the account can spend
- * now, charges not yet reconciled counted. The store learns of it at once.
+ * Adds credits, or with a negative n removes them: never more than the account can spend now (its
+ * charges not yet reconciled counted) nor than PostgreSQL holds, so no balance goes below zero. The
+ * store learns of it at once.
  */
 export async function addCredits(ctx: Context, accountId: string, n: number) {
   const row = await ctx.database.db.transaction(async (tx) => {

@@ -26,18 +26,10 @@ export const STORABLE_CHAR = '(?:[^\\u0000\\uD800-\\uDFFF]|[\\uD800-\\uDBFF][\\u
 export const Chars = (min: number, max: number, options: StringOptions = {}) =>
   t.String({ ...options, pattern: `^${STORABLE_CHAR}{${min},${max}}$`, 'x-characters': [min, max] })
 
-/** How many characters `text` holds as Chars counts them (code points). */
+/** How many characters `text` holds as Chars counts them: code points (a string iterates by them). */
 export function characters(text: string): number {
   let n = 0
-  for (let i = 0; i < text.length; i++) {
-    const unit = text.charCodeAt(i)
-    // A high surrogate followed by a low one is one character.
-    if (unit >= 0xd800 && unit <= 0xdbff && i + 1 < text.length) {
-      const next = text.charCodeAt(i + 1)
-      if (next >= 0xdc00 && next <= 0xdfff) i++
-    }
-    n++
-  }
+  for (const _ of text) n++
   return n
 }
 
