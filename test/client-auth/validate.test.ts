@@ -226,12 +226,21 @@ test("an app written to faster than its entries reload: the request reads its ro
   })
   const t = await makeTestApp({ store })
   const s = await t.seed()
-  const key = await insertLicense(t.ctx, s.appId)
+  const key = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
   const validate = () =>
     t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey: key, hwid: hwid(), nonce: nonce() } })
   const ok = await validate()
   expect(ok.status, JSON.stringify(ok.body)).toBe(200)
   expect(decode(ok.body.payload).licenseKey).toBe(key)
+  // The store's checks still apply: a nonce is taken once.
+  const sent = { appId: s.appId, appSecret: s.appSecret, licenseKey: key, hwid: hwid(), nonce: nonce() }
+  expect((await t.req('POST', '/auth/validate', { body: sent })).status).toBe(200)
+  expect((await t.req('POST', '/auth/validate', { body: sent })).body).toEqual({ status: 'failed', error: 'replay_detected' })
+  // A caller with a wrong secret does not get the license read from PostgreSQL, fresh or not.
+  const licenseReads = t.ctx.actors.loads.licenses
+  const wrong = await t.req('POST', '/auth/validate', { body: { ...sent, appSecret: 'wrong', licenseKey: 'AAAA-BBBB-CCCC-DDDD', nonce: nonce() } })
+  expect(wrong.body).toEqual({ status: 'failed', error: 'invalid_app' })
+  expect(t.ctx.actors.loads.licenses).toBe(licenseReads)
   // Read afresh, a revoke made a moment ago holds.
   await updateLicense(t.ctx, key, { status: 'revoked' })
   expect((await validate()).body).toEqual({ status: 'failed', error: 'revoked' })
