@@ -58,6 +58,8 @@ export class ValidatedEventBatch {
   #unsure: { xid: string; events: DomainEvent[] }[] = []
   /** The next look at the unsure writes, while one is still undecided and nothing else would look. */
   #recheck: ReturnType<typeof setTimeout> | null = null
+  /** While one is undecided they are asked about every RETRY_MAX_MS, not at every batch; 0: at the next. */
+  #settleAfter = 0
   readonly #write: (list: readonly DomainEvent[]) => Promise<void>
   readonly #maxKept: number
 
@@ -76,12 +78,17 @@ export class ValidatedEventBatch {
 
   /** Events not yet written (waiting for the batch or for the database). */
   get kept(): number {
-    return this.#pending.length + this.#unsure.reduce((n, write) => n + write.events.length, 0)
+    return this.#pending.length + this.#unsureCount()
+  }
+
+  #unsureCount(): number {
+    return this.#unsure.reduce((n, write) => n + write.events.length, 0)
   }
 
   /** Writes what is pending now, at once even while backing off (tests and shutdown). */
   async flush(): Promise<void> {
     this.#clearTimers()
+    this.#settleAfter = 0
     // The write under way took only what was pending when it began.
     await this.#writing
     await this.#drain()
@@ -91,9 +98,12 @@ export class ValidatedEventBatch {
   async stop(): Promise<void> {
     await this.flush()
     this.#clearTimers()
-    const unsure = this.#unsure.reduce((n, write) => n + write.events.length, 0)
+    const unsure = this.#unsureCount()
     this.#unsure = []
-    if (unsure > 0) log.error('license.validated events of a write whose answer was lost, its outcome still unknown at shutdown: they may be lost', { events: unsure })
+    if (unsure > 0) {
+      this.sink.dropped.add('shutdown', unsure)
+      log.error('license.validated events of a write whose answer was lost, its outcome still unknown at shutdown: they may be lost', { events: unsure })
+    }
     const lost = this.#pending.length
     if (lost === 0) return
     this.#pending = []
@@ -164,8 +174,11 @@ export class ValidatedEventBatch {
   }
 
   async #writeDue(): Promise<void> {
-    const undecided = await this.#settleUnsure()
-    if (undecided) this.#recheckLater()
+    if (this.#unsure.length > 0 && Date.now() >= this.#settleAfter) {
+      const undecided = await this.#settleUnsure()
+      this.#settleAfter = undecided ? Date.now() + RETRY_MAX_MS : 0
+      if (undecided) this.#recheckLater()
+    }
     // Later events wait for their own batch: writing them now would mean more, smaller statements.
     let due = this.#pending.length
     while (due > 0 && this.#pending.length > 0) {
@@ -222,12 +235,20 @@ export class ValidatedEventBatch {
     this.#retry.unref?.()
   }
 
-  /** Drops the oldest events beyond the bound; runs once per batch wait, not per event. */
+  /**
+   * Drops the oldest events beyond the bound, the unsure writes' counted (a link that keeps cutting
+   * writes off could pile them up): whole unsure writes first, the oldest and perhaps recorded already,
+   * then kept events, oldest first. Runs once per batch wait, not per event.
+   */
   #trim(): void {
-    const excess = this.#pending.length - this.#maxKept
+    const excess = this.#pending.length + this.#unsureCount() - this.#maxKept
     if (excess <= 0) return
-    this.#pending.splice(0, excess)
-    this.sink.dropped.add('overflow', excess)
+    let dropped = 0
+    while (dropped < excess && this.#unsure.length > 0) dropped += this.#unsure.shift()!.events.length
+    const kept = Math.max(0, Math.min(excess - dropped, this.#pending.length))
+    this.#pending.splice(0, kept)
+    dropped += kept
+    this.sink.dropped.add('overflow', dropped)
     if (this.#overflowReported) return
     this.#overflowReported = true
     log.error('database unreachable: license.validated events beyond the in-memory bound dropped, oldest first', {

@@ -1,7 +1,7 @@
 import { afterAll, describe, expect, test } from 'bun:test'
 import { and, eq, inArray } from 'drizzle-orm'
 import { type DomainEvent, recordEvents } from '../../src/delivery/outbox'
-import { ValidatedEventBatch } from '../../src/delivery/validated-events'
+import { ValidatedEventBatch, type ValidatedEventBatchOptions } from '../../src/delivery/validated-events'
 import { events } from '../../src/db/schema'
 import { openDb } from '../../src/db/client'
 import { makeTestApp, MODE, TEST_DATABASE_URL } from '../support/helpers'
@@ -120,18 +120,18 @@ if (MODE === 'postgres') {
         (kept) => kept === 0,
       )
 
-    test('while its transaction is still open on the server, later events are written, and its own once it is known to have failed', async () => {
-      const s = await t.seed()
-      // Writes through the proxy; the status of a write asked on a connection of the test's own.
+    const hwids = (list: DomainEvent[]) => list.map((e) => String(e.data.hwid))
+
+    /**
+     * A batch whose write of `first` is cut off once its INSERT is on its way: the client's connection
+     * fails while the server's stays open, its transaction with it, until `release`. The status of a
+     * write is asked on a connection of the test's own.
+     */
+    async function cutWhileOpen(first: DomainEvent[], options: ValidatedEventBatchOptions = {}) {
       const db = new Proxy(database.db, {
         get: (target, prop) => (prop === 'execute' ? t.ctx.database.db.execute.bind(t.ctx.database.db) : Reflect.get(target, prop, target)),
       })
-      const batch = new ValidatedEventBatch({ ...proxiedSink(), database: { ...database, db } })
-      const first = Array.from({ length: 5 }, () => validated(s.appId))
-      const later = Array.from({ length: 3 }, () => validated(s.appId))
-      const hwids = (list: DomainEvent[]) => list.map((e) => String(e.data.hwid))
-      // Once the INSERT is on its way, the client's connection fails while the server's stays open,
-      // its transaction with it.
+      const batch = new ValidatedEventBatch({ ...proxiedSink(), database: { ...database, db } }, options)
       let release = () => {}
       let cut = false
       proxy.loseReplyTo = (data) => {
@@ -147,6 +147,14 @@ if (MODE === 'postgres') {
       for (const e of first) batch.add(e)
       await batch.flush()
       expect(cut).toBe(true)
+      return { batch, release: () => release() }
+    }
+
+    test('while its transaction is still open on the server, later events are written, and its own once it is known to have failed', async () => {
+      const s = await t.seed()
+      const first = Array.from({ length: 5 }, () => validated(s.appId))
+      const later = Array.from({ length: 3 }, () => validated(s.appId))
+      const { batch, release } = await cutWhileOpen(first)
       try {
         expect(batch.kept).toBe(5)
         for (const e of later) batch.add(e)
@@ -158,6 +166,23 @@ if (MODE === 'postgres') {
       }
       expect(await settled(batch)).toBe(0)
       expect((await hwidsRecorded([s.appId])).sort()).toEqual(hwids([...later, ...first]).sort())
+    })
+
+    test("the events of writes whose outcome is unknown count against the bound: past it such a write is the first to go", async () => {
+      const s = await t.seed()
+      const first = Array.from({ length: 5 }, () => validated(s.appId))
+      const later = Array.from({ length: 3 }, () => validated(s.appId))
+      const { batch, release } = await cutWhileOpen(first, { maxKept: 6 })
+      try {
+        for (const e of later) batch.add(e)
+        // The batch's own wait trims, then writes what is left.
+        expect(await until(async () => (await hwidsRecorded([s.appId])).length, (n) => n === 3)).toBe(3)
+        expect(batch.kept).toBe(0)
+      } finally {
+        release()
+      }
+      await batch.flush()
+      expect(await hwidsRecorded([s.appId])).toEqual(hwids(later))
     })
 
     // What the client sends after the INSERT naming `marker` is its COMMIT (by name once prepared).
