@@ -2,6 +2,7 @@ import { and, eq } from 'drizzle-orm'
 import { apps, licenses, type VariableMap } from '../db/schema'
 import type { Context } from '../context'
 import { badRequest, notFound } from '../lib/errors'
+import { characters } from '../lib/model'
 import { requireOwnedApp } from '../apps/service'
 import { requireOwnedLicense } from '../licenses/service'
 
@@ -17,7 +18,8 @@ export function checkVariables(input: unknown): VariableMap {
   const entries = Object.entries(input)
   if (entries.length > MAX_VARIABLES) throw badRequest(`At most ${MAX_VARIABLES} variables per map`)
   for (const [key, value] of entries) {
-    if (key.length < 1 || key.length > MAX_VARIABLE_KEY_LENGTH) {
+    const length = characters(key)
+    if (length < 1 || length > MAX_VARIABLE_KEY_LENGTH) {
       throw badRequest(`Variable names are 1 to ${MAX_VARIABLE_KEY_LENGTH} characters`)
     }
     const ok =

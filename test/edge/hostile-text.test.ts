@@ -155,6 +155,13 @@ describe('lengths count characters, as the spec does: one outside the BMP (an em
     expect(long.body).toEqual({ error: 'bad_request', message: 'label must be a string of at most 128 characters' })
   })
 
+  test('a variable name of 64 such characters is kept; 65 is a 400', async () => {
+    const path = `/v1/apps/${s.appId}/variables`
+    expect((await t.req('PUT', path, { apiKey: s.apiKey, body: { [emoji(64)]: 1 } })).status).toBe(200)
+    const long = await t.req('PUT', path, { apiKey: s.apiKey, body: { [emoji(65)]: 1 } })
+    expect(long.body).toEqual({ error: 'bad_request', message: 'Variable names are 1 to 64 characters' })
+  })
+
   test('a list entry and an offline file take an HWID of 128 such characters', async () => {
     const listed = await t.req('POST', `/v1/apps/${s.appId}/security/blacklist`, { apiKey: s.apiKey, body: { type: 'hwid', value: emoji(128) } })
     expect(listed.status, JSON.stringify(listed.body)).toBe(200)

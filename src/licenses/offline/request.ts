@@ -54,10 +54,10 @@ export function parseActivationRequest(text: string, appId: string): ActivationR
   const headers = new Map<string, string>()
   for (const line of block.slice(0, blank)) {
     const colon = line.indexOf(':')
-    if (colon <= 0) throw refuse(`malformed header line ${JSON.stringify(line)}`)
+    if (colon <= 0) throw refuse(`malformed header line ${brief(line)}`)
     headers.set(line.slice(0, colon).trim().toLowerCase(), line.slice(colon + 1).trim())
   }
-  if (headers.get('version') !== '1') throw refuse(`unsupported version ${JSON.stringify(headers.get('version') ?? null)}`)
+  if (headers.get('version') !== '1') throw refuse(`unsupported version ${brief(headers.get('version') ?? null)}`)
   const payloadBase64 = block.slice(blank + 1).join('')
   if (payloadBase64 === '' || !BASE64.test(payloadBase64)) throw refuse('the payload is truncated or not base64')
   if (headers.get('checksum')?.toLowerCase() !== requestChecksum(payloadBase64)) {
