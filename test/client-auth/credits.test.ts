@@ -67,10 +67,10 @@ describe('credits on the client endpoints', async () => {
     const { store } = t.ctx
     // A seed that starts after the credits reached PostgreSQL and before the store heard of them.
     let seed: Promise<void> | undefined
-    const creditsChanging: typeof store.creditsChanging = async (accountId) => {
+    const creditsChanging: typeof store.creditsChanging = async (accountId, reconciledSeq) => {
       seed = t.ctx.credits.loadLiveBalance(accountId)
       await Bun.sleep(50)
-      return store.creditsChanging(accountId)
+      return store.creditsChanging(accountId, reconciledSeq)
     }
     const racing = withOverrides(store, { creditsChanging })
     await addCredits({ ...t.ctx, store: racing }, s.accountId, 5)
@@ -83,8 +83,8 @@ describe('credits on the client endpoints', async () => {
     const key = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
     expect((await validate(s, key)).status).toBe(200)
     const lostAtCommit = withOverrides(t.ctx.store, {
-      creditsChanging: async (accountId: string) => {
-        await t.ctx.store.creditsChanging(accountId)
+      creditsChanging: async (accountId: string, reconciledSeq?: number) => {
+        await t.ctx.store.creditsChanging(accountId, reconciledSeq)
         throw new Error('connection lost')
       },
     })
