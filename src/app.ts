@@ -9,7 +9,7 @@ import { REQUEST_ID_HEADER } from './http/request-id'
 import { ServerMetrics } from './http/scrape'
 import { isDatabaseError, countDatabaseError } from './db/errors'
 import { log, logErrorOnce } from './lib/log'
-import { STORABLE, STORABLE_TEXT } from './lib/model'
+import { STORABLE } from './lib/model'
 import { accountRoutes } from './accounts/routes'
 import { appRoutes } from './apps/routes'
 import { clientRoutes } from './client-auth/routes'
@@ -239,11 +239,9 @@ function validationMessage(error: unknown): string {
   // JSON-quoted: a field name may be anything a client sent, NUL included.
   if (first?.type === ValueErrorType.ObjectAdditionalProperties) return `Unknown field ${JSON.stringify(where)}`
   if (first?.type === ValueErrorType.ObjectMinProperties) return `The ${where} must hold at least one field`
-  if (first?.type === ValueErrorType.StringPattern) {
-    // Chars' pattern counts the characters too: only text it could never match is told about them.
-    const { value, schema } = first
-    const unstorable = schema?.pattern === STORABLE_TEXT || (typeof value === 'string' && !STORABLE.test(value))
-    if (unstorable) return `${where} must not contain NUL characters or unpaired surrogates`
+  // Text's pattern, or Chars' (which counts the characters too): told about only when the text is not storable.
+  if (first?.type === ValueErrorType.StringPattern && typeof first.value === 'string' && !STORABLE.test(first.value)) {
+    return `${where} must not contain NUL characters or unpaired surrogates`
   }
   const want = expected(first?.schema)
   if (!first?.path && want) return `The ${where} must be ${want}`

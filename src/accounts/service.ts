@@ -73,7 +73,7 @@ export async function addCredits(ctx: Context, accountId: string, n: number) {
     // balance alone, it left a debt that the next credits added, and the next flush, silently paid. And
     // to PostgreSQL's balance: a refund of a charge already flushed is still on its way there.
     const change =
-      n >= 0 ? n : -Math.min(-n, current.credits, await ctx.credits.spendable(tx, accountId, current.credits, current.creditSeq))
+      n >= 0 ? n : -Math.min(-n, current.credits, await ctx.credits.spendable(tx, accountId, current.credits))
     const [updated] = await tx
       .update(accounts)
       .set({ credits: current.credits + change, creditSeq: sql`GREATEST(${accounts.creditSeq}, ${seq})` })

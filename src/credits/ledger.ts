@@ -94,14 +94,13 @@ export class CreditLedger {
 
   /**
    * What the account can spend, as the next seed would load it: PostgreSQL's balance, read under the
-   * caller's row lock as `reconciled` (with its credit sequence), minus the charges the store holds and
-   * PostgreSQL has not taken yet. For a change of the balance, under that lock and after
-   * creditsChanging: no charge can then be made, nor a flush taken into PostgreSQL, before it commits.
+   * caller's row lock as `reconciled`, minus the charges the store holds and PostgreSQL has not taken yet.
+   * For a change of the balance, under that lock and after creditsChanging (which dropped the charges of
+   * a store behind PostgreSQL): no charge can then be made, nor a flush taken into PostgreSQL, before it
+   * commits.
    */
-  async spendable(tx: Tx, accountId: string, reconciled: number, reconciledSeq: number): Promise<number> {
+  async spendable(tx: Tx, accountId: string, reconciled: number): Promise<number> {
     const state = await this.#store.creditState(accountId)
-    // Behind PostgreSQL (back from an older copy), the store's charges are dropped at the next seed.
-    if (state.seq < reconciledSeq) return reconciled
     const inflight = (await flushCommitted(tx, state.flushId)) ? 0 : state.flushing
     return Math.max(0, reconciled - state.pending - inflight)
   }

@@ -9,7 +9,7 @@ import { t } from 'elysia'
 export const STORABLE_TEXT =
   '^[^\\u0000\\uD800-\\uDFFF]*(?:[\\uD800-\\uDBFF][\\uDC00-\\uDFFF][^\\u0000\\uD800-\\uDFFF]*)*$'
 
-/** STORABLE_TEXT as a RegExp, for text read outside a schema. */
+/** STORABLE_TEXT as a RegExp: text read outside a schema, and what a validation message says of a refused string. */
 export const STORABLE = new RegExp(STORABLE_TEXT)
 
 /** A request string: `t.String` limited to storable text (see STORABLE_TEXT). */
