@@ -8,7 +8,9 @@ import { HttpObservation, requestIdOf, UNMATCHED_ROUTE } from './http/metrics'
 import { REQUEST_ID_HEADER } from './http/request-id'
 import { ServerMetrics } from './http/scrape'
 import { isDatabaseError, countDatabaseError } from './db/errors'
+import { API_BODY_LIMIT, AUTH_BODY_LIMIT, BODY_DEADLINES } from './http/body-limits'
 import { log, logErrorOnce } from './lib/log'
+import { DeadlineExceeded, withDeadline } from './lib/with-timeout'
 import { STORABLE } from './lib/model'
 import { accountRoutes } from './accounts/routes'
 import { appRoutes } from './apps/routes'
@@ -20,10 +22,6 @@ import { metricsRoutes, opsRoutes } from './http/ops'
 import { securityRoutes } from './security/routes'
 import { variableRoutes } from './variables/routes'
 import { webhookRoutes } from './webhooks/routes'
-
-/** Body limits from the contract: 16 KiB on the client endpoints, 1 MiB on the Developer API. */
-export const AUTH_BODY_LIMIT = 16 * 1024
-export const API_BODY_LIMIT = 1024 * 1024
 
 const isPublic = (path: string) => path.startsWith('/auth/') || path === '/auth'
 
@@ -262,7 +260,11 @@ function wrongBodyKind(error: unknown): string {
  * The returned app is the one to listen (or to `handle` in-process): the client routes read the peer's
  * address from its server, and mounted inside another app they would see none.
  */
-export function createApp(ctx: Context, scrape = new ServerMetrics(ctx, { kind: 'single' })) {
+export function createApp(
+  ctx: Context,
+  scrape = new ServerMetrics(ctx, { kind: 'single' }),
+  bodyDeadlines = BODY_DEADLINES,
+) {
   const { metrics } = ctx
   // normalize off: Elysia would silently drop unknown body fields; the schemas refuse them instead
   // (StrictBody on /v1, /auth bodies admit them explicitly), and a response that carries a field its
@@ -271,11 +273,12 @@ export function createApp(ctx: Context, scrape = new ServerMetrics(ctx, { kind: 
   // one: `DELETE /v1/licenses/K/hwids/..` must not become `DELETE /v1/licenses/K`.
   const app = new Elysia({ name: 'license-service', normalize: false, strictPath: true })
   const observation = new HttpObservation(metrics)
+  const bodyDeadline = (path: string) => (isPublic(path) ? bodyDeadlines.auth : bodyDeadlines.api)
   return app
     .use(observation.plugin)
     .onParse(async ({ request, path }) => {
       if (request.method === 'GET' || request.method === 'HEAD') return
-      const body = await parseBody(request, path)
+      const body = await withDeadline(parseBody(request, path), bodyDeadline(path), 'the request body')
       if (!isJsonObject(body) && !isPublic(path)) notAnObject.add(request)
       return body
     })
@@ -304,6 +307,11 @@ export function createApp(ctx: Context, scrape = new ServerMetrics(ctx, { kind: 
         // The rest of the body is left unread, so the connection cannot carry another request: close it,
         // which also frees a client still sending.
         return reply(413, 'bad_request', 'Request body is too large', { connection: 'close' })
+      }
+      if (code === 'PARSE' && error.cause instanceof DeadlineExceeded) {
+        // As for a body too large: what is still on its way would be read as the next request.
+        const within = `${bodyDeadline(path) / 1000} s`
+        return reply(408, 'bad_request', `Request body did not arrive within ${within}`, { connection: 'close' })
       }
       const refused = error instanceof RefusedBody ? error : (error as Error).cause
       if (refused instanceof RefusedBody) return reply(400, 'bad_request', refused.message)

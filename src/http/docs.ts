@@ -42,13 +42,13 @@ const DESCRIPTION = `Self-hosted license-key service speaking the AuthForge wire
 **Developer API** (\`/v1/*\`): server-to-server JSON. Every request carries \`Authorization: Bearer svc_live_…\`
 (keys come from the operator CLI, \`bun run cli account create\`). Errors are \`{ "error": code, "message": text }\`:
 400 \`bad_request\`, 401 \`invalid_api_key\`, 402 \`no_credits\`, 403 \`forbidden\`, 404 \`not_found\`,
-413 \`bad_request\` (body over 1 MiB), 429 \`rate_limited\`, 500 \`internal_error\`.
+408 \`bad_request\` (body not all there within 60 s), 413 \`bad_request\` (body over 1 MiB), 429 \`rate_limited\`, 500 \`internal_error\`.
 Bodies are strict: exactly the documented fields (an unknown one is a 400 naming it), counts as JSON integers, no
 \`null\`, array or empty body where an object is expected, bytes that are not UTF-8. No string may hold a NUL character or an unpaired UTF-16
 surrogate (the \`pattern\` of every string field). Nothing changes on a 4xx.
 Rate limit: per API key, a burst of 100 requests refilling at 50 per second. Responses past the key check
-carry \`RateLimit-Limit\`, \`RateLimit-Remaining\` and \`RateLimit-Reset\` (a 413, refused while the body is read,
-and a 500 do not); a 429 also carries \`Retry-After\` (seconds). Retry with exponential backoff.
+carry \`RateLimit-Limit\`, \`RateLimit-Remaining\` and \`RateLimit-Reset\` (a 408 or 413, refused while the body is
+read, and a 500 do not); a 429 also carries \`Retry-After\` (seconds). Retry with exponential backoff.
 
 Every response carries \`X-Request-Id\`: the request's own when it sent a sane one, else a new one, as the logs name it.
 
@@ -104,10 +104,10 @@ const textMember = (schema: Json): Json | undefined =>
 const shared = (name: keyof typeof SHARED_HEADERS) => ({ $ref: `#/components/headers/${name}` })
 const RATE_LIMIT_HEADERS = ['RateLimit-Limit', 'RateLimit-Remaining', 'RateLimit-Reset'] as const
 /**
- * A Developer API route's statuses sent without the limiter's headers: 413 is refused while the body is
- * read, before the key is looked at; a 500 is written afresh, with none of the request's headers.
+ * A Developer API route's statuses sent without the limiter's headers: 408 and 413 are refused while the
+ * body is read, before the key is looked at; a 500 is written afresh, with none of the request's headers.
  */
-const WITHOUT_RATE_LIMIT = new Set(['413', '500'])
+const WITHOUT_RATE_LIMIT = new Set(['408', '413', '500'])
 
 /** The headers a response carries, as the server sends them (request-id.ts, rate-limit.ts, client-auth/policy.ts). */
 function responseHeaders(operation: Json, status: string): Json {

@@ -1,4 +1,5 @@
 import { t } from 'elysia'
+import { BODY_DEADLINES } from './body-limits'
 import { type ApiErrorCode, PUBLIC_ERROR_STATUS, type PublicErrorCode } from '../lib/errors'
 
 /**
@@ -119,6 +120,9 @@ const API_ERRORS = {
 
 /** A body over the route's limit: the contract keeps the code `bad_request` and makes the status 413. */
 const TOO_LARGE = (limit: string) => `\`bad_request\`: the body is over ${limit}`
+/** A body still arriving at the route's deadline (app.ts's BODY_DEADLINES): the connection is closed. */
+const TOO_SLOW = (ms: number) =>
+  `\`bad_request\`: the body was not all there within ${ms / 1000} s of the request's head; the connection is closed`
 
 /** When each client endpoint failure is given (the contract's table). */
 const PUBLIC_ERRORS: Record<PublicErrorCode, string> = {
@@ -202,11 +206,16 @@ export function apiErrors<C extends ApiErrorCode>(...codes: C[]): ErrorResponses
 /**
  * The error responses of a Developer API route that reads a body (every method but GET, even one that
  * takes none: the body is parsed, and refused, before the route runs): `apiErrors` with `bad_request`
- * at 400 (malformed JSON, an unknown field) and at 413.
+ * at 400 (malformed JSON, an unknown field), 408 and 413.
  */
 export function apiBodyErrors<C extends ApiErrorCode>(...codes: C[]) {
   return {
     ...apiErrors<C | 'bad_request'>('bad_request', ...codes),
+    408: apiErrorBody(
+      ['bad_request'],
+      TOO_SLOW(BODY_DEADLINES.api),
+      `Request body did not arrive within ${BODY_DEADLINES.api / 1000} s`,
+    ),
     413: apiErrorBody(['bad_request'], TOO_LARGE('1 MiB'), 'Request body is too large'),
   }
 }
@@ -231,6 +240,7 @@ export function publicErrors<C extends PublicErrorCode>(...codes: C[]) {
       (c) => PUBLIC_ERROR_STATUS[c],
       (group) => publicErrorBody(group, describe(group, (c) => PUBLIC_ERRORS[c])),
     ),
+    408: publicErrorBody(['bad_request'], TOO_SLOW(BODY_DEADLINES.auth)),
     413: publicErrorBody(['bad_request'], TOO_LARGE('16 KiB')),
   }
 }

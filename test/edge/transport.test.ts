@@ -1,4 +1,5 @@
 import { describe, expect, test } from 'bun:test'
+import { connect } from 'node:net'
 import { API_BURST } from '../../src/http/rate-limit'
 import { makeTestApp } from '../support/helpers'
 import { startServer } from '../support/server-process'
@@ -33,6 +34,83 @@ describe('bodies over 2 MiB, on the real server', () => {
       }
     } finally {
       await server.stop()
+    }
+  })
+})
+
+/**
+ * Sends a request's head and the start of its body, then `drop` (one byte of body) every `everyMs`, and
+ * gathers what comes back until the server closes the connection (or `giveUpMs` passed).
+ */
+function trickle(port: number, head: string, drop: string, everyMs: number, giveUpMs: number) {
+  return new Promise<{ answer: string; closedAfterMs: number | null }>((resolve) => {
+    const socket = connect(port, '127.0.0.1')
+    const started = Date.now()
+    let answer = ''
+    const drip = setInterval(() => socket.writable && socket.write(drop), everyMs)
+    const finish = (closed: boolean) => {
+      clearInterval(drip)
+      clearTimeout(giveUp)
+      socket.destroy()
+      resolve({ answer, closedAfterMs: closed ? Date.now() - started : null })
+    }
+    const giveUp = setTimeout(() => finish(false), giveUpMs)
+    socket.on('data', (chunk) => (answer += chunk.toString()))
+    socket.on('error', () => {})
+    socket.on('close', () => finish(true))
+    socket.write(head)
+  })
+}
+
+describe('a body sent a byte at a time', () => {
+  test('is answered 408 in the shape of the route once its deadline passed, and its connection closed', async () => {
+    const t = await makeTestApp({ bodyDeadlines: { auth: 300, api: 600 } })
+    const s = await t.seed()
+    t.app.listen({ hostname: '127.0.0.1', port: 0 })
+    const port = t.app.server!.port!
+    try {
+      const post = (path: string, framing: string) =>
+        `POST ${path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer ${s.apiKey}\r\ncontent-type: application/json\r\n${framing}`
+      const declared = { framing: 'content-length: 5000\r\n\r\n{', drop: ' ' }
+      const chunked = { framing: 'transfer-encoding: chunked\r\n\r\n1\r\n{\r\n', drop: '1\r\n \r\n' }
+      const cases = [
+        { path: '/auth/validate', ...declared, deadline: 300 },
+        { path: '/auth/validate', ...chunked, deadline: 300 },
+        { path: '/v1/licenses', ...declared, deadline: 600 },
+        { path: '/v1/licenses', ...chunked, deadline: 600 },
+      ]
+      const expected = {
+        '/auth/validate': { status: 'failed', error: 'bad_request' },
+        '/v1/licenses': { error: 'bad_request', message: 'Request body did not arrive within 0.6 s' },
+      }
+      const answers = await Promise.all(cases.map((c) => trickle(port, post(c.path, c.framing), c.drop, 50, 5_000)))
+      for (const [i, { answer, closedAfterMs }] of answers.entries()) {
+        const { path, deadline } = cases[i]!
+        expect(answer, path).toStartWith('HTTP/1.1 408')
+        expect(answer.toLowerCase(), path).toContain('connection: close')
+        // Refused as it is read, before the API key is looked at: no budget to tell (as the document says).
+        expect(answer.toLowerCase(), path).not.toContain('ratelimit-')
+        expect(JSON.parse(answer.slice(answer.indexOf('\r\n\r\n') + 4)), path).toEqual(expected[path as keyof typeof expected])
+        expect(closedAfterMs, path).toBeGreaterThanOrEqual(deadline - 50)
+        expect(closedAfterMs, path).toBeLessThan(deadline + 2_000)
+      }
+      // A body that arrives within its deadline, however slowly, is read as usual.
+      const body = JSON.stringify({ appId: s.appId, quantity: 1 })
+      const slowButInTime = await new Promise<string>((resolve) => {
+        const socket = connect(port, '127.0.0.1')
+        let answer = ''
+        socket.on('data', (chunk) => {
+          answer += chunk.toString()
+          if (answer.includes('}')) socket.destroy(), resolve(answer)
+        })
+        socket.write(
+          `POST /v1/licenses HTTP/1.1\r\nhost: x\r\nauthorization: Bearer ${s.apiKey}\r\ncontent-type: application/json\r\ncontent-length: ${body.length}\r\n\r\n${body.slice(0, 10)}`,
+        )
+        setTimeout(() => socket.write(body.slice(10)), 300)
+      })
+      expect(slowButInTime).toStartWith('HTTP/1.1 201')
+    } finally {
+      await t.app.stop(true)
     }
   })
 })

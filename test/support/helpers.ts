@@ -2,6 +2,7 @@ import { mkdtempSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { createApp } from '../../src/app'
+import type { BODY_DEADLINES } from '../../src/http/body-limits'
 import { buildContext } from '../../src/boot'
 import { Signer } from '../../src/signing/signer'
 import { loadConfig, type Config } from '../../src/config'
@@ -43,6 +44,8 @@ export interface TestAppOptions {
   store?: Store
   /** A database of the test's own (a fault test's cluster) instead of the shared one. */
   database?: Database
+  /** Shorter waits for a whole body than the server's, for the tests of them. */
+  bodyDeadlines?: typeof BODY_DEADLINES
 }
 
 export async function makeTestApp(options: TestAppOptions = {}) {
@@ -60,7 +63,7 @@ export async function makeTestApp(options: TestAppOptions = {}) {
     clock: options.clock,
     embedded: true,
   })
-  const app = createApp(ctx)
+  const app = createApp(ctx, undefined, options.bodyDeadlines)
 
   interface Res<T = any> {
     status: number
