@@ -46,6 +46,8 @@ export interface Authorized {
   license: CachedLicense | null
   outcome: Outcome & { ok: true }
   charged: number
+  /** The store generation the charge was made under, for its refund (AuthorizeResult). */
+  chargedUnder: string
 }
 
 /**
@@ -153,7 +155,7 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
           throw new PublicError(outcome.ok ? 'system_error' : outcome.code)
         case 'ok':
           if (!outcome.ok) throw new PublicError(outcome.code)
-          return { app, license, outcome, charged: result.charged }
+          return { app, license, outcome, charged: result.charged, chargedUnder: result.chargedUnder }
       }
     }
     throw new LoggedPublicError('system_error', 'client request kept finding stale cache entries', { appId })
@@ -199,5 +201,5 @@ async function withoutStore(
     throw new PublicError('invalid_app')
   }
   if (!outcome.ok) throw new PublicError(outcome.code)
-  return { app, license, outcome, charged: 0 }
+  return { app, license, outcome, charged: 0, chargedUnder: '' }
 }

@@ -64,7 +64,7 @@ async function validateAndSign(ctx: Context, input: ValidateInput, ip: string, r
     try {
       license = await bindHwid(ctx, app, license, hwid)
     } catch (err) {
-      if (auth.charged > 0) await ctx.credits.refund(app.accountId, auth.charged)
+      if (auth.charged > 0) await ctx.credits.refund(app.accountId, auth.charged, auth.chargedUnder)
       throw err
     }
   }

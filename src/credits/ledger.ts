@@ -127,17 +127,18 @@ export class CreditLedger {
   /**
    * Takes `cost` credits from the live balance for a Developer API action (an offline file): the
    * authorize script's charge alone, so it is atomic with every instance's charges and never goes
-   * below zero. False when the balance is short; `refund` gives it back if the action then fails.
-   * `nowMs` is the caller's clock, which the store's expiries run on.
+   * below zero. Null when the balance is short, else the store generation it was made under, which
+   * `refund` takes to give it back if the action then fails. `nowMs` is the caller's clock, which the
+   * store's expiries run on.
    */
-  async charge(accountId: string, cost: number, nowMs: number): Promise<boolean> {
+  async charge(accountId: string, cost: number, nowMs: number): Promise<{ chargedUnder: string } | null> {
     const shard = this.#store.shardOf(accountId)
     let { generation } = await this.#generation(shard, accountId)
     for (let attempt = 0; attempt < 5; attempt++) {
       const charge = { accountId, cost, counter: null }
       const result = await this.#store.authorize({ ...CHARGE_ONLY, nowMs, shard, generation, charge })
-      if (result.kind === 'ok') return true
-      if (result.kind === 'no_credits') return false
+      if (result.kind === 'ok') return { chargedUnder: result.chargedUnder }
+      if (result.kind === 'no_credits') return null
       if (result.kind === 'no_balance') await this.loadLiveBalance(accountId)
       else if (result.kind === 'new_generation') generation = result.generation
       else throw new Error(`unexpected credit charge answer: ${result.kind}`)
@@ -152,9 +153,9 @@ export class CreditLedger {
    * logged and not retried: the store's refund carries no id, so a retry after a lost reply could
    * give the credits back twice.
    */
-  async refund(accountId: string, cost: number): Promise<void> {
+  async refund(accountId: string, cost: number, chargedUnder: string): Promise<void> {
     try {
-      await withDeadline(this.#store.refund(accountId, cost), STORE_CALL_TIMEOUT_MS, 'refund')
+      await withDeadline(this.#store.refund(accountId, cost, chargedUnder), STORE_CALL_TIMEOUT_MS, 'refund')
     } catch (err) {
       // A line each: each names credits an operator may want to give back by hand.
       log.warn('a refund failed or missed its deadline: the failed action may stay charged', { accountId, cost, ...errorFields(err) })

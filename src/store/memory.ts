@@ -148,7 +148,8 @@ export class MemoryStore implements Store {
       this.set(a.nonce.key, 1, a.nonce.ttlSeconds * 1000, now)
     }
     if (a.deny) return { kind: 'denied' }
-    if (!a.charge) return { kind: 'ok', charged: 0 }
+    // The in-process store loses its data only with the process, and its refunds with it.
+    if (!a.charge) return { kind: 'ok', charged: 0, chargedUnder: '' }
     let cost = a.charge.cost
     const counter = a.charge.counter
     if (counter) {
@@ -167,7 +168,7 @@ export class MemoryStore implements Store {
       this.set(balanceKey, balance - cost, Infinity, now)
       this.#addPending(a.charge.accountId, cost, now)
     }
-    return { kind: 'ok', charged: cost }
+    return { kind: 'ok', charged: cost, chargedUnder: '' }
   }
 
   #num(key: string, now = this.clock()): number {

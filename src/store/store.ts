@@ -76,8 +76,12 @@ export interface Credits {
    * its increment, a store one change behind would pass for current.
    */
   creditsChanging(accountId: string, reconciledSeq?: number): Promise<number>
-  /** Gives back a charge whose request failed after the charge (a lost seat race). */
-  refund(accountId: string, n: number): Promise<void>
+  /**
+   * Gives back a charge whose request failed after the charge (a lost seat race). `chargedUnder` is the
+   * store generation the charge was made under (AuthorizeResult): if the store lost its data since, the
+   * charge went with it and was never flushed, so there is nothing to give back.
+   */
+  refund(accountId: string, n: number, chargedUnder: string): Promise<void>
   /** The accounts of `shard` with charges not yet reconciled to PostgreSQL. */
   dirtyAccounts(shard: Shard): Promise<string[]>
   /**
@@ -117,7 +121,8 @@ export interface AuthorizeInput {
 }
 
 export type AuthorizeResult =
-  | { kind: 'ok'; charged: number }
+  /** chargedUnder: the value of the shard's generation key the charge was made under, for its refund. */
+  | { kind: 'ok'; charged: number; chargedUnder: string }
   | { kind: 'stale'; epochs: number[] }
   /** The store may have lost data since the caller's generation: every cached entry must go. Nothing changed. */
   | { kind: 'new_generation'; generation: number }

@@ -104,14 +104,14 @@ describe('credits on the client endpoints', async () => {
 
   test('credits taken away while charges wait for their flush go no lower than what the account can spend, and the next ones added stay', async () => {
     const s = await t.seed({ credits: 30 })
-    for (let i = 0; i < 25; i++) expect(await t.ctx.credits.charge(s.accountId, 1, t.ctx.clock())).toBe(true)
+    for (let i = 0; i < 25; i++) expect(await t.ctx.credits.charge(s.accountId, 1, t.ctx.clock())).not.toBeNull()
     expect(await addCredits(t.ctx, s.accountId, -20)).toEqual({ accountId: s.accountId, credits: 0 })
     expect(await addCredits(t.ctx, s.accountId, 10)).toEqual({ accountId: s.accountId, credits: 10 })
     await t.ctx.credits.flush()
     expect(await reconciled(s.accountId)).toBe(10)
     expect(await live(s)).toBe(10)
     // The same with the charges taken into a flush that has not reached PostgreSQL yet.
-    for (let i = 0; i < 4; i++) expect(await t.ctx.credits.charge(s.accountId, 1, t.ctx.clock())).toBe(true)
+    for (let i = 0; i < 4; i++) expect(await t.ctx.credits.charge(s.accountId, 1, t.ctx.clock())).not.toBeNull()
     expect(await t.ctx.store.beginFlush(s.accountId, randomUUID())).toMatchObject({ amount: 4 })
     expect(await addCredits(t.ctx, s.accountId, -100)).toEqual({ accountId: s.accountId, credits: 0 })
     expect(await addCredits(t.ctx, s.accountId, 3)).toEqual({ accountId: s.accountId, credits: 3 })
@@ -120,9 +120,10 @@ describe('credits on the client endpoints', async () => {
     expect(await live(s)).toBe(3)
     // A refund of a charge already flushed is on its way to PostgreSQL: the account can spend it, but a
     // removal takes PostgreSQL's balance no lower than zero, and the refund then lands on top.
-    expect(await t.ctx.credits.charge(s.accountId, 3, t.ctx.clock())).toBe(true)
+    const charge = await t.ctx.credits.charge(s.accountId, 3, t.ctx.clock())
+    expect(charge).not.toBeNull()
     await t.ctx.credits.flush()
-    await t.ctx.credits.refund(s.accountId, 3)
+    await t.ctx.credits.refund(s.accountId, 3, charge!.chargedUnder)
     expect(await addCredits(t.ctx, s.accountId, -100)).toEqual({ accountId: s.accountId, credits: 3 })
     expect(await reconciled(s.accountId)).toBe(0)
     await t.ctx.credits.flush()
@@ -326,7 +327,7 @@ test.skipIf(MODE !== 'postgres')("a flush waiting on the store holds the account
   })
   const s = await t.seed({ credits: 5 })
   flushing = s.accountId
-  expect(await t.ctx.credits.charge(s.accountId, 1, t.ctx.clock())).toBe(true)
+  expect(await t.ctx.credits.charge(s.accountId, 1, t.ctx.clock())).not.toBeNull()
   const flushed = t.ctx.credits.flush()
   expect(await until(async () => waiting, (w) => w)).toBe(true)
   try {
@@ -342,7 +343,7 @@ test.skipIf(MODE !== 'postgres')("a flush waiting on the store holds the account
 test.skipIf(MODE !== 'postgres')("a flush record carries the time of its insert under the account's lock, not of its transaction's start: an account's records are in the order its flushes ran", async () => {
   const t = await makeTestApp()
   const s = await t.seed({ credits: 5 })
-  expect(await t.ctx.credits.charge(s.accountId, 1, t.ctx.clock())).toBe(true)
+  expect(await t.ctx.credits.charge(s.accountId, 1, t.ctx.clock())).not.toBeNull()
   const other = postgres(TEST_DATABASE_URL!, { max: 1, onnotice: () => {} })
   try {
     let released = 0

@@ -107,3 +107,28 @@ test('a flush whose store record is lost mid-flush is not spent again by a balan
   while ((await validate()).status === 200) more++
   expect(more).toBe(credits - charged)
 })
+
+test("a refund after Redis lost the charge it gives back is dropped, on an account never flushed as on one flushed before", async () => {
+  for (const flushedBefore of [false, true]) {
+    const credits = 10
+    const { accountId, validate, reconciled } = await billedLicense(t, credits)
+    if (flushedBefore) {
+      expect((await validate()).status).toBe(200)
+      await t.ctx.credits.flush()
+    }
+    const before = await reconciled()
+    const charge = await t.ctx.credits.charge(accountId, 1, t.ctx.clock())
+    expect(charge).not.toBeNull()
+    // The charge is lost with the data, before any flush took it to PostgreSQL.
+    await admin.flushall()
+    await t.ctx.credits.refund(accountId, 1, charge!.chargedUnder)
+    await t.ctx.credits.flush()
+    expect(await reconciled(), `flushed before: ${flushedBefore}`).toBe(before)
+    // A charge and its refund within one generation still cancel out.
+    const kept = await t.ctx.credits.charge(accountId, 1, t.ctx.clock())
+    await t.ctx.credits.refund(accountId, 1, kept!.chargedUnder)
+    await t.ctx.credits.flush()
+    expect(await reconciled(), `flushed before: ${flushedBefore}`).toBe(before)
+    expect(await store.balance(accountId)).toBe(before!)
+  }
+})

@@ -10,6 +10,8 @@ import { request } from './request'
 /** The one shard of a single Redis and of the in-process store; PROBE names it to a snapshot. */
 const S = ''
 const PROBE = `ls:${S}:test:probe`
+/** A charge's answer: it names the store generation it was made under ('' in memory), for its refund. */
+const charged = (n: number) => ({ kind: 'ok' as const, charged: n, chargedUnder: expect.any(String) as string })
 
 // The same cases against both twins; Redis runs whenever the pass has one (the PostgreSQL + Redis pass).
 const stores: [string, () => Store][] = [['memory', () => new MemoryStore()]]
@@ -36,7 +38,7 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     const r = await store.authorize(base({ epochs: [{ key: ep, expected: 0 }], nonce: { key: nonceKey, ttlSeconds: 60 } }))
     expect(r).toEqual({ kind: 'stale', epochs: [2] })
     const ok = await store.authorize(base({ epochs: [{ key: ep, expected: 2 }], nonce: { key: nonceKey, ttlSeconds: 60 } }))
-    expect(ok).toEqual({ kind: 'ok', charged: 0 })
+    expect(ok).toEqual(charged(0))
   })
 
   test('nonce: claimed once; a denied request still claims it', async () => {
@@ -81,8 +83,9 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     expect(await store.authorize(base({ charge }))).toEqual({ kind: 'no_balance' })
     expect(await store.loadBalance(acct, { epoch: 1, flushId: null, seq: 0 }, 2, false)).toBe('stale')
     expect(await store.loadBalance(acct, { epoch: 0, flushId: null, seq: 0 }, 2, false)).toBe('ok')
-    expect(await store.authorize(base({ charge }))).toEqual({ kind: 'ok', charged: 1 })
-    expect(await store.authorize(base({ charge }))).toEqual({ kind: 'ok', charged: 1 })
+    const first = await store.authorize(base({ charge }))
+    expect(first).toEqual(charged(1))
+    expect(await store.authorize(base({ charge }))).toEqual(charged(1))
     expect(await store.authorize(base({ charge }))).toEqual({ kind: 'no_credits' })
     expect(await store.balance(acct)).toBe(0)
     expect(await store.dirtyAccounts(store.shardOf(acct))).toContain(acct)
@@ -92,7 +95,7 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     // PostgreSQL holds 2 + 5 now: the seed takes off the 2 charges not reconciled yet.
     expect(await store.loadBalance(acct, { epoch: 1, flushId: null, seq: 1 }, 7, false)).toBe('ok')
     expect(await store.balance(acct)).toBe(5)
-    await store.refund(acct, 1)
+    await store.refund(acct, 1, first.kind === 'ok' ? first.chargedUnder : '')
     expect(await store.balance(acct)).toBe(6)
     // The credit sequence: 1 taken by the change of credits, 2 by this flush.
     const flush = await store.beginFlush(acct, 'f1')
@@ -118,7 +121,7 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     expect(await store.authorize(base({ charge }))).toEqual({ kind: 'no_balance' })
     // 1 + 1 in PostgreSQL, less the 1 charge not reconciled yet.
     await store.loadBalance(acct, { epoch: 1, flushId: null, seq: 1 }, 2, false)
-    expect(await store.authorize(base({ charge }))).toEqual({ kind: 'ok', charged: 1 })
+    expect(await store.authorize(base({ charge }))).toEqual(charged(1))
   })
 
   test('a denied request is never charged', async () => {
@@ -142,7 +145,7 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
       store.authorize(base({ deny: true })),
     ])
     expect(replies).toEqual([
-      { kind: 'ok', charged: 0 },
+      charged(0),
       { kind: 'stale', epochs: [1] },
       { kind: 'replay' },
       { kind: 'limited', retryAfterMs: expect.any(Number) },
@@ -164,9 +167,9 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
       store.authorize(base({ charge, buckets: [bucket] })),
     ])
     expect(replies).toEqual([
-      { kind: 'ok', charged: 1 },
-      { kind: 'ok', charged: 0 },
-      { kind: 'ok', charged: 1 },
+      charged(1),
+      charged(0),
+      charged(1),
       { kind: 'no_credits' },
       { kind: 'limited', retryAfterMs: expect.any(Number) },
     ])
@@ -189,7 +192,7 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     const acct = id()
     const charge = { accountId: acct, cost: 1, counter: null }
     await store.loadBalance(acct, { epoch: 0, flushId: null, seq: 0 }, 5, false)
-    for (let i = 0; i < 2; i++) expect(await store.authorize(base({ charge }))).toEqual({ kind: 'ok', charged: 1 })
+    for (let i = 0; i < 2; i++) expect(await store.authorize(base({ charge }))).toEqual(charged(1))
     expect(await store.beginFlush(acct, 'f1')).toEqual({ id: 'f1', amount: 2, seq: 1 })
     // PostgreSQL has recorded sequence 4: changes the store no longer holds. A flush drops the rest...
     expect(await store.beginFlush(acct, 'f2', 4)).toBe('behind')
@@ -204,9 +207,9 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
     // A seed that finds the store behind drops the pending charges and the flush record it holds.
     const other = id()
     await store.loadBalance(other, { epoch: 0, flushId: null, seq: 0 }, 5, false)
-    expect(await store.authorize(base({ charge: { ...charge, accountId: other } }))).toEqual({ kind: 'ok', charged: 1 })
+    expect(await store.authorize(base({ charge: { ...charge, accountId: other } }))).toEqual(charged(1))
     expect(await store.beginFlush(other, 'g1')).toEqual({ id: 'g1', amount: 1, seq: 1 })
-    expect(await store.authorize(base({ charge: { ...charge, accountId: other } }))).toEqual({ kind: 'ok', charged: 1 })
+    expect(await store.authorize(base({ charge: { ...charge, accountId: other } }))).toEqual(charged(1))
     expect(await store.creditsChanging(other)).toBe(2)
     expect(await store.loadBalance(other, { epoch: 1, flushId: 'g1', seq: 2 }, 20, false, 3)).toBe('ok')
     expect(await store.balance(other)).toBe(20)
@@ -217,7 +220,7 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
   test('a request read under another generation changes nothing and learns the current one', async () => {
     const nonce = { key: `ls:test:n:${id()}`, ttlSeconds: 60 }
     expect(await store.authorize(base({ generation: generation + 1000, nonce }))).toEqual({ kind: 'new_generation', generation })
-    expect(await store.authorize(base({ nonce }))).toEqual({ kind: 'ok', charged: 0 })
+    expect(await store.authorize(base({ nonce }))).toEqual(charged(0))
   })
 
   test('snapshotEach: each read takes its own admission token first, and an empty bucket reads nothing of its own', async () => {
@@ -242,7 +245,7 @@ describe.each(stores)('%s store: authorize', (_name, make) => {
   test("a change of credits finds a store one change behind PostgreSQL's credit sequence, and drops what it holds of the account's charges first", async () => {
     const acct = id()
     await store.loadBalance(acct, { epoch: 0, flushId: null, seq: 0 }, 10, false)
-    expect(await store.authorize(base({ charge: { accountId: acct, cost: 2, counter: null } }))).toEqual({ kind: 'ok', charged: 2 })
+    expect(await store.authorize(base({ charge: { accountId: acct, cost: 2, counter: null } }))).toEqual(charged(2))
     // PostgreSQL recorded sequence 1, which this copy of the store never saw: its pending 2 are older.
     expect(await store.creditsChanging(acct, 1)).toBe(2)
     expect(await store.creditState(acct)).toEqual({ epoch: 1, flushId: null, seq: 2, pending: 0, flushing: 0 })
@@ -296,7 +299,7 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: generation', () => {
     try {
       const first = await store.snapshot([PROBE])
       const input = request(first.generation, Date.now())
-      expect(await store.authorize(input)).toEqual({ kind: 'ok', charged: 0 })
+      expect(await store.authorize(input)).toEqual(charged(0))
       // What a restart without persistence or a FLUSHALL leaves: no generation key (and no epochs).
       await store.redis.del(keys.generation(S))
       const answer = await store.authorize(input)
@@ -304,7 +307,7 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: generation', () => {
       const next = answer.kind === 'new_generation' ? answer.generation : 0
       expect(next).toBeGreaterThan(first.generation)
       expect(await store.snapshot([PROBE])).toEqual({ generation: next, epochs: [0] })
-      expect(await store.authorize({ ...input, generation: next })).toEqual({ kind: 'ok', charged: 0 })
+      expect(await store.authorize({ ...input, generation: next })).toEqual(charged(0))
     } finally {
       await store.close()
     }
@@ -452,7 +455,7 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: one authorize call in flight', ()
       expect(await store.redis.get(keys.balance(S, acct))).toBe('4')
       reply.deliver()
       expect(await until(() => store.redis.get(keys.balance(S, acct)), (balance) => balance === '5')).toBe('5')
-      expect(await store.authorize(input())).toEqual({ kind: 'ok', charged: 1 })
+      expect(await store.authorize(input())).toEqual(charged(1))
       expect(await store.balance(acct)).toBe(4)
     } finally {
       await store.close()
@@ -468,7 +471,7 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: one authorize call in flight', ()
       const read = await store.snapshot([PROBE])
       const counter = { key: `ls:test:hb:${randomUUID()}`, every: 2 }
       const heartbeat = () => store.authorize(request(read.generation, Date.now(), { shard: S, charge: { accountId: acct, cost: 1, counter } }))
-      expect(await heartbeat()).toEqual({ kind: 'ok', charged: 0 })
+      expect(await heartbeat()).toEqual(charged(0))
       // The second heartbeat, the charged one, runs but its reply comes after its deadline.
       reply.holdNext()
       await expect(heartbeat()).rejects.toThrow('did not answer')
@@ -476,7 +479,7 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: one authorize call in flight', ()
       expect(await until(() => store.redis.get(keys.balance(S, acct)), (balance) => balance === '5')).toBe('5')
       expect(await until(() => store.redis.get(counter.key), (count) => count === '1')).toBe('1')
       // The client repeats it: that repeat is the second counted heartbeat, and is charged.
-      expect(await heartbeat()).toEqual({ kind: 'ok', charged: 1 })
+      expect(await heartbeat()).toEqual(charged(1))
       expect(await store.balance(acct)).toBe(4)
     } finally {
       await store.close()

@@ -197,15 +197,17 @@ describe('authorize wire: packing', () => {
 
   test('each reply code reads back as its kind, with what follows it', () => {
     const code = (kind: string) => REPLIES.findIndex((r) => r.kind === kind)
-    const flat = [code('ok'), 3, code('stale'), 2, 7, 9, code('limited'), 250, code('replay'), code('no_credits')]
+    // A reply opens with the shard's generation (authorize-script.ts), which a charge is made under.
+    const answers = [code('ok'), 3, code('stale'), 2, 7, 9, code('limited'), 250, code('replay'), code('no_credits')]
+    const flat = ['gen-1', ...answers] as unknown as number[]
     const read: unknown[] = []
-    for (let at = 0; at < flat.length; ) {
+    for (let at = 1; at < flat.length; ) {
       const [result, next] = authorizeResult(flat, at)
       read.push(result)
       at = next
     }
     expect(read).toEqual([
-      { kind: 'ok', charged: 3 },
+      { kind: 'ok', charged: 3, chargedUnder: 'gen-1' },
       { kind: 'stale', epochs: [7, 9] },
       { kind: 'limited', retryAfterMs: 250 },
       { kind: 'replay' },

@@ -186,8 +186,8 @@ export async function mintOfflineFile(
   const [app] = await ctx.database.db.select().from(apps).where(eq(apps.id, owned.appId)).limit(1)
   if (!app) throw new ApiError('not_found', 404, `No license ${licenseKey}`)
   checkApp(app, plan.hwid)
-  const billed = !app.sandbox
-  if (billed && !(await ctx.credits.charge(accountId, 1, ctx.clock()))) {
+  const charge = app.sandbox ? null : await ctx.credits.charge(accountId, 1, ctx.clock())
+  if (!app.sandbox && !charge) {
     throw new ApiError('no_credits', 402, 'The account has no credits left; add credits to mint offline files')
   }
   try {
@@ -199,7 +199,7 @@ export async function mintOfflineFile(
     return minted.file
   } catch (err) {
     // Thrown before the commit (AppActor.write publishes without throwing): nothing was minted.
-    if (billed) await ctx.credits.refund(accountId, 1)
+    if (charge) await ctx.credits.refund(accountId, 1, charge.chargedUnder)
     throw err
   }
 }

@@ -201,7 +201,7 @@ export class RedisAuthorizer implements Authorizer {
         const charge = p.input.charge
         if (result.kind !== 'ok' || !charge) continue
         if (result.charged > 0) {
-          this.credits.refund(charge.accountId, result.charged).catch((e: unknown) =>
+          this.credits.refund(charge.accountId, result.charged, result.chargedUnder).catch((e: unknown) =>
             log.warn('refund of a call answered as failed did not reach redis', errorFields(e)),
           )
         }

@@ -36,8 +36,11 @@ redis.call('DEL', KEYS[1])
 return redis.call('INCR', KEYS[3])
 `
 
-// KEYS: balance, pending, dirty set. ARGV: account, n.
+// KEYS: balance, pending, dirty set, the shard's generation key. ARGV: account, n, the generation the
+// charge was made under. Another generation: the store lost the charge with its data (a restart empty, a
+// failover), so PostgreSQL never had it; given back, its refund would be a credit never paid.
 const REFUND = `
+if redis.call('GET', KEYS[4]) ~= ARGV[3] then return 0 end
 if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('INCRBY', KEYS[1], ARGV[2]) end
 redis.call('DECRBY', KEYS[2], ARGV[2])
 redis.call('SADD', KEYS[3], ARGV[1])
@@ -93,7 +96,7 @@ export interface CreditCommands {
     expectedSeq: number,
   ): Promise<number>
   lsCreditsChanging(bal: string, ep: string, seq: string, pend: string, fl: string, reconciledSeq: number): Promise<unknown>
-  lsRefund(bal: string, pend: string, dirty: string, account: string, n: number): Promise<number>
+  lsRefund(bal: string, pend: string, dirty: string, gen: string, account: string, n: number, chargedUnder: string): Promise<number>
   lsBeginFlush(pend: string, fl: string, seq: string, bal: string, ep: string, id: string, reconciledSeq: number): Promise<unknown>
   lsEndFlush(fl: string, pend: string, dirty: string, id: string, account: string): Promise<number>
 }
@@ -101,7 +104,7 @@ export interface CreditCommands {
 export const creditScripts: { [name in keyof CreditCommands]: Script } = {
   lsLoadBalance: { numberOfKeys: 5, lua: LOAD_BALANCE },
   lsCreditsChanging: { numberOfKeys: 5, lua: CREDITS_CHANGING },
-  lsRefund: { numberOfKeys: 3, lua: REFUND },
+  lsRefund: { numberOfKeys: 4, lua: REFUND },
   lsBeginFlush: { numberOfKeys: 5, lua: BEGIN_FLUSH },
   lsEndFlush: { numberOfKeys: 3, lua: END_FLUSH },
 }
@@ -134,6 +137,7 @@ function accountKeys(conn: Connection, accountId: string) {
     seq: keys.creditSeq(shard, accountId),
     epoch: keys.accountEpoch(shard, accountId),
     dirty: keys.dirtyAccounts(shard),
+    generation: keys.generation(shard),
   }
 }
 
@@ -188,10 +192,10 @@ export class RedisCredits implements Credits {
     return storedCount(String(seq), 'credit sequence')
   }
 
-  async refund(accountId: string, n: number): Promise<void> {
+  async refund(accountId: string, n: number, chargedUnder: string): Promise<void> {
     this.conn.failFastWhenLost()
     const k = accountKeys(this.conn, accountId)
-    await this.conn.redis.lsRefund(k.balance, k.pending, k.dirty, accountId, n)
+    await this.conn.redis.lsRefund(k.balance, k.pending, k.dirty, k.generation, accountId, n, chargedUnder)
   }
 
   async dirtyAccounts(shard: Shard): Promise<string[]> {

@@ -121,8 +121,8 @@ export class RedisStore implements Store {
     return watched(this.#waited(() => this.#credits.creditsChanging(accountId, reconciledSeq)))
   }
 
-  refund(accountId: string, n: number): Promise<void> {
-    return watched(this.#credits.refund(accountId, n))
+  refund(accountId: string, n: number, chargedUnder: string): Promise<void> {
+    return watched(this.#credits.refund(accountId, n, chargedUnder))
   }
 
   dirtyAccounts(shard: Shard): Promise<string[]> {

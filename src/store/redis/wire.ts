@@ -271,7 +271,8 @@ export function authorizeResult(flat: number[], at: number): [AuthorizeResult, n
   const kind = REPLIES[flat[at] as number]?.kind
   switch (kind) {
     case 'ok':
-      return [{ kind, charged: flat[at + 1] as number }, at + 2]
+      // flat[0] is the shard's generation the call ran under (authorize-script.ts).
+      return [{ kind, charged: flat[at + 1] as number, chargedUnder: String(flat[0]) }, at + 2]
     case 'stale': {
       const count = flat[at + 1] as number
       return [{ kind, epochs: flat.slice(at + 2, at + 2 + count) }, at + 2 + count]
