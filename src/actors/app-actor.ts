@@ -1,4 +1,5 @@
 import type { Database, Tx } from '../db/client'
+import { transactionKnown } from '../db/commit-outcome'
 import type { EventBus } from '../delivery/outbox'
 import type { Entry, Held, Holder, SharedBound } from './bounded'
 import { type Invalidator, type NotedInvalidation, noteInvalidation } from './invalidate'
@@ -74,11 +75,12 @@ export class AppActor implements Holder {
 
   /**
    * Runs `work` in one transaction, after every earlier change of this app, records in that
-   * transaction what `changed` says it touched (note), and publishes it once committed.
+   * transaction what `changed` says it touched (note), and publishes it once committed, also when
+   * the COMMIT's answer was lost and PostgreSQL says it committed (transactionKnown).
    */
   async write<T>(work: (tx: Tx) => Promise<T>, changed: (result: T) => Changed): Promise<T> {
     const { result, change, noted } = await this.mailbox.run(() =>
-      this.host.database.db.transaction(async (tx) => {
+      transactionKnown(this.host.database, async (tx) => {
         const result = await work(tx)
         const change = changed(result)
         return { result, change, noted: await this.note(tx, change) }

@@ -5,6 +5,7 @@ import { log } from '../lib/log'
 import { type DomainEvent, recordEvents } from '../delivery/outbox'
 import { errorCode } from '../db/errors'
 import { writeIsolated } from '../db/isolated-write'
+import { transactionKnown } from '../db/commit-outcome'
 import type { Database, Tx } from '../db/client'
 import type { NotedInvalidation } from './invalidate'
 import type { Mailbox } from './mailbox'
@@ -36,7 +37,8 @@ const byKey = (a: BindRequest, b: BindRequest) => (a.licenseKey < b.licenseKey ?
  * rows are updated in key order so two processes' batches cannot deadlock. A request whose values
  * PostgreSQL refuses is split off (writeIsolated) and fails alone with bad_request; while the
  * database is unreachable the requests left fail with system_error, and no transaction was half
- * applied.
+ * applied. A batch whose COMMIT's answer was lost is answered as PostgreSQL says it ended
+ * (transactionKnown): a device bound must not be told its login failed, and its charge refunded.
  */
 export class SeatBinder {
   #queue: BindRequest[] = []
@@ -89,7 +91,7 @@ export class SeatBinder {
    */
   async #bindAll(part: readonly BindRequest[], now: Date, noted: NotedInvalidation[]): Promise<void> {
     const appId = this.actor.id
-    const { bound: results, note } = await this.database.db.transaction(async (tx) => {
+    const { bound: results, note } = await transactionKnown(this.database, async (tx) => {
       const bound: boolean[] = []
       const events: DomainEvent[] = []
       for (const { licenseKey, hwid } of part) {

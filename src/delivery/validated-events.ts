@@ -3,10 +3,9 @@ import type { EventBus } from './outbox'
 import type { LabeledCounter } from '../lib/metrics'
 import { log } from '../lib/log'
 import { type DomainEvent, recordEvents } from './outbox'
-import { sql } from 'drizzle-orm'
 import { errorCode } from '../db/errors'
 import { classifyWriteError, writeIsolated } from '../db/isolated-write'
-import { rowsOf } from './prepared'
+import { transactionId, transactionStatus } from '../db/commit-outcome'
 
 /**
  * How long a license.validated event waits in memory for others to join its INSERT. It fires on
@@ -138,7 +137,7 @@ export class ValidatedEventBatch {
     let xid: string | null = null
     try {
       await this.sink.database.db.transaction(async (tx) => {
-        xid = String(rowsOf(await tx.execute(sql`SELECT pg_current_xact_id()::text AS xid`))[0]?.xid)
+        xid = await transactionId(tx)
         await recordEvents(tx, list)
       })
     } catch (err) {
@@ -155,15 +154,12 @@ export class ValidatedEventBatch {
    */
   async #settleUnsure(): Promise<boolean> {
     for (const write of [...this.#unsure]) {
-      let status: unknown
+      let status: Awaited<ReturnType<typeof transactionStatus>>
       try {
-        status = rowsOf(await this.sink.database.db.execute(sql`SELECT pg_xact_status(${write.xid}::xid8) AS status`))[0]?.status
-      } catch (err) {
+        status = await transactionStatus(this.sink.database, write.xid)
+      } catch {
         // Unreachable: the write below meets the outage too, and backs off.
-        if (classifyWriteError(err) === 'outage') return true
-        // An id this server never gave out (a failover to a standby that had not seen it) or one too old
-        // to have a status: the transaction is not there to have committed.
-        status = null
+        return true
       }
       if (status === 'in progress') continue
       this.#unsure.splice(this.#unsure.indexOf(write), 1)

@@ -1,0 +1,77 @@
+/**
+ * A COMMIT whose answer is lost with its connection may have committed or not: the client cannot tell
+ * from the error. PostgreSQL can, by the transaction's id read inside it (pg_current_xact_id) and
+ * asked for afterwards on another connection (pg_xact_status).
+ */
+import { sql } from 'drizzle-orm'
+import { rowsOf } from '../delivery/prepared'
+import { log } from '../lib/log'
+import type { Database, Tx } from './client'
+import { errorCode } from './errors'
+import { classifyWriteError } from './isolated-write'
+
+/** The id of the transaction `tx` is in (one is assigned if it had none yet). */
+export async function transactionId(tx: Tx): Promise<string> {
+  return String(rowsOf(await tx.execute(sql`SELECT pg_current_xact_id()::text AS xid`))[0]?.xid)
+}
+
+/**
+ * What became of transaction `xid`: 'in progress' while a backend that has not noticed its client is
+ * gone still holds it open; 'not committed' when it aborted, or when this server never gave the id
+ * out (a failover to a standby that had not seen it) or it is too old to have a status. Throws when
+ * the database cannot be asked.
+ */
+export async function transactionStatus(database: Database, xid: string): Promise<'committed' | 'in progress' | 'not committed'> {
+  let status: unknown
+  try {
+    status = rowsOf(await database.db.execute(sql`SELECT pg_xact_status(${xid}::xid8) AS status`))[0]?.status
+  } catch (err) {
+    if (classifyWriteError(err) === 'outage') throw err
+    return 'not committed'
+  }
+  return status === 'committed' || status === 'in progress' ? status : 'not committed'
+}
+
+/** How long a caller waiting for its answer asks about a transaction still in progress, and how often. */
+const OPEN_WAIT_MS = 2_000
+const OPEN_ASK_EVERY_MS = 100
+
+/**
+ * Runs `work` in a transaction and returns its result once committed, also when the COMMIT's answer was
+ * lost but PostgreSQL says it committed: answered as failed, a change that took effect would be
+ * refunded, retried or reported wrong (a seat bound to a device told its login failed). Any other
+ * failure is thrown as it came, and so is a lost answer whose transaction did not commit, stayed open
+ * past OPEN_WAIT_MS or could not be asked about: then nothing says it took effect.
+ */
+export async function transactionKnown<T>(database: Database, work: (tx: Tx) => Promise<T>): Promise<T> {
+  let xid: string | null = null
+  let done = null as { result: T } | null
+  try {
+    return await database.db.transaction(async (tx) => {
+      xid = await transactionId(tx)
+      const result = await work(tx)
+      done = { result }
+      return result
+    })
+  } catch (err) {
+    // Only a COMMIT leaves its outcome open: `work` ran to its end and the connection went.
+    if (xid === null || done === null || classifyWriteError(err) !== 'outage') throw err
+    if ((await settledStatus(database, xid)) !== 'committed') throw err
+    log.warn('a transaction whose answer was lost had committed', { code: errorCode(err) })
+    return done.result
+  }
+}
+
+async function settledStatus(database: Database, xid: string): Promise<string> {
+  const giveUpAt = Date.now() + OPEN_WAIT_MS
+  for (;;) {
+    let status: string
+    try {
+      status = await transactionStatus(database, xid)
+    } catch {
+      return 'unknown'
+    }
+    if (status !== 'in progress' || Date.now() >= giveUpAt) return status
+    await Bun.sleep(OPEN_ASK_EVERY_MS)
+  }
+}
