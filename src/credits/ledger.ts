@@ -336,7 +336,7 @@ export const settledFlushes: PurgeJob = {
     ), gone AS (
       DELETE FROM credit_flushes f USING settled WHERE f.id = settled.id RETURNING 1
     )
-    SELECT count(*)::int AS n FROM gone`,
+    SELECT count(*)::int AS n, CASE WHEN count(*) = ${limit} THEN 'more' END AS next FROM gone`,
 }
 
 /** Whether PostgreSQL holds the flush the store still has unfinished (none: false). */

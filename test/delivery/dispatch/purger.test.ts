@@ -6,11 +6,12 @@ import { Purger } from '../../../src/db/purger'
 import { oldWebhookEvents } from '../../../src/delivery/dispatch/purger'
 import { rowsOf } from '../../../src/delivery/prepared'
 import { sharedInfra } from '../../support/helpers'
+import { until } from '../../support/servers'
 import { outboxApp } from './outbox-rows'
 
 const { database } = await sharedInfra()
 
-// The purge looks at the oldest ids only: negative ids, below any the sequence hands out, put these
+// The purge looks at events by id from the oldest: negative ids, below any the sequence hands out, put these
 // rows first whatever earlier tests left in the shared database.
 async function clearNegative(db: Db) {
   await db.execute(sql`DELETE FROM webhook_deliveries WHERE event_id < 0`)
@@ -70,4 +71,40 @@ test('a purge goes on batch after batch while they come back full, and a stopped
 
   await new Purger(db, oldWebhookEvents(7)).purge()
   expect(await eventIdsBelowZero(db)).toEqual([-5])
+})
+
+test.each([1, 5_000])('events owing a delivery at the front (%i) do not hold back the purge of those behind them', async (stuck) => {
+  const o = await outboxApp()
+  await clearNegative(o.db)
+  const hook = await o.hook(['license.created'])
+  const first = -(stuck + 20_000)
+  await o.db.execute(sql`
+    INSERT INTO events (id, app_id, event, data, occurred_at, dispatched_at)
+    SELECT g, ${randomUUID()}, 'license.created', '{}'::jsonb, now(), now() - interval '30 days'
+    FROM generate_series(${first}::int, -1) AS g`)
+  await o.db.execute(sql`
+    INSERT INTO webhook_deliveries (event_id, webhook_id, claimed_at)
+    SELECT g, ${hook}, now() FROM generate_series(${first}::int, ${first + stuck - 1}::int) AS g`)
+
+  await new Purger(o.db, oldWebhookEvents(7)).purge()
+  const left = await eventIdsBelowZero(o.db)
+  expect(left).toHaveLength(stuck)
+  expect(left.at(-1)).toBe(first + stuck - 1)
+})
+
+test('a purge stopped by its most batches with rows left is followed by another, from where it stopped', async () => {
+  const { db } = database
+  await clearNegative(db)
+  await db.execute(sql`
+    INSERT INTO events (id, app_id, event, data, occurred_at, dispatched_at)
+    SELECT g, ${randomUUID()}, 'license.created', '{}'::jsonb, now(), now() - interval '30 days'
+    FROM generate_series(-100, -1) AS g`)
+  const purger = new Purger(db, oldWebhookEvents(7), { rows: 10, batches: 2, againMs: 20 })
+  try {
+    await purger.purge()
+    expect(await eventIdsBelowZero(db)).toHaveLength(80)
+    expect(await until(() => eventIdsBelowZero(db), (ids) => ids.length === 0)).toEqual([])
+  } finally {
+    await purger.stop()
+  }
 })
