@@ -1,5 +1,6 @@
 import { and, eq, isNull, sql } from 'drizzle-orm'
 import type { DbOrTx } from '../db/client'
+import { transactionKnown } from '../db/commit-outcome'
 import { accounts, apiKeys } from '../db/schema'
 import type { Context } from '../context'
 import { ApiError } from '../lib/errors'
@@ -9,7 +10,7 @@ import type { AccountResponse } from './model'
 /** Accounts, their API keys and the credits the operator adds: shared by the operator CLI and the Developer API. */
 
 export async function createAccount(ctx: Context, name: string, credits = 0) {
-  return ctx.database.db.transaction(async (tx) => {
+  return transactionKnown(ctx.database, async (tx) => {
     const [account] = await tx.insert(accounts).values({ name, credits }).returning({ id: accounts.id })
     if (!account) throw new Error('account insert returned nothing')
     const apiKey = await insertApiKey(tx, account.id)
@@ -24,8 +25,10 @@ async function insertApiKey(tx: DbOrTx, accountId: string): Promise<string> {
 }
 
 export async function createApiKey(ctx: Context, accountId: string): Promise<string> {
-  await requireAccount(ctx.database.db, accountId)
-  return insertApiKey(ctx.database.db, accountId)
+  return transactionKnown(ctx.database, async (tx) => {
+    await requireAccount(tx, accountId)
+    return insertApiKey(tx, accountId)
+  })
 }
 
 /** Revokes by the key itself; true when a live key was revoked. */
@@ -53,7 +56,7 @@ export async function requireAccount(db: DbOrTx, accountId: string) {
  * store learns of it at once.
  */
 export async function addCredits(ctx: Context, accountId: string, n: number) {
-  const row = await ctx.database.db.transaction(async (tx) => {
+  const row = await transactionKnown(ctx.database, async (tx) => {
     const [current] = await tx
       .select({ credits: accounts.credits, creditSeq: accounts.creditSeq })
       .from(accounts)

@@ -1,5 +1,6 @@
 import { and, desc, eq, max } from 'drizzle-orm'
 import type { DbOrTx, Tx } from '../db/client'
+import { transactionKnown } from '../db/commit-outcome'
 import { apps, signingKeys } from '../db/schema'
 import type { Context } from '../context'
 import { ApiError } from '../lib/errors'
@@ -25,7 +26,7 @@ export async function createApplication(
   sandbox: boolean,
 ): Promise<typeof CreatedAppResponse.static> {
   const appSecret = generateAppSecret()
-  return ctx.database.db.transaction(async (tx) => {
+  return transactionKnown(ctx.database, async (tx) => {
     // First, before any table a master-key rotation locks: see rotateSigningKey.
     await requireSealingKey(tx, ctx.sealer)
     await requireAccount(tx, accountId)

@@ -4,6 +4,8 @@
  */
 import { afterAll, describe, expect, test } from 'bun:test'
 import { and, eq } from 'drizzle-orm'
+import { addCredits, createAccount } from '../../src/accounts/service'
+import { createApplication } from '../../src/apps/service'
 import { openDb } from '../../src/db/client'
 import { events, licenses } from '../../src/db/schema'
 import { insertLicense, nonce } from '../support/client'
@@ -93,5 +95,24 @@ describe.skipIf(MODE !== 'postgres')('a change whose COMMIT answer is lost', asy
       body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: 'a-device', nonce: nonce() },
     })
     expect(validate.body).toEqual({ status: 'failed', error: 'revoked' })
+  })
+
+  test('credits added, an account and an app created whose COMMIT answers were lost are answered as done, once', async () => {
+    const s = await t.seed({ credits: 10 })
+    loseCommitOf(s.accountId)
+    expect(await addCredits(t.ctx, s.accountId, 5)).toEqual({ accountId: s.accountId, credits: 15 })
+    expect(proxy.loseReplyTo).toBeNull()
+
+    const name = `lost-commit-${crypto.randomUUID()}`
+    loseCommitOf(name)
+    const account = await createAccount(t.ctx, name, 3)
+    expect(proxy.loseReplyTo).toBeNull()
+    expect((await t.req('GET', '/v1/account', { apiKey: account.apiKey })).body).toMatchObject({ credits: 3 })
+
+    loseCommitOf(name)
+    const app = await createApplication(t.ctx, account.accountId, name, false)
+    expect(proxy.loseReplyTo).toBeNull()
+    const apps = (await t.req('GET', '/v1/apps', { apiKey: account.apiKey })).body.apps
+    expect(apps.map((a: { appId: string }) => a.appId)).toEqual([app.appId])
   })
 })
