@@ -63,6 +63,18 @@ function admitAppLookup({ actors }: Context, ip: string, nowMs: number): void {
 /** Whether a plan made without the license failed only for want of it: the caller may look it up. */
 const licenseDecides = (p: Plan) => !p.outcome.ok && p.outcome.code === 'invalid_key'
 
+/** A store call that counts a sandbox app's daily ceiling and nothing else. */
+const CEILING_ONLY = { epochs: [], buckets: [], nonce: null, deny: false, charge: null }
+
+/** The store's answer to `input`; its failure is the store's (StoreUnavailable). */
+async function authorizeInStore(ctx: Context, input: AuthorizeInput): Promise<AuthorizeResult> {
+  try {
+    return await ctx.store.authorize(input)
+  } catch (err) {
+    throw new StoreUnavailable(err)
+  }
+}
+
 /**
  * Runs one request through the app's cached state, the endpoint's plan and the store script,
  * reloading and retrying when the script reports a stale entry or an unloaded balance. Without a
@@ -75,6 +87,8 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
   const nowMs = ctx.clock()
   // Set once an IP token was taken to admit a license lookup; the script then leaves that bucket out.
   let admitted: Bucket | null = null
+  // Set once the sandbox ceiling counted this request ahead of its lookup; the script then leaves it out.
+  let ceilingCounted = false
   let stale = 0
   try {
     for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
@@ -102,6 +116,17 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
         // flood of made-up keys stop before the database.
         // A token for every lookup, a retry's too (its entry went before use): reads never outnumber tokens.
         const token: Bucket | null = ctx.config.publicRateLimits ? p.ipBucket : null
+        // The sandbox ceiling counts every request naming the app before the other limits: before the
+        // lookup takes a token (or is refused one) and reads PostgreSQL.
+        if (p.ceiling && !ceilingCounted) {
+          const counted = await authorizeInStore(ctx, { ...CEILING_ONLY, ceiling: p.ceiling, nowMs, shard, generation })
+          if (counted.kind === 'new_generation') {
+            actors.startOver(counted.generation)
+            continue
+          }
+          if (counted.kind === 'quota') throw new PublicError('demo_quota_exceeded')
+          ceilingCounted = true
+        }
         const read = await actors.ensureLicense(appId, licenseKey, token ? { ...token, nowMs } : undefined)
         if (read.kind === 'limited') throw rateLimited(read.retryAfterMs)
         admitted = token
@@ -116,12 +141,8 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
       const { outcome, ipBucket: _, ...rest } = p
       if (!ctx.config.publicRateLimits) rest.buckets = []
       else if (admitted) rest.buckets = rest.buckets.filter((b) => b.key !== admitted!.key)
-      let result: AuthorizeResult
-      try {
-        result = await ctx.store.authorize({ ...rest, nowMs, shard, generation, epochs, deny: !outcome.ok })
-      } catch (err) {
-        throw new StoreUnavailable(err)
-      }
+      if (ceilingCounted) rest.ceiling = null
+      const result = await authorizeInStore(ctx, { ...rest, nowMs, shard, generation, epochs, deny: !outcome.ok })
       switch (result.kind) {
         case 'new_generation':
           actors.startOver(result.generation)

@@ -141,3 +141,27 @@ describe('sandbox daily ceiling', async () => {
     expect((await t.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken: token, hwid: h } })).status).toBe(200)
   })
 })
+
+describe('sandbox daily ceiling and the per-IP limit', async () => {
+  const clock = manualClock(Date.parse('2031-05-04T12:00:00.000Z'))
+  const t = await makeTestApp({ clock: clock.now, env: { ...env, SANDBOX_DAILY_CEILING: '30' } })
+
+  test('a request whose license lookup its IP limit refuses still counts against the ceiling, before the limit', async () => {
+    const s = await t.seed({ sandbox: true })
+    const key = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
+    const validate = (licenseKey: string, ip: string) =>
+      t.req('POST', '/auth/validate', {
+        body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: hwid(), nonce: nonce() },
+        headers: { 'x-forwarded-for': ip },
+      })
+    // Keys no process holds: each lookup takes a token of the IP's 20 a minute, the 21st is refused one.
+    for (let i = 0; i < 20; i++) expect((await validate(`UNKN-OWNK-EY00-${String(i).padStart(4, '0')}`, '198.51.100.20')).body.error).toBe('invalid_key')
+    expect((await validate('UNKN-OWNK-EY00-9999', '198.51.100.20')).body.error).toBe('rate_limited')
+    // 21 of the day's 30 are spent.
+    const answers: string[] = []
+    for (let i = 0; i < 10; i++) answers.push((await validate(key, `198.51.100.${30 + i}`)).body.error ?? 'ok')
+    expect(answers).toEqual([...Array(9).fill('ok'), 'demo_quota_exceeded'])
+    // Past the ceiling a made-up key is refused as over it, whatever its IP's tokens.
+    expect((await validate('UNKN-OWNK-EY00-8888', '198.51.100.20')).body.error).toBe('demo_quota_exceeded')
+  })
+})
