@@ -1,8 +1,17 @@
 import { TurnBatcher } from '../lib/batcher'
+import { DeadlineExceeded, withDeadline } from '../lib/with-timeout'
 import type { Admission, Shard, Store } from '../store/store'
 import { keys } from '../store/store'
 import type { Entry } from './bounded'
 import { type CachedLicense, StoreUnavailable } from './load'
+
+/**
+ * How long a batch waits for its rows. One batch is in flight at a time, so a query on a connection
+ * that stopped answering (found out by the driver's stall check after 10 to 15 s) would hold up every
+ * app's misses behind it: they fail at this deadline instead, and the next batch goes on another
+ * connection. The service's reads take milliseconds.
+ */
+export const ROWS_DEADLINE_MS = 2_000
 
 /** What a license miss came to: cached (present or absent), or refused by its admission bucket. */
 export type LicenseRead = { kind: 'ok' } | { kind: 'limited'; retryAfterMs: number }
@@ -40,7 +49,10 @@ export interface LicenseLoadsWiring {
 export class LicenseLoads {
   readonly #batcher = new TurnBatcher<Miss>((misses) => this.#serve(misses), { oneInFlight: true })
 
-  constructor(private readonly wiring: LicenseLoadsWiring) {}
+  constructor(
+    private readonly wiring: LicenseLoadsWiring,
+    private readonly rowsDeadlineMs = ROWS_DEADLINE_MS,
+  ) {}
 
   /** Caches the license (present or absent) unless `admission`'s bucket is empty. */
   ensure(appId: string, shard: Shard, licenseKey: string, admission?: Admission): Promise<LicenseRead> {
@@ -100,13 +112,16 @@ export class LicenseLoads {
     }
   }
 
-  /** The rows of `admitted`; when the one query fails, each key alone, so one bad key fails only its own callers. */
+  /**
+   * The rows of `admitted`; when the one query fails, each key alone, so one bad key fails only its own
+   * callers. A query past its deadline fails them all: read alone, each would wait as long.
+   */
   async #rows(admitted: string[]): Promise<Map<string, CachedLicense | Error>> {
     if (admitted.length === 0) return new Map()
     try {
-      return await this.wiring.load(admitted)
+      return await withDeadline(this.wiring.load(admitted), this.rowsDeadlineMs, 'a read of licenses')
     } catch (err) {
-      if (admitted.length === 1) return new Map([[admitted[0]!, asError(err)]])
+      if (admitted.length === 1 || err instanceof DeadlineExceeded) return new Map(admitted.map((key) => [key, asError(err)]))
     }
     const alone = await Promise.allSettled(admitted.map((key) => this.wiring.loadOne(key)))
     const rows = new Map<string, CachedLicense | Error>()

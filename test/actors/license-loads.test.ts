@@ -148,3 +148,31 @@ for (const when of ['between the epoch read and the row read', 'between the row 
     expect((await validate()).body.error).toBe('revoked')
   })
 }
+
+test('a batch whose query stops answering fails its misses at the deadline, and the next batch is served meanwhile', async () => {
+  const { store } = await sharedInfra()
+  const s = await t.seed()
+  const key = await insertLicense(t.ctx, s.appId)
+  let queries = 0
+  const loads = new LicenseLoads(
+    {
+      store,
+      // The first query never answers, as on a connection that went silent.
+      load: async (keys) => (++queries === 1 ? new Promise(() => {}) : new Map(keys.map((k) => [k, { key: k } as unknown as CachedLicense]))),
+      loadOne: async () => null,
+      keep: () => {},
+    },
+    100,
+  )
+  const shard = shardOfKey('')
+  const started = Date.now()
+  const stuck = loads.ensure(s.appId, shard, generateLicenseKey()).then(
+    () => 'answered',
+    (err: Error) => err.message,
+  )
+  await Bun.sleep(10)
+  const next = loads.ensure(s.appId, shard, key)
+  expect(await next).toEqual({ kind: 'ok', epoch: expect.any(Number) })
+  expect(Date.now() - started).toBeLessThan(1_000)
+  expect(await stuck).toBe('a read of licenses did not finish within 100 ms')
+})
