@@ -172,7 +172,7 @@ test('a batch whose query stops answering fails its misses at the deadline, and 
   )
   await Bun.sleep(10)
   const next = loads.ensure(s.appId, shard, key)
-  expect(await next).toEqual({ kind: 'ok', epoch: expect.any(Number) })
+  expect(await next).toMatchObject({ kind: 'ok' })
   expect(Date.now() - started).toBeLessThan(1_000)
   expect(await stuck).toBe('a read of licenses did not finish within 100 ms')
 })
