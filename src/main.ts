@@ -127,17 +127,20 @@ async function main(): Promise<void> {
     if (stopping) return
     stopping = true
     log.info('shutting down', { reason, process: index })
-    try {
-      keyWatch?.stop()
-      await others?.stop()
+    // The other processes stop beside this one's own parts, not before them: each may wait seconds for
+    // its requests, deliveries and last credit flush, and one after the other they could outlast a
+    // supervisor's grace period (compose's 30 s), whose SIGKILL loses what was still being recorded.
+    const own = async () => {
       await operatorSocket?.stop()
       await metricsListener?.stop()
       await app.stop()
       await background.stop()
       await ctx.store.close()
       await ctx.database.close()
-    } catch (err) {
-      log.error('error during shutdown', errorFields(err))
+    }
+    keyWatch?.stop()
+    for (const stopped of await Promise.allSettled([others?.stop(), own()])) {
+      if (stopped.status === 'rejected') log.error('error during shutdown', errorFields(stopped.reason))
     }
     process.exit(exitCode)
   }

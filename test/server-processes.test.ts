@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { mkdtempSync, readdirSync, readFileSync } from 'node:fs'
 import { availableParallelism, tmpdir } from 'node:os'
+import { connect } from 'node:net'
 import { join } from 'node:path'
 import { decode, hwid, insertLicense, nonce, verifySigned } from './support/client'
 import { makeTestApp, MODE, TEST_DATABASE_URL, TEST_MASTER_KEY, TEST_REDIS_URL } from './support/helpers'
@@ -175,6 +176,38 @@ if (MODE === 'postgres') {
       expect(await healthy()).toBe(false)
     } finally {
       for (const pid of startedFor(port)) process.kill(pid, 'SIGKILL')
+    }
+  })
+
+  test("on SIGTERM the first process stops its own parts beside the others' stop, not after it", async () => {
+    const metricsPort = await freePort()
+    const server = await startServer({
+      DATABASE_URL: TEST_DATABASE_URL!,
+      REDIS_URL: TEST_REDIS_URL!,
+      SERVER_PROCESSES: '2',
+      METRICS_PORT: String(metricsPort),
+    })
+    const port = Number(new URL(server.url).port)
+    // Bodies that never finish keep requests in flight until their deadline (10 s), which a stopping
+    // process waits for: 16 connections, which the kernel spreads over both processes.
+    const sockets = Array.from({ length: 16 }, () => {
+      const socket = connect(port, '127.0.0.1')
+      socket.on('error', () => {})
+      socket.write('POST /auth/validate HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 5000\r\n\r\n{')
+      return socket
+    })
+    const scrapes = () => fetch(`http://127.0.0.1:${metricsPort}/metrics`).then((r) => r.ok, () => false)
+    try {
+      expect(await until(async () => ((await scrapes()) ? true : undefined))).toBe(true)
+      await Bun.sleep(200)
+      process.kill(server.pid, 'SIGTERM')
+      // Its metrics listener, the first of its own parts to stop, closes at once, while the other
+      // process still waits for its requests.
+      expect(await until(async () => ((await scrapes()) ? undefined : true), 3_000)).toBe(true)
+      expect(childrenOf(server.pid)).toHaveLength(1)
+    } finally {
+      for (const socket of sockets) socket.destroy()
+      await server.stop()
     }
   })
 
