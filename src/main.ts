@@ -7,6 +7,7 @@ import type { Context } from './context'
 import { describeHolder, isLock, LOCK_WAIT_MS, lockDataDir } from './db/data-dir-lock'
 import { startOperatorSocket, usesOperatorSocket } from './operator/socket'
 import { errorFields, log, setLogLevel } from './lib/log'
+import { withTimeout } from './lib/with-timeout'
 import { startEventLoopMonitor } from './lib/process-metrics'
 import { internalMetricsApp } from './http/ops'
 import { type ProcessRole, ServerMetrics } from './http/scrape'
@@ -19,6 +20,13 @@ import {
 } from './server-processes'
 import { startDispatcher } from './delivery/dispatcher'
 import { watchKeyCheck } from './signing/key-check'
+
+/**
+ * How long a stopping server waits for its requests in flight before it closes their connections: a
+ * body still on its way holds its request up to its deadline (app.ts), and what the stop does after
+ * (the last credit flush, the events still batched) must fit a supervisor's grace period.
+ */
+const HTTP_DRAIN_MS = 5_000
 
 /** The settings, or exit 2 naming the one that is wrong. */
 function settings(): Readonly<Config> {
@@ -133,7 +141,7 @@ async function main(): Promise<void> {
     const own = async () => {
       await operatorSocket?.stop()
       await metricsListener?.stop()
-      await app.stop()
+      if ((await withTimeout(app.stop(), HTTP_DRAIN_MS)) === null) await app.stop(true)
       await background.stop()
       await ctx.store.close()
       await ctx.database.close()

@@ -62,6 +62,23 @@ async function processLabelsSeen(server: ServerProcess, enough: (seen: Set<strin
   return seen
 }
 
+test('SIGTERM while a request body is still on its way: the server stops within seconds, not at its deadline', async () => {
+  const server = await startServer({ DATABASE_URL: '', REDIS_URL: '' })
+  const socket = connect(Number(new URL(server.url).port), '127.0.0.1')
+  socket.on('error', () => {})
+  socket.write('POST /v1/licenses HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{')
+  const drip = setInterval(() => socket.writable && socket.write(' '), 200)
+  try {
+    await Bun.sleep(300)
+    const stopping = Date.now()
+    expect(await server.stop()).toBe(0)
+    expect(Date.now() - stopping).toBeLessThan(10_000)
+  } finally {
+    clearInterval(drip)
+    socket.destroy()
+  }
+})
+
 // Several processes share the port only with the shared database and store: PostgreSQL mode only.
 if (MODE === 'postgres') {
   // What a production install gets from DATABASE_URL and REDIS_URL alone.

@@ -42,7 +42,7 @@ const DESCRIPTION = `Self-hosted license-key service speaking the AuthForge wire
 **Developer API** (\`/v1/*\`): server-to-server JSON. Every request carries \`Authorization: Bearer svc_live_…\`
 (keys come from the operator CLI, \`bun run cli account create\`). Errors are \`{ "error": code, "message": text }\`:
 400 \`bad_request\`, 401 \`invalid_api_key\`, 402 \`no_credits\`, 403 \`forbidden\`, 404 \`not_found\`,
-408 \`bad_request\` (body not all there within 60 s), 413 \`bad_request\` (body over 1 MiB), 429 \`rate_limited\`, 500 \`internal_error\`.
+408 \`bad_request\` (body not all there within 20 s), 413 \`bad_request\` (body over 1 MiB), 429 \`rate_limited\`, 500 \`internal_error\`.
 Bodies are strict: exactly the documented fields (an unknown one is a 400 naming it), counts as JSON integers, no
 \`null\`, array or empty body where an object is expected, bytes that are not UTF-8. No string may hold a NUL character or an unpaired UTF-16
 surrogate (the \`pattern\` of every string field). Nothing changes on a 4xx.
