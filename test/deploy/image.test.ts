@@ -141,6 +141,7 @@ describe('the production image', () => {
   test('npm start launches the server with the same allocator setting as the image', () => {
     const { scripts } = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { scripts: Record<string, string> }
     const settings = Object.entries(LAUNCH_ENV).map(([name, value]) => `${name}=${value}`)
-    expect(scripts.start).toBe(`${settings.join(' ')} bun src/main.ts`)
+    // exec: Bun replaces npm's shell, so a SIGTERM to npm reaches it (npm-start.test.ts).
+    expect(scripts.start).toBe(`${settings.join(' ')} exec bun src/main.ts`)
   })
 })
