@@ -5,6 +5,7 @@ import { join } from 'node:path'
 import { ConfigError, DEFAULT_PROCESSES_CAP, defaultCacheMb, loadConfig, usableMemoryMb } from '../src/config'
 import { parseCidr } from '../src/lib/ip'
 import { runToExit } from './support/server-process'
+import { SERVICE_SETTINGS } from './support/service-settings'
 import { testCertificate } from './support/webhooks-receiver'
 
 const dir = mkdtempSync(join(tmpdir(), 'ls-config-'))
@@ -231,4 +232,18 @@ test('the server exits non-zero with one stderr line naming a bad setting', asyn
   const lines = stderr.trimEnd().split('\n')
   expect(lines).toHaveLength(1)
   expect(lines[0]).toContain('PORT')
+})
+
+test("a test run drops the service's settings from its environment: a shell set up for production points no test's server at its database", async () => {
+  const file = join(mkdtempSync(join(tmpdir(), 'ls-env-')), 'env.test.ts')
+  writeFileSync(
+    file,
+    `import { expect, test } from 'bun:test'
+test('the settings are gone', () => expect(${JSON.stringify(SERVICE_SETTINGS)}.filter((name) => name in process.env)).toEqual([]))
+`,
+  )
+  const shell = Object.fromEntries(SERVICE_SETTINGS.map((name) => [name, 'from-the-shell']))
+  const run = await runToExit(['test', file], shell)
+  expect(run.stderr).toContain('1 pass')
+  expect(run.code).toBe(0)
 })
