@@ -137,7 +137,8 @@ export function masterKeyFrom(env: Env, name: string): Buffer | null {
 }
 
 /** Reads the PEM file a setting names and checks it parses as `parse` expects; a ConfigError naming the setting otherwise. */
-function pemFile(name: string, file: string, parse: (pem: string) => unknown): void {
+/** The PEM text of the file setting `name` names, once `parse` (which throws on anything else) read it as `what`. */
+function pemFile<T>(name: string, file: string, what: string, parse: (pem: string) => T): T {
   if (!existsSync(file)) throw new ConfigError(`${name} names a file that does not exist: "${file}"`)
   let pem: string
   try {
@@ -146,9 +147,9 @@ function pemFile(name: string, file: string, parse: (pem: string) => unknown): v
     throw new ConfigError(`${name} names a file that cannot be read: "${file}" (${(err as { code?: string }).code ?? 'unreadable'})`)
   }
   try {
-    parse(pem)
+    return parse(pem)
   } catch {
-    throw new ConfigError(`${name} names a file that is not a PEM ${name === 'TLS_CERT_FILE' ? 'certificate' : 'private key'}: "${file}"`)
+    throw new ConfigError(`${name} names a file that is not a PEM ${what}: "${file}"`)
   }
 }
 
@@ -208,8 +209,16 @@ export function loadConfig(env: Env = process.env): Readonly<Config> {
   }
   // A file that is missing, unreadable or not PEM is a setting error: say so before start-up, not as a
   // stack trace from listen once the database is migrated.
-  if (tlsCertFile !== null) pemFile('TLS_CERT_FILE', tlsCertFile, (pem) => new X509Certificate(pem))
-  if (tlsKeyFile !== null) pemFile('TLS_KEY_FILE', tlsKeyFile, (pem) => createPrivateKey(pem))
+  if (tlsCertFile !== null && tlsKeyFile !== null) {
+    const certificate = pemFile('TLS_CERT_FILE', tlsCertFile, 'certificate', (pem) => new X509Certificate(pem))
+    const key = pemFile('TLS_KEY_FILE', tlsKeyFile, 'private key', (pem) => createPrivateKey(pem))
+    if (!certificate.checkPrivateKey(key)) {
+      throw new ConfigError(`TLS_KEY_FILE is not the private key of the certificate in TLS_CERT_FILE: "${tlsKeyFile}"`)
+    }
+  }
+  const extraCaFile = optional(env, 'NODE_EXTRA_CA_CERTS')
+  // Read only by webhook deliveries, which would fail one by one (status 0) long after start-up.
+  if (extraCaFile !== null) pemFile('NODE_EXTRA_CA_CERTS', extraCaFile, 'certificate', (pem) => new X509Certificate(pem))
   const host = hostSetting(env, 'HOST', '0.0.0.0')
   const metricsHost = hostSetting(env, 'METRICS_HOST', '127.0.0.1')
   const port = int(env, 'PORT', 3000, 0, 65535)
@@ -250,7 +259,7 @@ export function loadConfig(env: Env = process.env): Readonly<Config> {
     redisClusterShards,
     trustedProxies: Object.freeze(proxies),
     webhookAllowPrivateTargets: bool(env, 'WEBHOOK_ALLOW_PRIVATE_TARGETS', false),
-    webhookExtraCaFile: optional(env, 'NODE_EXTRA_CA_CERTS'),
+    webhookExtraCaFile: extraCaFile,
     sandboxDailyCeiling: int(env, 'SANDBOX_DAILY_CEILING', 50_000, 1, 1e12),
     validateLimitPerIp: int(env, 'VALIDATE_LIMIT_PER_IP', 300, 1, 1e9),
     validateLimitPerLicense: int(env, 'VALIDATE_LIMIT_PER_LICENSE', 300, 1, 1e9),

@@ -64,16 +64,18 @@ function startBackgroundWork(ctx: Context): { stop(): Promise<void> } {
 }
 
 /**
- * Whether something already listens on the port. The server's processes share it with SO_REUSEPORT,
- * which the kernel grants any listener of the same user that asks for it too: a second server started
- * on the same port (`npm start` twice, an upgrade beside the old one) would take part of the traffic,
- * with another database's keys, without an error. Bound without it, a probe finds any listener there.
+ * Why the server could not listen on HOST and PORT (an error code), or null, asked before anything
+ * opens: found at the listen, after the migrations, it was a stack trace naming neither setting. And the
+ * server's processes share the port with SO_REUSEPORT, which the kernel grants any listener of the same
+ * user that asks for it too: a second server started on the same port (`npm start` twice, an upgrade
+ * beside the old one) would take part of the traffic, with another database's keys, without an error.
+ * Bound without it, a probe finds any listener there (EADDRINUSE).
  */
-function portInUse(host: string, port: number): Promise<boolean> {
+function listenProblem(host: string, port: number): Promise<string | null> {
   return new Promise((resolve) => {
     const probe = createServer()
-    probe.once('error', (err: NodeJS.ErrnoException) => resolve(err.code === 'EADDRINUSE'))
-    probe.listen({ host, port }, () => probe.close(() => resolve(false)))
+    probe.once('error', (err: NodeJS.ErrnoException) => resolve(err.code ?? 'failed'))
+    probe.listen({ host, port }, () => probe.close(() => resolve(null)))
   })
 }
 
@@ -81,9 +83,14 @@ async function main(): Promise<void> {
   const config = settings()
   setLogLevel(config.logLevel)
   // Checked by the first process before anything opens; the others join its listener.
-  if (config.serverProcesses > 1 && config.port !== 0 && serverProcessIndex() === 0 && (await portInUse(config.host, config.port))) {
+  const problem = serverProcessIndex() === 0 ? await listenProblem(config.host, config.port) : null
+  if (problem === 'EADDRINUSE') {
     process.stderr.write(`error: port ${config.port} on ${config.host} is in use: one server per port (its own processes share it)\n`)
     process.exit(1)
+  }
+  if (problem !== null) {
+    process.stderr.write(`configuration error: HOST=${config.host} PORT=${config.port} cannot be listened on (${problem})\n`)
+    process.exit(2)
   }
   if (usesOperatorSocket(config)) {
     // A CLI in direct mode lets go within seconds; another server never does.

@@ -1,4 +1,5 @@
 import { describe, expect, test } from 'bun:test'
+import { generateKeyPairSync } from 'node:crypto'
 import { mkdtempSync, writeFileSync } from 'node:fs'
 import { availableParallelism, tmpdir, totalmem } from 'node:os'
 import { join } from 'node:path'
@@ -13,6 +14,9 @@ const certFile = join(dir, 'cert.pem')
 const keyFile = join(dir, 'key.pem')
 writeFileSync(certFile, testCertificate().cert)
 writeFileSync(keyFile, testCertificate().key)
+/** A private key, but not the certificate's. */
+const otherKeyFile = join(dir, 'other-key.pem')
+writeFileSync(otherKeyFile, generateKeyPairSync('ec', { namedCurve: 'P-256' }).privateKey.export({ type: 'pkcs8', format: 'pem' }))
 
 describe('defaults', () => {
   test('an empty environment gives the contract defaults', () => {
@@ -75,7 +79,7 @@ describe('each setting is parsed', () => {
     ],
     ['WEBHOOK_ALLOW_PRIVATE_TARGETS', 'true', 'webhookAllowPrivateTargets', true],
     ['WEBHOOK_ALLOW_PRIVATE_TARGETS', 'FALSE', 'webhookAllowPrivateTargets', false],
-    ['NODE_EXTRA_CA_CERTS', '/etc/ssl/extra.pem', 'webhookExtraCaFile', '/etc/ssl/extra.pem'],
+    ['NODE_EXTRA_CA_CERTS', certFile, 'webhookExtraCaFile', certFile],
     ['SANDBOX_DAILY_CEILING', '1000', 'sandboxDailyCeiling', 1000],
     ['VALIDATE_LIMIT_PER_IP', '120', 'validateLimitPerIp', 120],
     ['VALIDATE_LIMIT_PER_LICENSE', '90', 'validateLimitPerLicense', 90],
@@ -193,6 +197,9 @@ describe('a bad value is a ConfigError naming the setting', () => {
     ['TLS_CERT_FILE', dir],
     ['TLS_CERT_FILE', keyFile],
     ['TLS_KEY_FILE', certFile],
+    ['TLS_KEY_FILE', otherKeyFile],
+    ['NODE_EXTRA_CA_CERTS', join(dir, 'missing.pem')],
+    ['NODE_EXTRA_CA_CERTS', keyFile],
     ['SERVER_PROCESSES', '0'],
     ['SERVER_PROCESSES', 'many'],
     ['SERVER_PROCESSES', '2'],
@@ -225,13 +232,21 @@ describe('a bad value is a ConfigError naming the setting', () => {
   })
 })
 
-test('the server exits non-zero with one stderr line naming a bad setting', async () => {
-  const { code, stdout, stderr } = await runToExit(['src/main.ts'], { DATA_DIR: dir, PORT: 'eighty' })
-  expect(code).not.toBe(0)
+test.each([
+  ['PORT', { PORT: 'eighty' }],
+  // Found only when used: a file where the directory should be, a host name that does not resolve, an
+  // address that is not this machine's. Each before the database is opened, as one line naming it.
+  ['DATA_DIR', { DATA_DIR: join(certFile, 'data') }],
+  ['HOST', { HOST: 'no-such-host.invalid' }],
+  ['HOST', { HOST: '192.0.2.55' }],
+])('the server exits 2 with one stderr line naming a bad %s', async (name, env) => {
+  const { code, stdout, stderr } = await runToExit(['src/main.ts'], { DATA_DIR: mkdtempSync(join(tmpdir(), 'ls-config-')), PORT: '0', ...env })
   expect(stdout).toBe('')
   const lines = stderr.trimEnd().split('\n')
   expect(lines).toHaveLength(1)
-  expect(lines[0]).toContain('PORT')
+  expect(lines[0]).toStartWith('configuration error: ')
+  expect(lines[0]).toContain(name)
+  expect(code).toBe(2)
 })
 
 test("a test run drops the service's settings from its environment: a shell set up for production points no test's server at its database", async () => {

@@ -1,4 +1,5 @@
 import { chmodSync, mkdirSync, statSync } from 'node:fs'
+import { ConfigError } from '../config'
 import { log } from '../lib/log'
 
 /**
@@ -8,7 +9,12 @@ import { log } from '../lib/log'
  * others may enter is made 0700 when this user owns it; otherwise a warning says so.
  */
 export function makeDataDir(dataDir: string): void {
-  mkdirSync(dataDir, { recursive: true, mode: 0o700 })
+  try {
+    mkdirSync(dataDir, { recursive: true, mode: 0o700 })
+  } catch (err) {
+    // A file in the way, a parent this user cannot write: the setting, not the server, is wrong.
+    throw new ConfigError(`DATA_DIR cannot be made a directory: "${dataDir}" (${(err as NodeJS.ErrnoException).code ?? 'failed'})`)
+  }
   const uid = process.getuid?.()
   // No POSIX owner and modes to go by (Windows).
   if (uid === undefined) return
