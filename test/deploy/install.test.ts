@@ -10,7 +10,10 @@ import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
 
 const ROOT = join(import.meta.dir, '..', '..')
-const manifest = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { allowScripts?: Record<string, boolean> }
+const manifest = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as {
+  allowScripts?: Record<string, boolean>
+  scarfSettings?: { enabled?: boolean }
+}
 const lock = JSON.parse(readFileSync(join(ROOT, 'package-lock.json'), 'utf8')) as {
   packages: Record<string, { hasInstallScript?: boolean }>
 }
@@ -30,5 +33,12 @@ describe('install scripts', () => {
 
   test("Bun's own install script is approved: it puts the binary that npm start and npm test run in place", () => {
     expect(manifest.allowScripts?.bun).toBe(true)
+  })
+
+  // An npm older than 11 (node:22's npm 10, which the image's build runs) reads no allowScripts and runs
+  // the script: Scarf's own opt-out in the root package.json is what keeps it from reporting then.
+  test("swagger-ui-dist's analytics ping (@scarf/scarf) is denied, and turned off for an npm that runs it anyway", () => {
+    expect(manifest.allowScripts?.['@scarf/scarf']).toBe(false)
+    expect(manifest.scarfSettings?.enabled).toBe(false)
   })
 })
