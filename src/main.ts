@@ -1,5 +1,6 @@
 import { readFileSync } from 'node:fs'
 import { createServer } from 'node:net'
+import { format } from 'node:util'
 import { createApp } from './app'
 import { buildContext } from './boot'
 import { type Config, ConfigError, loadConfig } from './config'
@@ -197,6 +198,11 @@ async function main(): Promise<void> {
     processes: config.serverProcesses,
   })
 }
+
+// A library that writes to the console (ioredis warns of a password its Redis does not need) would break
+// the log's one JSON line per entry: what it writes is logged as the text of an entry.
+console.warn = (...args: unknown[]) => log.warn('a library warned', { text: format(...args) })
+console.error = (...args: unknown[]) => log.error('a library reported an error', { text: format(...args) })
 
 // Bun's own report of an uncaught error prints every property of the error object, and drivers
 // attach the statement, its parameters and the row: report it through errorFields, then exit as Bun would.

@@ -11,7 +11,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { MAX_LOG_LINE } from '../../src/lib/log'
 import { decode, nonce } from '../support/client'
-import { MODE } from '../support/helpers'
+import { MODE, TEST_DATABASE_URL, TEST_REDIS_URL } from '../support/helpers'
 import { runToExit, type ServerProcess, startServer } from '../support/server-process'
 import { ownPostgres, ownRedis, until } from '../support/servers'
 
@@ -243,6 +243,29 @@ if (MODE === 'postgres') {
       expectCleanLog(server.log(), secrets)
       // Room for the 30 s wait above on top of the outages' usual ~13 s.
     }, 60_000)
+  })
+}
+
+if (MODE === 'postgres') {
+  test('a library writing to the console (ioredis: a password this Redis does not need) still logs JSON lines', async () => {
+    const redisUrl = new URL(TEST_REDIS_URL!)
+    redisUrl.password = 'not-needed'
+    const server = await startServer({ DATABASE_URL: TEST_DATABASE_URL!, REDIS_URL: redisUrl.toString() })
+    try {
+      await until(async () => server.log(), (log) => log.includes('does not require a password'), 10_000)
+    } finally {
+      await server.stop()
+    }
+    expect(server.log()).toContain('does not require a password')
+    const notJson = server.log().trimEnd().split('\n').filter((line) => {
+      try {
+        JSON.parse(line)
+        return false
+      } catch {
+        return true
+      }
+    })
+    expect(notJson).toEqual([])
   })
 }
 
