@@ -33,6 +33,9 @@ export class Deliveries {
   readonly #activeByHost = new Map<string, number>()
   readonly #priority = new LowPriority()
 
+  /** `resolve` vets a receiver's host and gives its addresses (target.ts; a test's own in tests). */
+  constructor(private readonly resolve = resolvePublicTarget) {}
+
   configure(settings: WorkerInit): void {
     this.#settings = settings
   }
@@ -92,29 +95,20 @@ export class Deliveries {
     try {
       // Checked again here: a URL stored before the checks of today (plain http, say) would carry a
       // signed payload in the clear, and with private targets allowed, file:// "delivered" a local read.
-      let url = parseTargetUrl(job.url)
-      let headers = job.headers
-      const tls: { ca?: string[]; serverName?: string } = settings.ca ? { ca: settings.ca } : {}
-      if (!settings.allowPrivate) {
-        const [address] = await resolvePublicTarget(url, Math.min(5_000, settings.timeoutMs))
-        const pinned = address ? pinnedTarget(url, address) : null
-        if (pinned) {
-          url = pinned.url
-          headers = { ...headers, host: pinned.host }
-          tls.serverName = pinned.serverName
+      const url = parseTargetUrl(job.url)
+      const addresses = settings.allowPrivate ? [null] : await this.resolve(url, Math.min(5_000, settings.timeoutMs))
+      for (const [i, address] of addresses.entries()) {
+        try {
+          return await this.#post(job, url, address, signal)
+        } catch (err) {
+          // Refused or unreachable before a byte was sent (an AAAA record on a host without IPv6 routes):
+          // the receiver's next vetted address may answer, and nothing was sent twice.
+          const code = (err as { code?: string }).code
+          if (i + 1 < addresses.length && !signal.aborted && code !== undefined && NOT_CONNECTED.has(code)) continue
+          throw err
         }
       }
-      const res = await fetch(url, {
-        method: 'POST',
-        headers,
-        body: job.body,
-        redirect: 'manual',
-        signal,
-        ...(Object.keys(tls).length > 0 ? { tls } : {}),
-      })
-      // Only the status matters; dropping the body frees the connection without buffering it.
-      await res.body?.cancel().catch(() => {})
-      return { status: res.status }
+      return { status: 0, reason: 'connection' }
     } catch (err) {
       if (err instanceof TargetError) return { status: 0, reason: 'blocked' }
       if (signal.aborted) return { status: 0, reason: 'timeout' }
@@ -123,7 +117,28 @@ export class Deliveries {
       if (settings.lowPriority) this.#priority.apply()
     }
   }
+
+  /** One POST of the job to `url`, connecting to `address` (a vetted one, or null: as the URL resolves). */
+  async #post(job: DeliveryJob, url: URL, address: string | null, signal: AbortSignal): Promise<DeliveryResult> {
+    const tls: { ca?: string[]; serverName?: string } = this.#settings.ca ? { ca: this.#settings.ca } : {}
+    const pinned = address ? pinnedTarget(url, address) : null
+    if (pinned) tls.serverName = pinned.serverName
+    const res = await fetch(pinned?.url ?? url, {
+      method: 'POST',
+      headers: pinned ? { ...job.headers, host: pinned.host } : job.headers,
+      body: job.body,
+      redirect: 'manual',
+      signal,
+      ...(Object.keys(tls).length > 0 ? { tls } : {}),
+    })
+    // Only the status matters; dropping the body frees the connection without buffering it.
+    await res.body?.cancel().catch(() => {})
+    return { status: res.status }
+  }
 }
+
+/** Connection errors that come before any byte of a request is sent. */
+const NOT_CONNECTED = new Set(['ECONNREFUSED', 'EHOSTUNREACH', 'ENETUNREACH', 'EADDRNOTAVAIL'])
 
 /** The host (and port) requests to a URL count under; a URL that does not parse fails on its own when sent. */
 function hostOf(url: string): string {

@@ -1,0 +1,39 @@
+/**
+ * A receiver whose name resolves to several vetted addresses: a delivery refused or unreachable at one
+ * (an AAAA record on a host without IPv6 routes) goes to the next, and nothing is sent twice.
+ */
+import { afterAll, expect, test } from 'bun:test'
+import { Deliveries } from '../../src/delivery/worker/deliveries'
+import { startReceiver, testCertificate } from '../support/webhooks-receiver'
+
+const receiver = startReceiver()
+afterAll(() => receiver.stop())
+const port = new URL(receiver.base).port
+
+/** A worker's sending side that resolves every host to `addresses`, with private targets refused as in production. */
+function deliveriesTo(addresses: string[]) {
+  const deliveries = new Deliveries(async () => addresses)
+  deliveries.configure({
+    type: 'init',
+    allowPrivate: false,
+    ca: [testCertificate().cert],
+    timeoutMs: 5_000,
+    concurrency: 4,
+    perHost: 4,
+    lowPriority: false,
+  })
+  return deliveries
+}
+
+const job = (path: string) => ({ url: `https://localhost:${port}${path}`, headers: { 'content-type': 'application/json' }, body: '{"event":"test.ping"}' })
+
+test('an address that refuses the connection is passed over for the next', async () => {
+  // ::1 has no receiver on this port (it listens on 127.0.0.1 alone): refused, or unreachable without IPv6.
+  expect(await deliveriesTo(['::1', '127.0.0.1']).send(job('/next'))).toEqual({ status: 200 })
+  expect(receiver.at('/next')).toHaveLength(1)
+})
+
+test('every address refusing is one failed delivery', async () => {
+  expect(await deliveriesTo(['::1']).send(job('/none'))).toEqual({ status: 0, reason: 'connection' })
+  expect(receiver.at('/none')).toHaveLength(0)
+})
