@@ -19,7 +19,10 @@ export interface DeliveryJob {
   url: string
   headers: Record<string, string>
   body: string
-  /** The webhook a delivery of the outbox goes to, by which its job can be cancelled while queued. */
+  /**
+   * The webhook a delivery of the outbox goes to, by which its job can be cancelled while queued;
+   * a test ping has none (Deliveries sends it first).
+   */
   webhookId?: string
 }
 

@@ -1,17 +1,18 @@
 /**
- * A receiver whose name resolves to several vetted addresses: a delivery refused or unreachable at one
- * (an AAAA record on a host without IPv6 routes) goes to the next, and nothing is sent twice.
+ * A worker's sending side (delivery/worker/deliveries.ts): a receiver whose name resolves to several
+ * vetted addresses, where a delivery refused or unreachable at one (an AAAA record on a host without
+ * IPv6 routes) goes to the next, and nothing is sent twice; a test ping beside a receiver's backlog.
  */
 import { afterAll, expect, test } from 'bun:test'
 import { Deliveries } from '../../src/delivery/worker/deliveries'
 import { startReceiver, testCertificate } from '../support/webhooks-receiver'
 
-const receiver = startReceiver()
+const receiver = startReceiver((path) => (path === '/hang' ? 'hang' : 200))
 afterAll(() => receiver.stop())
 const port = new URL(receiver.base).port
 
 /** A worker's sending side that resolves every host to `addresses`, with private targets refused as in production. */
-function deliveriesTo(addresses: string[]) {
+function deliveriesTo(addresses: string[], perHost = 4) {
   const deliveries = new Deliveries(async () => addresses)
   deliveries.configure({
     type: 'init',
@@ -19,7 +20,7 @@ function deliveriesTo(addresses: string[]) {
     ca: [testCertificate().cert],
     timeoutMs: 5_000,
     concurrency: 4,
-    perHost: 4,
+    perHost,
     lowPriority: false,
   })
   return deliveries
@@ -37,3 +38,18 @@ test('every address refusing is one failed delivery', async () => {
   expect(await deliveriesTo(['::1']).send(job('/none'))).toEqual({ status: 0, reason: 'connection' })
   expect(receiver.at('/none')).toHaveLength(0)
 })
+
+test("a test ping goes at once, past its host's limit and ahead of the deliveries queued for it", async () => {
+  const deliveries = deliveriesTo(['127.0.0.1'], 1)
+  const outbox = (path: string) => ({ ...job(path), webhookId: 'wh_backlog' })
+  // The host's one request is held by a receiver that hangs, and another delivery waits for it.
+  const held = deliveries.send(outbox('/hang'))
+  const queued = deliveries.send(outbox('/after'))
+  const started = Date.now()
+  expect(await deliveries.send(job('/ping'))).toEqual({ status: 200 })
+  expect(Date.now() - started).toBeLessThan(2_000)
+  expect(receiver.at('/after')).toHaveLength(0)
+  expect(await held).toEqual({ status: 0, reason: 'timeout' })
+  expect(await queued).toEqual({ status: 200 })
+}, 15_000)
+

@@ -40,10 +40,17 @@ export class Deliveries {
     this.#settings = settings
   }
 
-  /** Queues one delivery: jobs from the main thread and from this worker's dispatcher alike. */
+  /**
+   * Queues one delivery: jobs from the main thread and from this worker's dispatcher alike. A test
+   * ping (a job of no webhook's outbox) goes first and past its host's limit: asked for by hand and
+   * answered while its caller waits, it must not queue behind a hanging receiver's backlog (8 an
+   * account at most are on their way, webhooks/service.ts).
+   */
   send(job: DeliveryJob): Promise<DeliveryResult> {
     return new Promise((done) => {
-      this.#queue.push({ job, host: hostOf(job.url), done })
+      const queued = { job, host: hostOf(job.url), done }
+      if (job.webhookId === undefined) this.#queue.unshift(queued)
+      else this.#queue.push(queued)
       this.#next()
     })
   }
@@ -70,7 +77,7 @@ export class Deliveries {
     for (let i = 0; i < this.#queue.length && this.#active < concurrency; ) {
       const { job, host, done } = this.#queue[i] as Queued
       const open = this.#activeByHost.get(host) ?? 0
-      if (open >= perHost) {
+      if (open >= perHost && job.webhookId !== undefined) {
         i++
         continue
       }
