@@ -24,6 +24,8 @@ export class TamperingProxy {
    * connection is dropped with the connection: a reply lost after the server ran the command.
    */
   loseReplyTo: ((data: Buffer) => boolean) | null = null
+  /** While set, a new connection is closed at once, as by a server that is gone; those open go on. */
+  refuseNew = false
   /** While holdWrites is in effect, the writes not yet sent on to the server, in order. */
   #held: (() => void)[] = []
   /** The client connections whose writes are held; while #holdingNew, each new one joins them. */
@@ -41,6 +43,10 @@ export class TamperingProxy {
     this.#server = createServer((client) => {
       const impostor = this.impostor
       this.#keep(client)
+      if (this.refuseNew) {
+        client.destroy()
+        return
+      }
       if (impostor) {
         let writes = 0
         client.on('data', (data: Buffer) => {
