@@ -6,10 +6,10 @@ import type { Entry } from './bounded'
 import { type CachedLicense, StoreUnavailable } from './load'
 
 /**
- * How long a batch waits for its rows. One batch is in flight at a time, so a query on a connection
- * that stopped answering (found out by the driver's stall check after 10 to 15 s) would hold up every
- * app's misses behind it: they fail at this deadline instead, and the next batch goes on another
- * connection. The service's reads take milliseconds.
+ * How long a batch waits for its rows on PostgreSQL. One batch is in flight at a time, so a query on a
+ * connection that stopped answering (found out by the driver's stall check after 10 to 15 s) would hold
+ * up every app's misses behind it: they fail at this deadline instead, and the next batch goes on
+ * another connection. The service's reads take milliseconds.
  */
 export const ROWS_DEADLINE_MS = 2_000
 
@@ -35,6 +35,8 @@ export interface LicenseLoadsWiring {
   loadOne(key: string): Promise<CachedLicense | null>
   /** Caches what was read under `generation`, under `appId` (the app the caller asked under). */
   keep(appId: string, licenseKey: string, entry: Entry<CachedLicense>, generation: number): void
+  /** How long a read of rows may take (ROWS_DEADLINE_MS); null: as long as it takes. */
+  rowsDeadlineMs: number | null
 }
 
 /**
@@ -49,10 +51,7 @@ export interface LicenseLoadsWiring {
 export class LicenseLoads {
   readonly #batcher = new TurnBatcher<Miss>((misses) => this.#serve(misses), { oneInFlight: true })
 
-  constructor(
-    private readonly wiring: LicenseLoadsWiring,
-    private readonly rowsDeadlineMs = ROWS_DEADLINE_MS,
-  ) {}
+  constructor(private readonly wiring: LicenseLoadsWiring) {}
 
   /** Caches the license (present or absent) unless `admission`'s bucket is empty. */
   ensure(appId: string, shard: Shard, licenseKey: string, admission?: Admission): Promise<LicenseRead> {
@@ -119,11 +118,11 @@ export class LicenseLoads {
   async #rows(admitted: string[]): Promise<Map<string, CachedLicense | Error>> {
     if (admitted.length === 0) return new Map()
     try {
-      return await withDeadline(this.wiring.load(admitted), this.rowsDeadlineMs, 'a read of licenses')
+      return await this.#within(this.wiring.load(admitted))
     } catch (err) {
       if (admitted.length === 1 || err instanceof DeadlineExceeded) return new Map(admitted.map((key) => [key, asError(err)]))
     }
-    const alone = await Promise.allSettled(admitted.map((key) => this.wiring.loadOne(key)))
+    const alone = await Promise.allSettled(admitted.map((key) => this.#within(this.wiring.loadOne(key))))
     const rows = new Map<string, CachedLicense | Error>()
     alone.forEach((r, i) => {
       const key = admitted[i]!
@@ -131,6 +130,11 @@ export class LicenseLoads {
       else if (r.value) rows.set(key, r.value)
     })
     return rows
+  }
+
+  #within<T>(read: Promise<T>): Promise<T> {
+    const ms = this.wiring.rowsDeadlineMs
+    return ms === null ? read : withDeadline(read, ms, 'a read of licenses')
   }
 }
 

@@ -4,13 +4,13 @@
  * across instances.
  */
 import { expect, test } from 'bun:test'
-import { LicenseLoads } from '../../src/actors/license-loads'
+import { LicenseLoads, ROWS_DEADLINE_MS } from '../../src/actors/license-loads'
 import type { CachedLicense } from '../../src/actors/load'
 import { AppActors } from '../../src/actors/registry'
 import { type EpochRead, shardOfKey, type Store } from '../../src/store/store'
 import { generateLicenseKey } from '../../src/lib/crypto'
 import { hwid, insertLicense, nonce } from '../support/client'
-import { makeTestApp, sharedInfra } from '../support/helpers'
+import { makeTestApp, MODE, sharedInfra } from '../support/helpers'
 import { withOverrides } from '../support/overrides'
 
 const t = await makeTestApp()
@@ -109,6 +109,7 @@ test('on a cluster a shard whose node fails fails its own misses alone', async (
     load: async (keys) => new Map(keys.map((key) => [key, { key } as CachedLicense])),
     loadOne: async (key) => ({ key }) as CachedLicense,
     keep: (_appId, licenseKey) => kept.push(licenseKey),
+    rowsDeadlineMs: null,
   })
   const results = await Promise.allSettled([
     loads.ensure('app-a', '{s0}', 'KEY-A'),
@@ -161,8 +162,8 @@ test('a batch whose query stops answering fails its misses at the deadline, and 
       load: async (keys) => (++queries === 1 ? new Promise(() => {}) : new Map(keys.map((k) => [k, { key: k } as unknown as CachedLicense]))),
       loadOne: async () => null,
       keep: () => {},
+      rowsDeadlineMs: 100,
     },
-    100,
   )
   const shard = shardOfKey('')
   const started = Date.now()
@@ -176,3 +177,18 @@ test('a batch whose query stops answering fails its misses at the deadline, and 
   expect(Date.now() - started).toBeLessThan(1_000)
   expect(await stuck).toBe('a read of licenses did not finish within 100 ms')
 })
+
+test.skipIf(MODE !== 'embedded')("on PGlite a miss waits for a write that holds the one connection, past PostgreSQL's deadline", async () => {
+  const s = await t.seed()
+  const key = await insertLicense(t.ctx, s.appId)
+  const actors = new AppActors(t.ctx)
+  let release = () => {}
+  const holding = t.ctx.database.db.transaction(() => new Promise<void>((resolve) => (release = resolve)))
+  await Bun.sleep(10)
+  const miss = actors.ensureLicense(s.appId, key)
+  setTimeout(() => release(), ROWS_DEADLINE_MS + 500)
+  expect(await miss).toMatchObject({ kind: 'ok' })
+  await holding
+  expect(actors.cachedLicense(s.appId, key)?.value?.key).toBe(key)
+}, 10_000)
+
