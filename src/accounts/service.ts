@@ -33,11 +33,13 @@ export async function createApiKey(ctx: Context, accountId: string): Promise<str
 
 /** Revokes by the key itself; true when a live key was revoked. */
 export async function revokeApiKey(ctx: Context, apiKey: string): Promise<boolean> {
-  const rows = await ctx.database.db
-    .update(apiKeys)
-    .set({ revokedAt: new Date(ctx.clock()) })
-    .where(and(eq(apiKeys.keyHash, sha256Hex(apiKey)), isNull(apiKeys.revokedAt)))
-    .returning({ id: apiKeys.id })
+  const rows = await transactionKnown(ctx.database, (tx) =>
+    tx
+      .update(apiKeys)
+      .set({ revokedAt: new Date(ctx.clock()) })
+      .where(and(eq(apiKeys.keyHash, sha256Hex(apiKey)), isNull(apiKeys.revokedAt)))
+      .returning({ id: apiKeys.id }),
+  )
   return rows.length > 0
 }
 

@@ -6,6 +6,7 @@
 import { sql } from 'drizzle-orm'
 import { rowsOf } from '../delivery/prepared'
 import { log } from '../lib/log'
+import { withDeadline } from '../lib/with-timeout'
 import type { Database, Tx } from './client'
 import { errorCode } from './errors'
 import { classifyWriteError } from './isolated-write'
@@ -62,12 +63,14 @@ export async function transactionKnown<T>(database: Database, work: (tx: Tx) => 
   }
 }
 
+/** What PostgreSQL says of `xid` within OPEN_WAIT_MS, each question included: 'unknown' when it cannot tell. */
 async function settledStatus(database: Database, xid: string): Promise<string> {
   const giveUpAt = Date.now() + OPEN_WAIT_MS
   for (;;) {
     let status: string
     try {
-      status = await transactionStatus(database, xid)
+      // A server that stopped answering would hold the question up to the driver's connect timeout.
+      status = await withDeadline(transactionStatus(database, xid), Math.max(1, giveUpAt - Date.now()), 'the question')
     } catch {
       return 'unknown'
     }

@@ -4,9 +4,10 @@
  */
 import { afterAll, describe, expect, test } from 'bun:test'
 import { and, eq } from 'drizzle-orm'
-import { addCredits, createAccount } from '../../src/accounts/service'
+import { addCredits, createAccount, revokeApiKey } from '../../src/accounts/service'
 import { createApplication } from '../../src/apps/service'
 import { openDb } from '../../src/db/client'
+import { sha256Hex } from '../../src/lib/crypto'
 import { events, licenses } from '../../src/db/schema'
 import { insertLicense, nonce } from '../support/client'
 import { makeTestApp, MODE, TEST_DATABASE_URL } from '../support/helpers'
@@ -98,7 +99,7 @@ if (MODE === 'postgres') describe('a change whose COMMIT answer is lost', async 
     expect(validate.body).toEqual({ status: 'failed', error: 'revoked' })
   })
 
-  test('credits added, an account and an app created whose COMMIT answers were lost are answered as done, once', async () => {
+  test('credits added, an account and an app created, an API key revoked whose COMMIT answers were lost are answered as done, once', async () => {
     const s = await t.seed({ credits: 10 })
     loseCommitOf(s.accountId)
     expect(await addCredits(t.ctx, s.accountId, 5)).toEqual({ accountId: s.accountId, credits: 15 })
@@ -115,5 +116,10 @@ if (MODE === 'postgres') describe('a change whose COMMIT answer is lost', async 
     expect(proxy.loseReplyTo).toBeNull()
     const apps = (await t.req('GET', '/v1/apps', { apiKey: account.apiKey })).body.apps
     expect(apps.map((a: { appId: string }) => a.appId)).toEqual([app.appId])
+
+    loseCommitOf(sha256Hex(account.apiKey))
+    expect(await revokeApiKey(t.ctx, account.apiKey)).toBe(true)
+    expect(proxy.loseReplyTo).toBeNull()
+    expect((await t.req('GET', '/v1/account', { apiKey: account.apiKey })).status).toBe(401)
   })
 })
