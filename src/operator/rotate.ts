@@ -32,7 +32,6 @@ export async function rotateMasterKey(config: Readonly<Config>, env: Record<stri
   if (!current) {
     throw new OperatorError('there is no master key to rotate from: MASTER_KEY is not set and DATA_DIR holds no development key')
   }
-  if (current.key.equals(next)) throw new OperatorError('NEW_MASTER_KEY is the current master key')
 
   // The socket first: a server in another container (another pid namespace) holds DATA_DIR too, and
   // only its answer shows it.
@@ -61,6 +60,14 @@ export async function rotateMasterKey(config: Readonly<Config>, env: Record<stri
 
 async function rotateOpen(database: Database, current: { key: Buffer; file: string | null }, next: Buffer): Promise<Rotation> {
   const { file } = current
+  if (current.key.equals(next)) {
+    // Run again once the new key is in place (in MASTER_KEY, or the development key file the first run
+    // replaced): the rotation committed, and there is nothing left to do.
+    if ((await storedKeyCheck(database.db)) === new Sealer(next).check) {
+      return { rotated: { signingKeys: 0, webhookSecrets: 0 }, alreadyRotated: true, developmentKeyFile: file }
+    }
+    throw new OperatorError('NEW_MASTER_KEY is the current master key')
+  }
   let from = current.key
   if (file) {
     // A key staged by an earlier run is the only copy of a key the database may be sealed with.

@@ -400,7 +400,31 @@ describe(`master-key rotate (${MODE})`, () => {
     }
   })
 
-  test('NEW_MASTER_KEY equal to the current key is refused', async () => {
+  test('run again once the new key is in place (MASTER_KEY, or the development key file): nothing to do, alreadyRotated', async () => {
+    const oldKey = hexKey()
+    const newKey = hexKey()
+    const env = await settings(oldKey)
+    await provision(env)
+    expect(await ok(cli({ ...env, NEW_MASTER_KEY: newKey }, ['master-key', 'rotate']))).toMatchObject({ alreadyRotated: false })
+    expect(await ok(cli({ ...env, MASTER_KEY: newKey, NEW_MASTER_KEY: newKey }, ['master-key', 'rotate']))).toEqual({
+      rotated: { signingKeys: 0, webhookSecrets: 0 },
+      alreadyRotated: true,
+      developmentKeyFile: null,
+    })
+    if (MODE !== 'embedded') return
+    // The development key: the first run replaced the file, which the second finds holding the new key.
+    const devEnv = await settings('')
+    const keyFile = developmentKey(devEnv, oldKey)
+    await provision(devEnv)
+    await ok(cli({ ...devEnv, NEW_MASTER_KEY: newKey }, ['master-key', 'rotate']))
+    expect(await ok(cli({ ...devEnv, NEW_MASTER_KEY: newKey }, ['master-key', 'rotate']))).toEqual({
+      rotated: { signingKeys: 0, webhookSecrets: 0 },
+      alreadyRotated: true,
+      developmentKeyFile: keyFile,
+    })
+  })
+
+  test('NEW_MASTER_KEY equal to the current key, the database not sealed with it, is refused', async () => {
     const key = hexKey()
     const env = { ...unopened(key), NEW_MASTER_KEY: key }
     const run = await cli(env, ['master-key', 'rotate'])
