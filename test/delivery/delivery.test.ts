@@ -266,7 +266,8 @@ describe('webhook delivery', () => {
     const pool = new DeliveryPool({ allowPrivate: true, extraCaFile: testCertificate().certFile, size: 1, timeoutMs: 3_000 })
     await using hanging = startReceiver(() => 'hang')
     await using answering = startReceiver()
-    const job = (url: string) => ({ url, headers: { 'content-type': 'application/json' }, body: '{}' })
+    // Outbox deliveries (a test ping, with no webhook, goes past a host's limit).
+    const job = (url: string) => ({ url, headers: { 'content-type': 'application/json' }, body: '{}', webhookId: 'wh_test' })
     try {
       // More than a worker has open at once, all to the host that hangs, then one to another host.
       for (let i = 0; i < 80; i++) void pool.send(job(hanging.url('/stuck')))
@@ -285,7 +286,8 @@ describe('webhook delivery', () => {
     const pool = new DeliveryPool({ allowPrivate: true, extraCaFile: testCertificate().certFile, size: 1, timeoutMs: 3_000 })
     const hanging = Array.from({ length: 5 }, () => startReceiver(() => 'hang'))
     await using answering = startReceiver()
-    const job = (url: string) => ({ url, headers: { 'content-type': 'application/json' }, body: '{}' })
+    // Outbox deliveries (a test ping, with no webhook, goes past a host's limit).
+    const job = (url: string) => ({ url, headers: { 'content-type': 'application/json' }, body: '{}', webhookId: 'wh_test' })
     try {
       for (const rx of hanging) for (let i = 0; i < 20; i++) void pool.send(job(rx.url('/stuck')))
       await until(() => hanging.every((rx) => rx.at('/stuck').length === 16), 'each hanging host holding its 16 requests')
