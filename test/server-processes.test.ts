@@ -5,7 +5,7 @@ import { connect } from 'node:net'
 import { join } from 'node:path'
 import { decode, hwid, insertLicense, nonce, verifySigned } from './support/client'
 import { makeTestApp, MODE, TEST_DATABASE_URL, TEST_MASTER_KEY, TEST_REDIS_URL } from './support/helpers'
-import { launchSettingsOf, runToExit, type ServerProcess, startServer } from './support/server-process'
+import { launchSettingsOf, runToExit, type ServerProcess, startServer, twoProcessesWithMetricsPort } from './support/server-process'
 import { freePort } from './support/servers'
 import { LAUNCH_ENV } from '../src/server-processes'
 
@@ -198,12 +198,7 @@ if (MODE === 'postgres') {
 
   test("on SIGTERM the first process stops its own parts beside the others' stop, not after it", async () => {
     const metricsPort = await freePort()
-    const server = await startServer({
-      DATABASE_URL: TEST_DATABASE_URL!,
-      REDIS_URL: TEST_REDIS_URL!,
-      SERVER_PROCESSES: '2',
-      METRICS_PORT: String(metricsPort),
-    })
+    const server = await twoProcessesWithMetricsPort(TEST_DATABASE_URL!, TEST_REDIS_URL!, metricsPort)
     const port = Number(new URL(server.url).port)
     // Bodies that never finish keep requests in flight until their deadline (10 s), which a stopping
     // process waits for: 16 connections, which the kernel spreads over both processes.

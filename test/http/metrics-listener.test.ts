@@ -11,7 +11,7 @@ import { sendToChild, sendToFirstServerProcess } from '../../src/server-processe
 import { loggedBy } from '../support/log-capture'
 import { hwid, insertLicense, nonce } from '../support/client'
 import { makeTestApp, MODE, TEST_DATABASE_URL, TEST_REDIS_URL, type TestApp } from '../support/helpers'
-import { startServer } from '../support/server-process'
+import { startServer, twoProcessesWithMetricsPort } from '../support/server-process'
 import { freePort } from '../support/servers'
 import { sample } from '../support/metrics-text'
 
@@ -140,12 +140,7 @@ describe('a process whose IPC channel closed mid-scrape', () => {
 if (MODE === 'postgres') {
   test('SERVER_PROCESSES=2 with METRICS_PORT: the internal listener shows both processes, the public port 404', async () => {
     const metricsPort = await freePort()
-    const server = await startServer({
-      DATABASE_URL: TEST_DATABASE_URL!,
-      REDIS_URL: TEST_REDIS_URL!,
-      SERVER_PROCESSES: '2',
-      METRICS_PORT: String(metricsPort),
-    })
+    const server = await twoProcessesWithMetricsPort(TEST_DATABASE_URL!, TEST_REDIS_URL!, metricsPort)
     try {
       const t = await makeTestApp()
       const s = await t.seed()

@@ -45,3 +45,8 @@ export async function runToExit(
   ])
   return { code, stdout, stderr }
 }
+
+/** Two server processes on PostgreSQL and Redis (TEST_*_URL), the first with its internal metrics listener. */
+export async function twoProcessesWithMetricsPort(databaseUrl: string, redisUrl: string, metricsPort: number): Promise<ServerProcess> {
+  return startServer({ DATABASE_URL: databaseUrl, REDIS_URL: redisUrl, SERVER_PROCESSES: '2', METRICS_PORT: String(metricsPort) })
+}

@@ -30,6 +30,14 @@ async function addEvent(db: Db, id: number, dispatchedDaysAgo: number | null) {
             CASE WHEN ${dispatchedDaysAgo}::int IS NULL THEN NULL ELSE now() - make_interval(days => ${dispatchedDaysAgo}::int) END)`)
 }
 
+/** Events `from` to `to` (ids), dispatched 30 days ago and owing nothing: each purgeable. */
+async function addPurgeable(db: Db, from: number, to: number) {
+  await db.execute(sql`
+    INSERT INTO events (id, app_id, event, data, occurred_at, dispatched_at)
+    SELECT g, ${randomUUID()}, 'license.created', '{}'::jsonb, now(), now() - interval '30 days'
+    FROM generate_series(${from}::int, ${to}::int) AS g`)
+}
+
 async function addDelivery(db: Db, eventId: number, webhookId: string, attempted: boolean) {
   await db.execute(sql`
     INSERT INTO webhook_deliveries (event_id, webhook_id, claimed_at, attempted_at, http_status)
@@ -58,10 +66,7 @@ test('a purge goes on batch after batch while they come back full, and a stopped
   const { db } = database
   await clearNegative(db)
   // More than one batch (5 000) of purgeable events, and one that stays after them.
-  await db.execute(sql`
-    INSERT INTO events (id, app_id, event, data, occurred_at, dispatched_at)
-    SELECT g, ${randomUUID()}, 'license.created', '{}'::jsonb, now(), now() - interval '30 days'
-    FROM generate_series(-20000, -14951) AS g`)
+  await addPurgeable(db, -20000, -14951)
   await addEvent(db, -5, null)
 
   const stopped = new Purger(db, oldWebhookEvents(7))
@@ -78,10 +83,7 @@ test.each([1, 5_000])('events owing a delivery at the front (%i) do not hold bac
   await clearNegative(o.db)
   const hook = await o.hook(['license.created'])
   const first = -(stuck + 20_000)
-  await o.db.execute(sql`
-    INSERT INTO events (id, app_id, event, data, occurred_at, dispatched_at)
-    SELECT g, ${randomUUID()}, 'license.created', '{}'::jsonb, now(), now() - interval '30 days'
-    FROM generate_series(${first}::int, -1) AS g`)
+  await addPurgeable(o.db, first, -1)
   await o.db.execute(sql`
     INSERT INTO webhook_deliveries (event_id, webhook_id, claimed_at)
     SELECT g, ${hook}, now() FROM generate_series(${first}::int, ${first + stuck - 1}::int) AS g`)
@@ -95,10 +97,7 @@ test.each([1, 5_000])('events owing a delivery at the front (%i) do not hold bac
 test('a purge stopped by its most batches with rows left is followed by another, from where it stopped', async () => {
   const { db } = database
   await clearNegative(db)
-  await db.execute(sql`
-    INSERT INTO events (id, app_id, event, data, occurred_at, dispatched_at)
-    SELECT g, ${randomUUID()}, 'license.created', '{}'::jsonb, now(), now() - interval '30 days'
-    FROM generate_series(-100, -1) AS g`)
+  await addPurgeable(db, -100, -1)
   const purger = new Purger(db, oldWebhookEvents(7), { rows: 10, batches: 2, againMs: 20 })
   try {
     await purger.purge()
