@@ -1,17 +1,18 @@
 import { TurnBatcher } from '../lib/batcher'
-import { DeadlineExceeded, withDeadline } from '../lib/with-timeout'
+import { withTimeout } from '../lib/with-timeout'
 import type { Admission, Shard, Store } from '../store/store'
 import { keys } from '../store/store'
 import type { Entry } from './bounded'
 import { type CachedLicense, StoreUnavailable } from './load'
 
 /**
- * How long a batch waits for its rows on PostgreSQL. One batch is in flight at a time, so a query on a
- * connection that stopped answering (found out by the driver's stall check after 10 to 15 s) would hold
- * up every app's misses behind it: they fail at this deadline instead, and the next batch goes on
- * another connection. The service's reads take milliseconds.
+ * How long the next batch waits for the one in flight. One batch goes at a time, for the turn's misses
+ * to share it; but one held up (a query on a connection that stopped answering, which the driver's stall
+ * check finds after 10 to 15 s, or waiting for a pool that long writes hold) would hold every app's
+ * misses behind it. Past this the next batch goes anyway, and the one held up answers its own callers
+ * whenever it ends. The service's reads take milliseconds.
  */
-export const ROWS_DEADLINE_MS = 2_000
+export const NEXT_BATCH_AFTER_MS = 2_000
 
 /** What a license miss came to: cached (present or absent), or refused by its admission bucket. */
 export type LicenseRead = { kind: 'ok' } | { kind: 'limited'; retryAfterMs: number }
@@ -35,8 +36,6 @@ export interface LicenseLoadsWiring {
   loadOne(key: string): Promise<CachedLicense | null>
   /** Caches what was read under `generation`, under `appId` (the app the caller asked under). */
   keep(appId: string, licenseKey: string, entry: Entry<CachedLicense>, generation: number): void
-  /** How long a read of rows may take (ROWS_DEADLINE_MS); null: as long as it takes. */
-  rowsDeadlineMs: number | null
 }
 
 /**
@@ -46,12 +45,15 @@ export interface LicenseLoadsWiring {
  * a key asked twice once.
  * The rule that makes caching safe holds per entry: its epoch was read before its row, and it is kept
  * under the generation that read saw. One batch in flight: misses arriving meanwhile, or in the turn
- * after it is served, travel in the next.
+ * after it is served, travel in the next (which waits at most `nextBatchAfterMs`).
  */
 export class LicenseLoads {
   readonly #batcher = new TurnBatcher<Miss>((misses) => this.#serve(misses), { oneInFlight: true })
 
-  constructor(private readonly wiring: LicenseLoadsWiring) {}
+  constructor(
+    private readonly wiring: LicenseLoadsWiring,
+    private readonly nextBatchAfterMs = NEXT_BATCH_AFTER_MS,
+  ) {}
 
   /** Caches the license (present or absent) unless `admission`'s bucket is empty. */
   ensure(appId: string, shard: Shard, licenseKey: string, admission?: Admission): Promise<LicenseRead> {
@@ -59,12 +61,11 @@ export class LicenseLoads {
   }
 
   async #serve(misses: Miss[]): Promise<void> {
-    try {
-      await this.#load(misses)
-    } catch (err) {
+    const served = this.#load(misses).catch((err: unknown) => {
       // Settles whoever is still waiting (a settled promise ignores it): no caller hangs on a bug here.
       for (const m of misses) m.fail(err)
-    }
+    })
+    await withTimeout(served, this.nextBatchAfterMs)
   }
 
   async #load(misses: Miss[]): Promise<void> {
@@ -111,18 +112,15 @@ export class LicenseLoads {
     }
   }
 
-  /**
-   * The rows of `admitted`; when the one query fails, each key alone, so one bad key fails only its own
-   * callers. A query past its deadline fails them all: read alone, each would wait as long.
-   */
+  /** The rows of `admitted`; when the one query fails, each key alone, so one bad key fails only its own callers. */
   async #rows(admitted: string[]): Promise<Map<string, CachedLicense | Error>> {
     if (admitted.length === 0) return new Map()
     try {
-      return await this.#within(this.wiring.load(admitted))
+      return await this.wiring.load(admitted)
     } catch (err) {
-      if (admitted.length === 1 || err instanceof DeadlineExceeded) return new Map(admitted.map((key) => [key, asError(err)]))
+      if (admitted.length === 1) return new Map([[admitted[0]!, asError(err)]])
     }
-    const alone = await Promise.allSettled(admitted.map((key) => this.#within(this.wiring.loadOne(key))))
+    const alone = await Promise.allSettled(admitted.map((key) => this.wiring.loadOne(key)))
     const rows = new Map<string, CachedLicense | Error>()
     alone.forEach((r, i) => {
       const key = admitted[i]!
@@ -130,11 +128,6 @@ export class LicenseLoads {
       else if (r.value) rows.set(key, r.value)
     })
     return rows
-  }
-
-  #within<T>(read: Promise<T>): Promise<T> {
-    const ms = this.wiring.rowsDeadlineMs
-    return ms === null ? read : withDeadline(read, ms, 'a read of licenses')
   }
 }
 

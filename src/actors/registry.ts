@@ -5,7 +5,7 @@ import type { Store } from '../store/store'
 import { SingleFlight } from '../lib/single-flight'
 import { type Admission, allShards, keys, type Shard } from '../store/store'
 import { errorFields, logEvery } from '../lib/log'
-import { LicenseLoads, type LicenseRead, ROWS_DEADLINE_MS } from './license-loads'
+import { LicenseLoads, type LicenseRead } from './license-loads'
 import { type ActorHost, AppActor, type Changed } from './app-actor'
 import { BoundedMap, type Entry, MissBudget, SharedBound } from './bounded'
 import { Invalidator } from './invalidate'
@@ -92,9 +92,6 @@ export class AppActors {
       keep: (appId, licenseKey, entry, generation) => {
         if (this.#accepts(generation)) this.#licenses.set(appId, licenseKey, entry)
       },
-      // PGlite's one connection cannot go silent, and a read there waits for any transaction under way:
-      // a deadline would only fail reads that a long write holds up.
-      rowsDeadlineMs: wiring.database.kind === 'postgres' ? ROWS_DEADLINE_MS : null,
     })
   }
 
