@@ -1,6 +1,6 @@
 import { describe, expect, test } from 'bun:test'
 import { generateKeyPairSync } from 'node:crypto'
-import { mkdtempSync, writeFileSync } from 'node:fs'
+import { chmodSync, mkdtempSync, writeFileSync } from 'node:fs'
 import { availableParallelism, tmpdir, totalmem } from 'node:os'
 import { join } from 'node:path'
 import { ConfigError, DEFAULT_PROCESSES_CAP, defaultCacheMb, loadConfig, usableMemoryMb } from '../src/config'
@@ -246,6 +246,23 @@ test.each([
   expect(lines).toHaveLength(1)
   expect(lines[0]).toStartWith('configuration error: ')
   expect(lines[0]).toContain(name)
+  expect(code).toBe(2)
+})
+
+// Another user's directory needs a user without root's override of file modes: root drops to nobody.
+const asAnotherUser = process.getuid?.() === 0 && Bun.which('setpriv') !== null
+if (!asAnotherUser) console.warn('SKIPPED: an unwritable DATA_DIR needs root and setpriv (util-linux) to run the server as another user')
+test.skipIf(!asAnotherUser)('a DATA_DIR that exists but this user cannot write: exit 2 with one line naming it', async () => {
+  const dataDir = mkdtempSync(join(tmpdir(), 'ls-config-'))
+  chmodSync(dataDir, 0o755)
+  const run = Bun.spawn(['setpriv', '--reuid=65534', '--regid=65534', '--clear-groups', process.execPath, 'src/main.ts'], {
+    cwd: join(import.meta.dir, '..'),
+    env: { ...process.env, HOME: tmpdir(), DATA_DIR: dataDir, PORT: '0' },
+    stdout: 'pipe',
+    stderr: 'pipe',
+  })
+  const [code, stderr] = await Promise.all([run.exited, new Response(run.stderr).text()])
+  expect(stderr).toBe(`configuration error: DATA_DIR is not writable by this user: "${dataDir}" (EACCES)\n`)
   expect(code).toBe(2)
 })
 

@@ -1,4 +1,4 @@
-import { chmodSync, mkdirSync, statSync } from 'node:fs'
+import { accessSync, chmodSync, constants, mkdirSync, statSync } from 'node:fs'
 import { ConfigError } from '../config'
 import { log } from '../lib/log'
 
@@ -14,6 +14,12 @@ export function makeDataDir(dataDir: string): void {
   } catch (err) {
     // A file in the way, a parent this user cannot write: the setting, not the server, is wrong.
     throw new ConfigError(`DATA_DIR cannot be made a directory: "${dataDir}" (${(err as NodeJS.ErrnoException).code ?? 'failed'})`)
+  }
+  try {
+    accessSync(dataDir, constants.W_OK | constants.X_OK)
+  } catch (err) {
+    // One that exists already: a volume mounted owned by another user (the image runs as `bun`).
+    throw new ConfigError(`DATA_DIR is not writable by this user: "${dataDir}" (${(err as NodeJS.ErrnoException).code ?? 'failed'})`)
   }
   const uid = process.getuid?.()
   // No POSIX owner and modes to go by (Windows).
