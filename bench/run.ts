@@ -59,16 +59,9 @@ interface Result {
 }
 
 
-/** How much of each server's log was looked at already. */
-const logSeen = new Map<Server, number>()
-
-/** The server's warning and error lines logged since the last look (at most 5). */
-function newWarnings(server: Server): string[] {
-  const log = server.log()
-  const from = logSeen.get(server) ?? 0
-  logSeen.set(server, log.length)
-  return log.slice(from).split('\n').filter((line) => /"level":"(warn|error)"/.test(line)).slice(0, 5)
-}
+/** The server's warning and error lines past `from` (a length of its log), at most 5. */
+const warningsSince = (server: Server, from: number) =>
+  server.log().slice(from).split('\n').filter((line) => /"level":"(warn|error)"/.test(line)).slice(0, 5)
 
 let runCounter = 0
 /** Every server started; each is paused while another is measured. */
@@ -143,11 +136,12 @@ async function main() {
     for (const [server, mode] of warmUps) await wrk('warm-up', server, mode, 16, 3)
     const results: Result[] = []
     const run = async (name: string, server: Server, mode: string, c: number) => {
+      const logged = server.log().length
       const r = await wrk(name, server, mode, c, DURATION)
       results.push(r)
       console.log(`  ${name.padEnd(36)} c=${String(c).padStart(2)}  ${r.rps.toFixed(0).padStart(7)} req/s  p50 ${r.p50.toFixed(2)} ms  p99 ${r.p99.toFixed(2)} ms  server CPU ${r.cpuUs.toFixed(0)} µs/req (main thread ${r.mainUs.toFixed(0)}), Redis ${r.redisUs.toFixed(0)} (scripts ${r.scriptUs.toFixed(0)}), wrk ${r.wrkUs.toFixed(0)}; machine idle ${r.idlePct.toFixed(0)}%${r.errors ? `  non-2xx ${r.errors}` : ''}`)
       // What the server said of them: a failure's warning or error line (its request id, no body).
-      if (r.errors) for (const line of newWarnings(server)) console.log(`    server: ${line.slice(0, 300)}`)
+      if (r.errors) for (const line of warningsSince(server, logged)) console.log(`    server: ${line.slice(0, 300)}`)
       return r
     }
     // The machine is shared and noisy: interleave the scenarios over several rounds and keep each

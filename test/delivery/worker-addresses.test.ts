@@ -12,15 +12,15 @@ afterAll(() => receiver.stop())
 const port = new URL(receiver.base).port
 
 /** A worker's sending side that resolves every host to `addresses`, with private targets refused as in production. */
-function deliveriesTo(addresses: string[], perHost = 4) {
+function deliveriesTo(addresses: string[], limits: { perHost?: number; concurrency?: number; timeoutMs?: number } = {}) {
   const deliveries = new Deliveries(async () => addresses)
   deliveries.configure({
     type: 'init',
     allowPrivate: false,
     ca: [testCertificate().cert],
-    timeoutMs: 5_000,
-    concurrency: 4,
-    perHost,
+    timeoutMs: limits.timeoutMs ?? 5_000,
+    concurrency: limits.concurrency ?? 4,
+    perHost: limits.perHost ?? 4,
     lowPriority: false,
   })
   return deliveries
@@ -40,7 +40,7 @@ test('every address refusing is one failed delivery', async () => {
 })
 
 test("a test ping goes at once, past its host's limit and ahead of the deliveries queued for it", async () => {
-  const deliveries = deliveriesTo(['127.0.0.1'], 1)
+  const deliveries = deliveriesTo(['127.0.0.1'], { perHost: 1 })
   const outbox = (path: string) => ({ ...job(path), webhookId: 'wh_backlog' })
   // The host's one request is held by a receiver that hangs, and another delivery waits for it.
   const held = deliveries.send(outbox('/hang'))
@@ -52,4 +52,14 @@ test("a test ping goes at once, past its host's limit and ahead of the deliverie
   expect(await held).toEqual({ status: 0, reason: 'timeout' })
   expect(await queued).toEqual({ status: 200 })
 }, 15_000)
+
+test('test pings queued while every request is taken go in the order they came, before the deliveries', async () => {
+  const deliveries = deliveriesTo(['127.0.0.1'], { concurrency: 1, timeoutMs: 500 })
+  const outbox = (path: string) => ({ ...job(path), webhookId: 'wh_backlog' })
+  const held = deliveries.send(outbox('/hang'))
+  const sent = [deliveries.send(outbox('/order-delivery')), deliveries.send(job('/order-ping-1')), deliveries.send(job('/order-ping-2'))]
+  await Promise.all([held, ...sent])
+  const order = receiver.received.map((r) => r.path).filter((path) => path.startsWith('/order-'))
+  expect(order).toEqual(['/order-ping-1', '/order-ping-2', '/order-delivery'])
+})
 

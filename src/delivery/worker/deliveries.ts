@@ -49,7 +49,9 @@ export class Deliveries {
   send(job: DeliveryJob): Promise<DeliveryResult> {
     return new Promise((done) => {
       const queued = { job, host: hostOf(job.url), done }
-      if (job.webhookId === undefined) this.#queue.unshift(queued)
+      // Behind the pings queued before it, ahead of every outbox delivery.
+      const firstDelivery = job.webhookId === undefined ? this.#queue.findIndex((q) => q.job.webhookId !== undefined) : -1
+      if (firstDelivery >= 0) this.#queue.splice(firstDelivery, 0, queued)
       else this.#queue.push(queued)
       this.#next()
     })
