@@ -151,18 +151,24 @@ export class Invalidator {
     return changes.filter((change) => shardsOf.get(change.id)!.every((shard) => !failed.has(shard))).map((change) => change.id)
   }
 
-  /** Runs sweep() every `intervalMs` until stopped; stop() also waits for the deletes under way. */
+  /**
+   * Runs sweep() every `intervalMs` until stopped, skipping a tick while the sweep before is still under
+   * way: queued behind a slow PostgreSQL, sweeps piled up one a second, and a stop waited for them all.
+   * stop() waits for the sweep under way and the deletes.
+   */
   startSweeper(intervalMs = SWEEP_EVERY_MS): { stop(): Promise<void> } {
-    let running: Promise<void> = Promise.resolve()
+    let running: Promise<void> | null = null
     const pass = () => {
-      running = running.then(async () => {
+      running ??= (async () => {
         try {
           const swept = await this.sweep()
           if (swept > 0) logEvery('info', 'swept cache invalidations whose own instance did not bump them', () => ({ changes: swept }))
         } catch (err) {
           logEvery('warn', 'cache invalidation sweep failed; will retry', () => errorFields(err))
+        } finally {
+          running = null
         }
-      })
+      })()
     }
     const timer = setInterval(pass, intervalMs)
     timer.unref?.()

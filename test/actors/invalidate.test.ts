@@ -129,3 +129,22 @@ test("a sweep bumps every shard it can reach: a dead shard's changes, however ma
   expect(await notedFor(t, dead)).toHaveLength(600)
   await t.ctx.database.db.delete(cacheInvalidations).where(eq(cacheInvalidations.appId, dead))
 })
+
+test('sweeps slower than their interval do not pile up: a tick is skipped while one runs, and a stop waits for that one alone', async () => {
+  const t = await makeTestApp()
+  const invalidator = new Invalidator(t.ctx.database, t.ctx.store, async () => [])
+  let sweeps = 0
+  // Each sweep as slow as a PostgreSQL that answers late: seven times the interval.
+  invalidator.sweep = async () => {
+    sweeps++
+    await Bun.sleep(350)
+    return 0
+  }
+  const sweeper = invalidator.startSweeper(50)
+  await Bun.sleep(1_000)
+  const stopping = performance.now()
+  await sweeper.stop()
+  expect(performance.now() - stopping).toBeLessThan(500)
+  expect(sweeps).toBeGreaterThanOrEqual(2)
+  expect(sweeps).toBeLessThanOrEqual(4)
+})
