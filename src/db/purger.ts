@@ -24,8 +24,8 @@ export interface PurgeJob {
 
 /**
  * Runs a PurgeJob at start and every ten minutes, one purge at a time, batch after batch while the job
- * has rows left to look at (up to `maxBatches` a purge; then the next purge goes on from there a second
- * later, so a backlog is worked through however large). Purges of several instances may overlap: each
+ * has rows left to look at (up to 100 batches of 5,000 a purge; then the next purge goes on from there
+ * a second later, so a backlog is worked through however large). Purges of several instances may overlap: each
  * batch is one statement, so they only delete what the other left.
  */
 export class Purger {

@@ -42,9 +42,9 @@ export class Deliveries {
 
   /**
    * Queues one delivery: jobs from the main thread and from this worker's dispatcher alike. A test
-   * ping (a job of no webhook's outbox) goes first and past its host's limit: asked for by hand and
-   * answered while its caller waits, it must not queue behind a hanging receiver's backlog (8 an
-   * account at most are on their way, webhooks/service.ts).
+   * ping (a job of no webhook's outbox) goes ahead of the outbox deliveries queued, and past its host's
+   * limit: asked for by hand and answered while its caller waits, it must not queue behind a hanging
+   * receiver's backlog (8 an account at most are on their way, webhooks/service.ts).
    */
   send(job: DeliveryJob): Promise<DeliveryResult> {
     return new Promise((done) => {
