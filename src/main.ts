@@ -40,8 +40,13 @@ function settings(): Readonly<Config> {
   }
 }
 
-/** Everything that runs beside the requests; stop() ends it in order, before storage closes. */
-function startBackgroundWork(ctx: Context): { stop(): Promise<void> } {
+/**
+ * Everything that runs beside the requests; stop() ends it in order, before storage closes.
+ * stopDeliveries() ends the dispatcher's claims alone, earlier: at the start of a shutdown, while the
+ * requests in flight drain. Claimed meanwhile, each delivery to a receiver that hangs would hold the
+ * stop 10 s more; the events left are delivered by the next start (or another instance).
+ */
+function startBackgroundWork(ctx: Context): { stopDeliveries(): Promise<void>; stop(): Promise<void> } {
   // Delivers events committed before a restart as well as new ones; one claim per delivery across instances.
   const dispatcher = startDispatcher(ctx)
   // Moves credit charges from the store into PostgreSQL.
@@ -51,14 +56,17 @@ function startBackgroundWork(ctx: Context): { stop(): Promise<void> } {
   ctx.signer.start({ worker: ctx.config.serverProcesses === 1 })
   // Licenses up to most of CACHE_MAX_MB, so first requests do not each read PostgreSQL.
   const warmUp = ctx.config.cacheWarmUp ? ctx.actors.startWarmUp() : null
+  let deliveriesStopped: Promise<void> | null = null
+  const stopDeliveries = () => (deliveriesStopped ??= dispatcher.stop())
   return {
+    stopDeliveries,
     async stop() {
       await warmUp?.stop()
       // Writes the license.validated events still batched, while the database is open.
       await ctx.validatedEvents.stop()
       await reconciler.stop()
       await sweeper.stop()
-      await dispatcher.stop()
+      await stopDeliveries()
       await ctx.webhookPool.close()
     },
   }
@@ -149,7 +157,9 @@ async function main(): Promise<void> {
     const own = async () => {
       await operatorSocket?.stop()
       await metricsListener?.stop()
+      const deliveries = background.stopDeliveries()
       if ((await withTimeout(app.stop(), HTTP_DRAIN_MS)) === null) await app.stop(true)
+      await deliveries
       await background.stop()
       await ctx.store.close()
       await ctx.database.close()

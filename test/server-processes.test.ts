@@ -7,6 +7,7 @@ import { decode, hwid, insertLicense, nonce, verifySigned } from './support/clie
 import { makeTestApp, MODE, TEST_DATABASE_URL, TEST_MASTER_KEY, TEST_REDIS_URL } from './support/helpers'
 import { launchSettingsOf, runToExit, type ServerProcess, startServer, twoProcessesWithMetricsPort } from './support/server-process'
 import { freePort } from './support/servers'
+import { startReceiver, testCertificate } from './support/webhooks-receiver'
 import { LAUNCH_ENV } from '../src/server-processes'
 
 /** Pids of the processes `pid` started itself (the other server processes; workers are threads). */
@@ -78,6 +79,46 @@ test('SIGTERM while a request body is still on its way: the server stops within 
     socket.destroy()
   }
 })
+
+// An embedded server in either pass: run once.
+test.skipIf(MODE !== 'embedded')("SIGTERM stops the webhook dispatcher's claims at once: deliveries queued behind a hanging receiver do not go out during the drain", async () => {
+  const receiver = startReceiver(() => 'hang')
+  const dataDir = mkdtempSync(join(tmpdir(), 'ls-proc-'))
+  const server = await startServer({ DATABASE_URL: '', REDIS_URL: '', DATA_DIR: dataDir, NODE_EXTRA_CA_CERTS: testCertificate().certFile })
+  const env = { DATA_DIR: dataDir, DATABASE_URL: '', REDIS_URL: '', MASTER_KEY: TEST_MASTER_KEY.toString('hex') }
+  const cli = async (args: string[]) => JSON.parse((await runToExit(['src/operator/cli.ts', ...args], env)).stdout.trim().split('\n').at(-1)!)
+  const account = await cli(['account', 'create', '--name', 'Drain', '--credits', '1000'])
+  const app = await cli(['app', 'create', '--account', account.accountId, '--name', 'Drain'])
+  const api = (path: string, body: unknown) =>
+    fetch(`${server.url}${path}`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${account.apiKey}`, 'content-type': 'application/json' },
+      body: JSON.stringify(body),
+    })
+  let socket: ReturnType<typeof connect> | null = null
+  try {
+    expect((await api(`/v1/apps/${app.appId}/webhooks`, { url: receiver.url('/hook'), events: ['license.created'] })).status).toBe(201)
+    expect((await api('/v1/licenses', { appId: app.appId, quantity: 60 })).status).toBe(201)
+    // Each delivery worker's 16 requests to the receiver hang; the other deliveries wait for them, claimed.
+    await until(() => (receiver.at('/hook').length >= 16 ? true : undefined))
+    const firstSent = Date.now()
+    // A body that never ends holds the stop's 5 s drain; the first deliveries time out (10 s) within it.
+    socket = connect(Number(new URL(server.url).port), '127.0.0.1')
+    socket.on('error', () => {})
+    socket.write('POST /v1/licenses HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{')
+    await Bun.sleep(Math.max(0, firstSent + 8_000 - Date.now()))
+    const sentBefore = receiver.at('/hook').length
+    expect(sentBefore).toBeLessThan(60)
+    const stopping = Date.now()
+    expect(await server.stop()).toBe(0)
+    // The drain and the hanging deliveries' own timeouts: not the 10 s of a second wave sent meanwhile.
+    expect(Date.now() - stopping).toBeLessThan(8_000)
+    expect(receiver.at('/hook')).toHaveLength(sentBefore)
+  } finally {
+    socket?.destroy()
+    await receiver.stop()
+  }
+}, 40_000)
 
 // Several processes share the port only with the shared database and store: PostgreSQL mode only.
 if (MODE === 'postgres') {
