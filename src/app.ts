@@ -8,7 +8,7 @@ import { HttpObservation, requestIdOf, UNMATCHED_ROUTE } from './http/metrics'
 import { REQUEST_ID_HEADER } from './http/request-id'
 import { ServerMetrics } from './http/scrape'
 import { isDatabaseError, countDatabaseError } from './db/errors'
-import { API_BODY_LIMIT, AUTH_BODY_LIMIT, BODY_DEADLINES } from './http/body-limits'
+import { API_BODY_LIMIT, AUTH_BODY_LIMIT, BODY_DEADLINES, bodyTooSlow } from './http/body-limits'
 import { log, logErrorOnce } from './lib/log'
 import { DeadlineExceeded, withDeadline } from './lib/with-timeout'
 import { STORABLE } from './lib/model'
@@ -310,8 +310,7 @@ export function createApp(
       }
       if (code === 'PARSE' && error.cause instanceof DeadlineExceeded) {
         // As for a body too large: what is still on its way would be read as the next request.
-        const within = `${bodyDeadline(path) / 1000} s`
-        return reply(408, 'bad_request', `Request body did not arrive within ${within}`, { connection: 'close' })
+        return reply(408, 'bad_request', bodyTooSlow(bodyDeadline(path)), { connection: 'close' })
       }
       const refused = error instanceof RefusedBody ? error : (error as Error).cause
       if (refused instanceof RefusedBody) return reply(400, 'bad_request', refused.message)

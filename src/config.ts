@@ -136,8 +136,10 @@ export function masterKeyFrom(env: Env, name: string): Buffer | null {
   return key
 }
 
-/** Reads the PEM file a setting names and checks it parses as `parse` expects; a ConfigError naming the setting otherwise. */
-/** The PEM text of the file setting `name` names, once `parse` (which throws on anything else) read it as `what`. */
+/**
+ * What `parse` (which throws on anything else) reads as `what` from the PEM file setting `name` names;
+ * a ConfigError naming the setting otherwise.
+ */
 function pemFile<T>(name: string, file: string, what: string, parse: (pem: string) => T): T {
   if (!existsSync(file)) throw new ConfigError(`${name} names a file that does not exist: "${file}"`)
   let pem: string

@@ -9,3 +9,6 @@ export const API_BODY_LIMIT = 1024 * 1024
  * sooner; a Developer API body of 1 MiB arrives within 20 s over a link of 50 KB/s.
  */
 export const BODY_DEADLINES = { auth: 10_000, api: 20_000 }
+
+/** The 408's message for a body still arriving at `deadlineMs` (the Developer API's; the client endpoints' have none). */
+export const bodyTooSlow = (deadlineMs: number) => `Request body did not arrive within ${deadlineMs / 1000} s`

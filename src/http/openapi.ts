@@ -1,5 +1,5 @@
 import { t } from 'elysia'
-import { BODY_DEADLINES } from './body-limits'
+import { BODY_DEADLINES, bodyTooSlow } from './body-limits'
 import { type ApiErrorCode, PUBLIC_ERROR_STATUS, type PublicErrorCode } from '../lib/errors'
 
 /**
@@ -211,11 +211,7 @@ export function apiErrors<C extends ApiErrorCode>(...codes: C[]): ErrorResponses
 export function apiBodyErrors<C extends ApiErrorCode>(...codes: C[]) {
   return {
     ...apiErrors<C | 'bad_request'>('bad_request', ...codes),
-    408: apiErrorBody(
-      ['bad_request'],
-      TOO_SLOW(BODY_DEADLINES.api),
-      `Request body did not arrive within ${BODY_DEADLINES.api / 1000} s`,
-    ),
+    408: apiErrorBody(['bad_request'], TOO_SLOW(BODY_DEADLINES.api), bodyTooSlow(BODY_DEADLINES.api)),
     413: apiErrorBody(['bad_request'], TOO_LARGE('1 MiB'), 'Request body is too large'),
   }
 }
