@@ -9,7 +9,7 @@ import { describeHolder, isLock, LOCK_WAIT_MS, lockDataDir } from './db/data-dir
 import { startOperatorSocket, usesOperatorSocket } from './operator/socket'
 import { errorFields, log, setLogLevel } from './lib/log'
 import { withTimeout } from './lib/with-timeout'
-import { startEventLoopMonitor } from './lib/process-metrics'
+import { LOW_FD_LIMIT, maxFds, startEventLoopMonitor } from './lib/process-metrics'
 import { internalMetricsApp } from './http/ops'
 import { type ProcessRole, ServerMetrics } from './http/scrape'
 import {
@@ -91,8 +91,9 @@ function listenProblem(host: string, port: number): Promise<string | null> {
 async function main(): Promise<void> {
   const config = settings()
   setLogLevel(config.logLevel)
+  const first = serverProcessIndex() === 0
   // Checked by the first process before anything opens; the others join its listener.
-  const problem = serverProcessIndex() === 0 ? await listenProblem(config.host, config.port) : null
+  const problem = first ? await listenProblem(config.host, config.port) : null
   if (problem === 'EADDRINUSE') {
     process.stderr.write(`error: port ${config.port} on ${config.host} is in use: one server per port (its own processes share it)\n`)
     process.exit(1)
@@ -100,6 +101,10 @@ async function main(): Promise<void> {
   if (problem !== null) {
     process.stderr.write(`configuration error: HOST=${config.host} PORT=${config.port} cannot be listened on (${problem})\n`)
     process.exit(2)
+  }
+  const fdLimit = first ? maxFds() : null
+  if (fdLimit !== null && fdLimit < LOW_FD_LIMIT) {
+    log.warn('the open-files limit is low: past about that many connections a core spins on refused accepts and new connections wait; raise it (ulimit -n, compose ulimits)', { limit: fdLimit, wanted: LOW_FD_LIMIT })
   }
   if (usesOperatorSocket(config)) {
     // A CLI in direct mode lets go within seconds; another server never does.

@@ -9,6 +9,7 @@ import { launchSettingsOf, runToExit, type ServerProcess, startServer, twoProces
 import { freePort } from './support/servers'
 import { startReceiver, testCertificate } from './support/webhooks-receiver'
 import { LAUNCH_ENV } from '../src/server-processes'
+import { LOW_FD_LIMIT } from '../src/lib/process-metrics'
 
 /** Pids of the processes `pid` started itself (the other server processes; workers are threads). */
 const childrenOf = (pid: number) =>
@@ -77,6 +78,30 @@ test('SIGTERM while a request body is still on its way: the server stops within 
   } finally {
     clearInterval(drip)
     socket.destroy()
+  }
+})
+
+// An embedded server in either pass: run once.
+test.skipIf(MODE !== 'embedded')('a low open-files limit is warned of at the start, and scraped as process_max_fds', async () => {
+  const server = Bun.spawn(['prlimit', '--nofile=1000:1000', process.execPath, join(import.meta.dir, '..', 'src', 'main.ts')], {
+    env: { ...process.env, HOST: '127.0.0.1', PORT: '0', LOG_LEVEL: 'info', DATABASE_URL: '', REDIS_URL: '', DATA_DIR: mkdtempSync(join(tmpdir(), 'ls-proc-')), MASTER_KEY: TEST_MASTER_KEY.toString('hex') },
+    stdout: 'ignore',
+    stderr: 'pipe',
+  })
+  try {
+    let log = ''
+    const decoder = new TextDecoder()
+    for await (const chunk of server.stderr) {
+      log += decoder.decode(chunk, { stream: true })
+      if (log.includes('"listening"')) break
+    }
+    const warned = log.split('\n').find((line) => line.includes('the open-files limit is low'))
+    expect(JSON.parse(warned!)).toMatchObject({ level: 'warn', limit: 1000, wanted: LOW_FD_LIMIT })
+    const { url } = JSON.parse(log.split('\n').find((line) => line.includes('"listening"'))!)
+    expect(await (await fetch(`${url}/metrics`)).text()).toContain('\nprocess_max_fds 1000\n')
+  } finally {
+    server.kill('SIGTERM')
+    await server.exited
   }
 })
 

@@ -1,4 +1,4 @@
-import { readdirSync } from 'node:fs'
+import { readdirSync, readFileSync } from 'node:fs'
 import { monitorEventLoopDelay } from 'node:perf_hooks'
 import { heapSize } from 'bun:jsc'
 import type { Family } from './metrics'
@@ -68,6 +68,25 @@ function openFds(): number | null {
   }
 }
 
+/**
+ * Below this many file descriptors a server warns at its start. Each client connection holds one, and
+ * at the limit Bun keeps retrying the accept (oven-sh/bun#32705): a core spins and new connections wait
+ * until others close. Bun raises the soft limit to the hard one itself, so only a low hard limit (a
+ * container's or a service unit's) gets here.
+ */
+export const LOW_FD_LIMIT = 4096
+
+/** The most file descriptors this process may open (its soft limit), where /proc tells; null elsewhere or unlimited. */
+export function maxFds(): number | null {
+  try {
+    const line = readFileSync('/proc/self/limits', 'utf8').split('\n').find((l) => l.startsWith('Max open files'))
+    const soft = line?.slice('Max open files'.length).trim().split(/\s+/)[0]
+    return soft && /^\d+$/.test(soft) ? Number(soft) : null
+  } catch {
+    return null
+  }
+}
+
 const gauge = (name: string, help: string, value: number): Family => ({ name, help, type: 'gauge', samples: [[name, '', value]] })
 
 /**
@@ -91,6 +110,8 @@ export function processFamilies(): Family[] {
   ]
   const fds = openFds()
   if (fds !== null) families.push(gauge('process_open_fds', 'Open file descriptors of this process, sockets included.', fds))
+  const max = maxFds()
+  if (max !== null) families.push(gauge('process_max_fds', 'The most file descriptors this process may open.', max))
   const delay = eventLoop?.family()
   if (delay) families.push(delay)
   return families

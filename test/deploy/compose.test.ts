@@ -9,6 +9,7 @@ import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
 import ipaddr from 'ipaddr.js'
 import { loadConfig } from '../../src/config'
+import { LOW_FD_LIMIT } from '../../src/lib/process-metrics'
 import { healthcheckCommand, parseDockerfile } from './dockerfile'
 
 const ROOT = join(import.meta.dir, '..', '..')
@@ -25,6 +26,7 @@ interface Service {
   depends_on?: Record<string, { condition: string }>
   healthcheck?: { test: string[] }
   profiles?: string[]
+  ulimits?: { nofile?: number | { soft: number; hard: number } }
   networks?: Record<string, { ipv4_address?: string }>
 }
 interface Compose {
@@ -133,6 +135,12 @@ describe('compose.yml', () => {
     // The case no check of a running server can reach: its machine gone with the transaction's locks.
     // The server sends no such startup parameter itself: a pooler would refuse the connection.
     expect([postgres.command ?? []].flat()).toEqual(['postgres', '-c', 'idle_in_transaction_session_timeout=60s'])
+  })
+
+  test("the server's open-files limit is set, above the one it warns of", () => {
+    const nofile = server.ulimits?.nofile
+    const soft = typeof nofile === 'number' ? nofile : nofile?.soft
+    expect(soft).toBeGreaterThanOrEqual(LOW_FD_LIMIT)
   })
 
   test('the server starts once PostgreSQL and Redis are healthy; every service restarts', () => {
