@@ -14,11 +14,20 @@ export type Tx = PgTransaction<PgQueryResultHKT, Schema, ExtractTablesWithRelati
 /** Query helpers take either, so they compose inside a caller's transaction. */
 export type DbOrTx = Db | Tx
 
+/** One statement, with its parameters as $1, $2…, asked on a connection `Database.aside` holds. */
+export type Ask = (text: string, params: unknown[]) => Promise<Record<string, unknown>[]>
+
 export interface Database {
   db: Db
   kind: 'postgres' | 'pglite'
   /** The postgres:// URL (other threads open connections of their own); null for PGlite. */
   url: string | null
+  /**
+   * Runs `questions` on a connection of their own, outside the request pool, closed after: asked
+   * through the pool, their answers would wait behind every request queued for it. PGlite has one
+   * connection, which they share.
+   */
+  aside<T>(questions: (ask: Ask) => Promise<T>): Promise<T>
   ping(): Promise<boolean>
   close(): Promise<void>
 }
@@ -108,6 +117,14 @@ export async function openDb(options: OpenDbOptions): Promise<Database> {
       db: db as unknown as Db,
       kind: 'postgres',
       url: options.databaseUrl,
+      aside: async (questions) => {
+        const side = postgres(options.databaseUrl!, { ...CONNECTION_OPTIONS, max: 1 })
+        try {
+          return await questions(async (text, params) => [...(await side.unsafe(text, params as postgres.ParameterOrJSON<never>[]))])
+        } finally {
+          side.end({ timeout: 0 }).catch(() => {})
+        }
+      },
       ping: () => pingWith(db as unknown as Db),
       close: () => client.end({ timeout: 5 }),
     }
@@ -127,6 +144,7 @@ export async function openDb(options: OpenDbOptions): Promise<Database> {
     db: db as unknown as Db,
     kind: 'pglite',
     url: null,
+    aside: (questions) => questions(async (text, params) => (await client.query<Record<string, unknown>>(text, params)).rows),
     ping: () => pingWith(db as unknown as Db),
     close: () => client.close(),
   }

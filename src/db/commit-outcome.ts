@@ -1,13 +1,14 @@
 /**
  * A COMMIT whose answer is lost with its connection may have committed or not: the client cannot tell
  * from the error. PostgreSQL can, by the transaction's id read inside it (pg_current_xact_id) and
- * asked for afterwards on another connection (pg_xact_status).
+ * asked for afterwards on another connection (pg_xact_status): one outside the request pool, whose
+ * queue fills in just the outages that lose answers.
  */
 import { sql } from 'drizzle-orm'
 import { rowsOf } from '../delivery/prepared'
 import { log } from '../lib/log'
 import { withDeadline } from '../lib/with-timeout'
-import type { Database, Tx } from './client'
+import type { Ask, Database, Tx } from './client'
 import { errorCode } from './errors'
 import { classifyWriteError } from './isolated-write'
 
@@ -17,15 +18,15 @@ export async function transactionId(tx: Tx): Promise<string> {
 }
 
 /**
- * What became of transaction `xid`: 'in progress' while a backend that has not noticed its client is
- * gone still holds it open; 'not committed' when it aborted, or when this server never gave the id
- * out (a failover to a standby that had not seen it) or it is too old to have a status. Throws when
- * the database cannot be asked.
+ * What became of transaction `xid`, asked on a connection `Database.aside` holds: 'in progress' while
+ * a backend that has not noticed its client is gone still holds it open; 'not committed' when it
+ * aborted, or when this server never gave the id out (a failover to a standby that had not seen it)
+ * or it is too old to have a status. Throws when the database cannot be asked.
  */
-export async function transactionStatus(database: Database, xid: string): Promise<'committed' | 'in progress' | 'not committed'> {
+export async function transactionStatus(ask: Ask, xid: string): Promise<'committed' | 'in progress' | 'not committed'> {
   let status: unknown
   try {
-    status = rowsOf(await database.db.execute(sql`SELECT pg_xact_status(${xid}::xid8) AS status`))[0]?.status
+    status = (await ask('SELECT pg_xact_status($1::xid8) AS status', [xid]))[0]?.status
   } catch (err) {
     if (classifyWriteError(err) === 'outage') throw err
     return 'not committed'
@@ -64,17 +65,19 @@ export async function transactionKnown<T>(database: Database, work: (tx: Tx) => 
 }
 
 /** What PostgreSQL says of `xid` within OPEN_WAIT_MS, each question included: 'unknown' when it cannot tell. */
-async function settledStatus(database: Database, xid: string): Promise<string> {
+function settledStatus(database: Database, xid: string): Promise<string> {
   const giveUpAt = Date.now() + OPEN_WAIT_MS
-  for (;;) {
-    let status: string
-    try {
-      // A server that stopped answering would hold the question up to the driver's connect timeout.
-      status = await withDeadline(transactionStatus(database, xid), Math.max(1, giveUpAt - Date.now()), 'the question')
-    } catch {
-      return 'unknown'
+  return database.aside(async (ask) => {
+    for (;;) {
+      let status: string
+      try {
+        // A server that stopped answering would hold the question up to the driver's connect timeout.
+        status = await withDeadline(transactionStatus(ask, xid), Math.max(1, giveUpAt - Date.now()), 'the question')
+      } catch {
+        return 'unknown'
+      }
+      if (status !== 'in progress' || Date.now() >= giveUpAt) return status
+      await Bun.sleep(OPEN_ASK_EVERY_MS)
     }
-    if (status !== 'in progress' || Date.now() >= giveUpAt) return status
-    await Bun.sleep(OPEN_ASK_EVERY_MS)
-  }
+  })
 }

@@ -152,21 +152,23 @@ export class ValidatedEventBatch {
    * backend that has not noticed its connection is gone) stays, as all do while the database cannot be
    * asked. True while one is left.
    */
-  async #settleUnsure(): Promise<boolean> {
-    for (const write of [...this.#unsure]) {
-      let status: Awaited<ReturnType<typeof transactionStatus>>
-      try {
-        status = await transactionStatus(this.sink.database, write.xid)
-      } catch {
-        // Unreachable: the write below meets the outage too, and backs off.
-        return true
+  #settleUnsure(): Promise<boolean> {
+    return this.sink.database.aside(async (ask) => {
+      for (const write of [...this.#unsure]) {
+        let status: Awaited<ReturnType<typeof transactionStatus>>
+        try {
+          status = await transactionStatus(ask, write.xid)
+        } catch {
+          // Unreachable: the write below meets the outage too, and backs off.
+          return true
+        }
+        if (status === 'in progress') continue
+        this.#unsure.splice(this.#unsure.indexOf(write), 1)
+        if (status === 'committed') this.sink.bus.notify()
+        else this.#pending = write.events.concat(this.#pending)
       }
-      if (status === 'in progress') continue
-      this.#unsure.splice(this.#unsure.indexOf(write), 1)
-      if (status === 'committed') this.sink.bus.notify()
-      else this.#pending = write.events.concat(this.#pending)
-    }
-    return this.#unsure.length > 0
+      return this.#unsure.length > 0
+    })
   }
 
   async #writeDue(): Promise<void> {

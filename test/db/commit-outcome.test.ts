@@ -3,7 +3,7 @@
  * the seat binder's batches and every AppActor.write, through a proxy that drops the answer.
  */
 import { afterAll, describe, expect, test } from 'bun:test'
-import { and, eq } from 'drizzle-orm'
+import { and, eq, sql } from 'drizzle-orm'
 import { addCredits, createAccount, revokeApiKey } from '../../src/accounts/service'
 import { createApplication } from '../../src/apps/service'
 import { openDb } from '../../src/db/client'
@@ -97,6 +97,26 @@ if (MODE === 'postgres') describe('a change whose COMMIT answer is lost', async 
       body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: 'a-device', nonce: nonce() },
     })
     expect(validate.body).toEqual({ status: 'failed', error: 'revoked' })
+  })
+
+  test('a revoke whose COMMIT answer is lost while the request pool is busy is answered 200: the question does not queue behind it', async () => {
+    const s = await t.seed()
+    const licenseKey = await insertLicense(t.ctx, s.appId)
+    const busy: Promise<unknown>[] = []
+    let named = false
+    proxy.loseReplyTo = (data) => {
+      const text = data.toString('latin1')
+      named ||= text.includes(licenseKey)
+      if (!named || !isCommit(text)) return false
+      // The pool's two connections and a query queued behind them, for longer than the question may wait (2 s).
+      for (let i = 0; i < 3; i++) busy.push(database.db.execute(sql`SELECT pg_sleep(3)`).then(() => {}))
+      return true
+    }
+    const res = await t.req('PUT', `/v1/licenses/${licenseKey}`, { apiKey: s.apiKey, body: { action: 'revoke' } })
+    expect(proxy.loseReplyTo).toBeNull()
+    expect(res.status, JSON.stringify(res.body)).toBe(200)
+    expect(res.body.license.status).toBe('revoked')
+    await Promise.all(busy)
   })
 
   test('credits added, an account and an app created, an API key revoked whose COMMIT answers were lost are answered as done, once', async () => {
