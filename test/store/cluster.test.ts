@@ -15,6 +15,14 @@ import { until } from '../support/servers'
 
 const SHARDS = 64
 
+const body = (s: { appId: string; appSecret: string }, licenseKey: string, h = hwid()) => ({
+  appId: s.appId,
+  appSecret: s.appSecret,
+  licenseKey,
+  hwid: h,
+  nonce: nonce(),
+})
+
 // A cluster of the test's own and two instances on the shared PostgreSQL: the PostgreSQL pass only.
 if (MODE === 'postgres') {
   describe('two instances on a 3-master Redis Cluster', async () => {
@@ -32,13 +40,6 @@ if (MODE === 'postgres') {
     })
     const on = [a, b]
     const validate = (i: number, body: Record<string, unknown>) => on[i % 2]!.req('POST', '/auth/validate', { body })
-    const body = (s: { appId: string; appSecret: string }, licenseKey: string, h = hwid()) => ({
-      appId: s.appId,
-      appSecret: s.appSecret,
-      licenseKey,
-      hwid: h,
-      nonce: nonce(),
-    })
 
     /** The master serving a key's slot, by its index in cluster.nodes. */
     const slotOwners = async () => {
@@ -248,6 +249,56 @@ if (MODE === 'postgres') {
       // The whole registry started over, the other account's entries with it.
       expect(a.ctx.actors.cachedLicense(other.appId, otherKey)).toBeUndefined()
       expect((await b.req('POST', '/auth/validate', { body: body(s, licenseKey, h) })).body.error).toBe('revoked')
+    })
+  })
+
+  // A cluster of its own: its first master is killed for good.
+  describe('a master that stays down', async () => {
+    const cluster = await ownRedisCluster()
+    const store = new RedisStore(cluster.url, { cluster: { shards: SHARDS } })
+    const t = await makeTestApp({ store, env: { PUBLIC_RATE_LIMITS: 'false' } })
+    const warmUp = t.ctx.actors.startWarmUp()
+    afterAll(async () => {
+      await warmUp.stop()
+      await store.close()
+      await cluster.stop()
+    })
+
+    test("fails its own shards' calls only: the other masters' tenants are answered throughout", async () => {
+      const ranges = (await cluster.nodes[1]!.cluster('SLOTS')) as unknown as [number, number, [string, number]][]
+      const nodeOf = async (key: string) => {
+        const slot = Number(await cluster.nodes[1]!.cluster('KEYSLOT', key))
+        return cluster.ports.indexOf(ranges.find(([from, to]) => slot >= from && slot <= to)![2][1])
+      }
+      type Tenant = Awaited<ReturnType<typeof t.seed>> & { licenseKey: string }
+      let down: Tenant | undefined
+      let up: Tenant | undefined
+      while (!down || !up) {
+        const s = await t.seed({ credits: 100_000 })
+        const tenant = { ...s, licenseKey: await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true }) }
+        if ((await nodeOf(keys.generation(store.shardOf(s.accountId)))) === 0) down ??= tenant
+        else up ??= tenant
+      }
+      const validate = (s: Tenant) => t.req('POST', '/auth/validate', { body: body(s, s.licenseKey) })
+      for (const s of [down, up]) expect((await validate(s)).status).toBe(200)
+      // The others go on serving their slots without the first master's.
+      for (const node of cluster.nodes.slice(1)) await node.config('SET', 'cluster-require-full-coverage', 'no')
+      await warmUp.idle()
+      process.kill(cluster.pids[0]!, 'SIGKILL')
+      // What was in flight at the kill fails with it; what comes after must not.
+      await Bun.sleep(300)
+      const answers: Record<'up' | 'down', string[]> = { up: [], down: [] }
+      const end = Date.now() + 3_000
+      const traffic = async (name: 'up' | 'down', s: Tenant) => {
+        while (Date.now() < end) {
+          const res = await validate(s)
+          answers[name].push(`${res.status} ${res.body.error ?? ''}`.trim())
+        }
+      }
+      await Promise.all([traffic('up', up), traffic('up', up), traffic('down', down)])
+      expect(answers.down.some((answer) => answer !== '200')).toBe(true)
+      expect(answers.up.length).toBeGreaterThan(20)
+      expect(new Set(answers.up)).toEqual(new Set(['200']))
     })
   })
 }

@@ -109,9 +109,8 @@ export class Connection<Commands extends object = object> {
     // A new connection may reach a server that restarted with older data or a replica that lost writes
     // while keeping its generation key: whatever was read before it is suspect. A cluster client drops a
     // node's connection ('-node') when it fails or leaves; it closes when it has none left.
-    const lost = () => this.#lost()
-    redis.on('close', lost)
-    if (redis instanceof Cluster) redis.on('-node', lost)
+    redis.on('close', () => this.#lost())
+    if (redis instanceof Cluster) redis.on('-node', (node: Redis) => this.#nodeLost(`${node.options.host}:${node.options.port}`))
     for (const [name, { lua, numberOfKeys }] of named) redis.defineCommand(name, { lua, numberOfKeys })
     this.redis = redis as (Redis | Cluster) & Commands
   }
@@ -149,6 +148,18 @@ export class Connection<Commands extends object = object> {
       this.#seen.set(shard, seen)
     }
     return this.#generation
+  }
+
+  /**
+   * A cluster node's connection dropped. Only one that served a shard read since the last loss held
+   * anything this process relies on: a master that stays down is connected to again by each call for
+   * its slots, and each failure drops it again, which must not start generation after generation and
+   * fail every other shard's calls in flight each time.
+   */
+  #nodeLost(node: string): void {
+    for (const served of this.#masters.values()) {
+      if (served === node) return this.#lost()
+    }
   }
 
   #lost(): void {
