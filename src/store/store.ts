@@ -77,9 +77,10 @@ export interface Credits {
    */
   creditsChanging(accountId: string, reconciledSeq?: number): Promise<number>
   /**
-   * Gives back a charge whose request failed after the charge (a lost seat race). `chargedUnder` is the
-   * store generation the charge was made under (AuthorizeResult): if the store lost its data since, the
-   * charge went with it and was never flushed, so there is nothing to give back.
+   * Gives back a charge whose request failed after the charge (a lost seat race). `chargedUnder` names
+   * the data the charge was made in (AuthorizeResult): if the store lost its data since, or may have
+   * (its connection dropped: the server may have come back from an older copy), the charge went with
+   * it and was never flushed, so there is nothing to give back.
    */
   refund(accountId: string, n: number, chargedUnder: string): Promise<void>
   /** The accounts of `shard` with charges not yet reconciled to PostgreSQL. */
@@ -121,7 +122,7 @@ export interface AuthorizeInput {
 }
 
 export type AuthorizeResult =
-  /** chargedUnder: the value of the shard's generation key the charge was made under, for its refund. */
+  /** chargedUnder: the data the charge was made in (the shard's generation key, the connection), for its refund. */
   | { kind: 'ok'; charged: number; chargedUnder: string }
   | { kind: 'stale'; epochs: number[] }
   /** The store may have lost data since the caller's generation: every cached entry must go. Nothing changed. */

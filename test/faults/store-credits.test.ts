@@ -108,6 +108,25 @@ test('a flush whose store record is lost mid-flush is not spent again by a balan
   expect(more).toBe(credits - charged)
 })
 
+test('a refund after Redis came back from an older copy of its data, without the charge but with its generation key, is dropped', async () => {
+  const { accountId, validate, reconciled } = await billedLicense(t, 10)
+  expect((await validate()).status).toBe(200)
+  await t.ctx.credits.flush()
+  const before = await reconciled()
+  // The copy Redis comes back from: the balance and generation key as they were before the charge.
+  await admin.save()
+  const charge = await t.ctx.credits.charge(accountId, 1, t.ctx.clock())
+  expect(charge).not.toBeNull()
+  await redis.stop()
+  await redis.start()
+  await until(() => store.ping(), (up) => up)
+  await t.ctx.credits.refund(accountId, 1, charge!.chargedUnder)
+  await t.ctx.credits.flush()
+  // The charge went with the newer data, unflushed: given back, it would be a credit never paid.
+  expect(await reconciled()).toBe(before)
+  expect(await t.ctx.credits.currentBalance(accountId)).toBe(before!)
+})
+
 test("a refund after Redis lost the charge it gives back is dropped, on an account never flushed as on one flushed before", async () => {
   for (const flushedBefore of [false, true]) {
     const credits = 10

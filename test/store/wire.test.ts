@@ -202,18 +202,19 @@ describe('authorize wire: packing', () => {
     const flat = ['gen-1', ...answers] as unknown as number[]
     const read: unknown[] = []
     for (let at = 1; at < flat.length; ) {
-      const [result, next] = authorizeResult(flat, at)
+      const [result, next] = authorizeResult(flat, at, 4)
       read.push(result)
       at = next
     }
     expect(read).toEqual([
-      { kind: 'ok', charged: 3, chargedUnder: 'gen-1' },
+      // With the count of the connection's drops when the call went.
+      { kind: 'ok', charged: 3, chargedUnder: '4/gen-1' },
       { kind: 'stale', epochs: [7, 9] },
       { kind: 'limited', retryAfterMs: 250 },
       { kind: 'replay' },
       { kind: 'no_credits' },
     ])
-    expect(() => authorizeResult([REPLIES.length], 0)).toThrow('unexpected authorize reply')
+    expect(() => authorizeResult([REPLIES.length], 0, 0)).toThrow('unexpected authorize reply')
   })
 })
 

@@ -84,6 +84,7 @@ export class RedisAuthorizer implements Authorizer {
       return undefined
     }
     const sentAt = this.conn.generation
+    const drops = this.conn.drops
     let batch = queued
     // The generation moved while some of them waited for the call in flight (rare: no copy otherwise).
     if (!queued.every((p) => p.input.generation === sentAt)) {
@@ -128,9 +129,9 @@ export class RedisAuthorizer implements Authorizer {
         try {
           if (gaveUp) {
             this.#overdue.delete(shard)
-            this.#late(sent, replies)
+            this.#late(sent, replies, drops)
           } else {
-            this.#settle(sent, shard, sentAt, replies, err)
+            this.#settle(sent, shard, sentAt, drops, replies, err)
           }
         } finally {
           // Whatever happened to its answers, the shard's next call must go.
@@ -145,14 +146,15 @@ export class RedisAuthorizer implements Authorizer {
    * A reply that came after its requests were answered as failed: whatever it charged is given back, as
    * for a call answered in a new generation; its nonces stay claimed (the clients retry with new ones).
    */
-  #late(batch: PendingAuthorize[], reply: Reply | null): void {
-    if (reply && reply[0] !== -1) this.#refundAll(batch, reply as number[])
+  #late(batch: PendingAuthorize[], reply: Reply | null, drops: number): void {
+    if (reply && reply[0] !== -1) this.#refundAll(batch, reply as number[], drops)
   }
 
   #settle(
     batch: PendingAuthorize[],
     shard: Shard,
     sentAt: number,
+    drops: number,
     reply: Reply | null,
     err: unknown,
   ): void {
@@ -166,7 +168,7 @@ export class RedisAuthorizer implements Authorizer {
       // key changed, or a cluster node's connection dropped. Its verdicts cannot be trusted, and its
       // charges are given back.
       err = new Error('redis connection was replaced during the call')
-      this.#refundAll(batch, replies)
+      this.#refundAll(batch, replies, drops)
       replies = null
     }
     // Each request's answer follows the generation.
@@ -178,7 +180,7 @@ export class RedisAuthorizer implements Authorizer {
         continue
       }
       try {
-        const [result, next] = authorizeResult(replies, at)
+        const [result, next] = authorizeResult(replies, at, drops)
         at = next
         p.resolve(result)
       } catch (e) {
@@ -192,11 +194,11 @@ export class RedisAuthorizer implements Authorizer {
    * connection), and uncounts their heartbeats: a counted call the client must repeat would otherwise
    * make the repeat of a charged tenth call free.
    */
-  #refundAll(batch: PendingAuthorize[], replies: number[]): void {
+  #refundAll(batch: PendingAuthorize[], replies: number[], drops: number): void {
     let at = 1
     try {
       for (const p of batch) {
-        const [result, next] = authorizeResult(replies, at)
+        const [result, next] = authorizeResult(replies, at, drops)
         at = next
         const charge = p.input.charge
         if (result.kind !== 'ok' || !charge) continue

@@ -77,6 +77,12 @@ export class Connection<Commands extends object = object> {
   #connectionLost = false
   /** On a cluster, the node that served each shard's slot at its last read (#checkMaster); cleared with #seen. */
   readonly #masters = new Map<Shard, string>()
+  /**
+   * How many times a connection a shard was read through dropped (#lost). A call's reply came on the
+   * connection of its time: across a drop, the server may be another (restarted from an older copy of
+   * its data, a replica promoted) whose data never had what the call wrote, though it kept `ls:gen`.
+   */
+  #drops = 0
   /** Calls on one Redis that went past their deadline and are still unanswered (overdue). */
   #overdueCalls = 0
 
@@ -162,7 +168,12 @@ export class Connection<Commands extends object = object> {
     }
   }
 
+  get drops(): number {
+    return this.#drops
+  }
+
   #lost(): void {
+    this.#drops++
     this.#connectionLost = true
     this.#generation++
     this.#seen.clear()

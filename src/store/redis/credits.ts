@@ -1,5 +1,7 @@
 import { type BegunFlush, type CreditCharges, type CreditState, type Credits, keys, type Shard } from '../store'
 import type { Connection, Script } from './connection'
+import { log } from '../../lib/log'
+import { readChargeMark } from './wire'
 
 // KEYS: balance, pending, flushing, account epoch, credit sequence. ARGV: expected epoch, expected flush
 // id ('' for none), '1' when PostgreSQL already has that flush, reconciled balance, reconciled sequence,
@@ -96,7 +98,7 @@ export interface CreditCommands {
     expectedSeq: number,
   ): Promise<number>
   lsCreditsChanging(bal: string, ep: string, seq: string, pend: string, fl: string, reconciledSeq: number): Promise<unknown>
-  lsRefund(bal: string, pend: string, dirty: string, gen: string, account: string, n: number, chargedUnder: string): Promise<number>
+  lsRefund(bal: string, pend: string, dirty: string, gen: string, account: string, n: number, generation: string): Promise<number>
   lsBeginFlush(pend: string, fl: string, seq: string, bal: string, ep: string, id: string, reconciledSeq: number): Promise<unknown>
   lsEndFlush(fl: string, pend: string, dirty: string, id: string, account: string): Promise<number>
 }
@@ -194,8 +196,16 @@ export class RedisCredits implements Credits {
 
   async refund(accountId: string, n: number, chargedUnder: string): Promise<void> {
     this.conn.failFastWhenLost()
+    const mark = readChargeMark(chargedUnder)
+    // Made on a connection that dropped since: the server now may hold a copy of the data from before
+    // the charge, with the same generation key; the charge counts as lost with it.
+    if (!mark || mark.drops !== this.conn.drops) {
+      // A line each, as for a refund that fails: each names credits an operator may want to give back.
+      log.warn("a refund was dropped: Redis's connection dropped since its charge, which the data now there may not hold", { accountId, cost: n })
+      return
+    }
     const k = accountKeys(this.conn, accountId)
-    await this.conn.redis.lsRefund(k.balance, k.pending, k.dirty, k.generation, accountId, n, chargedUnder)
+    await this.conn.redis.lsRefund(k.balance, k.pending, k.dirty, k.generation, accountId, n, mark.generation)
   }
 
   async dirtyAccounts(shard: Shard): Promise<string[]> {

@@ -266,13 +266,17 @@ export class AuthorizeArgs {
   }
 }
 
-/** Reads one request's answer from the script's integers at `at`; returns it and where the next starts. */
-export function authorizeResult(flat: number[], at: number): [AuthorizeResult, number] {
+/**
+ * Reads one request's answer from the script's integers at `at`; returns it and where the next starts.
+ * `drops` is the connection's count of drops when the call went (Connection.drops), which a charge's
+ * refund checks with the shard's generation (chargedUnder).
+ */
+export function authorizeResult(flat: number[], at: number, drops: number): [AuthorizeResult, number] {
   const kind = REPLIES[flat[at] as number]?.kind
   switch (kind) {
     case 'ok':
       // flat[0] is the shard's generation the call ran under (authorize-script.ts).
-      return [{ kind, charged: flat[at + 1] as number, chargedUnder: String(flat[0]) }, at + 2]
+      return [{ kind, charged: flat[at + 1] as number, chargedUnder: chargeMark(drops, String(flat[0])) }, at + 2]
     case 'stale': {
       const count = flat[at + 1] as number
       return [{ kind, epochs: flat.slice(at + 2, at + 2 + count) }, at + 2 + count]
@@ -284,4 +288,14 @@ export function authorizeResult(flat: number[], at: number): [AuthorizeResult, n
     default:
       return [{ kind }, at + 1]
   }
+}
+
+/** What a charge's refund is checked against: the connection it was made on, and the shard's generation. */
+const chargeMark = (drops: number, generation: string) => `${drops}/${generation}`
+
+/** A chargedUnder's parts; null for one that is not a chargeMark. */
+export function readChargeMark(chargedUnder: string): { drops: number; generation: string } | null {
+  const slash = chargedUnder.indexOf('/')
+  const drops = Number(chargedUnder.slice(0, slash))
+  return slash > 0 && Number.isSafeInteger(drops) ? { drops, generation: chargedUnder.slice(slash + 1) } : null
 }
