@@ -347,13 +347,16 @@ test.skipIf(MODE !== 'postgres')("a flush record carries the time of its insert 
   const other = postgres(TEST_DATABASE_URL!, { max: 1, onnotice: () => {} })
   try {
     let released = 0
+    const { promise: held, resolve: lockHeld } = Promise.withResolvers<void>()
     // Another instance's flush of the account holds its row: this one's transaction waits for it.
     const holder = other.begin(async (sql) => {
       await sql`SELECT 1 FROM accounts WHERE id = ${s.accountId} FOR UPDATE`
+      lockHeld()
       await Bun.sleep(300)
       released = Date.now()
     })
-    await Bun.sleep(50)
+    // Not a fixed wait: a connection slow to open (a loaded machine) let the flush go first.
+    await held
     await Promise.all([holder, t.ctx.credits.flush()])
     const [record] = await t.ctx.database.db.select().from(creditFlushes).where(eq(creditFlushes.accountId, s.accountId))
     expect(record!.createdAt.getTime()).toBeGreaterThanOrEqual(released - 20)
