@@ -83,6 +83,24 @@ function refusal(value: unknown): string | null {
   return null
 }
 
+/**
+ * Whether a URL's path is well-formed percent-encoded UTF-8. Bun's router, which a listening server
+ * routes with, decodes a malformed escape (`%zz`, a lone `%E9`) in a path parameter to U+FFFD: the
+ * route would then act on a name the client never sent (release another device's seat).
+ */
+function wellFormedPath(url: string): boolean {
+  const start = url.indexOf('/', url.indexOf('//') + 2)
+  const query = url.indexOf('?', start)
+  const path = query < 0 ? url.slice(start) : url.slice(start, query)
+  if (!path.includes('%')) return true
+  try {
+    decodeURIComponent(path)
+    return true
+  } catch {
+    return false
+  }
+}
+
 function errorResponse(path: string, status: number, code: string, message: string, headers: Record<string, string> = {}): Response {
   const body = isPublic(path) ? { status: 'failed', error: code } : { error: code, message }
   return Response.json(body, { status, headers })
@@ -281,6 +299,12 @@ export function createApp(
       const body = await withDeadline(parseBody(request, path), bodyDeadline(path), 'the request body')
       if (!isJsonObject(body) && !isPublic(path)) notAnObject.add(request)
       return body
+    })
+    // Routes with parameters only: the others match their path exactly, and the client endpoints have none.
+    .onTransform({ as: 'global' }, ({ request, route }) => {
+      if (route.includes(':') && !wellFormedPath(request.url)) {
+        throw new ApiError('bad_request', 400, 'The path is not valid percent-encoded UTF-8')
+      }
     })
     .onError(({ code, error, path, request, route, set }) => {
       const requestId = requestIdOf(request)

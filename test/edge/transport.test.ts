@@ -1,6 +1,7 @@
-import { describe, expect, test } from 'bun:test'
+import { afterAll, describe, expect, test } from 'bun:test'
 import { connect } from 'node:net'
 import { API_BURST } from '../../src/http/rate-limit'
+import { insertLicense, nonce } from '../support/client'
 import { makeTestApp } from '../support/helpers'
 import { startServer } from '../support/server-process'
 
@@ -176,5 +177,46 @@ describe('a burst over a socket', () => {
     } finally {
       await t.app.stop(true)
     }
+  })
+})
+
+describe('path parameters over a socket', async () => {
+  // Bun's router, which a listening server routes with, reads a malformed escape in a path as U+FFFD;
+  // app.handle's router refuses it. Only a socket shows the first.
+  const t = await makeTestApp()
+  const s = await t.seed()
+  const licenseKey = await insertLicense(t.ctx, s.appId, { maxHwidSlots: 4 })
+  t.app.listen({ hostname: '127.0.0.1', port: 0 })
+  afterAll(() => t.app.stop(true))
+  const validate = (hwid: string) =>
+    t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid, nonce: nonce() } })
+  /** A request as sent, byte for byte: fetch would re-encode the path. */
+  const raw = (method: string, path: string) =>
+    new Promise<{ status: number; body: unknown }>((resolve, reject) => {
+      const socket = connect(t.app.server!.port!, '127.0.0.1')
+      let answer = ''
+      socket.on('data', (chunk) => (answer += chunk.toString()))
+      socket.on('error', reject)
+      socket.on('end', () => {
+        const [head, body] = answer.split('\r\n\r\n')
+        resolve({ status: Number(head!.split(' ')[1]), body: JSON.parse(body!) })
+      })
+      socket.write(`${method} ${path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer ${s.apiKey}\r\nconnection: close\r\n\r\n`)
+    })
+
+  test('a malformed escape is a 400 that changes nothing, not the U+FFFD it would decode to', async () => {
+    for (const hwid of ['\uFFFD', '%zz']) expect((await validate(hwid)).status).toBe(200)
+    for (const segment of ['%zz', '%', '%E9', '%ED%A0%80', 'ab%C3']) {
+      const res = await raw('DELETE', `/v1/licenses/${licenseKey}/hwids/${segment}`)
+      expect(res, segment).toEqual({ status: 400, body: { error: 'bad_request', message: 'The path is not valid percent-encoded UTF-8' } })
+    }
+    for (const path of [`/v1/licenses/${licenseKey}%zz`, '/v1/apps/%E9/variables']) {
+      expect((await raw('GET', path)).status, path).toBe(400)
+    }
+    expect((await t.req('GET', `/v1/licenses/${licenseKey}`, { apiKey: s.apiKey })).body.hwidList).toEqual(['\uFFFD', '%zz'])
+    // Well-formed escapes still name what they encode.
+    expect((await raw('DELETE', `/v1/licenses/${licenseKey}/hwids/%25zz`)).status).toBe(200)
+    expect((await raw('DELETE', `/v1/licenses/${licenseKey}/hwids/%EF%BF%BD`)).status).toBe(200)
+    expect((await t.req('GET', `/v1/licenses/${licenseKey}`, { apiKey: s.apiKey })).body.hwidList).toEqual([])
   })
 })
