@@ -217,6 +217,9 @@ describe('path parameters over a socket', async () => {
     // Well-formed escapes still name what they encode.
     expect((await raw('DELETE', `/v1/licenses/${licenseKey}/hwids/%25zz`)).status).toBe(200)
     expect((await raw('DELETE', `/v1/licenses/${licenseKey}/hwids/%EF%BF%BD`)).status).toBe(200)
+    // A `..` HWID is named encoded (README): not collapsed, not another route.
+    expect((await validate('..')).status).toBe(200)
+    expect((await raw('DELETE', `/v1/licenses/${licenseKey}/hwids/%2E%2E`)).status).toBe(200)
     expect((await t.req('GET', `/v1/licenses/${licenseKey}`, { apiKey: s.apiKey })).body.hwidList).toEqual([])
   })
 })
