@@ -42,15 +42,15 @@ describe("the parser against AuthForge's activation_request_vectors.json", () =>
 
 const wrap64 = (base64: string) => base64.replace(/.{64}(?=.)/g, '$&\n')
 
-/** `fields` as JSON, or JSON text as it is (one no JSON.stringify could write). */
-function buildRequest(fields: Record<string, unknown> | string, opts: { version?: string; checksum?: string; appIdHeader?: string } = {}) {
-  const json = typeof fields === 'string' ? fields : JSON.stringify(fields)
-  const payload = Buffer.from(json, 'utf8').toString('base64')
+/** `fields` as JSON, or JSON text as it is (one no JSON.stringify could write), or the payload's bytes. */
+function buildRequest(fields: Record<string, unknown> | string | Buffer, opts: { version?: string; checksum?: string; appIdHeader?: string } = {}) {
+  const bytes = Buffer.isBuffer(fields) ? fields : Buffer.from(typeof fields === 'string' ? fields : JSON.stringify(fields), 'utf8')
+  const payload = bytes.toString('base64')
   const checksum = opts.checksum ?? createHash('sha256').update(payload).digest('hex').slice(0, 16)
   return [
     '-----BEGIN AUTHFORGE ACTIVATION REQUEST-----',
     `Version: ${opts.version ?? '1'}`,
-    `App-Id: ${opts.appIdHeader ?? (typeof fields === 'string' ? '' : fields.appId)}`,
+    `App-Id: ${opts.appIdHeader ?? (typeof fields === 'string' || Buffer.isBuffer(fields) ? '' : fields.appId)}`,
     `Checksum: ${checksum}`,
     '',
     wrap64(payload),
@@ -254,6 +254,14 @@ describe('refused requests: 400 bad_request saying which, and nothing changes', 
     ['a 129-character HWID', (a, k) => buildRequest(requestFields(a, 'h'.repeat(129), k)), /AuthForge allows 256; this server 128/],
     ['an HWID with a NUL (a JSON escape in the payload)', (a, k) => buildRequest(requestFields(a, 'm\u00001', k)), /NUL characters/],
     ['an HWID with an unpaired surrogate', (a, k) => buildRequest(requestFields(a, 'm\ud8001', k)), /unpaired surrogates/],
+    [
+      'a payload that is not UTF-8 (an HWID with bytes FF FE), not bound as U+FFFD',
+      (a, k) => {
+        const [before, after] = JSON.stringify(requestFields(a, 'ab#', k)).split('#')
+        return buildRequest(Buffer.concat([Buffer.from(before!), Buffer.from([0xff, 0xfe]), Buffer.from(after!)]), { appIdHeader: a })
+      },
+      /malformed payload \(not UTF-8\)/,
+    ],
     ['no license key', (a) => buildRequest(requestFields(a, 'm1')), /names no license/],
     ['a JSON body with an unknown field', (a, k) => ({ request: buildRequest(requestFields(a, 'm1', k)), hwids: ['x'] }), /Unknown field "hwids"/],
   ]

@@ -34,6 +34,8 @@ function brief(value: unknown): string {
 export const requestChecksum = (payloadBase64: string) =>
   createHash('sha256').update(payloadBase64, 'utf8').digest('hex').slice(0, 16)
 
+const UTF8 = new TextDecoder('utf-8', { fatal: true })
+
 /**
  * Reads an `.authforge-request` as AuthForge's SDKs write it, tolerating what e-mail does to it (CRLF,
  * a BOM, re-wrapped lines, text around the block), and checks it is this app's. Every refusal is a 400
@@ -63,9 +65,16 @@ export function parseActivationRequest(text: string, appId: string): ActivationR
   if (headers.get('checksum')?.toLowerCase() !== requestChecksum(payloadBase64)) {
     throw refuse('bad checksum (the request was altered or cut)')
   }
+  let json: string
+  try {
+    // fatal: a lenient decode would bind and mint for an HWID with U+FFFD in place of its bytes.
+    json = UTF8.decode(Buffer.from(payloadBase64, 'base64'))
+  } catch {
+    throw refuse('malformed payload (not UTF-8)')
+  }
   let payload: Record<string, unknown>
   try {
-    payload = JSON.parse(Buffer.from(payloadBase64, 'base64').toString('utf8'))
+    payload = JSON.parse(json)
   } catch {
     throw refuse('malformed payload (not JSON)')
   }
