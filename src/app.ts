@@ -6,6 +6,7 @@ import type { Context } from './context'
 import { ApiError, LoggedPublicError, PublicError } from './lib/errors'
 import { HttpObservation, requestIdOf, UNMATCHED_ROUTE } from './http/metrics'
 import { REQUEST_ID_HEADER } from './http/request-id'
+import { sentEmptyBody } from './http/no-body'
 import { ServerMetrics } from './http/scrape'
 import { isDatabaseError, countDatabaseError } from './db/errors'
 import { API_BODY_LIMIT, AUTH_BODY_LIMIT, BODY_DEADLINES, bodyTooSlow } from './http/body-limits'
@@ -142,6 +143,7 @@ async function parseBody(request: Request, path: string): Promise<unknown> {
     } catch {
       throw new RefusedBody('Request body is not valid UTF-8')
     }
+    if (text === '') sentEmptyBody(request)
     if (isPlainText(request)) return text
     return text === '' ? null : checked(parsed(text))
   }

@@ -141,7 +141,8 @@ describe('POST /v1/apps/:appId/secret', () => {
   test('a body with a field is 400 naming it, and the secret is not rotated; an empty object rotates it', async () => {
     const s = await t.seed()
     const before = await appRow(s.appId)
-    for (const body of [{ appSecret: 'mine' }, [1], 'text']) {
+    // 'null' and '""': JSON values that are no object, not the empty body they once passed for.
+    for (const body of [{ appSecret: 'mine' }, [1], 'text', 'null', '""']) {
       const res = await t.req('POST', `/v1/apps/${s.appId}/secret`, { apiKey: s.apiKey, body })
       expect(res.status).toBe(400)
       expect(res.body).toEqual(errorBody('bad_request'))
