@@ -66,6 +66,8 @@ export function parseTargetUrl(text: string): URL {
   }
   if (url.protocol !== 'https:') throw new TargetError('url must use https://')
   if (!url.hostname) throw new TargetError('url has no host')
+  // Nothing listens on port 0: every delivery would fail, and a test ping answer ok with status 0.
+  if (url.port === '0') throw new TargetError('url port must be from 1 to 65535')
   // Credentials in a URL would be echoed by every list response; receivers authenticate by signature.
   if (url.username || url.password) throw new TargetError('url must not contain credentials')
   return url

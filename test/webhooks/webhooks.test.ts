@@ -59,6 +59,7 @@ describe('webhook management', () => {
     ['not a URL', newHook({ url: 'not a url' })],
     ['ftp scheme', newHook({ url: 'ftp://127.0.0.1/x' })],
     ['credentials in the URL', newHook({ url: 'https://user:pw@127.0.0.1/x' })],
+    ['port 0, where nothing listens', newHook({ url: 'https://1.1.1.1:0/x' })],
     ['an over-long URL', newHook({ url: `https://127.0.0.1/${'a'.repeat(2100)}` })],
     // 724 characters as sent, 4,224 once percent-encoded as stored and sent: no delivery could go.
     ['a URL over-long once normalized', newHook({ url: `https://127.0.0.1/${'é'.repeat(700)}` })],
