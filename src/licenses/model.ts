@@ -90,9 +90,12 @@ export const CreateLicensesResponse = t.Object(
   { description: 'The new licenses, all active', examples: [{ licenses: [LICENSE_EXAMPLE] }] },
 )
 
+/** A page's size: checked as sent (http/strict-query.ts) as well as by the schema, which documents it. */
+export const LIST_LIMIT = { minimum: 1, maximum: 200 }
+
 export const ListLicensesQuery = t.Object({
   appId: Text({ description: 'Application whose licenses to list', examples: [EXAMPLE.appId] }),
-  limit: t.Optional(t.Integer({ minimum: 1, maximum: 200, default: 50 })),
+  limit: t.Optional(t.Integer({ ...LIST_LIMIT, default: 50 })),
   cursor: t.Optional(
     Text({ description: 'The cursor of the previous page, as returned; any other value gets 400' }),
   ),

@@ -18,11 +18,13 @@ import {
   LicenseDetail,
   LicenseHwidParams,
   LicenseKeyParams,
+  LIST_LIMIT,
   ListLicensesQuery,
   ListLicensesResponse,
   UpdateLicenseBody,
   UpdateLicenseResponse,
 } from './model'
+import { checkQuery } from '../http/strict-query'
 
 const tags = ['Licenses']
 
@@ -52,6 +54,7 @@ export const licenseRoutes = (ctx: Context) =>
     )
     .get('', ({ accountId, query }) => listLicenses(ctx, accountId, query), {
       apiKey: true,
+      transform: ({ request }) => checkQuery(request.url, { limit: LIST_LIMIT }),
       query: ListLicensesQuery,
       response: { 200: ListLicensesResponse, ...apiErrors('bad_request', 'forbidden') },
       detail: {

@@ -347,6 +347,12 @@ describe('GET /v1/licenses', () => {
     ['limit 0', '&limit=0'],
     ['limit 201', '&limit=201'],
     ['limit not a number', '&limit=ten'],
+    // What coercion would read as numbers: the limit is digits as sent.
+    ['limit in hex', '&limit=0x10'],
+    ['limit with an exponent', '&limit=1e1'],
+    ['limit after a space', '&limit=%201'],
+    ['limit given twice', '&limit=1&limit=2'],
+    ['appId given twice', '&appId=00000000-0000-4000-8000-000000000000'],
     ['cursor not base64url', '&cursor=***'],
     ['cursor of garbage', `&cursor=${Buffer.from('hello').toString('base64url')}`],
     [
@@ -365,6 +371,8 @@ describe('GET /v1/licenses', () => {
       const res = await t.req('GET', path, { apiKey: s.apiKey })
       expect(res.status, JSON.stringify(res.body)).toBe(400)
       expect(res.body).toEqual(errorBody('bad_request'))
+      // The message names the parameter.
+      if (suffix.startsWith('&limit')) expect(res.body.message).toContain('limit')
     })
   })
 
