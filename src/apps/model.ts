@@ -1,12 +1,12 @@
 import { t } from 'elysia'
 import { EXAMPLE } from '../lib/examples'
-import { StrictBody, Text } from '../lib/model'
+import { Chars, StrictBody, Text } from '../lib/model'
 
 export const AppIdParams = t.Object({
   appId: Text({ description: 'Application ID (UUID)', examples: [EXAMPLE.appId] }),
 })
 
-const AppName = (options: { examples?: string[] } = {}) => Text({ ...options, minLength: 1, maxLength: 128 })
+const AppName = (options: { examples?: string[] } = {}) => Chars(1, 128, options)
 
 export const CreateAppBody = StrictBody(
   {

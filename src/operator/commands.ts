@@ -1,5 +1,6 @@
 import type { Context } from '../context'
 import { ApiError } from '../lib/errors'
+import { characters } from '../lib/model'
 import { addCredits, createAccount, createApiKey, revokeApiKey } from '../accounts/service'
 import { createApplication, UUID } from '../apps/service'
 import { type CommandName, OperatorError, parseInvocation, quoted, UsageError } from './args'
@@ -48,7 +49,8 @@ function integer(command: CommandName, flag: string, text: string, min: number, 
 
 function name(command: CommandName, text: string): string {
   const trimmed = text.trim()
-  if (trimmed.length < 1 || trimmed.length > 128) throw new UsageError('--name must be 1 to 128 characters', command)
+  const length = characters(trimmed)
+  if (length < 1 || length > 128) throw new UsageError('--name must be 1 to 128 characters', command)
   return trimmed
 }
 

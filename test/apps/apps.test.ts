@@ -55,20 +55,20 @@ describe('POST /v1/apps', () => {
     expect(licenses.status).toBe(201)
   })
 
-  test('sandbox apps and 128-character names are accepted', async () => {
+  test('sandbox apps and 128-character names are accepted, an emoji one character', async () => {
     const s = await t.seed()
-    const res = await t.req('POST', '/v1/apps', {
-      apiKey: s.apiKey,
-      body: { name: 'n'.repeat(128), sandbox: true },
-    })
-    expect(res.status).toBe(201)
-    expect(res.body).toMatchObject({ name: 'n'.repeat(128), sandbox: true })
+    for (const name of ['n'.repeat(128), '\u{1F600}'.repeat(128)]) {
+      const res = await t.req('POST', '/v1/apps', { apiKey: s.apiKey, body: { name, sandbox: true } })
+      expect(res.status).toBe(201)
+      expect(res.body).toMatchObject({ name, sandbox: true })
+    }
   })
 
   describe.each([
     ['missing name', {}],
     ['empty name', { name: '' }],
     ['name of 129 characters', { name: 'n'.repeat(129) }],
+    ['name of 129 emoji', { name: '\u{1F600}'.repeat(129) }],
     ['name not a string', { name: 7 }],
     ['sandbox not a boolean', { name: 'x', sandbox: 'yes' }],
   ])('400 bad_request: %s', (_name, body) => {

@@ -53,6 +53,12 @@ describe('operator commands: what an error quotes back', () => {
     expect(parseCommand(['apikey', 'revoke', `--key=${apiKey}`])).toEqual({ command: { kind: 'apikey revoke', key: apiKey } })
   })
 
+  test('a name is counted in characters, an emoji one, as the API counts an app name', () => {
+    const emoji = (n: number) => '\u{1F600}'.repeat(n)
+    expect(parseCommand(['account', 'create', '--name', emoji(128)])).toEqual({ command: { kind: 'account create', name: emoji(128), credits: 0 } })
+    expect(problem(['account', 'create', '--name', emoji(129)])).toContain('--name must be 1 to 128 characters')
+  })
+
   test("a flag named like an object's inherited member is as unknown as any other", () => {
     for (const flag of ['--constructor=oops', '--__proto__=x', '--hasOwnProperty=x', '--toString']) {
       expect(problem(['account', 'list', '--limit', '1', flag])).toContain(`unknown flag ${flag.split('=')[0]} for "account list"`)
