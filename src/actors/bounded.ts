@@ -164,11 +164,11 @@ export class SharedBound {
 /**
  * A made-up name (an app id, an API key) costs a PostgreSQL read before anything can refuse it: there is
  * nothing yet whose limits apply. So each IP may look up names that turn out absent `perMinute` times
- * a minute (a token bucket charged only by a lookup that found nothing: real clients, and lookups cut
- * short by a store or database outage, never spend it); past that its lookups are refused without a
- * read. Kept per process on purpose: no store round trip on a cold path, and n processes bound the
- * database's load to n times this. Concurrent lookups of one IP may overdraw it by their number. An
- * IPv6 address counts as its /64 (limitSubject).
+ * a minute (a token bucket: each lookup takes a token before its read, and one that found its name, or
+ * that a store or database outage cut short, gives it back; real clients never spend it). Taken before
+ * the read, not after: lookups of one IP at once would each find the token none of them had spent yet.
+ * Kept per process on purpose: no store round trip on a cold path, and n processes bound the database's
+ * load to n times this. An IPv6 address counts as its /64 (limitSubject).
  */
 export class MissBudget {
   readonly #buckets: BoundedMap<{ tokens: number; at: number }>
@@ -186,18 +186,28 @@ export class MissBudget {
     return Math.min(this.perMinute, bucket.tokens + (Math.max(0, nowMs - bucket.at) * this.perMinute) / 60_000)
   }
 
-  allows(ip: string, nowMs: number): boolean {
-    return this.#tokens(limitSubject(ip), nowMs) >= 1
+  // Refilled up to the later of the two times: a clock read before another caller's must not refill twice.
+  #set(subject: string, tokens: number, nowMs: number): void {
+    this.#buckets.set(subject, { tokens, at: Math.max(nowMs, this.#buckets.get(subject)?.at ?? nowMs) })
+  }
+
+  /** Takes a token for a lookup `ip` is about to make; false, taking none, when it has none left. */
+  take(ip: string, nowMs: number): boolean {
+    const subject = limitSubject(ip)
+    const tokens = this.#tokens(subject, nowMs)
+    if (tokens < 1) return false
+    this.#set(subject, tokens - 1, nowMs)
+    return true
+  }
+
+  /** Gives back the token of a lookup that found its name, or that an outage cut short. */
+  giveBack(ip: string, nowMs: number): void {
+    const subject = limitSubject(ip)
+    this.#set(subject, Math.min(this.perMinute, this.#tokens(subject, nowMs) + 1), nowMs)
   }
 
   /** How long until `ip` may look up again (0 when it may now). */
   retryAfterMs(ip: string, nowMs: number): number {
     return Math.max(0, Math.ceil(((1 - this.#tokens(limitSubject(ip), nowMs)) * 60_000) / this.perMinute))
-  }
-
-  /** A lookup by `ip` found nothing. */
-  charge(ip: string, nowMs: number): void {
-    const subject = limitSubject(ip)
-    this.#buckets.set(subject, { tokens: Math.max(0, this.#tokens(subject, nowMs) - 1), at: nowMs })
   }
 }

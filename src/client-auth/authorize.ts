@@ -56,8 +56,17 @@ export interface Authorized {
  * whether the app exists or not: `rate_limited`, which a client retries, as `invalid_app` would tell
  * a real app's client (one behind the same NAT as a scanner) that its credentials are wrong.
  */
-function admitAppLookup({ actors }: Context, ip: string, nowMs: number): void {
-  if (!actors.absentAppBudget.allows(ip, nowMs)) throw rateLimited(actors.absentAppBudget.retryAfterMs(ip, nowMs))
+async function lookUpApp<T>(ctx: Context, ip: string, nowMs: number, lookup: () => Promise<T>, absent: (found: T) => boolean): Promise<T> {
+  const budget = ctx.actors.absentAppBudget
+  if (!budget.take(ip, nowMs)) throw rateLimited(budget.retryAfterMs(ip, nowMs))
+  let spent = false
+  try {
+    const found = await lookup()
+    spent = absent(found)
+    return found
+  } finally {
+    if (!spent) budget.giveBack(ip, ctx.clock())
+  }
 }
 
 /** Whether a plan made without the license failed only for want of it: the caller may look it up. */
@@ -100,11 +109,12 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
       let appEntry = fresh?.app ?? actors.cachedApp(appId)
       // Awaited only on a miss: the common all-cached request skips a promise and a microtask turn.
       if (!appEntry) {
-        admitAppLookup(ctx, ip, nowMs)
-        await actors.ensureApp(appId)
-        appEntry = actors.cachedApp(appId)
+        // Undefined when the entry went before it could be read (the registry started over): looked up again.
+        appEntry = await lookUpApp(ctx, ip, nowMs, async () => {
+          await actors.ensureApp(appId)
+          return actors.cachedApp(appId)
+        }, (entry) => entry?.value === null)
         if (!appEntry) continue
-        if (appEntry.value === null) actors.absentAppBudget.charge(ip, nowMs)
       }
       const app = appEntry.value
       const shard = app ? ctx.store.shardOf(app.accountId) : ''
@@ -214,13 +224,13 @@ async function withoutStore(
   }
   logEvery('warn', 'store unreachable: serving requests without limits or charges', () => ({ requestId, ...errorFields(err.cause) }))
   // An app this process holds is no made-up id: it reads what any of its clients' requests reads here.
-  if (!actors.cachedApp(appId)?.value) admitAppLookup(ctx, ip, nowMs)
-  const [app, license] = await Promise.all([actors.loadApp(appId), licenseKey === null ? null : actors.loadLicense(licenseKey)])
+  const loadApp = () => actors.loadApp(appId)
+  const [app, license] = await Promise.all([
+    actors.cachedApp(appId)?.value ? loadApp() : lookUpApp(ctx, ip, nowMs, loadApp, (found) => found === null),
+    licenseKey === null ? null : actors.loadLicense(licenseKey),
+  ])
   const { outcome } = plan(app, license, nowMs, app ? ctx.store.shardOf(app.accountId) : '')
-  if (!app) {
-    actors.absentAppBudget.charge(ip, nowMs)
-    throw new PublicError('invalid_app')
-  }
+  if (!app) throw new PublicError('invalid_app')
   if (!outcome.ok) throw new PublicError(outcome.code)
   return { app, license, outcome, charged: 0, chargedUnder: '' }
 }

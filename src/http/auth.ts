@@ -71,16 +71,26 @@ export const authenticate = (ctx: Context) => {
     // Still looked up on every request (a revocation holds at once), a key found live before skips the
     // budget: a revoked key still in use on a vendor's host (a forgotten cron job) spends its address's
     // lookups, and must not lock that host's live keys out with it.
-    if (!ctx.liveApiKeys.has(keyHash) && !ctx.unknownApiKeys.allows(ip, nowMs)) {
+    const budgeted = !ctx.liveApiKeys.has(keyHash)
+    if (budgeted && !ctx.unknownApiKeys.take(ip, nowMs)) {
       const retryAfter = String(Math.max(1, Math.ceil(ctx.unknownApiKeys.retryAfterMs(ip, nowMs) / 1000)))
       throw new ApiError('rate_limited', 429, 'Too many unknown API keys from this address; retry after the Retry-After header', {
         'Retry-After': retryAfter,
       })
     }
-    const accountId = await accountForKeyHash(ctx, keyHash)
+    let accountId: string | null
+    try {
+      accountId = await accountForKeyHash(ctx, keyHash)
+    } catch (err) {
+      if (budgeted) ctx.unknownApiKeys.giveBack(ip, ctx.clock())
+      throw err
+    }
+    // Only a lookup that found nothing spends a token: a key found live before that no longer is (revoked)
+    // spends one too, whatever is left.
+    if (budgeted && accountId !== null) ctx.unknownApiKeys.giveBack(ip, ctx.clock())
+    if (!budgeted && accountId === null) ctx.unknownApiKeys.take(ip, ctx.clock())
     if (!accountId) {
       ctx.liveApiKeys.delete(keyHash)
-      ctx.unknownApiKeys.charge(ip, nowMs)
       throw invalidKey()
     }
     ctx.liveApiKeys.set(keyHash, true)

@@ -110,6 +110,17 @@ test('made-up app ids from one IP cost PostgreSQL a bounded number of reads; rea
   expect((await validate({ appId: s.appId, appSecret: s.appSecret, licenseKey: real }, ip)).status).toBe(200)
 })
 
+test('made-up app ids sent at once from one IP cost no more reads than sent one after another', async () => {
+  const before = t.ctx.actors.loads.apps
+  const answers = await Promise.all(
+    Array.from({ length: 200 }, () => validate({ appId: crypto.randomUUID(), appSecret: 'x', licenseKey: generateLicenseKey() }, '203.0.113.12')),
+  )
+  expect(t.ctx.actors.loads.apps - before).toBe(60)
+  const codes = answers.map((res) => res.body.error)
+  expect(codes.filter((code) => code === 'invalid_app')).toHaveLength(60)
+  expect(codes.filter((code) => code === 'rate_limited')).toHaveLength(140)
+})
+
 test('apps that exist give their lookup token back, however many a caller looks up', async () => {
   const ip = '203.0.113.11'
   for (let i = 0; i < 70; i++) {

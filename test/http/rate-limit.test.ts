@@ -43,6 +43,18 @@ describe('Developer API rate limit', () => {
     expect((await from('198.51.100.9', madeUp())).status).toBe(429)
   })
 
+  test('made-up keys sent at once from one address cost no more lookups than sent one after another', async () => {
+    const { req } = await limitedApp({ env: { TRUSTED_PROXIES: '0.0.0.0' } })
+    const answers = await Promise.all(
+      Array.from({ length: 100 }, () =>
+        req('GET', '/v1/probe', { apiKey: `svc_live_${randomBytes(16).toString('hex')}`, headers: { 'x-forwarded-for': '198.51.100.30' } }),
+      ),
+    )
+    const statuses = answers.map((res) => res.status)
+    expect(statuses.filter((status) => status === 401)).toHaveLength(UNKNOWN_API_KEYS_PER_MINUTE)
+    expect(statuses.filter((status) => status === 429)).toHaveLength(100 - UNKNOWN_API_KEYS_PER_MINUTE)
+  })
+
   test("a revoked key still in use spends its address's lookups; the live keys the address has used are served all the same", async () => {
     const { req, seed, ctx } = await limitedApp({ env: { TRUSTED_PROXIES: '0.0.0.0' } })
     const live = await seed()
