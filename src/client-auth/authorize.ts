@@ -51,6 +51,19 @@ export interface Authorized {
 }
 
 /**
+ * Runs what follows an authorization (a seat's bind, the signature) and gives its charge back if that
+ * fails: the client is answered an error, and a retry would be charged again.
+ */
+export async function refundingOnFailure<T>(ctx: Context, auth: Authorized, work: () => Promise<T>): Promise<T> {
+  try {
+    return await work()
+  } catch (err) {
+    if (auth.charged > 0) await ctx.credits.refund(auth.app.accountId, auth.charged, auth.chargedUnder)
+    throw err
+  }
+}
+
+/**
  * An app id this process does not hold costs a read before any limit can apply, so an IP may look up
  * only so many that turn out not to exist (absentAppBudget). Past that it is refused without a read,
  * whether the app exists or not: `rate_limited`, which a client retries, as `invalid_app` would tell

@@ -2,7 +2,7 @@ import { holdsSeat } from '../actors/load'
 import type { Context } from '../context'
 import { countResult } from '../lib/metrics'
 import { keys } from '../store/store'
-import { authorize } from './authorize'
+import { authorize, refundingOnFailure } from './authorize'
 import type { HeartbeatInput, SignedReply } from './model'
 import { canonicalAppId, ceiling, fail, HEARTBEATS_PER_CREDIT, licenseState, listsAllow, type Outcome, perIpBucket, SANDBOX } from './policy'
 
@@ -43,5 +43,5 @@ async function renewSession(ctx: Context, input: HeartbeatInput, ip: string, req
   const nowMs = ctx.clock()
   const license = auth.license!
   const renewed = sessions.issue({ app: auth.app.id, lic: session!.lic, hwid: input.hwid, ttl: session!.ttl }, license.expiresAt, nowMs)
-  return payloads.sign(auth.app, license, input.hwid, renewed, input.nonce, nowMs)
+  return refundingOnFailure(ctx, auth, () => payloads.sign(auth.app, license, input.hwid, renewed, input.nonce, nowMs))
 }

@@ -3,7 +3,7 @@ import type { Context } from '../context'
 import { PublicError } from '../lib/errors'
 import { countResult } from '../lib/metrics'
 import { keys } from '../store/store'
-import { authorize } from './authorize'
+import { authorize, refundingOnFailure } from './authorize'
 import type { SignedReply, ValidateInput } from './model'
 import {
   bucket,
@@ -59,16 +59,14 @@ async function validateAndSign(ctx: Context, input: ValidateInput, ip: string, r
     }
   })
   const { app } = auth
-  let license = auth.license!
-  if (auth.outcome.bind) {
-    try {
-      license = await bindHwid(ctx, app, license, hwid)
-    } catch (err) {
-      if (auth.charged > 0) await ctx.credits.refund(app.accountId, auth.charged, auth.chargedUnder)
-      throw err
-    }
-  }
+  const license = auth.outcome.bind
+    ? await refundingOnFailure(ctx, auth, () => bindHwid(ctx, app, auth.license!, hwid))
+    : auth.license!
   const nowMs = ctx.clock()
+  const ttl = clampTtl(input.ttlSeconds, ctx.config.sessionTtlSeconds)
+  const session = ctx.sessions.issue({ app: app.id, lic: licenseKey, hwid, ttl }, license.expiresAt, nowMs)
+  const signed = await refundingOnFailure(ctx, auth, () => ctx.payloads.sign(app, license, hwid, session, input.nonce, nowMs))
+  // Recorded once the client is answered with a signed payload: a validate answered as failed was none.
   if (app.wantsValidated) {
     ctx.validatedEvents.add({
       event: 'license.validated',
@@ -76,9 +74,7 @@ async function validateAndSign(ctx: Context, input: ValidateInput, ip: string, r
       occurredAt: new Date(nowMs),
     })
   }
-  const ttl = clampTtl(input.ttlSeconds, ctx.config.sessionTtlSeconds)
-  const session = ctx.sessions.issue({ app: app.id, lic: licenseKey, hwid, ttl }, license.expiresAt, nowMs)
-  return ctx.payloads.sign(app, license, hwid, session, input.nonce, nowMs)
+  return signed
 }
 
 /** Binds a new HWID through the app's actor, then reports the license as it now stands. */

@@ -4,7 +4,7 @@ import { eq, inArray } from 'drizzle-orm'
 import { addCredits } from '../../src/accounts/service'
 import { settledFlushes } from '../../src/credits/ledger'
 import { Purger } from '../../src/db/purger'
-import { accounts, creditFlushes, licenses } from '../../src/db/schema'
+import { accounts, creditFlushes, events, licenses, signingKeys } from '../../src/db/schema'
 import postgres from 'postgres'
 import { makeTestApp, MODE, TEST_DATABASE_URL } from '../support/helpers'
 import { until } from '../support/servers'
@@ -173,6 +173,21 @@ describe('credits on the client endpoints', async () => {
     expect(row!.hwids).toEqual(['device-1', 'device-2'])
     expect((await own.req('GET', '/v1/account', { apiKey: s.apiKey })).body.credits).toBe(8)
     failReads = false
+  })
+
+  test('a validate that fails after its charge (no active signing key to sign with) is refunded and records no license.validated', async () => {
+    const s = await t.seed({ credits: 5 })
+    const key = await insertLicense(t.ctx, s.appId)
+    await t.req('POST', `/v1/apps/${s.appId}/webhooks`, { apiKey: s.apiKey, body: { url: 'https://203.0.113.1/hook', events: ['license.validated'] } })
+    await t.ctx.database.db.update(signingKeys).set({ active: false }).where(eq(signingKeys.appId, s.appId))
+    // A change through the API, so the app is read again, without its key.
+    expect((await t.req('PATCH', `/v1/apps/${s.appId}`, { apiKey: s.apiKey, body: { name: 'Keyless' } })).status).toBe(200)
+    // The first binds a seat, the second finds it bound: each is charged, and each fails at the signature.
+    const h = hwid()
+    for (let i = 0; i < 2; i++) expect((await validate(s, key, h)).body).toEqual({ status: 'failed', error: 'system_error' })
+    expect(await live(s)).toBe(5)
+    await t.ctx.validatedEvents.flush()
+    expect(await t.ctx.database.db.select().from(events).where(eq(events.event, 'license.validated'))).toEqual([])
   })
 
   test('a refund that cannot reach the store leaves the client the answer its request earned, and is logged', async () => {
