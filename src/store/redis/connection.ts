@@ -1,7 +1,7 @@
 import calculateSlot from 'cluster-key-slot'
 import { Cluster, Redis, type RedisOptions } from 'ioredis'
 import { errorFields, log, logEvery } from '../../lib/log'
-import { DeadlineExceeded, withTimeout } from '../../lib/with-timeout'
+import { DeadlineExceeded, withDeadline, withTimeout } from '../../lib/with-timeout'
 import { storeErrors } from '../../lib/metrics'
 import { keys, type Shard, STORE_CALL_TIMEOUT_MS, shardOf } from '../store'
 
@@ -49,6 +49,11 @@ function clusterClient(urls: string, options: RedisOptions & { enableAutoPipelin
   )
 }
 
+/** How often a connection with an overdue call asks Redis, on one of its own, whether it answers at all. */
+const OVERDUE_CHECK_EVERY_MS = 2_000
+/** How long a PING's answer is given to be followed by the overdue call's, sent earlier on the other connection. */
+const OVERDUE_GRACE_MS = 200
+
 /**
  * The one ioredis client of a RedisStore (a connection, or a Redis Cluster client with one per node),
  * with its scripts as commands, and what every concern of the store shares about it: the shards, the
@@ -85,8 +90,15 @@ export class Connection<Commands extends object = object> {
   #drops = 0
   /** Calls on one Redis that went past their deadline and are still unanswered (overdue). */
   #overdueCalls = 0
+  /** Set while #checkOverdue asks aside. */
+  #checking = false
+  /** One Redis's URL, for the check's connection of its own. */
+  readonly #url: string
+  readonly #connectTimeoutMs: number
 
   constructor(url: string, options: RedisStoreOptions, scripts: { [name in keyof Commands]: Script }) {
+    this.#url = url
+    this.#connectTimeoutMs = options.connectTimeoutMs ?? 2000
     const named = Object.entries(scripts) as [string, Script][]
     // A cluster client places an auto-pipelined command by its first argument, which is the key count
     // for a script that takes its count first: those go on their own, placed by their first key.
@@ -95,7 +107,7 @@ export class Connection<Commands extends object = object> {
       lazyConnect: false,
       enableAutoPipelining: true,
       autoPipeliningIgnoredCommands: named.filter(alone).map(([name]) => name),
-      connectTimeout: options.connectTimeoutMs ?? 2000,
+      connectTimeout: this.#connectTimeoutMs,
       // Fail a command fast while Redis is down instead of queueing it for ever; reconnect in the background.
       maxRetriesPerRequest: 1,
       // A call whose connection dropped before its reply may have run: sent again it would run twice (a
@@ -222,6 +234,54 @@ export class Connection<Commands extends object = object> {
       this.#overdueCalls--
     }
     reply.then(answered, answered)
+    this.#checkOverdue()
+  }
+
+  /**
+   * While a call is overdue, asks Redis on a connection of its own whether it answers (PING), every
+   * OVERDUE_CHECK_EVERY_MS. Redis runs one command at a time: answering a PING sent after the overdue
+   * call while that call still has no answer, it never got the call or its answer was lost on the way.
+   * The connection is dead without a reset (a NAT or load balancer that forgot the flow, a network that
+   * drops its packets), and TCP would hold every call on it for as long as it retransmits, up to 15
+   * minutes: it is closed, and ioredis connects again. A PING without an answer either is Redis busy or
+   * unreachable, where a new connection would do no better: the check asks again.
+   */
+  #checkOverdue(): void {
+    if (this.#checking) return
+    this.#checking = true
+    void (async () => {
+      try {
+        while (this.#overdueCalls > 0 && this.redis.status === 'ready') {
+          await Bun.sleep(OVERDUE_CHECK_EVERY_MS)
+          if (this.#overdueCalls === 0 || !(await this.#answersAside())) continue
+          // The overdue call's answer may have been on its way beside the PING's.
+          await Bun.sleep(OVERDUE_GRACE_MS)
+          if (this.#overdueCalls === 0 || this.redis.status !== 'ready') continue
+          log.warn('redis answers on a new connection but not on the one a call is overdue on: that connection is closed and opened again')
+          this.redis.disconnect(true)
+        }
+      } finally {
+        this.#checking = false
+      }
+    })()
+  }
+
+  async #answersAside(): Promise<boolean> {
+    const aside = new Redis(this.#url, {
+      lazyConnect: true,
+      connectTimeout: this.#connectTimeoutMs,
+      maxRetriesPerRequest: 0,
+      retryStrategy: () => null,
+    })
+    aside.on('error', () => {})
+    try {
+      await withDeadline(aside.ping(), this.callTimeoutMs, 'the check on an overdue redis call')
+      return true
+    } catch {
+      return false
+    } finally {
+      aside.disconnect()
+    }
   }
 
   /**
