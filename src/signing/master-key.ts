@@ -51,11 +51,21 @@ function writeKeyFile(path: string, key: Buffer, flag: 'w' | 'wx'): void {
   syncToDisk(dirname(path))
 }
 
-/** Puts a staged key in place of the development key, keeping the one it replaces as master.key.prev. */
+/**
+ * Puts a staged key in place of the development key, keeping the one it replaces as master.key.prev and
+ * an earlier .prev as master.key.prev.1, .2…: a backup taken before any of the rotations opens only with
+ * the key of its time.
+ */
 function installKey(path: string, staged: string): void {
   if (existsSync(path)) {
-    copyFileSync(path, previousKeyPath(path))
-    syncToDisk(previousKeyPath(path))
+    const previous = previousKeyPath(path)
+    if (existsSync(previous)) {
+      let n = 1
+      while (existsSync(`${previous}.${n}`)) n++
+      renameSync(previous, `${previous}.${n}`)
+    }
+    copyFileSync(path, previous)
+    syncToDisk(previous)
   }
   renameSync(staged, path)
   syncToDisk(dirname(path))

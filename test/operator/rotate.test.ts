@@ -297,6 +297,8 @@ describe(`master-key rotate (${MODE})`, () => {
     await ok(cli(env, ['account', 'list']))
     expect(readFileSync(keyFile, 'utf8')).toBe(thirdKey)
     expect(readFileSync(`${keyFile}.prev`, 'utf8')).toBe(newKey)
+    // The key before it is kept too: a backup from before both rotations opens only with it.
+    expect(readFileSync(`${keyFile}.prev.1`, 'utf8')).toBe(oldKey)
     expect(existsSync(`${keyFile}.next`)).toBe(false)
   })
 
