@@ -128,6 +128,17 @@ describe('POST /v1/apps/:appId/activation-requests', () => {
     expect(issued.map((e) => (e.data as { fileId: string }).fileId)).toEqual([res.body.fileId])
   })
 
+  test("a machine name that is not UTF-8 (the C++ SDK clips one mid-character, or writes a Windows code page's) is no reason to refuse", async () => {
+    const s = await t.seed({ credits: 5 })
+    const licenseKey = await insertLicense(t.ctx, s.appId, { maxHwidSlots: 1 })
+    const [before, after] = JSON.stringify({ ...requestFields(s.appId, 'm-cpp', licenseKey), machineName: '#' }).split('#')
+    // "研" cut after two of its three bytes, then cp1252's Ü.
+    const payload = Buffer.concat([Buffer.from(before!), Buffer.from([0xe7, 0xa0, 0xdc]), Buffer.from(after!)])
+    const res = await post(s, buildRequest(payload, { appIdHeader: s.appId }))
+    expect(res.status, JSON.stringify(res.body)).toBe(201)
+    expect(check(s, res.body.file, 'm-cpp').code).toBe('ok')
+  })
+
   test('JSON body: the license and expiry from the body; an already bound HWID takes no new seat', async () => {
     const s = await t.seed()
     const licenseKey = await insertLicense(t.ctx, s.appId, { maxHwidSlots: 1, hwids: ['m1'] })
@@ -255,12 +266,12 @@ describe('refused requests: 400 bad_request saying which, and nothing changes', 
     ['an HWID with a NUL (a JSON escape in the payload)', (a, k) => buildRequest(requestFields(a, 'm\u00001', k)), /NUL characters/],
     ['an HWID with an unpaired surrogate', (a, k) => buildRequest(requestFields(a, 'm\ud8001', k)), /unpaired surrogates/],
     [
-      'a payload that is not UTF-8 (an HWID with bytes FF FE), not bound as U+FFFD',
+      'an HWID that is not UTF-8 (bytes FF FE), not bound as U+FFFD',
       (a, k) => {
         const [before, after] = JSON.stringify(requestFields(a, 'ab#', k)).split('#')
         return buildRequest(Buffer.concat([Buffer.from(before!), Buffer.from([0xff, 0xfe]), Buffer.from(after!)]), { appIdHeader: a })
       },
-      /malformed payload \(not UTF-8\)/,
+      /the HWID is not UTF-8/,
     ],
     ['no license key', (a) => buildRequest(requestFields(a, 'm1')), /names no license/],
     ['a JSON body with an unknown field', (a, k) => ({ request: buildRequest(requestFields(a, 'm1', k)), hwids: ['x'] }), /Unknown field "hwids"/],

@@ -65,12 +65,16 @@ export function parseActivationRequest(text: string, appId: string): ActivationR
   if (headers.get('checksum')?.toLowerCase() !== requestChecksum(payloadBase64)) {
     throw refuse('bad checksum (the request was altered or cut)')
   }
+  const bytes = Buffer.from(payloadBase64, 'base64')
   let json: string
+  let utf8 = true
   try {
-    // fatal: a lenient decode would bind and mint for an HWID with U+FFFD in place of its bytes.
-    json = UTF8.decode(Buffer.from(payloadBase64, 'base64'))
+    json = UTF8.decode(bytes)
   } catch {
-    throw refuse('malformed payload (not UTF-8)')
+    // The C++ SDK clips a machine name mid-character, or writes one in a Windows code page: fields this
+    // server does not read. Read leniently, the payload is refused only where a field it uses is not UTF-8.
+    utf8 = false
+    json = bytes.toString('utf8')
   }
   let payload: Record<string, unknown>
   try {
@@ -91,6 +95,9 @@ export function parseActivationRequest(text: string, appId: string): ActivationR
   const sameApp = (id: unknown) => typeof id === 'string' && id.toLowerCase() === appId
   if (!sameApp(headers.get('app-id')) || !sameApp(payload.appId)) throw refuse("it is another app's request")
   const hwid = payload.hwid as string
+  // U+FFFD in place of bytes: bound and minted for, it would name a machine no SDK ever sends.
+  if (!utf8 && hwid.includes('\uFFFD')) throw refuse('the HWID is not UTF-8')
+  if (!utf8 && typeof payload.licenseKey === 'string' && payload.licenseKey.includes('\uFFFD')) throw refuse('the license key is not UTF-8')
   const length = characters(hwid)
   if (length < 1 || length > MAX_HWID) {
     throw refuse(`the HWID is ${length} characters; it must be 1 to ${MAX_HWID} (AuthForge allows 256; this server ${MAX_HWID})`)
