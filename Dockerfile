@@ -11,13 +11,15 @@ RUN npm ci --omit=dev --no-audit --no-fund
 
 FROM oven/bun:1.4.5
 WORKDIR /app
-# MIMALLOC_PURGE_DELAY=-1: src/server-processes.ts's LAUNCH_ENV (the allocator keeps its pages; a fifth
-# more validates a second on a virtual machine), read by Bun only at its start, so set here.
+# MIMALLOC_PURGE_DELAY=-1 and BUN_CONFIG_MAX_HTTP_REQUESTS=512: src/server-processes.ts's LAUNCH_ENV (the
+# allocator keeps its pages, a fifth more validates a second on a virtual machine; webhook deliveries and
+# test pings fetch side by side), read by Bun only at its start, so set here.
 ENV NODE_ENV=production \
     HOST=0.0.0.0 \
     PORT=3000 \
     DATA_DIR=/data \
-    MIMALLOC_PURGE_DELAY=-1
+    MIMALLOC_PURGE_DELAY=-1 \
+    BUN_CONFIG_MAX_HTTP_REQUESTS=512
 COPY --from=deps /app/node_modules ./node_modules
 # package.json is read at run time (the API version in the OpenAPI document); drizzle/ holds the
 # migrations src/main.ts applies at start; bunfig.toml keeps `bun run cli` from echoing its command

@@ -19,6 +19,7 @@ import { DeliveryPool } from './delivery/pool'
 import { CreditLedger } from './credits/ledger'
 import { InFlightLimit } from './lib/in-flight'
 import { TEST_PINGS_PER_ACCOUNT } from './webhooks/service'
+import { PING_FETCHES } from './delivery/fetch-limit'
 
 /** What a test or a bench brings of its own instead of what the settings would open. */
 export interface ContextOverrides {
@@ -78,7 +79,7 @@ export async function buildContext(config: Readonly<Config>, overrides: ContextO
 }
 
 /** What boot opens or chooses; the rest of the context is built from it. */
-type ContextBase = Omit<Context, 'actors' | 'credits' | 'sessions' | 'payloads' | 'validatedEvents' | 'unknownApiKeys' | 'liveApiKeys' | 'testPings'>
+type ContextBase = Omit<Context, 'actors' | 'credits' | 'sessions' | 'payloads' | 'validatedEvents' | 'unknownApiKeys' | 'liveApiKeys' | 'testPings' | 'pingFetches'>
 
 function assembleContext(base: ContextBase): Context {
   return {
@@ -91,5 +92,6 @@ function assembleContext(base: ContextBase): Context {
     unknownApiKeys: new MissBudget(UNKNOWN_API_KEYS_PER_MINUTE, ACTOR_LIMITS.absent),
     liveApiKeys: new BoundedMap(LIVE_API_KEYS),
     testPings: new InFlightLimit(TEST_PINGS_PER_ACCOUNT),
+    pingFetches: new InFlightLimit(PING_FETCHES),
   }
 }

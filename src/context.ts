@@ -46,6 +46,8 @@ export interface Context {
   liveApiKeys: BoundedMap<true>
   /** Test pings on their way, by account (webhooks/service.ts). */
   testPings: InFlightLimit
+  /** The test pings on their way in this process, all accounts' (fetch-limit.ts). */
+  pingFetches: InFlightLimit
   /** Milliseconds since the epoch; tests inject their own. */
   clock: () => number
 }

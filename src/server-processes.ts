@@ -8,16 +8,22 @@ const INDEX_VARIABLE = 'LS_SERVER_PROCESS_INDEX'
 export const serverProcessIndex = (): number => Number(process.env[INDEX_VARIABLE] ?? 0)
 
 /**
- * The allocator setting every launcher of the server sets (the image's ENV, `npm start`), and that the
- * first process gives the others it starts unless the environment already says otherwise. It is read
- * once, when a process starts, so a process cannot set it for itself. Bun's allocator (mimalloc) gives
+ * The settings of Bun's own every launcher of the server sets (the image's ENV, `npm start`), and that
+ * the first process gives the others it starts unless the environment already says otherwise. Each is
+ * read once, when a process starts, so a process cannot set it for itself.
+ *
+ * BUN_CONFIG_MAX_HTTP_REQUESTS: the fetches a process may have open, 256 unset, which the webhook
+ * deliveries and test pings share out (delivery/fetch-limit.ts): 512 lets the deliveries have their
+ * 256 with room for pings beside them.
+ *
+ * MIMALLOC_PURGE_DELAY: Bun's allocator (mimalloc) gives
  * pages it found empty back to the kernel 10 ms later (madvise), and the next requests' allocations
  * fault them in again: on a virtual machine, where page faults and the TLB flushes behind them cost
  * most, that churn took a fifth of validate throughput (bench: 7,564 against 9,673 validates/s, server
  * CPU 161 against 108 µs each). Never giving them back holds the allocator at its peak, which the
  * request path reaches within seconds and keeps; the caches live on the JavaScript heap, not here.
  */
-export const LAUNCH_ENV = { MIMALLOC_PURGE_DELAY: '-1' } as const
+export const LAUNCH_ENV = { MIMALLOC_PURGE_DELAY: '-1', BUN_CONFIG_MAX_HTTP_REQUESTS: '512' } as const
 
 /** How long a process that exited on its own waits before it is started again. */
 const RESTART_DELAY_MS = 1000

@@ -5,6 +5,7 @@ import type { Context } from '../context'
 import { ApiError, badRequest, notFound } from '../lib/errors'
 import { signedDelivery } from '../delivery/signed-delivery'
 import { recordAttempts } from '../delivery/attempts'
+import { PING_FETCHES } from '../delivery/fetch-limit'
 import { checkTarget, TargetError } from '../delivery/target'
 import { requireOwnedApp } from '../apps/service'
 import { requireSealingKey } from '../signing/key-check'
@@ -155,13 +156,21 @@ export async function sendTestPing(
   const secret = ctx.sealer.open(row.secretEnc).toString('utf8')
   const data = { licenseKey: PING_LICENSE_KEY, appId, webhookId, test: true }
   const job = signedDelivery(row.url, secret, 'test.ping', new Date(ctx.clock()), JSON.stringify(data))
+  const retryAfter = { 'retry-after': String(Math.ceil(ctx.webhookPool.timeoutMs / 1000)) }
   const leave = ctx.testPings.enter(accountId)
   if (!leave) {
-    throw new ApiError('rate_limited', 429, `At most ${TEST_PINGS_PER_ACCOUNT} test pings of an account are on their way at once; retry after the Retry-After header`, {
-      'retry-after': String(Math.ceil(ctx.webhookPool.timeoutMs / 1000)),
-    })
+    throw new ApiError('rate_limited', 429, `At most ${TEST_PINGS_PER_ACCOUNT} test pings of an account are on their way at once; retry after the Retry-After header`, retryAfter)
   }
-  const result = await ctx.webhookPool.send(job).finally(leave)
+  // The fetches kept for pings (fetch-limit.ts): past them a ping would wait unsent inside Bun.
+  const leaveRoom = ctx.pingFetches.enter('')
+  if (!leaveRoom) {
+    leave()
+    throw new ApiError('rate_limited', 429, `At most ${PING_FETCHES} test pings are on their way on this server at once; retry after the Retry-After header`, retryAfter)
+  }
+  const result = await ctx.webhookPool.send(job).finally(() => {
+    leave()
+    leaveRoom()
+  })
   await recordAttempts(ctx.database.db, [{ webhookId, at: new Date(ctx.clock()), status: result.status }])
   return { ok: true, status: result.status }
 }

@@ -11,6 +11,8 @@ import { startDispatcher } from '../../src/delivery/dispatcher'
 import { DeliveryPool } from '../../src/delivery/pool'
 import { pinnedTarget } from '../../src/delivery/target'
 import { TEST_PINGS_PER_ACCOUNT } from '../../src/webhooks/service'
+import { DELIVERY_FETCHES, PING_FETCHES } from '../../src/delivery/fetch-limit'
+import { createApplication } from '../../src/apps/service'
 import { makeTestApp, sharedInfra, TEST_DATABASE_URL, TEST_MASTER_KEY, type TestApp } from '../support/helpers'
 
 // Opening the shared database (and migrating it) takes seconds on a busy machine: do it before any test's clock starts.
@@ -121,6 +123,32 @@ describe('webhook delivery', () => {
     expect(Date.parse(listed!.lastDeliveryAt!)).toBeGreaterThan(Date.now() - 60_000)
     expect(rx.at('/all')).toHaveLength(EVENT_NAMES.length)
   })
+
+  test("deliveries hanging on 16 receivers leave room in Bun's fetches for another account's test ping: it goes at once", async () => {
+    const t = await appWithReceiverCa()
+    const [hostile, victim] = [await t.seed(), await t.seed()]
+    const receivers = Array.from({ length: 16 }, () => startReceiver(() => 'hang'))
+    await using answering = startReceiver(() => ({ delayMs: 500 }))
+    try {
+      // 16 hosts (16 ports), 4 webhooks an app: each host may have its 16 deliveries open, 256 in all.
+      const apps = [hostile.appId]
+      for (let i = 0; i < 3; i++) apps.push((await createApplication(t.ctx, hostile.accountId, `hanging-${i}`, false)).appId)
+      for (const [i, rx] of receivers.entries()) await addHook(t, { appId: apps[i >> 2]!, apiKey: hostile.apiKey }, rx.url('/hang'), ['license.created'])
+      const hook = await addHook(t, victim, answering.url('/ping'), ['license.created'])
+      await using _d = startDispatcher(t.ctx, { pollMs: 50 })
+      await emit(t.ctx, apps.flatMap((appId) => Array.from({ length: 16 }, () => ({ event: 'license.created' as EventName, data: dataFor('license.created', appId, keyFor()) }))))
+      const open = () => receivers.reduce((n, rx) => n + rx.at('/hang').length, 0)
+      await until(() => open() >= DELIVERY_FETCHES, 'the deliveries the fetch limit leaves room for')
+      await Bun.sleep(1_000)
+      expect(open()).toBe(DELIVERY_FETCHES)
+      const started = performance.now()
+      const ping = await t.req('POST', `/v1/apps/${victim.appId}/webhooks/${hook.webhookId}/test`, { apiKey: victim.apiKey })
+      expect(ping.body).toEqual({ ok: true, status: 200 })
+      expect(performance.now() - started).toBeLessThan(3_000)
+    } finally {
+      for (const rx of receivers) await rx.stop()
+    }
+  }, 60_000)
 
   test('license API changes reach the receiver once each, in order', async () => {
     const t = await appWithReceiverCa()
@@ -390,6 +418,29 @@ describe('test ping', () => {
 })
 
 describe('test pings in flight', () => {
+  test("the server's are limited to the fetches kept for them: past those a ping is a 429, not a wait inside Bun", async () => {
+    const t = await appWithReceiverCa()
+    t.ctx.webhookPool = new DeliveryPool({ allowPrivate: true, extraCaFile: testCertificate().certFile, timeoutMs: 3_000 })
+    await using rx = startReceiver(() => 'hang')
+    const pingFrom = async () => {
+      const s = await t.seed()
+      const { webhookId } = await addHook(t, s, rx.url('/hang'), ['license.created'])
+      return () => t.req('POST', `/v1/apps/${s.appId}/webhooks/${webhookId}/test`, { apiKey: s.apiKey })
+    }
+    const pings: Promise<{ status: number; body: any }>[] = []
+    while (pings.length < PING_FETCHES) {
+      const ping = await pingFrom()
+      for (let n = 0; n < TEST_PINGS_PER_ACCOUNT && pings.length < PING_FETCHES; n++) pings.push(ping())
+    }
+    await until(() => rx.received.length === PING_FETCHES, 'the pings the fetches kept for them let through')
+    // An account with none on its way: the server's limit, not the account's.
+    const refused = await (await pingFrom())()
+    expect(refused.status).toBe(429)
+    expect(refused.body.message).toContain('on this server')
+    for (const done of await Promise.all(pings)) expect(done.body).toEqual({ ok: true, status: 0 })
+    await t.ctx.webhookPool.close()
+  })
+
   test("an account's are limited, so its receivers that hang cannot take the delivery workers from other accounts", async () => {
     const t = await appWithReceiverCa()
     t.ctx.webhookPool = new DeliveryPool({ allowPrivate: true, extraCaFile: testCertificate().certFile, timeoutMs: 3_000 })

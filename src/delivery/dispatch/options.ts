@@ -1,5 +1,6 @@
 import type { Db } from '../../db/client'
 import type { DeliveryJob, DeliveryResult, Withdrawn } from '../protocol'
+import { DELIVERY_FETCHES } from '../fetch-limit'
 
 export interface DispatcherOptions {
   /** How often to look for work from other instances (and missed wake-ups). */
@@ -11,7 +12,7 @@ export interface DispatcherOptions {
   leaseSeconds?: number
   /** Most events fanned out per statement (fewer when fewer slots are free). */
   fanOutBatch?: number
-  /** Deliveries this instance has on the workers at once. */
+  /** Deliveries this instance has on the workers at once: at most 256, and within what Bun lets a process fetch (fetch-limit.ts). */
   maxInFlight?: number
   /**
    * Deliveries of one account on the way that are claimed before others' waiting past their share
@@ -41,7 +42,7 @@ export interface DispatcherOptions {
 export type DispatcherSettings = Required<DispatcherOptions>
 
 export function dispatcherSettings(options: DispatcherOptions): DispatcherSettings {
-  const maxInFlight = options.maxInFlight ?? 256
+  const maxInFlight = options.maxInFlight ?? Math.min(256, DELIVERY_FETCHES)
   return {
     pollMs: options.pollMs ?? 1_000,
     leaseSeconds: options.leaseSeconds ?? 120,
