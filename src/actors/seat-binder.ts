@@ -68,7 +68,7 @@ export class SeatBinder {
     const appId = this.actor.id
     const now = new Date(this.clock())
     const noted: NotedInvalidation[] = []
-    const { refused, unwritten, outage } = await writeIsolated(batch, (part) => this.#bindAll(part, now, noted))
+    const { refused, unwritten, outage } = await writeIsolated(batch, (part) => this.#bindAll(part, now, noted), 'isolate')
     if (refused.length > 0) {
       const [first] = refused
       log.warn('seat binding refused requests', { appId, requests: refused.length, code: errorCode(first?.error) })

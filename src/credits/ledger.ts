@@ -8,6 +8,7 @@ import { countDatabaseError, isDatabaseError } from '../db/errors'
 import { SingleFlight } from '../lib/single-flight'
 import { type PurgeJob, Purger } from '../db/purger'
 import { DeadlineExceeded, withDeadline, withTimeout } from '../lib/with-timeout'
+import { limitLockWait } from '../db/commit-outcome'
 
 /**
  * Credits on the hot path live in the store: charges take from a live balance there atomically (never
@@ -243,6 +244,9 @@ export class CreditLedger {
   /** Moves the account's flush (the one left unfinished, or a new one under `newId`) into PostgreSQL; its id, '' when none. */
   #applyFlush(accountId: string, newId: string): Promise<string> {
     return this.#oneAtATime(() => this.#database.db.transaction(async (tx) => {
+      // A row another session holds fails this account's flush at the lock wait, for the next pass:
+      // every account's flushes run one after another, and would all wait behind it.
+      await limitLockWait(tx)
       // The row lock orders this flush against addCredits and against a balance seed (#seedBalance): the
       // charges leave the store only once no seed can read the balance without them.
       const [account] = await tx

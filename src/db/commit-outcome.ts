@@ -12,9 +12,22 @@ import type { Ask, Database, Tx } from './client'
 import { errorCode } from './errors'
 import { classifyWriteError } from './isolated-write'
 
-/** The id of the transaction `tx` is in (one is assigned if it had none yet). */
-export async function transactionId(tx: Tx): Promise<string> {
-  return String(rowsOf(await tx.execute(sql`SELECT pg_current_xact_id()::text AS xid`))[0]?.xid)
+/**
+ * How long a transaction of the service waits for a lock another session holds (lock_timeout, set for
+ * the transaction alone): past it the statement fails with 55P03, and the write fails alone or is
+ * retried (isolated-write.ts), instead of holding up an app's mailbox, or every account's credit
+ * flush, for as long as the other session (an operator's, a migration's) keeps it.
+ */
+const LOCK_WAIT = sql`set_config('lock_timeout', '2s', true)`
+
+/** Sets the transaction's lock wait (LOCK_WAIT). */
+export async function limitLockWait(tx: Tx): Promise<void> {
+  await tx.execute(sql`SELECT ${LOCK_WAIT}`)
+}
+
+/** Sets the transaction's lock wait (LOCK_WAIT) and returns its id (one is assigned if it had none yet). */
+export async function startTransaction(tx: Tx): Promise<string> {
+  return String(rowsOf(await tx.execute(sql`SELECT pg_current_xact_id()::text AS xid, ${LOCK_WAIT}`))[0]?.xid)
 }
 
 /**
@@ -50,7 +63,7 @@ export async function transactionKnown<T>(database: Database, work: (tx: Tx) => 
   let done = null as { result: T } | null
   try {
     return await database.db.transaction(async (tx) => {
-      xid = await transactionId(tx)
+      xid = await startTransaction(tx)
       const result = await work(tx)
       done = { result }
       return result

@@ -11,15 +11,23 @@ export type WriteFailure =
   | 'outage'
   /** PostgreSQL refused a value (data exception, constraint, size limit): some member's own data. */
   | 'data'
+  /**
+   * A lock not granted in time (lock_timeout: another session holds a row or table): transient, and
+   * on a row lock some member's own row.
+   */
+  | 'contention'
   /** Anything else (a statement or programming error): no member is to blame and a retry would not help. */
   | 'failure'
 
 // SQLSTATE classes: 08 connection exception, 40 transaction rollback (serialization, deadlock),
 // 53 insufficient resources, 57 operator intervention (admin shutdown, cannot connect now), 58 system error.
 const OUTAGE_CLASSES = new Set(['08', '40', '53', '57', '58'])
-// And one code: 25006 read_only_sql_transaction, a server that takes no writes for now (a failover that
-// left the connection on a standby, a primary in recovery).
-const OUTAGE_CODES = new Set(['25006'])
+// And codes: 25006 read_only_sql_transaction, a server that takes no writes for now (a failover that
+// left the connection on a standby, a primary in recovery); 25P03 idle_in_transaction_session_timeout,
+// a session the server ended.
+const OUTAGE_CODES = new Set(['25006', '25P03'])
+/** 55P03 lock_not_available: lock_timeout passed (LOCK_WAIT in commit-outcome.ts). */
+const CONTENTION = '55P03'
 // 22 data exception (bad encoding, NUL, invalid JSON), 23 integrity constraint, 54 program limit (a value too large).
 const DATA_CLASSES = new Set(['22', '23', '54'])
 
@@ -31,6 +39,7 @@ export function classifyWriteError(err: unknown): WriteFailure {
   if (!SQLSTATE.test(coded.code)) return 'failure'
   const cls = coded.code.slice(0, 2)
   if (OUTAGE_CLASSES.has(cls) || OUTAGE_CODES.has(coded.code)) return 'outage'
+  if (coded.code === CONTENTION) return 'contention'
   return DATA_CLASSES.has(cls) ? 'data' : 'failure'
 }
 
@@ -48,11 +57,14 @@ export interface IsolatedWrite<T> {
  * PostgreSQL refuses some member's data, each half is written on its own, recursively: k bad
  * members among n cost about 2·k·log2(n) extra statements, and every other member is written. At
  * the first outage the rest is left unwritten (what was written stays written). `write` must apply
- * nothing, or only its own transaction's changes, when it throws.
+ * nothing, or only its own transaction's changes, when it throws. A lock not granted in time is split
+ * off the same way when `contention` is 'isolate' (each member updates rows of its own: one locked
+ * elsewhere fails alone), and is an outage when it is 'outage' (a table's lock: every part would wait).
  */
 export async function writeIsolated<T>(
   members: readonly T[],
   write: (part: readonly T[]) => Promise<void>,
+  contention: 'isolate' | 'outage',
 ): Promise<IsolatedWrite<T>> {
   const result: IsolatedWrite<T> = { refused: [], unwritten: [], outage: undefined }
   let unreachable = false
@@ -65,12 +77,13 @@ export async function writeIsolated<T>(
       await write(part)
     } catch (error) {
       countDatabaseError(error)
-      const failure = classifyWriteError(error)
+      const classified = classifyWriteError(error)
+      const failure = classified === 'contention' && contention === 'outage' ? 'outage' : classified
       if (failure === 'outage') {
         unreachable = true
         result.outage = error
         result.unwritten = result.unwritten.concat(part)
-      } else if (failure === 'data' && part.length > 1) {
+      } else if ((failure === 'data' || failure === 'contention') && part.length > 1) {
         const half = part.length >> 1
         await attempt(part.slice(0, half))
         await attempt(part.slice(half))

@@ -5,7 +5,7 @@ import { log } from '../lib/log'
 import { type DomainEvent, recordEvents } from './outbox'
 import { errorCode } from '../db/errors'
 import { classifyWriteError, writeIsolated } from '../db/isolated-write'
-import { transactionId, transactionStatus } from '../db/commit-outcome'
+import { startTransaction, transactionStatus } from '../db/commit-outcome'
 
 /**
  * How long a license.validated event waits in memory for others to join its INSERT. It fires on
@@ -137,7 +137,7 @@ export class ValidatedEventBatch {
     let xid: string | null = null
     try {
       await this.sink.database.db.transaction(async (tx) => {
-        xid = await transactionId(tx)
+        xid = await startTransaction(tx)
         await recordEvents(tx, list)
       })
     } catch (err) {
@@ -182,7 +182,7 @@ export class ValidatedEventBatch {
     while (due > 0 && this.#pending.length > 0) {
       const chunk = this.#pending.splice(0, Math.min(due, WRITE_CHUNK))
       due -= chunk.length
-      const result = await writeIsolated(chunk, this.#write)
+      const result = await writeIsolated(chunk, this.#write, 'outage')
       const { refused, outage } = result
       // The events of a write whose answer was lost wait apart, in #unsure.
       const apart = this.#unsure.length > 0 ? new Set(this.#unsure.flatMap((write) => write.events)) : null

@@ -1,6 +1,6 @@
 import { describe, expect, test } from 'bun:test'
 import { randomUUID } from 'node:crypto'
-import { eq, inArray } from 'drizzle-orm'
+import { and, eq, inArray } from 'drizzle-orm'
 import { addCredits } from '../../src/accounts/service'
 import { settledFlushes } from '../../src/credits/ledger'
 import { Purger } from '../../src/db/purger'
@@ -187,7 +187,7 @@ describe('credits on the client endpoints', async () => {
     for (let i = 0; i < 2; i++) expect((await validate(s, key, h)).body).toEqual({ status: 'failed', error: 'system_error' })
     expect(await live(s)).toBe(5)
     await t.ctx.validatedEvents.flush()
-    expect(await t.ctx.database.db.select().from(events).where(eq(events.event, 'license.validated'))).toEqual([])
+    expect(await t.ctx.database.db.select().from(events).where(and(eq(events.appId, s.appId), eq(events.event, 'license.validated')))).toEqual([])
   })
 
   test('a refund that cannot reach the store leaves the client the answer its request earned, and is logged', async () => {

@@ -202,9 +202,13 @@ describe('credits, store and database', () => {
       new Elysia().get('/v1/divide', () => t.ctx.database.db.execute(sql`SELECT 1 / 0`), { detail: { hide: true } }),
     )
     const before = countSoFar(await scrape(t), 'database_errors_total{code="22"}')
-    const written = await writeIsolated([1], async () => {
-      await t.ctx.database.db.execute(sql`SELECT 1 / 0`)
-    })
+    const written = await writeIsolated(
+      [1],
+      async () => {
+        await t.ctx.database.db.execute(sql`SELECT 1 / 0`)
+      },
+      'isolate',
+    )
     expect(written.refused).toHaveLength(1)
     expect(sample(await scrape(t), 'database_errors_total{code="22"}')).toBe(before + 1)
     expect((await t.req('GET', '/v1/divide')).status).toBe(500)
