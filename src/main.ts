@@ -1,13 +1,12 @@
 import { readFileSync } from 'node:fs'
 import { createServer } from 'node:net'
-import { format } from 'node:util'
 import { createApp } from './app'
 import { buildContext } from './boot'
 import { type Config, ConfigError, loadConfig } from './config'
 import type { Context } from './context'
 import { describeHolder, isLock, LOCK_WAIT_MS, lockDataDir } from './db/data-dir-lock'
 import { startOperatorSocket, usesOperatorSocket } from './operator/socket'
-import { errorFields, log, setLogLevel } from './lib/log'
+import { errorFields, log, logLibraryOutput, setLogLevel } from './lib/log'
 import { withTimeout } from './lib/with-timeout'
 import { LOW_FD_LIMIT, maxFds, startEventLoopMonitor } from './lib/process-metrics'
 import { internalMetricsApp } from './http/ops'
@@ -214,10 +213,7 @@ async function main(): Promise<void> {
   })
 }
 
-// A library that writes to the console (ioredis warns of a password its Redis does not need) would break
-// the log's one JSON line per entry: what it writes is logged as the text of an entry.
-console.warn = (...args: unknown[]) => log.warn('a library warned', { text: format(...args) })
-console.error = (...args: unknown[]) => log.error('a library reported an error', { text: format(...args) })
+logLibraryOutput()
 
 // Bun's own report of an uncaught error prints every property of the error object, and drivers
 // attach the statement, its parameters and the row: report it through errorFields, then exit as Bun would.

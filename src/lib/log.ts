@@ -4,6 +4,7 @@
  * [Redacted] at the top level and two levels down. Errors go through errorFields, which keeps what names a
  * failure and drops what carries data.
  */
+import { format } from 'node:util'
 import pino, { type DestinationStream, type Logger } from 'pino'
 
 export type LogLevel = 'debug' | 'info' | 'warn' | 'error'
@@ -258,4 +259,14 @@ function describe(err: unknown, depth: number): Record<string, unknown> {
  */
 export function errorFields(err: unknown): Record<string, unknown> {
   return describe(err, 0)
+}
+
+/**
+ * What a library writes to the console goes through the log instead (ioredis warns of a password its
+ * Redis does not need): the server's log stays one JSON line per entry, and the CLI, logging errors
+ * only, keeps stderr to its one error line.
+ */
+export function logLibraryOutput(): void {
+  console.warn = (...args: unknown[]) => log.warn('a library warned', { text: format(...args) })
+  console.error = (...args: unknown[]) => log.error('a library reported an error', { text: format(...args) })
 }

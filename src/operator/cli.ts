@@ -12,7 +12,7 @@ import { type OperatorReply, usesOperatorSocket } from './socket'
 import { rotateMasterKey } from './rotate'
 import { NO_SERVER, operatorSocketPath } from '../db/operator-socket'
 import { Refused } from './args'
-import { errorFields, setLogLevel } from '../lib/log'
+import { errorFields, logLibraryOutput, setLogLevel } from '../lib/log'
 import { ResealRefused } from '../signing/reseal'
 import { SealError } from '../lib/crypto'
 import { codedError } from '../db/errors'
@@ -110,8 +110,10 @@ async function main(argv: string[]): Promise<number> {
       return 0
     }
     const config = loadConfig()
-    // Stdout carries the answer and stderr the one error line: the server's start-up notes stay out.
+    // Stdout carries the answer and stderr the one error line: the server's start-up notes stay out, and
+    // so do a library's warnings.
     setLogLevel('error')
+    logLibraryOutput()
     const { command } = line
     const result =
       command.kind === 'master-key rotate'

@@ -18,6 +18,9 @@ export const usesOperatorSocket = (config: Pick<Config, 'databaseUrl' | 'redisUr
 /** How long a stopping server waits for the operator commands under way before cutting them off. */
 const STOP_WAIT_MS = 5000
 
+/** The most a command's request body may be: far more than any command line. */
+const COMMAND_BYTES = 64 * 1024
+
 /** The socket's one request: POST /run with `{ argv }`; 200 `{ result }`, 400 or 500 `{ error }`. */
 export interface OperatorReply {
   result?: Record<string, unknown>
@@ -76,7 +79,9 @@ export function startOperatorSocket(dataDir: string, contextReady: Promise<Conte
   const previous = process.umask(0o177)
   let server: ReturnType<typeof Bun.serve>
   try {
-    server = Bun.serve({ unix: path, fetch: (request) => handle(contextReady, request) })
+    // A command line is short: a body of megabytes (tens of millions of argv entries) held the server's
+    // event loop for seconds while it was parsed. Bun answers 413 past this.
+    server = Bun.serve({ unix: path, maxRequestBodySize: COMMAND_BYTES, fetch: (request) => handle(contextReady, request) })
   } finally {
     process.umask(previous)
   }

@@ -308,7 +308,36 @@ describe('operator CLI: commands', () => {
   })
 })
 
+describe('operator CLI: what libraries write', () => {
+  // PostgreSQL + Redis: the CLI works on them directly, and ioredis warns of a password Redis does not need.
+  test.skipIf(MODE !== 'postgres')("a library's warning stays off stderr: a failure is one line, a success none", async () => {
+    const url = new URL(TEST_REDIS_URL!)
+    url.password = 'not-needed'
+    const env = { ...settings(tempDir()), REDIS_URL: url.toString() }
+    const failed = await runToExit(['src/operator/cli.ts', 'account', 'credits', '--account', SOME_UUID, '--add', '1'], env)
+    expect(failed.code).toBe(2)
+    expect(failed.stderr.trimEnd().split('\n'), failed.stderr).toHaveLength(1)
+    const created = await runToExit(['src/operator/cli.ts', 'account', 'create', '--name', 'Quiet'], env)
+    expect(created.code, created.stderr).toBe(0)
+    expect(created.stderr).toBe('')
+  }, 60_000)
+})
+
 describe('operator CLI beside a running server', () => {
+  test.skipIf(MODE !== 'embedded')('a request on the socket larger than any command line is refused, and the server goes on', async () => {
+    const dataDir = tempDir()
+    const server = await startServer(settings(dataDir))
+    try {
+      const argv = ['account', 'list', ...Array.from({ length: 40_000 }, () => '-h')]
+      const refused = await fetch('http://operator/run', { unix: join(dataDir, 'operator.sock'), method: 'POST', body: JSON.stringify({ argv }) })
+      expect(refused.status).toBe(413)
+      expect(expectOk(await cli(dataDir, ['account', 'list']))).toEqual({ accounts: [], more: false })
+    } finally {
+      expect(await server.stop()).toBe(0)
+    }
+  }, 120_000)
+
+
   // Embedded: through the server's socket (the database admits one process). PostgreSQL + Redis: directly.
   test('commands take effect on the running server at once', async () => {
     const dataDir = tempDir()
