@@ -39,14 +39,23 @@ function syncToDisk(path: string): void {
   }
 }
 
-/** Writes a key file (mode 0600 from its first byte) and makes it durable; `wx` refuses to replace one. */
-function writeKeyFile(path: string, key: Buffer, flag: 'w' | 'wx'): void {
-  const fd = openSync(path, flag, 0o600)
+/**
+ * Writes a new key file (mode 0600 from its first byte; never over one) and makes it durable. A write
+ * that fails (a full disk) removes the file it created: left empty, it would be read as a key file
+ * that holds none, and every start would refuse.
+ */
+function writeKeyFile(path: string, key: Buffer): void {
+  const fd = openSync(path, 'wx', 0o600)
   try {
-    writeSync(fd, key.toString('hex'))
-    fsyncSync(fd)
-  } finally {
-    closeSync(fd)
+    try {
+      writeSync(fd, key.toString('hex'))
+      fsyncSync(fd)
+    } finally {
+      closeSync(fd)
+    }
+  } catch (err) {
+    rmSync(path, { force: true })
+    throw err
   }
   syncToDisk(dirname(path))
 }
@@ -115,7 +124,7 @@ export function resolveMasterKey(settings: KeySettings, stored: string | null): 
   }
   makeDataDir(settings.dataDir)
   const key = randomBytes(32)
-  writeKeyFile(path, key, 'wx')
+  writeKeyFile(path, key)
   log.warn('MASTER_KEY is not set: generated a development key into DATA_DIR; set MASTER_KEY in production', { path })
   return key
 }
@@ -138,7 +147,7 @@ export function currentMasterKey(configured: Buffer | null, dataDir: string): { 
  */
 export function stageDevelopmentKey(path: string, key: Buffer): { staged: string; install(): void; discard(): void } {
   const staged = pendingKeyPath(path)
-  writeKeyFile(staged, key, 'wx')
+  writeKeyFile(staged, key)
   return {
     staged,
     install: () => installKey(path, staged),
