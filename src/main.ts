@@ -4,7 +4,7 @@ import { createApp } from './app'
 import { buildContext } from './boot'
 import { type Config, ConfigError, loadConfig } from './config'
 import type { Context } from './context'
-import { describeHolder, isLock, LOCK_WAIT_MS, lockDataDir } from './db/data-dir-lock'
+import { describeHolder, isLock, LOCK_WAIT_MS, lockDataDir, mayLetGo } from './db/data-dir-lock'
 import { startOperatorSocket, usesOperatorSocket } from './operator/socket'
 import { errorFields, log, logLibraryOutput, setLogLevel } from './lib/log'
 import { withTimeout } from './lib/with-timeout'
@@ -106,8 +106,8 @@ async function main(): Promise<void> {
     log.warn('the open-files limit is low: past about that many connections a core spins on refused accepts and new connections wait; raise it (ulimit -n, compose ulimits)', { limit: fdLimit, wanted: LOW_FD_LIMIT })
   }
   if (usesOperatorSocket(config)) {
-    // A CLI in direct mode lets go within seconds; another server never does.
-    const lock = await lockDataDir(config.dataDir, 'server', LOCK_WAIT_MS, async (holder) => holder.owner === 'cli')
+    // Another server of this namespace never lets go.
+    const lock = await lockDataDir(config.dataDir, 'server', LOCK_WAIT_MS, mayLetGo)
     if (!isLock(lock)) {
       process.stderr.write(`error: ${describeHolder(config.dataDir, lock)}; one server per DATA_DIR\n`)
       process.exit(1)

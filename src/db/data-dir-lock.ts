@@ -10,9 +10,12 @@
  * younger process, and its lock is taken over.
  *
  * Pids mean nothing across pid namespaces (a second container on the same volume) or boots: the lock
- * records both, and a holder from another one is judged by the operator socket it serves instead.
+ * records both, and a holder from another one is judged by its lease instead (the holder renews the
+ * lock file's modification time every second; one not renewed for LEASE_MS is a holder gone) or by
+ * the operator socket it serves. The socket alone would not do: a CLI working on the storage serves
+ * none, and a stopping server closes its socket before its database.
  */
-import { linkSync, readFileSync, readlinkSync, unlinkSync, writeFileSync } from 'node:fs'
+import { linkSync, readFileSync, readlinkSync, statSync, unlinkSync, utimesSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { ConfigError } from '../config'
 import { operatorSocketAnswers, operatorSocketPath } from './operator-socket'
@@ -38,6 +41,9 @@ export interface DataDirLock {
 }
 
 const LOCK_FILE = 'lock'
+/** How often a holder renews its lease, and how long one not renewed counts as its holder's. */
+const LEASE_RENEW_MS = 1_000
+const LEASE_MS = 5_000
 // Held only for the instant of replacing a dead holder's lock, so two processes never both do it.
 const TAKEOVER_FILE = 'lock.takeover'
 
@@ -69,12 +75,19 @@ const HERE = {
 
 const differs = (theirs: string | null, ours: string | null) => theirs !== null && ours !== null && theirs !== ours
 
-async function alive(dataDir: string, holder: LockHolder): Promise<boolean> {
-  // Its pid is not ours to look up. A server answers on its socket; one that died (a container
-  // restarted after a crash) left a socket file nobody listens on, or none.
-  if (differs(holder.pidNamespace, HERE.pidNamespace) || differs(holder.bootId, HERE.bootId)) {
-    return operatorSocketAnswers(operatorSocketPath(dataDir))
-  }
+/** A holder from another pid namespace or boot, whose pid is not ours to look up. */
+export const isForeign = (holder: LockHolder) => differs(holder.pidNamespace, HERE.pidNamespace) || differs(holder.bootId, HERE.bootId)
+
+/** Whether the lease of the lock file at `path` was renewed within LEASE_MS. */
+function leaseHeld(path: string): boolean {
+  const modified = statSync(path, { throwIfNoEntry: false })?.mtimeMs
+  return modified !== undefined && Date.now() - modified < LEASE_MS
+}
+
+async function alive(dataDir: string, holder: LockHolder, path: string): Promise<boolean> {
+  // A holder that died (a container restarted after a crash) renews no lease, and left a socket file
+  // nobody listens on, or none.
+  if (isForeign(holder)) return leaseHeld(path) || operatorSocketAnswers(operatorSocketPath(dataDir))
   try {
     process.kill(holder.pid, 0)
   } catch (err) {
@@ -128,6 +141,15 @@ function create(path: string, holder: LockHolder): boolean {
   }
 }
 
+/** Renews `me`'s lease on the lock at `path`, if it is still `me`'s; a failure waits for the next renewal. */
+function renewLease(path: string, me: LockHolder): void {
+  try {
+    if (!sameHolder(readHolder(path), me)) return
+    const now = new Date()
+    utimesSync(path, now, now)
+  } catch {}
+}
+
 const sameHolder = (a: LockHolder | null, b: LockHolder) =>
   a !== null && a.pid === b.pid && a.started === b.started && a.pidNamespace === b.pidNamespace
 
@@ -143,7 +165,7 @@ async function takeOver(dataDir: string, dead: LockHolder, me: LockHolder): Prom
   const guard = join(dataDir, TAKEOVER_FILE)
   if (!create(guard, me)) {
     const other = readHolder(guard)
-    if (other && (await alive(dataDir, other))) return other
+    if (other && (await alive(dataDir, other, guard))) return other
     // A process that died between creating the guard and removing it would block every start.
     if (other) removeIfHeldBy(guard, other)
     return null
@@ -170,14 +192,17 @@ export async function tryLockDataDir(dataDir: string, owner: LockOwner): Promise
     const holder = readHolder(path)
     // Gone since the create failed: try again.
     if (holder === null) continue
-    if (await alive(dataDir, holder)) return holder
+    if (await alive(dataDir, holder, path)) return holder
     const other = await takeOver(dataDir, holder, me)
     if (other) return other
   }
   let held = true
+  const lease = setInterval(() => renewLease(path, me), LEASE_RENEW_MS)
+  lease.unref()
   const release = () => {
     if (!held) return
     held = false
+    clearInterval(lease)
     process.off('exit', release)
     removeIfHeldBy(path, me)
   }
@@ -190,6 +215,12 @@ export const isLock = (result: DataDirLock | LockHolder): result is DataDirLock 
 /** The one line a process prints when it cannot have the DATA_DIR. */
 export const describeHolder = (dataDir: string, holder: LockHolder) =>
   `DATA_DIR ${dataDir} is in use by a running ${holder.owner === 'server' ? 'server' : 'operator CLI'} (pid ${holder.pid})`
+
+/**
+ * Whether a live-looking holder is worth waiting for: a CLI in direct mode lets go within seconds, and
+ * a holder in another pid namespace or boot may be a process gone whose lease has not lapsed yet.
+ */
+export const mayLetGo = async (holder: LockHolder) => holder.owner === 'cli' || isForeign(holder)
 
 /** Long enough for a CLI command in direct mode to open, migrate and close the embedded database. */
 export const LOCK_WAIT_MS = 10_000

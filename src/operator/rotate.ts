@@ -1,6 +1,6 @@
 import { existsSync } from 'node:fs'
 import { type Config, masterKeyFrom } from '../config'
-import { describeHolder, isLock, LOCK_WAIT_MS, lockDataDir } from '../db/data-dir-lock'
+import { describeHolder, isLock, LOCK_WAIT_MS, lockDataDir, mayLetGo } from '../db/data-dir-lock'
 import { type Database, openDb } from '../db/client'
 import { Sealer } from '../lib/crypto'
 import { storedKeyCheck } from '../signing/key-check'
@@ -40,8 +40,8 @@ export async function rotateMasterKey(config: Readonly<Config>, env: Record<stri
   }
   let release = () => {}
   if (usesOperatorSocket(config)) {
-    // Another CLI lets go within seconds; a server never does.
-    const lock = await lockDataDir(config.dataDir, 'cli', LOCK_WAIT_MS, async (holder) => holder.owner === 'cli')
+    // Another CLI lets go within seconds; a server of this namespace never does.
+    const lock = await lockDataDir(config.dataDir, 'cli', LOCK_WAIT_MS, mayLetGo)
     if (!isLock(lock)) throw new Refused(`${describeHolder(config.dataDir, lock)}: stop it before rotating the master key`)
     release = lock.release
   }

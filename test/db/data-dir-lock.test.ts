@@ -4,7 +4,7 @@
  * a killed server does not block the next start.
  */
 import { afterAll, describe, expect, setDefaultTimeout, test } from 'bun:test'
-import { existsSync, mkdtempSync, rmSync } from 'node:fs'
+import { existsSync, mkdtempSync, rmSync, statSync, utimesSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { isLock, tryLockDataDir } from '../../src/db/data-dir-lock'
@@ -175,9 +175,11 @@ describe('a lock held from another pid namespace or boot (a second container on 
   }
 
   test.each([[{ pidNamespace: 'pid:[1]' }], [{ bootId: '00000000-0000-0000-0000-000000000000' }]])(
-    '%j: its server answering on the socket keeps it',
+    '%j: its server answering on the socket keeps it, its lease lapsed or not',
     async (elsewhere) => {
       const dataDir = await foreignLock(elsewhere)
+      const lapsed = new Date(Date.now() - 6_000)
+      utimesSync(join(dataDir, 'lock'), lapsed, lapsed)
       const socket = Bun.serve({ unix: join(dataDir, 'operator.sock'), fetch: () => new Response(null, { status: 404 }) })
       try {
         const result = await tryLockDataDir(dataDir, 'server')
@@ -189,9 +191,36 @@ describe('a lock held from another pid namespace or boot (a second container on 
   )
 
   test.each([[{ pidNamespace: 'pid:[1]' }], [{ bootId: '00000000-0000-0000-0000-000000000000' }]])(
-    '%j: a socket nobody answers on, or none, means its holder is gone, whatever its pid is here',
+    '%j: a lease renewed within 5 s keeps it without a socket (a CLI working on the storage, a server closing its database)',
     async (elsewhere) => {
       const dataDir = await foreignLock(elsewhere)
+      const result = await tryLockDataDir(dataDir, 'server')
+      expect(isLock(result), JSON.stringify(result)).toBe(false)
+    },
+  )
+
+  test('a lock this process holds renews its lease each second', async () => {
+    const dataDir = mkdtempSync(join(tmpdir(), 'ls-lock-'))
+    dirs.push(dataDir)
+    const lock = await tryLockDataDir(dataDir, 'cli')
+    if (!isLock(lock)) throw new Error('not locked')
+    try {
+      const path = join(dataDir, 'lock')
+      utimesSync(path, new Date(0), new Date(0))
+      await Bun.sleep(1_500)
+      expect(Date.now() - statSync(path).mtimeMs).toBeLessThan(1_500)
+    } finally {
+      lock.release()
+    }
+  })
+
+  test.each([[{ pidNamespace: 'pid:[1]' }], [{ bootId: '00000000-0000-0000-0000-000000000000' }]])(
+    '%j: a lease not renewed and a socket nobody answers on, or none, mean its holder is gone, whatever its pid is here',
+    async (elsewhere) => {
+      const dataDir = await foreignLock(elsewhere)
+      // Not renewed for longer than the lease.
+      const lapsed = new Date(Date.now() - 6_000)
+      utimesSync(join(dataDir, 'lock'), lapsed, lapsed)
       // A crashed server's socket file: nothing listens on it any more.
       const stale = Bun.serve({ unix: join(dataDir, 'operator.sock'), fetch: () => new Response(null) })
       stale.stop(true)
@@ -201,6 +230,19 @@ describe('a lock held from another pid namespace or boot (a second container on 
       if (isLock(lock)) lock.release()
     },
   )
+
+  test('a server started while a gone holder\'s lease has not lapsed yet (a container restarted after a crash) waits for it, then starts', async () => {
+    const dataDir = await foreignLock({ pidNamespace: 'pid:[1]' })
+    const renewed = new Date(Date.now() - 2_000)
+    utimesSync(join(dataDir, 'lock'), renewed, renewed)
+    const started = Date.now()
+    const server = await startServer({ DATABASE_URL: '', REDIS_URL: '', DATA_DIR: dataDir })
+    try {
+      expect(Date.now() - started).toBeGreaterThanOrEqual(2_500)
+    } finally {
+      expect(await server.stop()).toBe(0)
+    }
+  }, 30_000)
 
   test('a holder of this namespace and boot is still judged by its pid', async () => {
     const dataDir = await foreignLock({})
