@@ -1,6 +1,6 @@
 import { sql } from 'drizzle-orm'
 import type { DbOrTx } from '../db/client'
-import { executePrepared } from './prepared'
+import { executePrepared, rowsOf } from './prepared'
 
 /** The subscribable event names (test.ping is sent by the test operation only). */
 export const EVENT_NAMES = [
@@ -34,18 +34,22 @@ export interface DomainEvent {
  * webhook of its app that is enabled and subscribed then) when it has room to send them. Under a
  * saturated CPU the dispatcher gives way to API requests, and then license.validated costs the
  * database one row per login instead of an event, a delivery row and the statement joining them.
- * One JSON parameter keeps the statement text fixed (prepared once) whatever the batch size.
+ * One JSON parameter keeps the statement text fixed (prepared once) whatever the batch size. Returns
+ * the events' ids, which no other row is ever given (a sequence never hands a value out twice, a crash
+ * included): a write whose COMMIT's answer was lost is known to have committed by finding them.
  */
-export async function recordEvents(tx: DbOrTx, list: readonly DomainEvent[]): Promise<void> {
-  if (list.length === 0) return
+export async function recordEvents(tx: DbOrTx, list: readonly DomainEvent[]): Promise<number[]> {
+  if (list.length === 0) return []
   const rows = list.map((e) => ({ app_id: e.data.appId, event: e.event, data: e.data, occurred_at: e.occurredAt.toISOString() }))
-  await executePrepared(tx, 'record_events', sql`
+  const inserted = await executePrepared(tx, 'record_events', sql`
     INSERT INTO events (app_id, event, data, occurred_at)
     SELECT r.app_id, r.event, r.data, r.occurred_at
     FROM ROWS FROM (
       jsonb_to_recordset(${JSON.stringify(rows)}::jsonb) AS (app_id uuid, event text, data jsonb, occurred_at timestamptz)
     ) WITH ORDINALITY AS r(app_id, event, data, occurred_at, n)
-    ORDER BY r.n`)
+    ORDER BY r.n
+    RETURNING id`)
+  return rowsOf(inserted).map((row) => Number(row.id))
 }
 
 /** Wakes in-process consumers of the outbox (the webhook dispatcher) right after a commit. */

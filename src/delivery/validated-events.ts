@@ -37,8 +37,8 @@ export interface ValidatedEventBatchOptions {
  * license.validated fires on every login: written in batches (one INSERT per VALIDATED_BATCH_MS,
  * one write at a time) instead of one transaction per request. An event PostgreSQL refuses is split
  * off and dropped alone (writeIsolated); while the database is unreachable the events wait here,
- * up to maxKept, and are retried with back-off until it answers. A write whose answer was lost (the
- * connection dropped around its COMMIT) is not simply written again: its transaction's fate is asked
+ * up to maxKept, and are retried with back-off until it answers. A write whose COMMIT's answer was lost
+ * (the connection dropped with it on its way) is not simply written again: its rows are looked for
  * first, so events it did commit are not recorded, and delivered, twice.
  */
 export class ValidatedEventBatch {
@@ -50,11 +50,11 @@ export class ValidatedEventBatch {
   #failures = 0
   #overflowReported = false
   /**
-   * Writes that failed as an outage after their transaction had an id: each may have committed all the
-   * same. Their events wait here, apart, and go back to be written only once PostgreSQL says that
+   * Writes that failed as an outage after their rows were inserted: each may have committed all the
+   * same. Their events wait here, apart, and go back to be written only once PostgreSQL shows that
    * transaction did not commit; meanwhile later events are written as ever.
    */
-  #unsure: { xid: string; events: DomainEvent[] }[] = []
+  #unsure: { xid: string; ids: number[]; events: DomainEvent[] }[] = []
   /** The next look at the unsure writes, while one is still undecided and nothing else would look. */
   #recheck: ReturnType<typeof setTimeout> | null = null
   /** While one is undecided they are asked about every RETRY_MAX_MS, not at every batch; 0: at the next. */
@@ -134,37 +134,43 @@ export class ValidatedEventBatch {
   }
 
   async #writeTracked(list: readonly DomainEvent[]): Promise<void> {
-    let xid: string | null = null
+    const written: { xid?: string; ids?: number[] } = {}
     try {
       await this.sink.database.db.transaction(async (tx) => {
-        xid = await startTransaction(tx)
-        await recordEvents(tx, list)
+        written.xid = await startTransaction(tx)
+        written.ids = await recordEvents(tx, list)
       })
     } catch (err) {
-      if (xid !== null && classifyWriteError(err) === 'outage') this.#unsure.push({ xid, events: [...list] })
+      // Only a COMMIT leaves the outcome open: without the INSERT's answer, none was sent.
+      const { xid, ids } = written
+      if (xid !== undefined && ids !== undefined && classifyWriteError(err) === 'outage') this.#unsure.push({ xid, ids, events: [...list] })
       throw err
     }
   }
 
   /**
-   * Settles the unsure writes PostgreSQL can tell about: the events of one that committed are done, those
-   * of one that did not go back to be written, in front. One whose transaction is still open (on a
-   * backend that has not noticed its connection is gone) stays, as all do while the database cannot be
-   * asked. True while one is left.
+   * Settles the unsure writes PostgreSQL can tell about: the events of one whose rows are there are done,
+   * those of one whose rows are not go back to be written, in front. Found by their ids, not by the
+   * transaction's id alone: PostgreSQL gives an id that never reached its log out again after a crash
+   * or a failover, and asked later it answered for another transaction. One whose transaction is still
+   * open (on a backend that has not noticed its connection is gone) stays, as all do while the
+   * database cannot be asked. True while one is left.
    */
   #settleUnsure(): Promise<boolean> {
     return this.sink.database.aside(async (ask) => {
       for (const write of [...this.#unsure]) {
+        let found: boolean
         let status: Awaited<ReturnType<typeof transactionStatus>>
         try {
-          status = await transactionStatus(ask, write.xid)
+          found = (await ask('SELECT EXISTS (SELECT 1 FROM events WHERE id = $1) AS found', [write.ids[0]]))[0]?.found === true
+          status = found ? 'committed' : await transactionStatus(ask, write.xid)
         } catch {
           // Unreachable: the write below meets the outage too, and backs off.
           return true
         }
         if (status === 'in progress') continue
         this.#unsure.splice(this.#unsure.indexOf(write), 1)
-        if (status === 'committed') this.sink.bus.notify()
+        if (found) this.sink.bus.notify()
         else this.#pending = write.events.concat(this.#pending)
       }
       return this.#unsure.length > 0

@@ -3,7 +3,7 @@ import { and, eq, inArray } from 'drizzle-orm'
 import { type DomainEvent, recordEvents } from '../../src/delivery/outbox'
 import { ValidatedEventBatch, type ValidatedEventBatchOptions } from '../../src/delivery/validated-events'
 import { events } from '../../src/db/schema'
-import { openDb } from '../../src/db/client'
+import { type Database, openDb } from '../../src/db/client'
 import { makeTestApp, MODE, TEST_DATABASE_URL } from '../support/helpers'
 import { loggedBy } from '../support/log-capture'
 import { hwid } from '../support/client'
@@ -123,25 +123,26 @@ if (MODE === 'postgres') {
     const hwids = (list: DomainEvent[]) => list.map((e) => String(e.data.hwid))
 
     /**
-     * A batch whose write of `first` is cut off once its INSERT is on its way: the client's connection
-     * fails while the server's stays open, its transaction with it, until `release`. The status of a
-     * write is asked on a connection of the test's own.
+     * A batch whose write of `first` is cut off with its COMMIT on its way: the COMMIT is held back and
+     * the client's connection fails, while the server's stays open, its transaction with it (its rows
+     * inserted, not committed), until `release`, which ends it without the COMMIT.
      */
-    async function cutWhileOpen(first: DomainEvent[], options: ValidatedEventBatchOptions = {}) {
-      const db = new Proxy(database.db, {
-        get: (target, prop) => (prop === 'execute' ? t.ctx.database.db.execute.bind(t.ctx.database.db) : Reflect.get(target, prop, target)),
-      })
-      const batch = new ValidatedEventBatch({ ...proxiedSink(), database: { ...database, db } }, options)
+    async function cutWhileOpen(first: DomainEvent[], options: ValidatedEventBatchOptions = {}, through: Database = database) {
+      const batch = new ValidatedEventBatch({ ...proxiedSink(), database: through }, options)
       let release = () => {}
       let cut = false
+      let inserted = false
       proxy.loseReplyTo = (data) => {
-        if (!data.includes(hwids(first)[0]!)) return false
-        proxy.loseReplyTo = null
-        queueMicrotask(() => {
+        if (data.includes(hwids(first)[0]!)) inserted = true
+        else if (inserted) {
+          proxy.loseReplyTo = null
+          // Held before it is sent on: the COMMIT never reaches the server.
           release = proxy.holdWrites('open')
-          proxy.closeForgottenClients()
-          cut = true
-        })
+          queueMicrotask(() => {
+            proxy.closeForgottenClients()
+            cut = true
+          })
+        }
         return false
       }
       for (const e of first) batch.add(e)
@@ -183,6 +184,20 @@ if (MODE === 'postgres') {
       }
       await batch.flush()
       expect(await hwidsRecorded([s.appId])).toEqual(hwids(later))
+    })
+
+    test('an id PostgreSQL gave out again (after a crash, a failover) to a transaction that committed does not pass for the lost write: its events are written', async () => {
+      const s = await t.seed()
+      const first = Array.from({ length: 5 }, () => validated(s.appId))
+      // Every question about a transaction's fate answers as for the one that took the write's id since.
+      const reused: Database = {
+        ...database,
+        aside: (questions) => database.aside((ask) => questions(async (text, params) => (text.includes('pg_xact_status') ? [{ status: 'committed' }] : ask(text, params)))),
+      }
+      const { batch, release } = await cutWhileOpen(first, {}, reused)
+      release()
+      expect(await settled(batch)).toBe(0)
+      expect((await hwidsRecorded([s.appId])).sort()).toEqual(hwids(first).sort())
     })
 
     // What the client sends after the INSERT naming `marker` is its COMMIT (by name once prepared).
