@@ -30,9 +30,10 @@ export async function resealAll(database: Database, from: Sealer, to: Sealer): P
     // here instead of deadlocking.
     if (database.kind === 'postgres') await tx.execute(sql.raw(`SELECT pg_advisory_xact_lock(${MIGRATION_LOCK})`))
     const stored = await storedKeyCheck(tx, 'update')
+    // Done already: servers running now run on the new key, and nothing is re-sealed.
+    if (stored === to.check) return null
     // Before the table lock, which would otherwise wait behind a running server's transaction.
     if (database.kind === 'postgres') await refuseWhileServersConnected(tx)
-    if (stored === to.check) return null
     if (stored !== null && stored !== from.check) throw new ResealRefused(`${KEY_MISMATCH}; nothing was changed`)
     // A writer (a signing-key rotation, a new webhook) waits until the commit, so what is read here
     // is all there is to re-seal.
