@@ -25,25 +25,39 @@ export async function limitLockWait(tx: Tx): Promise<void> {
   await tx.execute(sql`SELECT ${LOCK_WAIT}`)
 }
 
-/** Sets the transaction's lock wait (LOCK_WAIT) and returns its id (one is assigned if it had none yet). */
-export async function startTransaction(tx: Tx): Promise<string> {
-  return String(rowsOf(await tx.execute(sql`SELECT pg_current_xact_id()::text AS xid, ${LOCK_WAIT}`))[0]?.xid)
+/**
+ * A transaction as its fate can be asked for: its id, and when the server that gave it out started.
+ * PostgreSQL gives an id that never reached its log out again after a crash, and a promoted standby
+ * one the old primary gave out: asked of a server started since, the id may name another transaction.
+ */
+export interface TransactionMark {
+  xid: string
+  serverStarted: string
+}
+
+/** Sets the transaction's lock wait (LOCK_WAIT) and returns its mark (an id is assigned if it had none yet). */
+export async function startTransaction(tx: Tx): Promise<TransactionMark> {
+  const [row] = rowsOf(await tx.execute(sql`SELECT pg_current_xact_id()::text AS xid, pg_postmaster_start_time()::text AS started, ${LOCK_WAIT}`))
+  return { xid: String(row?.xid), serverStarted: String(row?.started) }
 }
 
 /**
- * What became of transaction `xid`, asked on a connection `Database.aside` holds: 'in progress' while
- * a backend that has not noticed its client is gone still holds it open; 'not committed' when it
- * aborted, or when this server never gave the id out (a failover to a standby that had not seen it)
- * or it is too old to have a status. Throws when the database cannot be asked.
+ * What became of the marked transaction, asked on a connection `Database.aside` holds: 'in progress'
+ * while a backend that has not noticed its client is gone still holds it open; 'not committed' when it
+ * aborted, or is too old to have a status; 'unknown' when the server restarted or is another since
+ * (its id may have gone to another transaction). Throws when the database cannot be asked.
  */
-export async function transactionStatus(ask: Ask, xid: string): Promise<'committed' | 'in progress' | 'not committed'> {
-  let status: unknown
+export async function transactionStatus(ask: Ask, mark: TransactionMark): Promise<'committed' | 'in progress' | 'not committed' | 'unknown'> {
+  let rows: Record<string, unknown>[]
   try {
-    status = (await ask('SELECT pg_xact_status($1::xid8) AS status', [xid]))[0]?.status
+    rows = await ask('SELECT pg_xact_status($1::xid8) AS status, pg_postmaster_start_time()::text AS started', [mark.xid])
   } catch (err) {
     if (classifyWriteError(err) === 'outage') throw err
     return 'not committed'
   }
+  const [row] = rows
+  if (String(row?.started) !== mark.serverStarted) return 'unknown'
+  const status = row?.status
   return status === 'committed' || status === 'in progress' ? status : 'not committed'
 }
 
@@ -56,36 +70,37 @@ const OPEN_ASK_EVERY_MS = 100
  * lost but PostgreSQL says it committed: answered as failed, a change that took effect would be
  * refunded, retried or reported wrong (a seat bound to a device told its login failed). Any other
  * failure is thrown as it came, and so is a lost answer whose transaction did not commit, stayed open
- * past OPEN_WAIT_MS or could not be asked about: then nothing says it took effect.
+ * past OPEN_WAIT_MS, could not be asked about or was asked of a server started since: then nothing
+ * says it took effect.
  */
 export async function transactionKnown<T>(database: Database, work: (tx: Tx) => Promise<T>): Promise<T> {
-  let xid: string | null = null
+  let mark: TransactionMark | null = null
   let done = null as { result: T } | null
   try {
     return await database.db.transaction(async (tx) => {
-      xid = await startTransaction(tx)
+      mark = await startTransaction(tx)
       const result = await work(tx)
       done = { result }
       return result
     })
   } catch (err) {
     // Only a COMMIT leaves its outcome open: `work` ran to its end and the connection went.
-    if (xid === null || done === null || classifyWriteError(err) !== 'outage') throw err
-    if ((await settledStatus(database, xid)) !== 'committed') throw err
+    if (mark === null || done === null || classifyWriteError(err) !== 'outage') throw err
+    if ((await settledStatus(database, mark)) !== 'committed') throw err
     log.warn('a transaction whose answer was lost had committed', { code: errorCode(err) })
     return done.result
   }
 }
 
-/** What PostgreSQL says of `xid` within OPEN_WAIT_MS, each question included: 'unknown' when it cannot tell. */
-function settledStatus(database: Database, xid: string): Promise<string> {
+/** What PostgreSQL says of the marked transaction within OPEN_WAIT_MS, each question included: 'unknown' when it cannot tell. */
+function settledStatus(database: Database, mark: TransactionMark): Promise<string> {
   const giveUpAt = Date.now() + OPEN_WAIT_MS
   return database.aside(async (ask) => {
     for (;;) {
       let status: string
       try {
         // A server that stopped answering would hold the question up to the driver's connect timeout.
-        status = await withDeadline(transactionStatus(ask, xid), Math.max(1, giveUpAt - Date.now()), 'the question')
+        status = await withDeadline(transactionStatus(ask, mark), Math.max(1, giveUpAt - Date.now()), 'the question')
       } catch {
         return 'unknown'
       }

@@ -5,7 +5,7 @@ import { log } from '../lib/log'
 import { type DomainEvent, recordEvents } from './outbox'
 import { errorCode } from '../db/errors'
 import { classifyWriteError, writeIsolated } from '../db/isolated-write'
-import { startTransaction, transactionStatus } from '../db/commit-outcome'
+import { startTransaction, type TransactionMark, transactionStatus } from '../db/commit-outcome'
 
 /**
  * How long a license.validated event waits in memory for others to join its INSERT. It fires on
@@ -54,7 +54,7 @@ export class ValidatedEventBatch {
    * same. Their events wait here, apart, and go back to be written only once PostgreSQL shows that
    * transaction did not commit; meanwhile later events are written as ever.
    */
-  #unsure: { xid: string; ids: number[]; events: DomainEvent[] }[] = []
+  #unsure: { mark: TransactionMark; ids: number[]; events: DomainEvent[] }[] = []
   /** The next look at the unsure writes, while one is still undecided and nothing else would look. */
   #recheck: ReturnType<typeof setTimeout> | null = null
   /** While one is undecided they are asked about every RETRY_MAX_MS, not at every batch; 0: at the next. */
@@ -134,16 +134,16 @@ export class ValidatedEventBatch {
   }
 
   async #writeTracked(list: readonly DomainEvent[]): Promise<void> {
-    const written: { xid?: string; ids?: number[] } = {}
+    const written: { mark?: TransactionMark; ids?: number[] } = {}
     try {
       await this.sink.database.db.transaction(async (tx) => {
-        written.xid = await startTransaction(tx)
+        written.mark = await startTransaction(tx)
         written.ids = await recordEvents(tx, list)
       })
     } catch (err) {
       // Only a COMMIT leaves the outcome open: without the INSERT's answer, none was sent.
-      const { xid, ids } = written
-      if (xid !== undefined && ids !== undefined && classifyWriteError(err) === 'outage') this.#unsure.push({ xid, ids, events: [...list] })
+      const { mark, ids } = written
+      if (mark !== undefined && ids !== undefined && classifyWriteError(err) === 'outage') this.#unsure.push({ mark, ids, events: [...list] })
       throw err
     }
   }
@@ -163,7 +163,7 @@ export class ValidatedEventBatch {
         let status: Awaited<ReturnType<typeof transactionStatus>>
         try {
           found = (await ask('SELECT EXISTS (SELECT 1 FROM events WHERE id = $1) AS found', [write.ids[0]]))[0]?.found === true
-          status = found ? 'committed' : await transactionStatus(ask, write.xid)
+          status = found ? 'committed' : await transactionStatus(ask, write.mark)
         } catch {
           // Unreachable: the write below meets the outage too, and backs off.
           return true

@@ -6,7 +6,7 @@ import { afterAll, describe, expect, test } from 'bun:test'
 import { and, eq, sql } from 'drizzle-orm'
 import { addCredits, createAccount, revokeApiKey } from '../../src/accounts/service'
 import { createApplication } from '../../src/apps/service'
-import { openDb } from '../../src/db/client'
+import { type Database, openDb } from '../../src/db/client'
 import { sha256Hex } from '../../src/lib/crypto'
 import { events, licenses } from '../../src/db/schema'
 import { insertLicense, nonce } from '../support/client'
@@ -97,6 +97,20 @@ if (MODE === 'postgres') describe('a change whose COMMIT answer is lost', async 
       body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: 'a-device', nonce: nonce() },
     })
     expect(validate.body).toEqual({ status: 'failed', error: 'revoked' })
+  })
+
+  test('a lost COMMIT asked about on a server started since (a crash, a failover) is answered as failed: its id may be another transaction\'s', async () => {
+    const restarted: Database = {
+      ...database,
+      aside: (questions) => database.aside((ask) => questions(async (text, params) => (await ask(text, params)).map((row) => ({ ...row, started: 'since' })))),
+    }
+    const other = await makeTestApp({ database: restarted, env: { PUBLIC_RATE_LIMITS: 'false' } })
+    const s = await other.seed()
+    const licenseKey = await insertLicense(other.ctx, s.appId)
+    loseCommitOf(licenseKey)
+    const res = await other.req('PUT', `/v1/licenses/${licenseKey}`, { apiKey: s.apiKey, body: { action: 'revoke' } })
+    expect(proxy.loseReplyTo).toBeNull()
+    expect(res.status).toBe(500)
   })
 
   test('a revoke whose COMMIT answer is lost while the request pool is busy is answered 200: the question does not queue behind it', async () => {
