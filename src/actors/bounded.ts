@@ -167,11 +167,15 @@ export class SharedBound {
  * a minute (a token bucket: each lookup takes a token before its read, and one that found its name, or
  * that a store or database outage cut short, gives it back; real clients never spend it). Taken before
  * the read, not after: lookups of one IP at once would each find the token none of them had spent yet.
+ * Lookups of one name by one IP at once share a read and its token: the first logins of an app's
+ * clients behind one address, after a restart, cost one token, not one each.
  * Kept per process on purpose: no store round trip on a cold path, and n processes bound the database's
  * load to n times this. An IPv6 address counts as its /64 (limitSubject).
  */
 export class MissBudget {
   readonly #buckets: BoundedMap<{ tokens: number; at: number }>
+  /** The lookups under way, by address and name: at most one per pair. */
+  readonly #lookups = new Map<string, Promise<unknown>>()
 
   constructor(
     private readonly perMinute: number,
@@ -191,19 +195,45 @@ export class MissBudget {
     this.#buckets.set(subject, { tokens, at: Math.max(nowMs, this.#buckets.get(subject)?.at ?? nowMs) })
   }
 
-  /** Takes a token for a lookup `ip` is about to make; false, taking none, when it has none left. */
-  take(ip: string, nowMs: number): boolean {
+  /**
+   * Runs `lookup` of `name` for `ip` with one of its tokens, given back unless `absent` says the lookup
+   * found nothing; a lookup of the same name by the same address under way is joined instead. Null,
+   * running nothing, when the address has no token left. `clock` reads the time the lookup ends.
+   */
+  async lookUp<T>(
+    ip: string,
+    name: string,
+    nowMs: number,
+    clock: () => number,
+    lookup: () => Promise<T>,
+    absent: (found: T) => boolean,
+  ): Promise<{ found: T } | null> {
     const subject = limitSubject(ip)
+    const key = `${subject}\n${name}`
+    const running = this.#lookups.get(key) as Promise<T> | undefined
+    if (running) return { found: await running }
     const tokens = this.#tokens(subject, nowMs)
-    if (tokens < 1) return false
+    if (tokens < 1) return null
     this.#set(subject, tokens - 1, nowMs)
-    return true
+    const run = (async () => {
+      let spent = false
+      try {
+        const found = await lookup()
+        spent = absent(found)
+        return found
+      } finally {
+        this.#lookups.delete(key)
+        if (!spent) this.#set(subject, Math.min(this.perMinute, this.#tokens(subject, clock()) + 1), clock())
+      }
+    })()
+    this.#lookups.set(key, run)
+    return { found: await run }
   }
 
-  /** Gives back the token of a lookup that found its name, or that an outage cut short. */
-  giveBack(ip: string, nowMs: number): void {
+  /** Spends a token of `ip`'s, if it has one: a name found before, that a lookup finds gone now. */
+  spend(ip: string, nowMs: number): void {
     const subject = limitSubject(ip)
-    this.#set(subject, Math.min(this.perMinute, this.#tokens(subject, nowMs) + 1), nowMs)
+    this.#set(subject, Math.max(0, this.#tokens(subject, nowMs) - 1), nowMs)
   }
 
   /** How long until `ip` may look up again (0 when it may now). */

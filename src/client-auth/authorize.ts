@@ -69,17 +69,11 @@ export async function refundingOnFailure<T>(ctx: Context, auth: Authorized, work
  * whether the app exists or not: `rate_limited`, which a client retries, as `invalid_app` would tell
  * a real app's client (one behind the same NAT as a scanner) that its credentials are wrong.
  */
-async function lookUpApp<T>(ctx: Context, ip: string, nowMs: number, lookup: () => Promise<T>, absent: (found: T) => boolean): Promise<T> {
+async function lookUpApp<T>(ctx: Context, ip: string, appId: string, nowMs: number, lookup: () => Promise<T>, absent: (found: T) => boolean): Promise<T> {
   const budget = ctx.actors.absentAppBudget
-  if (!budget.take(ip, nowMs)) throw rateLimited(budget.retryAfterMs(ip, nowMs))
-  let spent = false
-  try {
-    const found = await lookup()
-    spent = absent(found)
-    return found
-  } finally {
-    if (!spent) budget.giveBack(ip, ctx.clock())
-  }
+  const looked = await budget.lookUp(ip, appId, nowMs, ctx.clock, lookup, absent)
+  if (!looked) throw rateLimited(budget.retryAfterMs(ip, nowMs))
+  return looked.found
 }
 
 /** Whether a plan made without the license failed only for want of it: the caller may look it up. */
@@ -123,7 +117,7 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
       // Awaited only on a miss: the common all-cached request skips a promise and a microtask turn.
       if (!appEntry) {
         // Undefined when the entry went before it could be read (the registry started over): looked up again.
-        appEntry = await lookUpApp(ctx, ip, nowMs, async () => {
+        appEntry = await lookUpApp(ctx, ip, appId, nowMs, async () => {
           await actors.ensureApp(appId)
           return actors.cachedApp(appId)
         }, (entry) => entry?.value === null)
@@ -239,7 +233,7 @@ async function withoutStore(
   // An app this process holds is no made-up id: it reads what any of its clients' requests reads here.
   const loadApp = () => actors.loadApp(appId)
   const [app, license] = await Promise.all([
-    actors.cachedApp(appId)?.value ? loadApp() : lookUpApp(ctx, ip, nowMs, loadApp, (found) => found === null),
+    actors.cachedApp(appId)?.value ? loadApp() : lookUpApp(ctx, ip, appId, nowMs, loadApp, (found) => found === null),
     licenseKey === null ? null : actors.loadLicense(licenseKey),
   ])
   const { outcome } = plan(app, license, nowMs, app ? ctx.store.shardOf(app.accountId) : '')

@@ -71,24 +71,21 @@ export const authenticate = (ctx: Context) => {
     // Still looked up on every request (a revocation holds at once), a key found live before skips the
     // budget: a revoked key still in use on a vendor's host (a forgotten cron job) spends its address's
     // lookups, and must not lock that host's live keys out with it.
-    const budgeted = !ctx.liveApiKeys.has(keyHash)
-    if (budgeted && !ctx.unknownApiKeys.take(ip, nowMs)) {
-      const retryAfter = String(Math.max(1, Math.ceil(ctx.unknownApiKeys.retryAfterMs(ip, nowMs) / 1000)))
-      throw new ApiError('rate_limited', 429, 'Too many unknown API keys from this address; retry after the Retry-After header', {
-        'Retry-After': retryAfter,
-      })
-    }
     let accountId: string | null
-    try {
+    if (ctx.liveApiKeys.has(keyHash)) {
       accountId = await accountForKeyHash(ctx, keyHash)
-    } catch (err) {
-      if (budgeted) ctx.unknownApiKeys.giveBack(ip, ctx.clock())
-      throw err
+      // Found live before and gone now (revoked): it spends a lookup as an unknown key does.
+      if (accountId === null) ctx.unknownApiKeys.spend(ip, ctx.clock())
+    } else {
+      const looked = await ctx.unknownApiKeys.lookUp(ip, keyHash, nowMs, ctx.clock, () => accountForKeyHash(ctx, keyHash), (id) => id === null)
+      if (!looked) {
+        const retryAfter = String(Math.max(1, Math.ceil(ctx.unknownApiKeys.retryAfterMs(ip, nowMs) / 1000)))
+        throw new ApiError('rate_limited', 429, 'Too many unknown API keys from this address; retry after the Retry-After header', {
+          'Retry-After': retryAfter,
+        })
+      }
+      accountId = looked.found
     }
-    // Only a lookup that found nothing spends a token: a key found live before that no longer is (revoked)
-    // spends one too, whatever is left.
-    if (budgeted && accountId !== null) ctx.unknownApiKeys.giveBack(ip, ctx.clock())
-    if (!budgeted && accountId === null) ctx.unknownApiKeys.take(ip, ctx.clock())
     if (!accountId) {
       ctx.liveApiKeys.delete(keyHash)
       throw invalidKey()

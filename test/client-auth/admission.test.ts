@@ -121,6 +121,24 @@ test('made-up app ids sent at once from one IP cost no more reads than sent one 
   expect(codes.filter((code) => code === 'rate_limited')).toHaveLength(140)
 })
 
+test("a burst of first logins to an app the process does not hold yet, from one address, shares one lookup and spends none of its budget", async () => {
+  // The per-address limit out of the way: the budget is what is tested.
+  const roomy = await makeTestApp({ env: { VALIDATE_LIMIT_PER_IP: '1000', TRUSTED_PROXIES: '0.0.0.0' } })
+  const s = await roomy.seed()
+  const licenseKey = await insertLicense(roomy.ctx, s.appId, { unlimitedHwidSlots: true })
+  const before = roomy.ctx.actors.loads.apps
+  const answers = await Promise.all(
+    Array.from({ length: 100 }, () =>
+      roomy.req('POST', '/auth/validate', {
+        body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: hwid(), nonce: nonce() },
+        headers: { 'x-forwarded-for': '203.0.113.13' },
+      }),
+    ),
+  )
+  expect(new Set(answers.map((res) => res.status))).toEqual(new Set([200]))
+  expect(roomy.ctx.actors.loads.apps - before).toBe(1)
+})
+
 test('apps that exist give their lookup token back, however many a caller looks up', async () => {
   const ip = '203.0.113.11'
   for (let i = 0; i < 70; i++) {
