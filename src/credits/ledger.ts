@@ -78,6 +78,9 @@ export class CreditLedger {
     for (let attempt = 0; attempt < 5; attempt++) {
       const seen = await this.#store.creditState(accountId)
       const done = await this.#database.db.transaction(async (tx) => {
+        // A row another session holds fails the seed at the lock wait (its validates answer as in an
+        // outage) instead of holding them for as long as that session keeps it.
+        await limitLockWait(tx)
         // A share lock waits for a flush under way (it holds the row for update), and none can start
         // until the balance is seeded: the reconciled balance read here and the store agree on it.
         const [row] = await tx

@@ -45,6 +45,9 @@ export interface OpenDbOptions {
   stallSeconds?: number
 }
 
+/** The session settings of a connection `Database.aside` opens. */
+const ASIDE_LIMITS = "SELECT set_config('statement_timeout', '5s', false), set_config('lock_timeout', '2s', false)"
+
 /** The request pool of a server: shared out among its processes, so the server holds about as many. */
 export const REQUEST_POOL_SIZE = 16
 /** A process's share still runs a few queries at once (the mailboxes of several apps, the API). */
@@ -120,6 +123,9 @@ export async function openDb(options: OpenDbOptions): Promise<Database> {
       aside: async (questions) => {
         const side = postgres(options.databaseUrl!, { ...CONNECTION_OPTIONS, max: 1 })
         try {
+          // Bounded, as a question must be: behind a lock another session holds, or a statement that
+          // does not end, it fails instead (a connect gets connect_timeout).
+          await side.unsafe(ASIDE_LIMITS)
           return await questions(async (text, params) => [...(await side.unsafe(text, params as postgres.ParameterOrJSON<never>[]))])
         } finally {
           side.end({ timeout: 0 }).catch(() => {})

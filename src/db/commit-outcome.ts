@@ -107,5 +107,5 @@ function settledStatus(database: Database, mark: TransactionMark): Promise<strin
       if (status !== 'in progress' || Date.now() >= giveUpAt) return status
       await Bun.sleep(OPEN_ASK_EVERY_MS)
     }
-  })
+  }).catch(() => 'unknown')
 }

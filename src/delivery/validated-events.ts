@@ -27,6 +27,13 @@ const WRITE_CHUNK = 5_000
 const RETRY_FIRST_MS = 100
 const RETRY_MAX_MS = 2_000
 
+/** A write whose COMMIT's answer was lost: its transaction, its rows' ids, its events. */
+interface UnsureWrite {
+  mark: TransactionMark
+  ids: number[]
+  events: DomainEvent[]
+}
+
 export interface ValidatedEventBatchOptions {
   /** Writes one batch; recordEvents in a transaction whose outcome can be asked for (see #unsure), unless a test replaces it. */
   write?: (list: readonly DomainEvent[]) => Promise<void>
@@ -54,7 +61,7 @@ export class ValidatedEventBatch {
    * same. Their events wait here, apart, and go back to be written only once PostgreSQL shows that
    * transaction did not commit; meanwhile later events are written as ever.
    */
-  #unsure: { mark: TransactionMark; ids: number[]; events: DomainEvent[] }[] = []
+  #unsure: UnsureWrite[] = []
   /** The next look at the unsure writes, while one is still undecided and nothing else would look. */
   #recheck: ReturnType<typeof setTimeout> | null = null
   /** While one is undecided they are asked about every RETRY_MAX_MS, not at every batch; 0: at the next. */
@@ -157,13 +164,21 @@ export class ValidatedEventBatch {
    * database cannot be asked. True while one is left.
    */
   #settleUnsure(): Promise<boolean> {
+    // The questions' connection bounds them (Database.aside): one the events table's lock or a server
+    // that stopped answering would hold holds the writer a few seconds, and fails as unreachable (a
+    // connection that does not open too: the writes stay unsure).
     return this.sink.database.aside(async (ask) => {
+      const present = async (write: UnsureWrite) =>
+        (await ask('SELECT EXISTS (SELECT 1 FROM events WHERE id = $1) AS found', [write.ids[0]]))[0]?.found === true
       for (const write of [...this.#unsure]) {
         let found: boolean
         let status: Awaited<ReturnType<typeof transactionStatus>>
         try {
-          found = (await ask('SELECT EXISTS (SELECT 1 FROM events WHERE id = $1) AS found', [write.ids[0]]))[0]?.found === true
+          found = await present(write)
           status = found ? 'committed' : await transactionStatus(ask, write.mark)
+          // Committed between the two questions (a COMMIT still finishing on a backend whose client is
+          // gone): its rows are there now. Still missing, the id was another transaction's.
+          if (!found && status === 'committed') found = await present(write)
         } catch {
           // Unreachable: the write below meets the outage too, and backs off.
           return true
@@ -174,7 +189,7 @@ export class ValidatedEventBatch {
         else this.#pending = write.events.concat(this.#pending)
       }
       return this.#unsure.length > 0
-    })
+    }).catch(() => true)
   }
 
   async #writeDue(): Promise<void> {

@@ -200,6 +200,33 @@ if (MODE === 'postgres') {
       expect((await hwidsRecorded([s.appId])).sort()).toEqual(hwids(first).sort())
     })
 
+    test('a write whose COMMIT finishes between the questions (its rows not there yet, its id committed) is recorded once, not written again', async () => {
+      const s = await t.seed()
+      let first = true
+      // The first look for the rows comes before the COMMIT finished.
+      const late: Database = {
+        ...database,
+        aside: (questions) =>
+          database.aside((ask) =>
+            questions(async (text, params) => {
+              if (text.includes('EXISTS') && first) {
+                first = false
+                return [{ found: false }]
+              }
+              return ask(text, params)
+            }),
+          ),
+      }
+      const batch = new ValidatedEventBatch({ ...proxiedSink(), database: late })
+      const sent = Array.from({ length: 5 }, () => validated(s.appId))
+      proxy.loseReplyTo = commitAfter(String(sent[0]!.data.hwid))
+      for (const e of sent) batch.add(e)
+      await batch.flush()
+      expect(batch.kept).toBe(5)
+      expect(await settled(batch)).toBe(0)
+      expect(await hwidsRecorded([s.appId])).toEqual(sent.map((e) => String(e.data.hwid)))
+    })
+
     // What the client sends after the INSERT naming `marker` is its COMMIT (by name once prepared).
     const commitAfter = (marker: string) => {
       let inserted = false
