@@ -49,6 +49,8 @@ async function viaServer(socket: string, argv: string[]): Promise<Record<string,
     if (NO_SERVER.has((err as { code?: string }).code ?? '')) return null
     throw cutOff(err)
   }
+  // Refused unread (the socket's body limit): the command never ran.
+  if (res.status === 413) throw new OperatorError('the command line is too long')
   const reply = (await res.json().catch((err: unknown) => {
     throw cutOff(err)
   })) as OperatorReply

@@ -429,42 +429,38 @@ describe('operator CLI beside a running server', () => {
   })
 
   /**
-   * `account credits --add 5` through a server on PostgreSQL without Redis (so through its socket) while
-   * an outside connection holds the account's row, the server stopped meanwhile and the row released
-   * `holdMs` later; what the CLI printed and exited with, and the credits it left.
+   * `account credits --add 5` through a server on PostgreSQL without Redis (so through its socket) whose
+   * update of the account's row takes `slowMs` (a trigger sleeps: a row lock would be given up at the
+   * service's lock wait), the server stopped meanwhile; what the CLI printed and exited with, and the
+   * credits it left.
    */
-  async function addingWhileStopping(holdMs: number) {
+  async function addingWhileStopping(slowMs: number) {
     const dataDir = tempDir()
     const env = { ...settings(dataDir), REDIS_URL: '' }
     const cliRun = (args: string[]) => runToExit(['src/operator/cli.ts', ...args], env)
     const { accountId } = JSON.parse((await cliRun(['account', 'create', '--name', 'Stopping', '--credits', '10'])).stdout)
     const server = await startServer(env)
     const sql = postgres(TEST_DATABASE_URL ?? '', { max: 1, onnotice: () => {} })
+    const slow = `slow_${accountId.replaceAll('-', '')}`
     try {
-      const { promise: released, resolve: release } = Promise.withResolvers<void>()
-      const { promise: holding, resolve: held } = Promise.withResolvers<void>()
-      const holder = sql.begin(async (tx) => {
-        await tx`SELECT 1 FROM accounts WHERE id = ${accountId} FOR UPDATE`
-        held()
-        await released
-      })
-      await holding
+      await sql.unsafe(`CREATE FUNCTION ${slow}() RETURNS trigger AS $$ BEGIN
+        IF NEW.id = '${accountId}' THEN PERFORM pg_sleep(${slowMs / 1000}); END IF; RETURN NEW; END $$ LANGUAGE plpgsql`)
+      await sql.unsafe(`CREATE TRIGGER ${slow} BEFORE UPDATE ON accounts FOR EACH ROW EXECUTE FUNCTION ${slow}()`)
       const adding = cliRun(['account', 'credits', '--account', accountId, '--add', '5'])
       await server.logged('"operator command"')
       const stopped = server.stop()
-      await Bun.sleep(holdMs)
-      release()
-      await holder
       const run = await adding
       expect(await stopped).toBe(0)
       const [row] = await sql`SELECT credits FROM accounts WHERE id = ${accountId}`
       return { run, accountId, credits: Number(row?.credits) }
     } finally {
+      await sql.unsafe(`DROP TRIGGER IF EXISTS ${slow} ON accounts`)
+      await sql.unsafe(`DROP FUNCTION IF EXISTS ${slow}()`)
       await sql.end()
     }
   }
 
-  // Only PostgreSQL lets another connection hold a row; the socket is the same embedded.
+  // Only PostgreSQL runs a trigger of the test's; the socket is the same embedded.
   test.if(MODE === 'postgres')('a command under way when the server stops is answered before it stops: the CLI reports what it did', async () => {
     const { run, accountId, credits } = await addingWhileStopping(500)
     expect(run.code, run.stderr).toBe(0)

@@ -51,7 +51,7 @@ function clusterClient(urls: string, options: RedisOptions & { enableAutoPipelin
 
 /** How often a connection with an overdue call asks Redis, on one of its own, whether it answers at all. */
 const OVERDUE_CHECK_EVERY_MS = 2_000
-/** How long a PING's answer is given to be followed by the overdue call's, sent earlier on the other connection. */
+/** How long the check's answer is given to be followed by the overdue call's, sent earlier on the other connection. */
 const OVERDUE_GRACE_MS = 200
 
 /**
@@ -238,13 +238,14 @@ export class Connection<Commands extends object = object> {
   }
 
   /**
-   * While a call is overdue, asks Redis on a connection of its own whether it answers (PING), every
-   * OVERDUE_CHECK_EVERY_MS. Redis runs one command at a time: answering a PING sent after the overdue
-   * call while that call still has no answer, it never got the call or its answer was lost on the way.
+   * While a call is overdue, asks Redis on a connection of its own whether it answers (a script that
+   * does nothing), every OVERDUE_CHECK_EVERY_MS. Redis runs one command at a time: answering one sent
+   * after the overdue call while that call still has no answer, it never got the call or its answer was
+   * lost on the way.
    * The connection is dead without a reset (a NAT or load balancer that forgot the flow, a network that
    * drops its packets), and TCP would hold every call on it for as long as it retransmits, up to 15
-   * minutes: it is closed, and ioredis connects again. A PING without an answer either is Redis busy or
-   * unreachable, where a new connection would do no better: the check asks again.
+   * minutes: it is closed, and ioredis connects again. A check without an answer either is Redis busy,
+   * paused or unreachable, where a new connection would do no better: the check asks again.
    */
   #checkOverdue(): void {
     if (this.#checking) return
@@ -254,7 +255,7 @@ export class Connection<Commands extends object = object> {
         while (this.#overdueCalls > 0 && this.redis.status === 'ready') {
           await Bun.sleep(OVERDUE_CHECK_EVERY_MS)
           if (this.#overdueCalls === 0 || !(await this.#answersAside())) continue
-          // The overdue call's answer may have been on its way beside the PING's.
+          // The overdue call's answer may have been on its way beside the check's.
           await Bun.sleep(OVERDUE_GRACE_MS)
           if (this.#overdueCalls === 0 || this.redis.status !== 'ready') continue
           log.warn('redis answers on a new connection but not on the one a call is overdue on: that connection is closed and opened again')
@@ -275,7 +276,9 @@ export class Connection<Commands extends object = object> {
     })
     aside.on('error', () => {})
     try {
-      await withDeadline(aside.ping(), this.callTimeoutMs, 'the check on an overdue redis call')
+      // A script, as the overdue call is: a Redis that holds scripts back (CLIENT PAUSE WRITE, a failover
+      // under way) holds this one too, where it would answer a PING.
+      await withDeadline(aside.eval('return 1', 0), this.callTimeoutMs, 'the check on an overdue redis call')
       return true
     } catch {
       return false
