@@ -163,23 +163,27 @@ test('a lock whose holder was killed but not yet reaped (a zombie) is taken over
 })
 
 describe('a lock held from another pid namespace or boot (a second container on the same volume)', () => {
+  /** Longer than the lease (5 s). */
+  const LAPSED_MS = 6_000
+
   /** A lock naming this live process, as seen from a namespace or boot that is not ours. */
-  async function foreignLock(elsewhere: { pidNamespace?: string; bootId?: string }) {
+  async function foreignLock(elsewhere: { pidNamespace?: string; bootId?: string }, renewedMsAgo = 0) {
     const dataDir = mkdtempSync(join(tmpdir(), 'ls-lock-'))
     dirs.push(dataDir)
     const stat = await Bun.file(`/proc/${process.pid}/stat`).text()
     const started = stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19]
     const holder = { pid: process.pid, started, owner: 'server', ...elsewhere }
     await Bun.write(join(dataDir, 'lock'), JSON.stringify(holder))
+    // Its lease as last renewed that long ago.
+    const renewed = new Date(Date.now() - renewedMsAgo)
+    utimesSync(join(dataDir, 'lock'), renewed, renewed)
     return dataDir
   }
 
   test.each([[{ pidNamespace: 'pid:[1]' }], [{ bootId: '00000000-0000-0000-0000-000000000000' }]])(
     '%j: its server answering on the socket keeps it, its lease lapsed or not',
     async (elsewhere) => {
-      const dataDir = await foreignLock(elsewhere)
-      const lapsed = new Date(Date.now() - 6_000)
-      utimesSync(join(dataDir, 'lock'), lapsed, lapsed)
+      const dataDir = await foreignLock(elsewhere, LAPSED_MS)
       const socket = Bun.serve({ unix: join(dataDir, 'operator.sock'), fetch: () => new Response(null, { status: 404 }) })
       try {
         const result = await tryLockDataDir(dataDir, 'server')
@@ -217,10 +221,7 @@ describe('a lock held from another pid namespace or boot (a second container on 
   test.each([[{ pidNamespace: 'pid:[1]' }], [{ bootId: '00000000-0000-0000-0000-000000000000' }]])(
     '%j: a lease not renewed and a socket nobody answers on, or none, mean its holder is gone, whatever its pid is here',
     async (elsewhere) => {
-      const dataDir = await foreignLock(elsewhere)
-      // Not renewed for longer than the lease.
-      const lapsed = new Date(Date.now() - 6_000)
-      utimesSync(join(dataDir, 'lock'), lapsed, lapsed)
+      const dataDir = await foreignLock(elsewhere, LAPSED_MS)
       // A crashed server's socket file: nothing listens on it any more.
       const stale = Bun.serve({ unix: join(dataDir, 'operator.sock'), fetch: () => new Response(null) })
       stale.stop(true)
@@ -233,9 +234,7 @@ describe('a lock held from another pid namespace or boot (a second container on 
 
   // An embedded server in either pass: run once.
   test.skipIf(MODE !== 'embedded')('a server started while a gone holder\'s lease has not lapsed yet (a container restarted after a crash) waits for it, then starts', async () => {
-    const dataDir = await foreignLock({ pidNamespace: 'pid:[1]' })
-    const renewed = new Date(Date.now() - 2_000)
-    utimesSync(join(dataDir, 'lock'), renewed, renewed)
+    const dataDir = await foreignLock({ pidNamespace: 'pid:[1]' }, 2_000)
     const started = Date.now()
     const server = await startServer({ DATABASE_URL: '', REDIS_URL: '', DATA_DIR: dataDir })
     try {
