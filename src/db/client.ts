@@ -45,8 +45,14 @@ export interface OpenDbOptions {
   stallSeconds?: number
 }
 
+/**
+ * How long the service waits for a lock another session holds (lock_timeout): past it the statement
+ * fails with 55P03 instead of holding up whatever waits behind it (commit-outcome.ts TRANSACTION_LOCK_WAIT).
+ */
+export const LOCK_WAIT = '2s'
+
 /** The session settings of a connection `Database.aside` opens. */
-const ASIDE_LIMITS = "SELECT set_config('statement_timeout', '5s', false), set_config('lock_timeout', '2s', false)"
+const ASIDE_LIMITS = `SELECT set_config('statement_timeout', '5s', false), set_config('lock_timeout', '${LOCK_WAIT}', false)`
 
 /** The request pool of a server: shared out among its processes, so the server holds about as many. */
 export const REQUEST_POOL_SIZE = 16

@@ -8,21 +8,21 @@ import { sql } from 'drizzle-orm'
 import { rowsOf } from '../delivery/prepared'
 import { log } from '../lib/log'
 import { withDeadline } from '../lib/with-timeout'
-import type { Ask, Database, Tx } from './client'
+import { type Ask, type Database, LOCK_WAIT, type Tx } from './client'
 import { errorCode } from './errors'
 import { classifyWriteError } from './isolated-write'
 
 /**
- * How long a transaction of the service waits for a lock another session holds (lock_timeout, set for
- * the transaction alone): past it the statement fails with 55P03, and the write fails alone or is
- * retried (isolated-write.ts), instead of holding up an app's mailbox, or every account's credit
- * flush, for as long as the other session (an operator's, a migration's) keeps it.
+ * A transaction's lock wait (LOCK_WAIT, set for the transaction alone): past it the statement fails
+ * with 55P03, and the write fails alone or is retried (isolated-write.ts), instead of holding up an
+ * app's mailbox, or every account's credit flush, for as long as the other session (an operator's, a
+ * migration's) keeps its lock.
  */
-const LOCK_WAIT = sql`set_config('lock_timeout', '2s', true)`
+const TRANSACTION_LOCK_WAIT = sql`set_config('lock_timeout', ${LOCK_WAIT}, true)`
 
-/** Sets the transaction's lock wait (LOCK_WAIT). */
+/** Sets the transaction's lock wait (TRANSACTION_LOCK_WAIT). */
 export async function limitLockWait(tx: Tx): Promise<void> {
-  await tx.execute(sql`SELECT ${LOCK_WAIT}`)
+  await tx.execute(sql`SELECT ${TRANSACTION_LOCK_WAIT}`)
 }
 
 /**
@@ -35,9 +35,9 @@ export interface TransactionMark {
   serverStarted: string
 }
 
-/** Sets the transaction's lock wait (LOCK_WAIT) and returns its mark (an id is assigned if it had none yet). */
+/** Sets the transaction's lock wait (TRANSACTION_LOCK_WAIT) and returns its mark (an id is assigned if it had none yet). */
 export async function startTransaction(tx: Tx): Promise<TransactionMark> {
-  const [row] = rowsOf(await tx.execute(sql`SELECT pg_current_xact_id()::text AS xid, pg_postmaster_start_time()::text AS started, ${LOCK_WAIT}`))
+  const [row] = rowsOf(await tx.execute(sql`SELECT pg_current_xact_id()::text AS xid, pg_postmaster_start_time()::text AS started, ${TRANSACTION_LOCK_WAIT}`))
   return { xid: String(row?.xid), serverStarted: String(row?.started) }
 }
 

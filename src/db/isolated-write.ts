@@ -26,7 +26,7 @@ const OUTAGE_CLASSES = new Set(['08', '40', '53', '57', '58'])
 // left the connection on a standby, a primary in recovery); 25P03 idle_in_transaction_session_timeout,
 // a session the server ended.
 const OUTAGE_CODES = new Set(['25006', '25P03'])
-/** 55P03 lock_not_available: lock_timeout passed (LOCK_WAIT in commit-outcome.ts). */
+/** 55P03 lock_not_available: lock_timeout passed (LOCK_WAIT in client.ts). */
 const CONTENTION = '55P03'
 // 22 data exception (bad encoding, NUL, invalid JSON), 23 integrity constraint, 54 program limit (a value too large).
 const DATA_CLASSES = new Set(['22', '23', '54'])
