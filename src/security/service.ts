@@ -124,7 +124,6 @@ async function entryOf(ctx: Context, accountId: string, appId: string, kind: Lis
 
 /** Adds one entry (see appendEntry); an entry already present is a no-op success, a full list 400. */
 export async function addEntry(ctx: Context, accountId: string, appId: string, kind: ListKind, input: SecurityEntryBody) {
-  if (shortIp(input.type, input.value)) throw ipLength()
   const { name, value, app } = await entryOf(ctx, accountId, appId, kind, input)
   const outcome = await ctx.actors.write(
     app.id,
@@ -133,11 +132,13 @@ export async function addEntry(ctx: Context, accountId: string, appId: string, k
       // removed in between made a list of one entry answer "full".
       const [locked] = await tx.select({ list: apps[name] }).from(apps).where(eq(apps.id, app.id)).for('update')
       if (!locked || locked.list.includes(value)) return 'present'
+      if (shortIp(input.type, input.value)) return 'short'
       if (locked.list.length >= MAX_LIST_ENTRIES) return 'full'
       return (await appendEntry(tx, app.id, name, value)) ? 'added' : 'full'
     },
     (result) => ({ app: result === 'added' }),
   )
+  if (outcome === 'short') throw ipLength()
   if (outcome === 'full') throw badRequest(`${name} already holds ${MAX_LIST_ENTRIES} entries`)
   return { ok: true as const }
 }

@@ -219,7 +219,7 @@ describe('POST and DELETE /v1/apps/:appId/security/{blacklist,whitelist}', () =>
     })
   })
 
-  test('an IPv6 address shorter in canonical form than 7 characters goes back as the lists show it, and only so', async () => {
+  test('an IPv6 address shorter in canonical form than 7 characters goes back as the lists show it (put, added again, removed), and only so', async () => {
     const s = await t.seed()
     // Nothing new under the spec's 7 characters, whether added or put.
     expect((await entry(s, 'POST', 'blacklist', { type: 'ip', value: '::1' })).status).toBe(400)
@@ -231,6 +231,10 @@ describe('POST and DELETE /v1/apps/:appId/security/{blacklist,whitelist}', () =>
     const putBack = await put(s, listed)
     expect(putBack.status, JSON.stringify(putBack.body)).toBe(200)
     expect(putBack.body).toEqual(listed)
+    // Added again as listed: present, so a 200 that changes nothing, as for any other entry.
+    const again = await entry(s, 'POST', 'blacklist', { type: 'ip', value: '::1' })
+    expect(again.status, JSON.stringify(again.body)).toBe(200)
+    expect((await security(s)).body).toEqual(listed)
     const removed = await entry(s, 'DELETE', 'blacklist', { type: 'ip', value: '::1' })
     expect(removed.status, JSON.stringify(removed.body)).toBe(200)
     expect((await security(s)).body).toEqual(empty)
