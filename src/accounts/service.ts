@@ -83,13 +83,14 @@ export async function addCredits(ctx: Context, accountId: string, n: number) {
       .update(accounts)
       .set({ credits: current.credits + change, creditSeq: sql`GREATEST(${accounts.creditSeq}, ${seq})` })
       .where(eq(accounts.id, accountId))
-      .returning({ accountId: accounts.id, credits: accounts.credits })
+      .returning({ accountId: accounts.id, credits: accounts.credits, creditSeq: accounts.creditSeq })
     return updated!
   })
   // Seeded again now, so the answer counts the charges not reconciled yet; with the store gone since the
-  // commit, currentBalance answers from PostgreSQL.
+  // commit, currentBalance answers from the row committed. Not from a read of it: the credits are added,
+  // and a failure told now (PostgreSQL gone since the COMMIT) would have the operator add them twice.
   await ctx.credits.loadLiveBalance(accountId).catch(() => {})
-  return { accountId: row.accountId, credits: await ctx.credits.currentBalance(accountId) }
+  return { accountId: row.accountId, credits: await ctx.credits.currentBalance(accountId, row) }
 }
 
 export async function getAccount(ctx: Context, accountId: string): Promise<typeof AccountResponse.static> {

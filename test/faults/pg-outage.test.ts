@@ -1,9 +1,11 @@
 import { afterAll, describe, expect, test } from 'bun:test'
 import { and, eq } from 'drizzle-orm'
 import { openDb } from '../../src/db/client'
-import { events, licenses } from '../../src/db/schema'
+import { accounts, events, licenses } from '../../src/db/schema'
 import { startDispatcher } from '../../src/delivery/dispatcher'
 import { makeTestApp, MODE } from '../support/helpers'
+import { withOverrides } from '../support/overrides'
+import { addCredits } from '../../src/accounts/service'
 import { hwid, insertLicense, nonce } from '../support/client'
 import { startReceiver, testCertificate } from '../support/webhooks-receiver'
 import { ownPostgres, until } from '../support/servers'
@@ -63,6 +65,30 @@ if (MODE === 'postgres') {
       expect(row?.hwids).toEqual([bound])
       const rebind = await validate(unbound)
       expect(rebind.status, JSON.stringify(rebind.body)).toBe(200)
+    })
+
+    test('credits added just before PostgreSQL stops are answered with the balance committed, not as a failure the operator would repeat', async () => {
+      const s = await t.seed({ credits: 10 })
+      let stopAfterCommit = true
+      // The add's first store call after its COMMIT: the live balance's seed.
+      const store = withOverrides(t.ctx.store, {
+        creditState: async (accountId: string) => {
+          if (stopAfterCommit) {
+            stopAfterCommit = false
+            await pg.stop()
+          }
+          return t.ctx.store.creditState(accountId)
+        },
+      })
+      const adding = await makeTestApp({ database, store })
+      try {
+        expect(await addCredits(adding.ctx, s.accountId, 100)).toEqual({ accountId: s.accountId, credits: 110 })
+      } finally {
+        await pg.start()
+        await adding.ctx.webhookPool.close()
+      }
+      const [row] = await database.db.select({ credits: accounts.credits }).from(accounts).where(eq(accounts.id, s.accountId))
+      expect(row?.credits).toBe(110)
     })
   })
 }
