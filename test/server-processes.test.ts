@@ -233,6 +233,42 @@ if (MODE === 'postgres') {
     })
   })
 
+  test('two servers started at the same moment on one port: one serves, the other refuses to start', async () => {
+    const port = await freePort()
+    const start = () =>
+      Bun.spawn([process.execPath, join(import.meta.dir, '..', 'src', 'main.ts')], {
+        env: {
+          ...process.env,
+          HOST: '127.0.0.1',
+          PORT: String(port),
+          DATA_DIR: mkdtempSync(join(tmpdir(), 'ls-twin-')),
+          MASTER_KEY: TEST_MASTER_KEY.toString('hex'),
+          DATABASE_URL: TEST_DATABASE_URL!,
+          REDIS_URL: TEST_REDIS_URL!,
+          SERVER_PROCESSES: '2',
+        },
+        stdout: 'ignore',
+        stderr: 'pipe',
+      })
+    const servers = [start(), start()]
+    try {
+      // The probe of the port passes for both: the refusal comes from the claim the first one took.
+      const bothStarted = Bun.sleep(20_000).then(() => ({ i: -1, code: null }))
+      const refused = await Promise.race([...servers.map(async (server, i) => ({ i, code: await server.exited as number | null })), bothStarted])
+      expect(refused.code).toBe(1)
+      expect(await new Response(servers[refused.i]!.stderr).text()).toBe(
+        `error: port ${port} on 127.0.0.1 is in use: one server per port (its own processes share it)\n`,
+      )
+      const serving = servers[1 - refused.i]!
+      await until(() => fetch(`http://127.0.0.1:${port}/healthz`).then((r) => (r.ok ? true : undefined), () => undefined))
+      serving.kill('SIGTERM')
+      expect(await serving.exited).toBe(0)
+    } finally {
+      for (const pid of startedFor(port)) process.kill(pid, 'SIGKILL')
+      for (const server of servers) server.kill('SIGKILL')
+    }
+  })
+
   test('SIGTERM while the other processes are still starting stops them too: none is left on the port', async () => {
     const port = await freePort()
     const server = Bun.spawn([process.execPath, join(import.meta.dir, '..', 'src', 'main.ts')], {
