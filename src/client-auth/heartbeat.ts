@@ -14,10 +14,18 @@ async function renewSession(ctx: Context, input: HeartbeatInput, ip: string, req
   const { sessions, payloads } = ctx
   const appId = canonicalAppId(input.appId)
   const session = sessions.readFor(appId, input.sessionToken, input.hwid, ctx.clock())
-  const auth = await authorize(ctx, { ip, requestId, appId, licenseKey: session?.lic ?? null, needsNonce: false }, (app, license, nowMs, shard) => {
+  // A session ends no later than its license (SessionTokens.issue): one that ended with its license is
+  // answered `expired`, as the heartbeat a moment before its end would have been, not `session_expired`.
+  const ended = session ? null : sessions.readEnded(appId, input.sessionToken, input.hwid)
+  const licenseKey = (session ?? ended)?.lic ?? null
+  const auth = await authorize(ctx, { ip, requestId, appId, licenseKey, needsNonce: false }, (app, license, nowMs, shard) => {
     let outcome: Outcome
     if (!app) outcome = fail('invalid_app')
-    else if (!session) outcome = fail('session_expired')
+    else if (!session) {
+      // invalid_key also has the license looked up, and is the answer once it is known to be gone.
+      const state = ended ? licenseState(license, app, nowMs) : null
+      outcome = fail(state === 'expired' || state === 'invalid_key' ? state : 'session_expired')
+    }
     else if (app.disabled) outcome = fail('app_disabled')
     else if (!listsAllow(app, ip, input.hwid)) outcome = fail('blocked')
     else {

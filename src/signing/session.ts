@@ -102,6 +102,11 @@ export class SessionTokens {
     return session && session.app === appId && session.hwid === hwid ? session : null
   }
 
+  /** A token readFor would take but for its end having passed; null for any other. */
+  readEnded(appId: string, token: string, hwid: string): Session | null {
+    return this.readFor(appId, token, hwid, Number.NEGATIVE_INFINITY)
+  }
+
   #randomJti(): string {
     if (this.#randomOffset + JTI_BYTES > this.#randomPool.length) {
       crypto.getRandomValues(this.#randomPool)

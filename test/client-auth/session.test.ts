@@ -78,6 +78,21 @@ describe('POST /auth/heartbeat and /auth/selfban', async () => {
     expect(expired.body.error).toBe('session_expired')
   })
 
+  test('a session that ended with its license is answered expired (410), as a heartbeat before the end would be', async () => {
+    const session = await login({ expiresAt: new Date(Date.now() + 60_000) }, 7200)
+    const later = await makeTestApp({ clock: () => Date.now() + 61_000 })
+    const res = await later.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken: session.token, hwid: session.hwid } })
+    expect(res.status).toBe(410)
+    expect(res.body).toEqual({ status: 'failed', error: 'expired' })
+    // Extended since: the session still ended, and its client logs in again.
+    await updateLicense(t.ctx, session.licenseKey, { expiresAt: new Date(Date.now() + 86_400_000) })
+    const extended = await later.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken: session.token, hwid: session.hwid } })
+    expect(extended.body).toEqual({ status: 'failed', error: 'session_expired' })
+    // Only a token of ours, for that app and HWID, is read past its end.
+    const other = await later.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken: session.token, hwid: hwid() } })
+    expect(other.body).toEqual({ status: 'failed', error: 'session_expired' })
+  })
+
   test('revoke, expiry, delete and HWID reset fail at the very next heartbeat', async () => {
     const a = await login()
     await updateLicense(t.ctx, a.licenseKey, { status: 'revoked' })
