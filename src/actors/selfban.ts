@@ -62,7 +62,7 @@ export async function applySelfban(
       .returning({ key: licenses.key })
     done.revokeLicense = rows.length > 0
     if (done.revokeLicense) {
-      await recordEvents(tx, [{ event: 'license.revoked', data: { licenseKey, appId, reason: 'selfban' }, occurredAt: now }])
+      await recordEvents(tx, [{ event: 'license.revoked', data: { licenseKey, appId, status: 'revoked', reason: 'selfban' }, occurredAt: now }])
     }
   }
   return done

@@ -1,7 +1,7 @@
 import { expect, test } from 'bun:test'
-import { eq } from 'drizzle-orm'
+import { and, eq } from 'drizzle-orm'
 import postgres from 'postgres'
-import { apps, licenses } from '../../src/db/schema'
+import { apps, events, licenses } from '../../src/db/schema'
 import { hwid, insertLicense, licenseEpochKey, nonce } from '../support/client'
 import { makeTestApp, MODE, TEST_DATABASE_URL } from '../support/helpers'
 
@@ -107,6 +107,9 @@ test('selfban revokes and lists in one go, and drops what it changed', async () 
   expect(app?.ipBlacklist).toEqual([want.ip])
   const [row] = await t.ctx.database.db.select().from(licenses).where(eq(licenses.key, licenseKey))
   expect(row?.status).toBe('revoked')
+  // Its event is the one a revoke through the API records, with the reason beside it.
+  const revoked = await t.ctx.database.db.select({ data: events.data }).from(events).where(and(eq(events.appId, s.appId), eq(events.event, 'license.revoked')))
+  expect(revoked.map((e) => e.data)).toEqual([{ licenseKey, appId: s.appId, status: 'revoked', reason: 'selfban' }])
   // Done already: a second selfban changes nothing and says so.
   expect(await t.ctx.actors.selfban(s.appId, licenseKey, want)).toEqual({
     revokeLicense: false,
