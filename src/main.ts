@@ -88,18 +88,19 @@ function listenProblem(host: string, port: number): Promise<string | null> {
 }
 
 /**
- * Takes this server's claim on HOST and PORT for the life of its first process, or says who holds it
- * (EADDRINUSE): two servers started at the same moment both pass the probe, which runs seconds before
- * their listen (the database opens in between), and both would then listen with SO_REUSEPORT. A Linux
- * abstract socket is bound atomically, names no file, and the kernel frees it when the process dies;
- * elsewhere the probe alone decides.
+ * Takes this server's claim on HOST and PORT for the life of its first process, or EADDRINUSE when
+ * another server holds it: two servers started at the same moment both pass the probe, which runs
+ * seconds before their listen (the database opens in between), and both would then listen with
+ * SO_REUSEPORT. A Linux abstract socket is bound atomically, names no file, and the kernel frees it
+ * when the process dies; elsewhere the probe alone decides.
  */
 function claimPort(host: string, port: number): Promise<string | null> {
   // Port 0 is a port of the kernel's choosing, which no other server is given.
   if (process.platform !== 'linux' || port === 0) return Promise.resolve(null)
   return new Promise((resolve) => {
     const claim = createServer()
-    claim.once('error', (err: NodeJS.ErrnoException) => resolve(err.code ?? 'failed'))
+    // Only a claim held says anything: any other failure leaves the decision to the probe.
+    claim.once('error', (err: NodeJS.ErrnoException) => resolve(err.code === 'EADDRINUSE' ? err.code : null))
     claim.listen(`\0license-service:${host}:${port}`, () => {
       claim.unref()
       resolve(null)
