@@ -3,6 +3,7 @@ import type { Database, DbOrTx } from '../db/client'
 import { cacheInvalidations } from '../db/schema'
 import { errorFields, log, logEvery } from '../lib/log'
 import { keys, type Shard, type Store } from '../store/store'
+import { withTimeout } from '../lib/with-timeout'
 
 /** What a change of one app touched of what the processes cache. */
 export interface Invalidation {
@@ -34,6 +35,8 @@ export async function noteInvalidation(tx: DbOrTx, change: Invalidation): Promis
 /** How long the instance that made a change has to bump it before any instance's sweep does. */
 export const SWEEP_AFTER_SECONDS = 1
 const SWEEP_EVERY_MS = 1000
+/** How long a stopping server waits for the sweep under way (see startSweeper). */
+const SWEEP_STOP_WAIT_MS = 5000
 const SWEEP_BATCH = 500
 
 /**
@@ -154,9 +157,11 @@ export class Invalidator {
   /**
    * Runs sweep() every `intervalMs` until stopped, skipping a tick while the sweep before is still under
    * way: queued behind a slow PostgreSQL, sweeps piled up one a second, and a stop waited for them all.
-   * stop() waits for the sweep under way and the deletes.
+   * stop() waits for the sweep under way and the deletes, the sweep for `stopWaitMs` at most: one held
+   * by a PostgreSQL that does not answer would hold a server's stop past its supervisor's grace
+   * period, and what it leaves is the next sweep's, any instance's.
    */
-  startSweeper(intervalMs = SWEEP_EVERY_MS): { stop(): Promise<void> } {
+  startSweeper(intervalMs = SWEEP_EVERY_MS, stopWaitMs = SWEEP_STOP_WAIT_MS): { stop(): Promise<void> } {
     let running: Promise<void> | null = null
     const pass = () => {
       running ??= (async () => {
@@ -175,7 +180,8 @@ export class Invalidator {
     return {
       stop: async () => {
         clearInterval(timer)
-        await running
+        if (running && (await withTimeout(running, stopWaitMs)) === null)
+          log.warn('stopped with a cache invalidation sweep still waiting on the database; the next sweep does its work')
         await this.settled()
       },
     }

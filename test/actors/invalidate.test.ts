@@ -148,3 +148,18 @@ test('sweeps slower than their interval do not pile up: a tick is skipped while 
   expect(sweeps).toBeGreaterThanOrEqual(2)
   expect(sweeps).toBeLessThanOrEqual(4)
 })
+
+test('a stop waits for a sweep that PostgreSQL holds up only so long, then lets it go', async () => {
+  const t = await makeTestApp()
+  const invalidator = new Invalidator(t.ctx.database, t.ctx.store, async () => [])
+  let started = false
+  invalidator.sweep = () => {
+    started = true
+    return new Promise<number>(() => {})
+  }
+  const sweeper = invalidator.startSweeper(10, 200)
+  while (!started) await Bun.sleep(10)
+  const stopping = performance.now()
+  await sweeper.stop()
+  expect(performance.now() - stopping).toBeWithin(150, 1_000)
+})
