@@ -6,7 +6,7 @@ import { deriveKey, Sealer } from './lib/crypto'
 import { EventBus } from './delivery/outbox'
 import { BoundedMap, MissBudget } from './actors/bounded'
 import { ACTOR_LIMITS, AppActors } from './actors/registry'
-import { LIVE_API_KEYS, UNKNOWN_API_KEYS_PER_MINUTE } from './http/auth'
+import { KNOWN_API_KEYS, UNKNOWN_API_KEYS_PER_MINUTE } from './http/auth'
 import { requireKeySource, resolveMasterKey } from './signing/master-key'
 import { adoptKeyCheck, storedKeyCheck } from './signing/key-check'
 import { type Database, openDb, poolSizePerProcess } from './db/client'
@@ -79,7 +79,7 @@ export async function buildContext(config: Readonly<Config>, overrides: ContextO
 }
 
 /** What boot opens or chooses; the rest of the context is built from it. */
-type ContextBase = Omit<Context, 'actors' | 'credits' | 'sessions' | 'payloads' | 'validatedEvents' | 'unknownApiKeys' | 'liveApiKeys' | 'testPings' | 'pingFetches'>
+type ContextBase = Omit<Context, 'actors' | 'credits' | 'sessions' | 'payloads' | 'validatedEvents' | 'unknownApiKeys' | 'knownApiKeys' | 'testPings' | 'pingFetches'>
 
 function assembleContext(base: ContextBase): Context {
   return {
@@ -90,7 +90,7 @@ function assembleContext(base: ContextBase): Context {
     payloads: new SignedPayloads(base.signer),
     validatedEvents: new ValidatedEventBatch({ database: base.database, bus: base.bus, dropped: base.metrics.validatedEventsDropped }),
     unknownApiKeys: new MissBudget(UNKNOWN_API_KEYS_PER_MINUTE, ACTOR_LIMITS.absent),
-    liveApiKeys: new BoundedMap(LIVE_API_KEYS),
+    knownApiKeys: new BoundedMap(KNOWN_API_KEYS),
     testPings: new InFlightLimit(TEST_PINGS_PER_ACCOUNT),
     pingFetches: new InFlightLimit(PING_FETCHES),
   }

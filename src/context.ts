@@ -42,8 +42,8 @@ export interface Context {
   credits: CreditLedger
   /** Per IP, Developer API key lookups that found no key (http/auth.ts). */
   unknownApiKeys: MissBudget
-  /** Hashes of Developer API keys last found live, which skip unknownApiKeys (http/auth.ts). */
-  liveApiKeys: BoundedMap<true>
+  /** Hashes of Developer API keys last found live or revoked, which skip unknownApiKeys (http/auth.ts). */
+  knownApiKeys: BoundedMap<'live' | 'revoked'>
   /** Test pings on their way, by account (webhooks/service.ts). */
   testPings: InFlightLimit
   /** The test pings on their way in this process, all accounts' (fetch-limit.ts). */

@@ -230,12 +230,6 @@ export class MissBudget {
     return { found: await run }
   }
 
-  /** Spends a token of `ip`'s, if it has one: a name found before, that a lookup finds gone now. */
-  spend(ip: string, nowMs: number): void {
-    const subject = limitSubject(ip)
-    this.#set(subject, Math.max(0, this.#tokens(subject, nowMs) - 1), nowMs)
-  }
-
   /** How long until `ip` may look up again (0 when it may now). */
   retryAfterMs(ip: string, nowMs: number): number {
     return Math.max(0, Math.ceil(((1 - this.#tokens(limitSubject(ip), nowMs)) * 60_000) / this.perMinute))

@@ -1,4 +1,4 @@
-import { and, eq, isNull } from 'drizzle-orm'
+import { eq } from 'drizzle-orm'
 import { Elysia } from 'elysia'
 import { sha256Hex } from '../lib/crypto'
 import { apiKeys } from '../db/schema'
@@ -17,15 +17,18 @@ export function presentedKeyHash(authorization: string | undefined): string | nu
   return match?.[1] ? sha256Hex(match[1]) : null
 }
 
-/** The account a Developer API key belongs to, or null for an unknown or revoked key. */
-export async function accountForKeyHash(ctx: Context, keyHash: string): Promise<string | null> {
+/** What a Developer API key's hash names: a live key's account, a revoked key, or (null) no key at all. */
+type KeyLookup = { accountId: string } | 'revoked' | null
+
+async function lookUpKeyHash(ctx: Context, keyHash: string): Promise<KeyLookup> {
   // The key is looked up by its SHA-256: equality on a digest leaks nothing useful about the key.
   const [row] = await ctx.database.db
-    .select({ accountId: apiKeys.accountId })
+    .select({ accountId: apiKeys.accountId, revokedAt: apiKeys.revokedAt })
     .from(apiKeys)
-    .where(and(eq(apiKeys.keyHash, keyHash), isNull(apiKeys.revokedAt)))
+    .where(eq(apiKeys.keyHash, keyHash))
     .limit(1)
-  return row?.accountId ?? null
+  if (!row) return null
+  return row.revokedAt === null ? { accountId: row.accountId } : 'revoked'
 }
 
 const invalidKey = () =>
@@ -38,8 +41,8 @@ const invalidKey = () =>
  */
 export const UNKNOWN_API_KEYS_PER_MINUTE = 60
 
-/** How many keys found live a process remembers (Context.liveApiKeys). */
-export const LIVE_API_KEYS = 10_000
+/** How many keys found live or revoked a process remembers (Context.knownApiKeys). */
+export const KNOWN_API_KEYS = 10_000
 
 /** The request's own Elysia context: transform, resolve and the handler all see this one object. */
 interface AuthContext {
@@ -68,30 +71,35 @@ export const authenticate = (ctx: Context) => {
     Object.assign(requestContext.set.headers, await takeApiToken(ctx, keyHash, requestIdOf(request)))
     const ip = addresses.of(requestContext.server?.requestIP(request)?.address ?? null, request.headers.get('x-forwarded-for'))
     const nowMs = ctx.clock()
-    // Still looked up on every request (a revocation holds at once), a key found live before skips the
-    // budget: a revoked key still in use on a vendor's host (a forgotten cron job) spends its address's
-    // lookups, and must not lock that host's live keys out with it.
-    let accountId: string | null
-    if (ctx.liveApiKeys.has(keyHash)) {
-      accountId = await accountForKeyHash(ctx, keyHash)
-      // Found live before and gone now (revoked): it spends a lookup as an unknown key does.
-      if (accountId === null) ctx.unknownApiKeys.spend(ip, ctx.clock())
+    // A key found live before is still looked up on every request (a revocation holds at once), and skips
+    // the budget, as a key found revoked does (no key comes back from revocation, so it is answered without
+    // a read): a revoked key still in use on a vendor's host (a forgotten cron job) must not spend the
+    // lookups its address's live keys need, the replacement's first use included.
+    const known = ctx.knownApiKeys.get(keyHash)
+    if (known === 'revoked') throw invalidKey()
+    let found: KeyLookup
+    if (known === 'live') {
+      found = await lookUpKeyHash(ctx, keyHash)
     } else {
-      const looked = await ctx.unknownApiKeys.lookUp(ip, keyHash, nowMs, ctx.clock, () => accountForKeyHash(ctx, keyHash), (id) => id === null)
+      const looked = await ctx.unknownApiKeys.lookUp(ip, keyHash, nowMs, ctx.clock, () => lookUpKeyHash(ctx, keyHash), (key) => key === null)
       if (!looked) {
         const retryAfter = String(Math.max(1, Math.ceil(ctx.unknownApiKeys.retryAfterMs(ip, nowMs) / 1000)))
         throw new ApiError('rate_limited', 429, 'Too many unknown API keys from this address; retry after the Retry-After header', {
           'Retry-After': retryAfter,
         })
       }
-      accountId = looked.found
+      found = looked.found
     }
-    if (!accountId) {
-      ctx.liveApiKeys.delete(keyHash)
+    if (found === null) {
+      ctx.knownApiKeys.delete(keyHash)
       throw invalidKey()
     }
-    ctx.liveApiKeys.set(keyHash, true)
-    requestContext.accountId = accountId
+    if (found === 'revoked') {
+      ctx.knownApiKeys.set(keyHash, 'revoked')
+      throw invalidKey()
+    }
+    ctx.knownApiKeys.set(keyHash, 'live')
+    requestContext.accountId = found.accountId
   }
 }
 

@@ -55,7 +55,7 @@ describe('Developer API rate limit', () => {
     expect(statuses.filter((status) => status === 429)).toHaveLength(100 - UNKNOWN_API_KEYS_PER_MINUTE)
   })
 
-  test("a revoked key still in use spends its address's lookups; the live keys the address has used are served all the same", async () => {
+  test("a revoked key still in use spends none of its address's lookups: the live keys, a replacement's first use too, are served", async () => {
     const { req, seed, ctx } = await limitedApp({ env: { TRUSTED_PROXIES: '0.0.0.0' } })
     const live = await seed()
     const forgotten = await seed()
@@ -63,13 +63,19 @@ describe('Developer API rate limit', () => {
     expect((await from(live.apiKey)).body).toEqual({ accountId: live.accountId })
     expect((await from(forgotten.apiKey)).body).toEqual({ accountId: forgotten.accountId })
     expect(await revokeApiKey(ctx, forgotten.apiKey)).toBe(true)
-    // Found live before, it is looked up and refused at once, and spends the lookups of an unknown key.
-    for (let i = 0; i < UNKNOWN_API_KEYS_PER_MINUTE; i++) expect((await from(forgotten.apiKey)).status).toBe(401)
-    expect((await from(forgotten.apiKey)).status).toBe(429)
+    // Refused at once, each time, as a revoked key and never as an address past its lookups.
+    for (let i = 0; i <= UNKNOWN_API_KEYS_PER_MINUTE; i++) expect((await from(forgotten.apiKey)).status).toBe(401)
     expect((await from(live.apiKey)).body).toEqual({ accountId: live.accountId })
-    // A key the address has not used yet waits for the budget as any unknown one does.
-    const unused = await seed()
-    expect((await from(unused.apiKey)).status).toBe(429)
+    // The key issued in its place, used for the first time from that address.
+    const replacement = await seed()
+    expect((await from(replacement.apiKey)).body).toEqual({ accountId: replacement.accountId })
+    // Nor does one this process never found live: revoked before its first use here (another process's
+    // key, or one revoked while this process was down).
+    const revokedElsewhere = await seed()
+    expect(await revokeApiKey(ctx, revokedElsewhere.apiKey)).toBe(true)
+    for (let i = 0; i <= UNKNOWN_API_KEYS_PER_MINUTE; i++) expect((await from(revokedElsewhere.apiKey)).status).toBe(401)
+    const another = await seed()
+    expect((await from(another.apiKey)).body).toEqual({ accountId: another.accountId })
   })
 
   test('a burst of 100 passes, the 101st gets 429 rate_limited with Retry-After, and refill lets it through', async () => {
