@@ -2,6 +2,19 @@ import { type CanonicalIp, canonicalIp, type Cidr, IpRanges } from '../lib/ip'
 
 const UNSPECIFIED = '0.0.0.0' as CanonicalIp
 
+// A hop with the client's port, as some load balancers write it (Azure Application Gateway, IIS ARR):
+// `203.0.113.9:5555`, or `[2001:db8::1]:5555` (a bare IPv6 address with a port is not told apart).
+const IPV4_WITH_PORT = /^(\d{1,3}(?:\.\d{1,3}){3}):\d{1,5}$/
+const BRACKETED_IPV6 = /^\[([^\]]*:[^\]]*)\](?::\d{1,5})?$/
+
+/** A hop's address, or null when it is none: read without its port, one its proxy added, too. */
+function hopAddress(hop: string): CanonicalIp | null {
+  const bare = canonicalIp(hop)
+  if (bare !== null) return bare
+  const address = IPV4_WITH_PORT.exec(hop)?.[1] ?? BRACKETED_IPV6.exec(hop)?.[1]
+  return address === undefined ? null : canonicalIp(address)
+}
+
 /**
  * Which address a request comes from: the socket peer, unless that peer is a trusted proxy; then the
  * right-most X-Forwarded-For hop that is not itself a trusted proxy. One per server.
@@ -30,7 +43,7 @@ export class ClientAddresses {
     if (!forwardedFor || this.#proxies.size === 0 || !this.#proxies.has(socket)) return socket
     const hops = forwardedFor.split(',').map((h) => h.trim()).filter(Boolean)
     for (let i = hops.length - 1; i >= 0; i--) {
-      const hop = canonicalIp(hops[i] ?? '')
+      const hop = hopAddress(hops[i] ?? '')
       if (hop === null) return socket
       if (!this.#proxies.has(hop)) return hop
     }

@@ -40,6 +40,16 @@ test('proxies and hops are compared canonically, however they are written', () =
   expect(addresses.of('10.0.0.2', 'fe80::1%eth0')).toBe('fe80::1')
 })
 
+test("a hop written with the client's port, as some load balancers write it, is that address", () => {
+  const addresses = new ClientAddresses(proxies)
+  expect(addresses.of('10.0.0.2', '203.0.113.9:5555')).toBe('203.0.113.9')
+  expect(addresses.of('10.0.0.2', '[2001:DB8::1]:5555, 10.0.0.5:443')).toBe('2001:db8::1')
+  expect(addresses.of('10.0.0.2', '[2001:db8::1]')).toBe('2001:db8::1')
+  // Still no address, so the walk ends at the peer: a port alone, an IPv4 address in brackets, a bad port.
+  for (const hop of ['203.0.113.9:', '[203.0.113.9]:80', '203.0.113.9:123456', '2001:db8::1:5555:1:2:3:4:5'])
+    expect(addresses.of('10.0.0.2', hop)).toBe('10.0.0.2')
+})
+
 test('a peer that is no address is named as it came and speaks for no one', () => {
   const addresses = new ClientAddresses([parseCidr('0.0.0.0/0')!])
   expect(addresses.of('not-an-ip', '203.0.113.9')).toBe('not-an-ip')
