@@ -197,7 +197,8 @@ export class MissBudget {
 
   /**
    * Runs `lookup` of `name` for `ip` with one of its tokens, given back unless `absent` says the lookup
-   * found nothing; a lookup of the same name by the same address under way is joined instead. Null,
+   * found nothing; a lookup of the same name by the same address under way is joined instead, and its
+   * answer taken: `name` names the kind of lookup too, where lookups of one thing answer differently. Null,
    * running nothing, when the address has no token left. `clock` reads the time the lookup ends.
    */
   async lookUp<T>(

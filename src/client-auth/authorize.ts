@@ -64,14 +64,28 @@ export async function refundingOnFailure<T>(ctx: Context, auth: Authorized, work
 }
 
 /**
+ * How a lookup reads the app: into the cache (an entry) or from PostgreSQL alone, while the store is
+ * unreachable (the app itself). A lookup joins only one of its own kind, whose answer has its shape.
+ */
+type AppRead = 'cache' | 'database'
+
+/**
  * An app id this process does not hold costs a read before any limit can apply, so an IP may look up
  * only so many that turn out not to exist (absentAppBudget). Past that it is refused without a read,
  * whether the app exists or not: `rate_limited`, which a client retries, as `invalid_app` would tell
  * a real app's client (one behind the same NAT as a scanner) that its credentials are wrong.
  */
-async function lookUpApp<T>(ctx: Context, ip: string, appId: string, nowMs: number, lookup: () => Promise<T>, absent: (found: T) => boolean): Promise<T> {
+async function lookUpApp<T>(
+  ctx: Context,
+  ip: string,
+  appId: string,
+  read: AppRead,
+  nowMs: number,
+  lookup: () => Promise<T>,
+  absent: (found: T) => boolean,
+): Promise<T> {
   const budget = ctx.actors.absentAppBudget
-  const looked = await budget.lookUp(ip, appId, nowMs, ctx.clock, lookup, absent)
+  const looked = await budget.lookUp(ip, `${read}\n${appId}`, nowMs, ctx.clock, lookup, absent)
   if (!looked) throw rateLimited(budget.retryAfterMs(ip, nowMs))
   return looked.found
 }
@@ -117,7 +131,7 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
       // Awaited only on a miss: the common all-cached request skips a promise and a microtask turn.
       if (!appEntry) {
         // Undefined when the entry went before it could be read (the registry started over): looked up again.
-        appEntry = await lookUpApp(ctx, ip, appId, nowMs, async () => {
+        appEntry = await lookUpApp(ctx, ip, appId, 'cache', nowMs, async () => {
           await actors.ensureApp(appId)
           return actors.cachedApp(appId)
         }, (entry) => entry?.value === null)
@@ -233,7 +247,7 @@ async function withoutStore(
   // An app this process holds is no made-up id: it reads what any of its clients' requests reads here.
   const loadApp = () => actors.loadApp(appId)
   const [app, license] = await Promise.all([
-    actors.cachedApp(appId)?.value ? loadApp() : lookUpApp(ctx, ip, appId, nowMs, loadApp, (found) => found === null),
+    actors.cachedApp(appId)?.value ? loadApp() : lookUpApp(ctx, ip, appId, 'database', nowMs, loadApp, (found) => found === null),
     licenseKey === null ? null : actors.loadLicense(licenseKey),
   ])
   const { outcome } = plan(app, license, nowMs, app ? ctx.store.shardOf(app.accountId) : '')

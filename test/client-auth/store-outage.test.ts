@@ -87,6 +87,36 @@ test('Redis unreachable: an IP past its budget of made-up app ids still reaches 
   }
 })
 
+test("Redis unreachable: heartbeats of one address at once on an instance that holds no copy of the app are each served, none answered another's lookup", async () => {
+  await until(() => store.ping(), (up) => up)
+  const s = await t.seed()
+  const licenseKey = await insertLicense(t.ctx, s.appId)
+  const h = hwid()
+  const first = await t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: h, nonce: nonce() } })
+  expect(first.status, JSON.stringify(first.body)).toBe(200)
+  const sessionToken = decode(first.body.payload).sessionToken
+  const cold = await makeTestApp({ store })
+  // A read of the app from PostgreSQL slow enough for the second heartbeat to come while the first's is on its way.
+  const loadApp = cold.ctx.actors.loadApp.bind(cold.ctx.actors)
+  cold.ctx.actors.loadApp = async (appId: string) => {
+    await Bun.sleep(100)
+    return loadApp(appId)
+  }
+  const beat = () => cold.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken, hwid: h } })
+  await redis.stop()
+  try {
+    const firstBeat = beat()
+    await Bun.sleep(30)
+    const answers = await Promise.all([firstBeat, beat()])
+    expect(answers.map((res) => [res.status, res.body.error])).toEqual([
+      [200, undefined],
+      [200, undefined],
+    ])
+  } finally {
+    await redis.start()
+  }
+})
+
 test('Developer API changes during a Redis outage answer at once and are seen when it returns', async () => {
   await until(() => store.ping(), (up) => up)
   const s = await t.seed()
