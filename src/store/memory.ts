@@ -3,6 +3,7 @@ import {
   type AuthorizeInput,
   type AuthorizeResult,
   type BegunFlush,
+  BUCKET_SLACK_MS,
   type CreditCharges,
   type CreditState,
   type EpochRead,
@@ -118,7 +119,7 @@ export class MemoryStore implements Store {
     let short = 0
     buckets.forEach((b, i) => {
       const over = (tats[i] ?? now) - now - b.capacity * (1000 / b.refillPerSecond)
-      if (over > 1e-6) short = Math.max(short, Math.ceil(over))
+      if (over > BUCKET_SLACK_MS) short = Math.max(short, Math.ceil(over))
     })
     if (short > 0) return short
     buckets.forEach((b, i) => {

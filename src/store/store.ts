@@ -214,6 +214,15 @@ export type Shard = string
  */
 export const STORE_CALL_TIMEOUT_MS = 2000
 
+/**
+ * How far past its bucket's limit a request may come and still be admitted, in ms. A bucket is an
+ * absolute time (about 1.9e12 ms, whose doubles are 2.4e-4 ms apart) to which each request adds its
+ * interval, 60,000 ms ÷ the limit: the sum of a burst's intervals is not exact, so a limit such as 9 a
+ * minute admitted 8 of a burst arriving within one millisecond. Half a millisecond covers that sum over
+ * thousands of requests; the clock it is compared with counts whole milliseconds.
+ */
+export const BUCKET_SLACK_MS = 0.5
+
 /** `ls:` and the shard's tag: what every key of the shard starts with. */
 export const shardPrefix = (shard: Shard) => (shard === '' ? 'ls:' : `ls:${shard}:`)
 

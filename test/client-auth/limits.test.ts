@@ -116,6 +116,21 @@ describe('public endpoint limits', async () => {
   })
 })
 
+describe('a limit whose interval is no whole number of milliseconds', () => {
+  // 60,000 ms ÷ 9 and the like: the bucket's sum of intervals is not exact (BUCKET_SLACK_MS).
+  test.each([9, 14, 17, 26])('%i a minute admits a burst of exactly that many within one millisecond', async (limit) => {
+    const t = await makeTestApp({ clock: () => Date.parse('2031-05-04T12:00:00.000Z'), env: { ...env, VALIDATE_LIMIT_PER_IP: String(limit) } })
+    const s = await t.seed()
+    const licenseKey = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
+    const statuses: number[] = []
+    for (let i = 0; i <= limit; i++) {
+      const body = { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: hwid(), nonce: nonce() }
+      statuses.push((await t.req('POST', '/auth/validate', { body, headers: { 'x-forwarded-for': '198.51.100.77' } })).status)
+    }
+    expect(statuses).toEqual([...Array.from({ length: limit }, () => 200), 429])
+  })
+})
+
 describe('sandbox daily ceiling', async () => {
   const clock = manualClock(Date.parse('2031-05-04T23:59:58.000Z'))
   const t = await makeTestApp({ clock: clock.now, env: { ...env, SANDBOX_DAILY_CEILING: '5' } })

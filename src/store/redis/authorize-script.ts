@@ -1,3 +1,4 @@
+import { BUCKET_SLACK_MS } from '../store'
 import { luaConstants, luaUnpack } from './wire'
 
 // The public requests of one call (see authorize.ts), each checked in order (AuthorizeInput in
@@ -98,7 +99,7 @@ for _, h in ipairs(reqs) do
         local tat = val[h[j + BUCKET_KEY]] or now
         if tat < now then tat = now end
         local over = tat + t - now - h[j + BUCKET_CAPACITY] * t
-        if over > 1e-6 then
+        if over > ${BUCKET_SLACK_MS} then
           over = math.ceil(over)
           if over > short then short = over end
         end

@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto'
-import { type EpochRead, type Epochs, keys, shardOfKey, type Snapshot, type Snapshots } from '../store'
+import { BUCKET_SLACK_MS, type EpochRead, type Epochs, keys, shardOfKey, type Snapshot, type Snapshots } from '../store'
 import type { Connection, Script } from './connection'
 
 const BUMP = `
@@ -25,7 +25,7 @@ for a = 2, #ARGV, 3 do
     local bucket, t = KEYS[k + 1], 1000 / tonumber(ARGV[a + 2])
     local tat = math.max(tonumber(redis.call('GET', bucket)) or now, now) + t
     local over = tat - now - tonumber(ARGV[a + 1]) * t
-    if over > 1e-6 then
+    if over > ${BUCKET_SLACK_MS} then
       wait = math.ceil(over)
     else
       redis.call('SET', bucket, tat, 'PX', math.ceil(tat - now) + 1000)
