@@ -18,6 +18,19 @@ import {
 
 const ONE_SHARD = shardOf('', 1)
 
+/**
+ * A bucket's time as of `now` (GCRA: its theoretical arrival time): the stored one, or `now` when that is
+ * past or missing. One further ahead than a bucket emptied now (its capacity's intervals) can only have
+ * been written by a clock ahead of this one: a clock stepped back, or another instance's ahead of this
+ * one's. Read as it is, it refused every request for as long as the difference; it is read as a bucket
+ * with one token left. (The scripts' bucket_time, redis/wire.ts.)
+ */
+function bucketTime(stored: number | undefined, now: number, b: Pick<Admission, 'capacity' | 'refillPerSecond'>): number {
+  if (stored === undefined || stored < now) return now
+  const t = 1000 / b.refillPerSecond
+  return stored > now + b.capacity * t + BUCKET_SLACK_MS ? now + (b.capacity - 1) * t : stored
+}
+
 interface Entry {
   value: unknown
   /** Expiry in ms since the epoch; Infinity when the key never expires. */
@@ -115,7 +128,7 @@ export class MemoryStore implements Store {
    */
   #takeBuckets(buckets: readonly Omit<Admission, 'nowMs'>[], now: number): number {
     if (buckets.length === 0) return 0
-    const tats = buckets.map((b) => Math.max((this.get(b.key, now) as number | undefined) ?? now, now) + 1000 / b.refillPerSecond)
+    const tats = buckets.map((b) => bucketTime(this.get(b.key, now) as number | undefined, now, b) + 1000 / b.refillPerSecond)
     let short = 0
     buckets.forEach((b, i) => {
       const over = (tats[i] ?? now) - now - b.capacity * (1000 / b.refillPerSecond)

@@ -131,6 +131,39 @@ describe('a limit whose interval is no whole number of milliseconds', () => {
   })
 })
 
+describe('a clock behind the one that took the last tokens', () => {
+  const start = Date.parse('2031-05-04T13:00:00.000Z')
+  const ip = { 'x-forwarded-for': '198.51.100.78' }
+
+  test('a clock stepped back an hour does not hold the buckets for that hour: a bucket it finds that far ahead has one token left', async () => {
+    const clock = manualClock(start)
+    const t = await makeTestApp({ clock: clock.now, env: { ...env, VALIDATE_LIMIT_PER_IP: '5' } })
+    const s = await t.seed()
+    const licenseKey = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
+    const validate = () =>
+      t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: hwid(), nonce: nonce() }, headers: ip })
+    expect((await validate()).status).toBe(200)
+    clock.advance(-3_600_000)
+    expect((await validate()).status).toBe(200)
+    // Then the bucket runs as any: empty now, a token back after 12 s (5 a minute).
+    const limited = await validate()
+    expect([limited.status, limited.headers.get('retry-after')]).toEqual([429, '12'])
+    clock.advance(12_000)
+    expect((await validate()).status).toBe(200)
+  })
+
+  test("an instance whose clock is behind another's serves the clients the other served", async () => {
+    const ahead = await makeTestApp({ clock: () => start + 120_000, env: { ...env, VALIDATE_LIMIT_PER_IP: '5' } })
+    const behind = await makeTestApp({ clock: () => start, env: { ...env, VALIDATE_LIMIT_PER_IP: '5' } })
+    const s = await ahead.seed()
+    const licenseKey = await insertLicense(ahead.ctx, s.appId, { unlimitedHwidSlots: true })
+    const validateOn = (instance: typeof ahead) =>
+      instance.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: hwid(), nonce: nonce() }, headers: ip })
+    expect((await validateOn(ahead)).status).toBe(200)
+    expect((await validateOn(behind)).status).toBe(200)
+  })
+})
+
 describe('sandbox daily ceiling', async () => {
   const clock = manualClock(Date.parse('2031-05-04T23:59:58.000Z'))
   const t = await makeTestApp({ clock: clock.now, env: { ...env, SANDBOX_DAILY_CEILING: '5' } })

@@ -1,5 +1,5 @@
 import { BUCKET_SLACK_MS } from '../store'
-import { luaConstants, luaUnpack } from './wire'
+import { luaBucketTime, luaConstants, luaUnpack } from './wire'
 
 // The public requests of one call (see authorize.ts), each checked in order (AuthorizeInput in
 // store.ts documents the order of one request's checks; memory.ts mirrors it), answered as one array.
@@ -23,6 +23,7 @@ if not gen then
 end
 if ARGV[2] ~= '' and gen ~= ARGV[2] then return { -1, gen } end
 ${luaUnpack}
+${luaBucketTime}
 local val = {}
 local bucket_ex = {}
 local spent = {}
@@ -96,8 +97,7 @@ for _, h in ipairs(reqs) do
       local short = 0
       for j = b, last, BUCKET_WIDTH do
         local t = 1000 / h[j + BUCKET_REFILL_PER_SECOND]
-        local tat = val[h[j + BUCKET_KEY]] or now
-        if tat < now then tat = now end
+        local tat = bucket_time(val[h[j + BUCKET_KEY]], now, t, h[j + BUCKET_CAPACITY])
         local over = tat + t - now - h[j + BUCKET_CAPACITY] * t
         if over > ${BUCKET_SLACK_MS} then
           over = math.ceil(over)
@@ -112,9 +112,8 @@ for _, h in ipairs(reqs) do
       end
       for j = b, last, BUCKET_WIDTH do
         local k = h[j + BUCKET_KEY]
-        local tat = val[k] or now
-        if tat < now then tat = now end
-        tat = tat + 1000 / h[j + BUCKET_REFILL_PER_SECOND]
+        local t = 1000 / h[j + BUCKET_REFILL_PER_SECOND]
+        local tat = bucket_time(val[k], now, t, h[j + BUCKET_CAPACITY]) + t
         val[k] = tat
         -- Kept until a second after the bucket is full again (a missing key reads as full), in whole
         -- seconds so that one text serves most keys of a call (as_text).

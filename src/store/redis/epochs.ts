@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto'
 import { BUCKET_SLACK_MS, type EpochRead, type Epochs, keys, shardOfKey, type Snapshot, type Snapshots } from '../store'
 import type { Connection, Script } from './connection'
+import { luaBucketTime } from './wire'
 
 const BUMP = `
 for i = 1, #KEYS do redis.call('INCR', KEYS[i]) end
@@ -11,7 +12,7 @@ return #KEYS
 // all of one shard. ARGV: a fresh generation id (written when the key is missing), then per read three
 // values: the bucket's now ('' without a bucket), capacity and refill per second. Answers the generation,
 // then per read its epoch, or minus the wait in ms when its bucket had no token (then its epoch is not read).
-const SNAPSHOT = `
+const SNAPSHOT = `${luaBucketTime}
 local gen = redis.call('GET', KEYS[1])
 if not gen then
   gen = ARGV[1]
@@ -22,9 +23,9 @@ local k = 2
 for a = 2, #ARGV, 3 do
   local now, wait = tonumber(ARGV[a]), 0
   if now then
-    local bucket, t = KEYS[k + 1], 1000 / tonumber(ARGV[a + 2])
-    local tat = math.max(tonumber(redis.call('GET', bucket)) or now, now) + t
-    local over = tat - now - tonumber(ARGV[a + 1]) * t
+    local bucket, t, cap = KEYS[k + 1], 1000 / tonumber(ARGV[a + 2]), tonumber(ARGV[a + 1])
+    local tat = bucket_time(tonumber(redis.call('GET', bucket)), now, t, cap) + t
+    local over = tat - now - cap * t
     if over > ${BUCKET_SLACK_MS} then
       wait = math.ceil(over)
     else

@@ -1,4 +1,4 @@
-import { type AuthorizeInput, type AuthorizeResult, keys, type Shard, shardPrefix } from '../store'
+import { type AuthorizeInput, type AuthorizeResult, BUCKET_SLACK_MS, keys, type Shard, shardPrefix } from '../store'
 
 /**
  * The authorize script's wire format, defined once: the TypeScript packing below writes each number
@@ -94,6 +94,19 @@ export const luaConstants = [
   `local BUCKET_WIDTH = ${BUCKET.length}`,
   ...REPLIES.map((r, code) => `local R_${luaName(r.kind)} = ${code}`),
 ].join('\n')
+
+/**
+ * Lua: a bucket's time (GCRA, memory.ts's bucketTime) as of `now`, its interval `t` and capacity `cap`:
+ * the stored time, or `now` when that is past or missing; one further ahead than a bucket emptied now
+ * is read as a bucket with one token left.
+ */
+export const luaBucketTime = `
+local function bucket_time(tat, now, t, cap)
+  if not tat or tat < now then return now end
+  if tat > now + cap * t + ${BUCKET_SLACK_MS} then return now + (cap - 1) * t end
+  return tat
+end
+`
 
 /**
  * Lua that reads ARGV[1] into `names` (the keys, the first `read_count` of them the ones the call reads)
