@@ -1,7 +1,7 @@
 import { describe, expect, test } from 'bun:test'
-import { inArray } from 'drizzle-orm'
+import { eq, inArray } from 'drizzle-orm'
 import { openDb } from '../../../src/db/client'
-import { events } from '../../../src/db/schema'
+import { events, webhooks } from '../../../src/db/schema'
 import { type Claimed, Claims, claimDue, fanOut, type Room } from '../../../src/delivery/dispatch/claim'
 import { recordAttempts } from '../../../src/delivery/attempts'
 import { sharedInfra, TEST_DATABASE_URL } from '../../support/helpers'
@@ -34,6 +34,33 @@ describe('fan-out', () => {
     expect(marked.every((e) => e.dispatchedAt !== null)).toBe(true)
     // Dispatched events are not fanned out again.
     expect((await fanOut(o.db, 10, room(10))).events).toBe(0)
+  })
+
+  // Two connections at once: PGlite has one.
+  test.skipIf(!TEST_DATABASE_URL)("a webhook deleted while the fan-out runs is left out of it; every other webhook's deliveries are written", async () => {
+    const o = await outboxApp()
+    await drainOutbox(o.db)
+    const [deleted, kept] = [await o.hook(['license.created']), await o.hook(['license.created'])]
+    const [id] = await o.emit('license.created')
+    const other = await openDb({ databaseUrl: TEST_DATABASE_URL, dataDir: null })
+    try {
+      // The delete (its cascade over the webhook's deliveries, say) is under way when the fan-out starts.
+      let deleting!: () => void
+      const held = new Promise<void>((resolve) => (deleting = resolve))
+      const deletion = other.db.transaction(async (tx) => {
+        await tx.delete(webhooks).where(eq(webhooks.id, deleted))
+        await held
+      })
+      await Bun.sleep(50)
+      const fanning = fanOut(o.db, 10, room(10))
+      await Bun.sleep(100)
+      deleting()
+      await deletion
+      const fanned = await fanning
+      expect(pairs(fanned.claimed)).toEqual([`${id} ${kept}`])
+    } finally {
+      await other.close()
+    }
   })
 
   test('deliveries beyond the limit are written unclaimed, and the claim statement takes them', async () => {
