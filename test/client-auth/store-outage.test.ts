@@ -17,6 +17,16 @@ afterAll(async () => {
 
 const t = await makeTestApp({ store })
 
+/** A new app of `on`'s with a license, and one device's session on it. */
+async function signedIn(on: TestApp) {
+  const s = await on.seed()
+  const licenseKey = await insertLicense(on.ctx, s.appId)
+  const h = hwid()
+  const first = await on.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: h, nonce: nonce() } })
+  expect(first.status, JSON.stringify(first.body)).toBe(200)
+  return { s, licenseKey, h, sessionToken: decode(first.body.payload).sessionToken as string }
+}
+
 test('Redis unreachable: validate fails closed, heartbeat fails open, minting fails charging nothing, /readyz is 503, all recover when it returns', async () => {
   await until(() => store.ping(), (up) => up)
   const s = await t.seed()
@@ -60,13 +70,8 @@ test('Redis unreachable: an IP past its budget of made-up app ids still reaches 
   await until(() => store.ping(), (up) => up)
   // A context of its own: its budget of app ids that turn out not to exist is spent below.
   const own = await makeTestApp({ store })
-  const s = await own.seed()
+  const { s, licenseKey, h, sessionToken } = await signedIn(own)
   const unheld = await own.seed()
-  const licenseKey = await insertLicense(own.ctx, s.appId)
-  const h = hwid()
-  const first = await own.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: h, nonce: nonce() } })
-  expect(first.status, JSON.stringify(first.body)).toBe(200)
-  const sessionToken = decode(first.body.payload).sessionToken
   const beat = (appId: string) => own.req('POST', '/auth/heartbeat', { body: { appId, sessionToken, hwid: h } })
 
   await redis.stop()
@@ -89,12 +94,7 @@ test('Redis unreachable: an IP past its budget of made-up app ids still reaches 
 
 test("Redis unreachable: heartbeats of one address at once on an instance that holds no copy of the app are each served, none answered another's lookup", async () => {
   await until(() => store.ping(), (up) => up)
-  const s = await t.seed()
-  const licenseKey = await insertLicense(t.ctx, s.appId)
-  const h = hwid()
-  const first = await t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: h, nonce: nonce() } })
-  expect(first.status, JSON.stringify(first.body)).toBe(200)
-  const sessionToken = decode(first.body.payload).sessionToken
+  const { s, h, sessionToken } = await signedIn(t)
   const cold = await makeTestApp({ store })
   // A read of the app from PostgreSQL slow enough for the second heartbeat to come while the first's is on its way.
   const loadApp = cold.ctx.actors.loadApp.bind(cold.ctx.actors)
