@@ -142,14 +142,11 @@ export async function openDb(options: OpenDbOptions): Promise<Database> {
     }
   }
   const { PGlite } = await import('@electric-sql/pglite')
+  const { openDurablePglite } = await import('./durable-pglite')
   const { drizzle } = await import('drizzle-orm/pglite')
   const { migrate } = await import('drizzle-orm/pglite/migrator')
-  let dir: string | undefined
-  if (options.dataDir) {
-    makeDataDir(options.dataDir)
-    dir = pgliteDir(options.dataDir)
-  }
-  const client = dir ? new PGlite(dir) : new PGlite()
+  if (options.dataDir) makeDataDir(options.dataDir)
+  const client = options.dataDir ? openDurablePglite(pgliteDir(options.dataDir)) : new PGlite()
   const db = drizzle({ client, schema })
   await migrate(db, { migrationsFolder })
   return {
