@@ -21,14 +21,15 @@ async function renewSession(ctx: Context, input: HeartbeatInput, ip: string, req
   const auth = await authorize(ctx, { ip, requestId, appId, licenseKey, needsNonce: false }, (app, license, nowMs, shard) => {
     let outcome: Outcome
     if (!app) outcome = fail('invalid_app')
-    else if (!session) {
-      // invalid_key also has the license looked up, and is the answer once it is known to be gone.
-      const state = ended ? licenseState(license, app, nowMs) : null
-      outcome = fail(state === 'expired' || state === 'invalid_key' ? state : 'session_expired')
-    }
+    else if (!session && !ended) outcome = fail('session_expired')
+    // A token of ours whose session ended with its license is answered as a live one: app and lists first.
     else if (app.disabled) outcome = fail('app_disabled')
     else if (!listsAllow(app, ip, input.hwid)) outcome = fail('blocked')
-    else {
+    else if (!session) {
+      // invalid_key also has the license looked up, and is the answer once it is known to be gone.
+      const state = licenseState(license, app, nowMs)
+      outcome = fail(state === 'expired' || state === 'invalid_key' ? state : 'session_expired')
+    } else {
       const state = licenseState(license, app, nowMs)
       if (state) outcome = fail(state)
       // A reset HWID ends the session: the client logs in again, which binds it afresh.

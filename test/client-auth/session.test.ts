@@ -93,6 +93,25 @@ describe('POST /auth/heartbeat and /auth/selfban', async () => {
     expect(other.body).toEqual({ status: 'failed', error: 'session_expired' })
   })
 
+  test('a session that ended with its license is answered for its app and lists first, as a live one is', async () => {
+    const session = await login({ expiresAt: new Date(Date.now() + 60_000) }, 7200)
+    const later = await makeTestApp({ clock: () => Date.now() + 61_000 })
+    const setApp = async (set: Partial<typeof apps.$inferInsert>) => {
+      await t.ctx.database.db.update(apps).set(set).where(eq(apps.id, s.appId))
+      await t.ctx.store.bump([await appEpochKey(t.ctx, s.appId)])
+    }
+    const ended = () => later.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken: session.token, hwid: session.hwid } })
+    try {
+      await setApp({ disabled: true })
+      expect([(await ended()).status, (await ended()).body]).toEqual([403, { status: 'failed', error: 'app_disabled' }])
+      await setApp({ disabled: false, hwidBlacklist: [session.hwid] })
+      expect([(await ended()).status, (await ended()).body]).toEqual([403, { status: 'failed', error: 'blocked' }])
+    } finally {
+      await setApp({ disabled: false, hwidBlacklist: [] })
+    }
+    expect((await ended()).body).toEqual({ status: 'failed', error: 'expired' })
+  })
+
   test('revoke, expiry, delete and HWID reset fail at the very next heartbeat', async () => {
     const a = await login()
     await updateLicense(t.ctx, a.licenseKey, { status: 'revoked' })
