@@ -15,7 +15,8 @@ import { DeadlineExceeded, withDeadline } from './lib/with-timeout'
 import { STORABLE } from './lib/model'
 import { accountRoutes } from './accounts/routes'
 import { appRoutes } from './apps/routes'
-import { clientRoutes } from './client-auth/routes'
+import { clientIpOf, clientRoutes } from './client-auth/routes'
+import { countRefusedRequest } from './client-auth/authorize'
 import { docsRoutes } from './http/docs'
 import { activationRequestRoutes, offlineFileRoutes } from './licenses/offline/routes'
 import { licenseRoutes } from './licenses/routes'
@@ -294,6 +295,7 @@ export function createApp(
   const app = new Elysia({ name: 'license-service', normalize: false, strictPath: true })
   const observation = new HttpObservation(metrics)
   const bodyDeadline = (path: string) => (isPublic(path) ? bodyDeadlines.auth : bodyDeadlines.api)
+  const ipOf = clientIpOf(ctx, () => app.server)
   return app
     .use(observation.plugin)
     .onParse(async ({ request, path }) => {
@@ -346,6 +348,11 @@ export function createApp(
       if (code === 'VALIDATION') {
         const on = (error as { type?: string }).type
         if (on === 'body' && notAnObject.has(request)) return reply(400, 'bad_request', wrongBodyKind(error))
+        if (on === 'body' && isPublic(path)) {
+          return countRefusedRequest(ctx, (error as { value?: unknown }).value, ipOf(request)).then(() =>
+            reply(400, 'bad_request', validationMessage(error)),
+          )
+        }
         if (on !== 'response') return reply(400, 'bad_request', validationMessage(error))
         // The error's message quotes the response, which may hold a secret: the route is all that is logged.
         log.error('response does not match its schema', { requestId, route })
@@ -370,7 +377,7 @@ export function createApp(
     .use(variableRoutes(ctx))
     .use(securityRoutes(ctx))
     .use(webhookRoutes(ctx))
-    .use(clientRoutes(ctx, () => app.server))
+    .use(clientRoutes(ctx, ipOf))
 }
 
 export type App = ReturnType<typeof createApp>

@@ -5,7 +5,8 @@ import { errorFields, logEvery } from '../lib/log'
 import { withDeadline } from '../lib/with-timeout'
 import type { AuthorizeInput, AuthorizeResult, Shard } from '../store/store'
 import { keys, STORE_CALL_TIMEOUT_MS } from '../store/store'
-import { type Bucket, type Outcome, rateLimited } from './policy'
+import { APP_ID_MAX_LENGTH } from './model'
+import { type Bucket, canonicalAppId, ceiling, type Outcome, rateLimited } from './policy'
 
 const MAX_ATTEMPTS = 5
 /**
@@ -102,6 +103,40 @@ async function authorizeInStore(ctx: Context, input: AuthorizeInput): Promise<Au
     return await ctx.store.authorize(input)
   } catch (err) {
     throw new StoreUnavailable(err)
+  }
+}
+
+/**
+ * A public request refused as malformed counts all the same against the sandbox app it names (the
+ * contract: the ceiling counts every request naming the app, accepted or not), so a client cannot go
+ * past it with requests the schema refuses. The answer stays the 400 whatever the count; a lookup or
+ * store failure leaves the request uncounted, as the store's outage leaves every request.
+ */
+export async function countRefusedRequest(ctx: Context, body: unknown, ip: string): Promise<void> {
+  const named = typeof body === 'object' && body !== null ? (body as { appId?: unknown }).appId : undefined
+  if (typeof named !== 'string' || named.length > APP_ID_MAX_LENGTH) return
+  const appId = canonicalAppId(named)
+  const { actors } = ctx
+  const nowMs = ctx.clock()
+  try {
+    for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
+      // As in authorize: the generation before the entry, which a load on the way may move on.
+      const generation = actors.generation
+      const entry =
+        actors.cachedApp(appId) ??
+        (await lookUpApp(ctx, ip, appId, 'cache', nowMs, async () => {
+          await actors.ensureApp(appId)
+          return actors.cachedApp(appId)
+        }, (found) => found?.value === null))
+      const app = entry?.value
+      if (!app?.sandbox) return
+      const shard = ctx.store.shardOf(app.accountId)
+      const counted = await authorizeInStore(ctx, { ...CEILING_ONLY, ceiling: ceiling(ctx.config, app, shard, nowMs), nowMs, shard, generation })
+      if (counted.kind !== 'new_generation') return
+      actors.startOver(counted.generation)
+    }
+  } catch (err) {
+    if (!(err instanceof StoreUnavailable || err instanceof PublicError)) logEvery('warn', 'a refused request naming an app went uncounted', () => errorFields(err))
   }
 }
 

@@ -4,7 +4,9 @@ import { EXAMPLE } from '../lib/examples'
 import { Chars, Text } from '../lib/model'
 import { SignedPayload, SignedResponse } from '../signing/model'
 
-const appId = Text({ minLength: 1, maxLength: 64, description: 'The application id (UUID)' })
+/** The longest app id a client request may name. */
+export const APP_ID_MAX_LENGTH = 64
+const appId = Text({ minLength: 1, maxLength: APP_ID_MAX_LENGTH, description: 'The application id (UUID)' })
 const hwid = Chars(1, 128, { description: 'Hardware id of the device, 1 to 128 characters' })
 const appSecret = Text({ minLength: 1, maxLength: 256, description: 'The app secret' })
 const licenseKey = Text({ minLength: 1, maxLength: 64, description: 'XXXX-XXXX-XXXX-XXXX' })

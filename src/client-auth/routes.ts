@@ -20,13 +20,17 @@ const APP_CHECKS = ['invalid_app', 'app_disabled', 'demo_quota_exceeded'] as con
 export type ListeningServer = () => { requestIP(r: Request): { address: string } | null } | null
 
 /**
- * `server` is read per request rather than the handler context's `server`: Elysia defines that as a
+ * The client IP of a request to the client endpoints, by TRUSTED_PROXIES. `server` is read per request rather than the handler context's `server`: Elysia defines that as a
  * getter on every request's context, an Object.defineProperty per request on the hot path.
  */
-export const clientRoutes = (ctx: Context, server: ListeningServer) => {
+export function clientIpOf(ctx: Context, server: ListeningServer): (request: Request) => string {
   const addresses = new ClientAddresses(ctx.config.trustedProxies)
-  const ipOf = (request: Request) => addresses.of(server()?.requestIP(request)?.address ?? null, request.headers.get('x-forwarded-for'))
-  return new Elysia({ name: 'routes-client', prefix: '/auth' })
+  return (request) => addresses.of(server()?.requestIP(request)?.address ?? null, request.headers.get('x-forwarded-for'))
+}
+
+/** The client endpoints; `ipOf` is clientIpOf's. */
+export const clientRoutes = (ctx: Context, ipOf: (request: Request) => string) =>
+  new Elysia({ name: 'routes-client', prefix: '/auth' })
     .model({ [SIGNED_PAYLOAD_MODEL]: SignedPayload })
     .post('/validate', (context) => validate(ctx, context.body, ipOf(context.request), requestIdOf(context.request)), {
       body: ValidateBody,
@@ -82,4 +86,3 @@ export const clientRoutes = (ctx: Context, server: ListeningServer) => {
           'sandbox app it succeeds and changes nothing.',
       },
     })
-}

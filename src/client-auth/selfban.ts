@@ -3,7 +3,7 @@ import type { Context } from '../context'
 import { PublicError } from '../lib/errors'
 import { countResult } from '../lib/metrics'
 import { keys } from '../store/store'
-import { authorize } from './authorize'
+import { authorize, countRefusedRequest } from './authorize'
 import type { SelfbanInput, SelfbanReply } from './model'
 import { bucket, canonicalAppId, ceiling, fail, NONCE_TTL_SECONDS, type Outcome, perIpBucket, SANDBOX, secretMatches } from './policy'
 
@@ -17,6 +17,7 @@ export const selfban = (ctx: Context, input: SelfbanInput, ip: string, requestId
 async function reportTampering(ctx: Context, input: SelfbanInput, ip: string, requestId: string): Promise<SelfbanReply> {
   const post = input.sessionToken !== undefined
   if (!post && (input.appSecret === undefined || input.licenseKey === undefined || input.nonce === undefined)) {
+    await countRefusedRequest(ctx, input, ip)
     throw new PublicError('bad_request')
   }
   const appId = canonicalAppId(input.appId)

@@ -213,3 +213,31 @@ describe('sandbox daily ceiling and the per-IP limit', async () => {
     expect((await validate('UNKN-OWNK-EY00-8888', '198.51.100.20')).body.error).toBe('demo_quota_exceeded')
   })
 })
+
+describe('sandbox daily ceiling and requests refused as malformed', async () => {
+  const t = await makeTestApp({ clock: () => Date.parse('2031-05-04T12:00:00.000Z'), env: { ...env, SANDBOX_DAILY_CEILING: '3' } })
+
+  test('each counts against the app it names, and is still answered 400', async () => {
+    const s = await t.seed({ sandbox: true })
+    const key = await insertLicense(t.ctx, s.appId)
+    const refused = [
+      t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey: key, hwid: 'x'.repeat(129), nonce: nonce() } }),
+      t.req('POST', '/auth/heartbeat', { body: { appId: s.appId.toUpperCase(), sessionToken: 'x.y', hwid: '' } }),
+      // Neither a secret nor a session: refused by the endpoint, not the schema.
+      t.req('POST', '/auth/selfban', { body: { appId: s.appId, hwid: 'h' } }),
+    ]
+    for (const r of await Promise.all(refused)) expect([r.status, r.body]).toEqual([400, { status: 'failed', error: 'bad_request' }])
+    const fourth = await t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey: key, hwid: hwid(), nonce: nonce() } })
+    expect([fourth.status, fourth.body]).toEqual([429, { status: 'failed', error: 'demo_quota_exceeded' }])
+    // Past the ceiling, a malformed request is still refused for what it is.
+    const malformed = await t.req('POST', '/auth/validate', { body: { appId: s.appId, hwid: 'h' } })
+    expect([malformed.status, malformed.body]).toEqual([400, { status: 'failed', error: 'bad_request' }])
+  })
+
+  test('one naming an app that does not exist, or no app, is answered 400 as before', async () => {
+    for (const appId of ['00000000-0000-4000-8000-000000000000', 'not-an-app', 7, 'a'.repeat(65)]) {
+      const r = await t.req('POST', '/auth/validate', { body: { appId, hwid: 'h' } })
+      expect([r.status, r.body]).toEqual([400, { status: 'failed', error: 'bad_request' }])
+    }
+  })
+})
