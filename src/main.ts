@@ -137,7 +137,7 @@ async function main(): Promise<void> {
   const contextReady = buildContext(config)
   // Listening before the database is open: a CLI started meanwhile waits for this server instead of
   // opening the embedded database a second time.
-  const operatorSocket = usesOperatorSocket(config) ? startOperatorSocket(config.dataDir, contextReady) : null
+  const operatorSocket = usesOperatorSocket(config) ? startOperatorSocket(config, contextReady) : null
   const ctx = await contextReady
   const index = serverProcessIndex()
   const role: ProcessRole =

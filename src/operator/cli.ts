@@ -8,7 +8,7 @@ import { buildContext } from '../boot'
 import { ConfigError, loadConfig } from '../config'
 import { describeHolder, isLock, LOCK_WAIT_MS, lockDataDir } from '../db/data-dir-lock'
 import { type DataCommand, OperatorError, parseCommand, runCommand } from './commands'
-import { type OperatorReply, usesOperatorSocket } from './socket'
+import { type OperatorReply, settingsDigest, usesOperatorSocket } from './socket'
 import { rotateMasterKey } from './rotate'
 import { NO_SERVER, operatorSocketPath } from '../db/operator-socket'
 import { Refused } from './args'
@@ -34,7 +34,7 @@ const MAY_HAVE_RUN = 'the command may have taken effect; check (account list, ap
 const LOST_WITH_A_STATEMENT = new Set(['CONNECTION_CLOSED', 'CONNECTION_DESTROYED', 'CONNECTION_STALLED', 'ECONNRESET', 'EPIPE', 'ETIMEDOUT'])
 
 /** The running server's answer, or null when no server listens on the socket. */
-async function viaServer(socket: string, argv: string[]): Promise<Record<string, unknown> | null> {
+async function viaServer(socket: string, argv: string[], settings: string): Promise<Record<string, unknown> | null> {
   if (!existsSync(socket)) return null
   let res: Response
   try {
@@ -42,7 +42,7 @@ async function viaServer(socket: string, argv: string[]): Promise<Record<string,
       unix: socket,
       method: 'POST',
       headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ argv }),
+      body: JSON.stringify({ argv, settings }),
     })
   } catch (err) {
     // Only then may the CLI open the database itself.
@@ -77,10 +77,11 @@ async function direct(config: ReturnType<typeof loadConfig>, command: DataComman
  */
 async function viaServerOrLocked(config: ReturnType<typeof loadConfig>, command: DataCommand, argv: string[]) {
   const socket = operatorSocketPath(config.dataDir)
-  let answer = await viaServer(socket, argv)
+  const settings = settingsDigest(config)
+  let answer = await viaServer(socket, argv, settings)
   if (answer) return answer
   const lock = await lockDataDir(config.dataDir, 'cli', LOCK_WAIT_MS, async () => {
-    answer = await viaServer(socket, argv)
+    answer = await viaServer(socket, argv, settings)
     return answer === null
   })
   if (answer) return answer

@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto'
 import { chmodSync, rmSync, statSync } from 'node:fs'
 import type { Config } from '../config'
 import { OperatorError, parseCommand, runCommand } from './commands'
@@ -18,28 +19,46 @@ export const usesOperatorSocket = (config: Pick<Config, 'databaseUrl' | 'redisUr
 /** How long a stopping server waits for the operator commands under way before cutting them off. */
 const STOP_WAIT_MS = 5000
 
+const BODY_SHAPE = 'body must be JSON { argv: string[], settings: string }'
+
 /** The most a command's request body may be: far more than any command line. */
 const COMMAND_BYTES = 64 * 1024
 
-/** The socket's one request: POST /run with `{ argv }`; 200 `{ result }`, 400 or 500 `{ error }`. */
+/**
+ * What the CLI and the server it reaches must agree on: the storage a command works on, and the key
+ * it is sealed with. A CLI that found a server on its DATA_DIR but names another database ran its
+ * command there and reported success (an API key for a database the operator never meant). A digest:
+ * the URLs carry passwords, and the key is a secret.
+ */
+export const settingsDigest = (config: Pick<Config, 'databaseUrl' | 'redisUrl' | 'masterKey'>) =>
+  createHash('sha256')
+    .update(JSON.stringify([config.databaseUrl, config.redisUrl, config.masterKey?.toString('hex') ?? null]))
+    .digest('hex')
+
+const OTHER_SETTINGS =
+  'the server on this DATA_DIR runs with another DATABASE_URL, REDIS_URL or MASTER_KEY than this CLI: run the CLI with the server\'s settings'
+
+/** The socket's one request: POST /run with `{ argv, settings }` (settingsDigest); 200 `{ result }`, 400 or 500 `{ error }`. */
 export interface OperatorReply {
   result?: Record<string, unknown>
   error?: string
 }
 
-async function handle(contextReady: Promise<Context>, request: Request): Promise<Response> {
+async function handle(contextReady: Promise<Context>, settings: string, request: Request): Promise<Response> {
   const url = new URL(request.url)
   if (request.method !== 'POST' || url.pathname !== '/run')
     return Response.json({ error: 'not found' }, { status: 404 })
-  let argv: unknown
+  let body: { argv?: unknown; settings?: unknown }
   try {
-    argv = ((await request.json()) as { argv?: unknown }).argv
+    body = (await request.json()) as typeof body
   } catch {
-    return Response.json({ error: 'body must be JSON { argv: string[] }' }, { status: 400 })
+    return Response.json({ error: BODY_SHAPE }, { status: 400 })
   }
+  const { argv } = body
   if (!Array.isArray(argv) || !argv.every((a) => typeof a === 'string')) {
-    return Response.json({ error: 'body must be JSON { argv: string[] }' }, { status: 400 })
+    return Response.json({ error: BODY_SHAPE }, { status: 400 })
   }
+  if (body.settings !== settings) return Response.json({ error: OTHER_SETTINGS } satisfies OperatorReply, { status: 400 })
   try {
     const line = parseCommand(argv)
     // The CLI prints help itself, and rotates only with no server holding the old key in memory.
@@ -70,9 +89,10 @@ async function handle(contextReady: Promise<Context>, request: Request): Promise
  * Commands that arrive while `contextReady` is pending (migrations at start) wait for it. The caller
  * holds the DATA_DIR lock (src/db/data-dir-lock.ts).
  */
-export function startOperatorSocket(dataDir: string, contextReady: Promise<Context>): { stop(): Promise<void> } {
-  const path = operatorSocketPath(dataDir)
-  makeDataDir(dataDir)
+export function startOperatorSocket(config: Readonly<Config>, contextReady: Promise<Context>): { stop(): Promise<void> } {
+  const path = operatorSocketPath(config.dataDir)
+  const settings = settingsDigest(config)
+  makeDataDir(config.dataDir)
   // The caller holds the DATA_DIR lock, so a file here is a dead server's, and cannot be listened on.
   rmSync(path, { force: true })
   // The umask makes the socket 0600 from its first instant; the chmod states it for the record.
@@ -81,7 +101,7 @@ export function startOperatorSocket(dataDir: string, contextReady: Promise<Conte
   try {
     // A command line is short: a body of megabytes (tens of millions of argv entries) held the server's
     // event loop for seconds while it was parsed. Bun answers 413 past this.
-    server = Bun.serve({ unix: path, maxRequestBodySize: COMMAND_BYTES, fetch: (request) => handle(contextReady, request) })
+    server = Bun.serve({ unix: path, maxRequestBodySize: COMMAND_BYTES, fetch: (request) => handle(contextReady, settings, request) })
   } finally {
     process.umask(previous)
   }

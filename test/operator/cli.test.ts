@@ -338,6 +338,27 @@ describe('operator CLI beside a running server', () => {
   }, 120_000)
 
 
+  test.skipIf(MODE !== 'embedded')('a CLI naming other storage or another key than the server on its DATA_DIR is refused, and nothing runs', async () => {
+    const dataDir = tempDir()
+    const server = await startServer(settings(dataDir))
+    try {
+      const elsewhere = [
+        { DATABASE_URL: 'postgres://postgres@127.0.0.1:5432/some_other_database' },
+        { MASTER_KEY: 'ab'.repeat(32) },
+      ]
+      for (const other of elsewhere) {
+        const run = await runToExit(['src/operator/cli.ts', 'account', 'create', '--name', 'Elsewhere'], { ...settings(dataDir), ...other })
+        expect([run.code, run.stderr.trim()]).toEqual([
+          2,
+          "error: the server on this DATA_DIR runs with another DATABASE_URL, REDIS_URL or MASTER_KEY than this CLI: run the CLI with the server's settings",
+        ])
+      }
+      expect(expectOk(await cli(dataDir, ['account', 'list']))).toEqual({ accounts: [], more: false })
+    } finally {
+      expect(await server.stop()).toBe(0)
+    }
+  }, 120_000)
+
   // Embedded: through the server's socket (the database admits one process). PostgreSQL + Redis: directly.
   test('commands take effect on the running server at once', async () => {
     const dataDir = tempDir()
