@@ -167,3 +167,21 @@ test('a Redis that lost its data lost the recorded count: recorded again at the 
     await redis.stop()
   }
 })
+
+test('credentials Redis refuses stop the start, naming them, whatever the database', async () => {
+  const redis = await ownRedis(['--save', '', '--appendonly', 'no', '--requirepass', 's3cret'])
+  try {
+    const url = (auth: string, db: string) => `redis://${auth}127.0.0.1:${redis.port}${db}`
+    for (const [auth, db] of [[':wrong@', ''], [':wrong@', '/1'], ['', ''], ['', '/2']]) {
+      await expect(openStore(url(auth, db))).rejects.toThrow("this Redis refuses REDIS_URL's credentials")
+    }
+    const store = await openStore(url(':s3cret@', '/1'))
+    try {
+      expect(await store.ping()).toBe(true)
+    } finally {
+      await store.close()
+    }
+  } finally {
+    await redis.stop()
+  }
+})

@@ -143,19 +143,22 @@ export class RedisStore implements Store {
   }
 
   /**
-   * Throws a ConfigError when Redis refuses the database REDIS_URL names (an index past its `databases`
-   * setting): ioredis selects it on connect and, refused, goes on in database 0, where other data
-   * lives. A Redis that does not answer within `waitMs` is left to the outage handling, as at start.
+   * Throws a ConfigError when Redis refuses REDIS_URL's credentials, or the database it names (an index
+   * past its `databases` setting): ioredis goes on after either, refused every command (a server that
+   * started and failed every request) or in database 0, where other data lives. A Redis that does not
+   * answer within `waitMs` is left to the outage handling, as at start.
    */
-  async requireDatabase(waitMs: number): Promise<void> {
+  async requireAccess(waitMs: number): Promise<void> {
     const redis = this.#conn.redis
     if (redis instanceof Cluster) return
     const db = redis.options.db ?? 0
-    if (db === 0) return
     try {
-      await withDeadline(redis.select(db), waitMs, 'selecting the database of REDIS_URL')
+      await withDeadline(db === 0 ? redis.ping() : redis.select(db), waitMs, 'reaching the database of REDIS_URL')
     } catch (err) {
-      if (err instanceof ReplyError) throw new ConfigError(`REDIS_URL names database ${db}, which this Redis refuses (${(err as Error).message})`)
+      if (!(err instanceof ReplyError)) return
+      const { message } = err as Error
+      if (REFUSED_CREDENTIALS.test(message)) throw new ConfigError(`this Redis refuses REDIS_URL's credentials (${message})`)
+      throw new ConfigError(`REDIS_URL names database ${db}, which this Redis refuses (${message})`)
     }
   }
 
@@ -179,6 +182,9 @@ export class RedisStore implements Store {
  */
 const SHARD_COUNT_WAIT_MS = 5000
 
+/** Redis's answers to a connection without a password it requires, or with a wrong one. */
+const REFUSED_CREDENTIALS = /^(NOAUTH|WRONGPASS)\b/
+
 /**
  * The store the settings name: Redis, a Redis Cluster (`clusterShards`), or the in-process twin without
  * REDIS_URL. `shardCountWaitMs`: tests.
@@ -191,7 +197,7 @@ export async function openStore(redisUrl: string | null, clusterShards: number |
   }
   const store = new RedisStore(redisUrl, { cluster: clusterShards === null ? null : { shards: clusterShards } })
   try {
-    await store.requireDatabase(shardCountWaitMs)
+    await store.requireAccess(shardCountWaitMs)
     if (!(await store.checkShardCount(shardCountWaitMs))) {
       log.warn('redis did not confirm its shard count at start: store operations fail as in an outage until it does')
     }
