@@ -122,6 +122,13 @@ async function main(): Promise<void> {
     process.stderr.write(`configuration error: HOST=${config.host} PORT=${config.port} cannot be listened on (${problem})\n`)
     process.exit(2)
   }
+  // The metrics listener opens after the database too: a problem found there was a stack trace.
+  const metricsProblem = first && config.metricsPort !== null ? await listenProblem(config.metricsHost, config.metricsPort) : null
+  if (metricsProblem !== null) {
+    const where = `METRICS_HOST=${config.metricsHost} METRICS_PORT=${config.metricsPort}`
+    process.stderr.write(metricsProblem === 'EADDRINUSE' ? `error: ${where} is in use\n` : `configuration error: ${where} cannot be listened on (${metricsProblem})\n`)
+    process.exit(metricsProblem === 'EADDRINUSE' ? 1 : 2)
+  }
   const fdLimit = first ? maxFds() : null
   if (fdLimit !== null && fdLimit < LOW_FD_LIMIT) {
     log.warn('the open-files limit is low: past about that many connections a core spins on refused accepts and new connections wait; raise it (ulimit -n, compose ulimits)', { limit: fdLimit, wanted: LOW_FD_LIMIT })

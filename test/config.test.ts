@@ -1,6 +1,7 @@
 import { describe, expect, test } from 'bun:test'
 import { generateKeyPairSync } from 'node:crypto'
-import { chmodSync, mkdtempSync, writeFileSync } from 'node:fs'
+import { chmodSync, existsSync, mkdtempSync, writeFileSync } from 'node:fs'
+import { type AddressInfo, createServer } from 'node:net'
 import { availableParallelism, tmpdir, totalmem } from 'node:os'
 import { join } from 'node:path'
 import { ConfigError, DEFAULT_PROCESSES_CAP, defaultCacheMb, loadConfig, usableMemoryMb } from '../src/config'
@@ -239,6 +240,8 @@ test.each([
   ['DATA_DIR', { DATA_DIR: join(certFile, 'data') }],
   ['HOST', { HOST: 'no-such-host.invalid' }],
   ['HOST', { HOST: '192.0.2.55' }],
+  ['METRICS_HOST', { METRICS_HOST: 'no-such-host.invalid', METRICS_PORT: '19091' }],
+  ['METRICS_HOST', { METRICS_HOST: '192.0.2.55', METRICS_PORT: '19091' }],
 ])('the server exits 2 with one stderr line naming a bad %s', async (name, env) => {
   const { code, stdout, stderr } = await runToExit(['src/main.ts'], { DATA_DIR: mkdtempSync(join(tmpdir(), 'ls-config-')), PORT: '0', ...env })
   expect(stdout).toBe('')
@@ -247,6 +250,20 @@ test.each([
   expect(lines[0]).toStartWith('configuration error: ')
   expect(lines[0]).toContain(name)
   expect(code).toBe(2)
+})
+
+test('a METRICS_PORT another process listens on: exit 1 with one line naming it, before the database opens', async () => {
+  const busy = createServer()
+  const port = await new Promise<number>((resolve) => busy.listen(0, '127.0.0.1', () => resolve((busy.address() as AddressInfo).port)))
+  try {
+    const dataDir = mkdtempSync(join(tmpdir(), 'ls-config-'))
+    const { code, stderr } = await runToExit(['src/main.ts'], { DATA_DIR: dataDir, PORT: '0', METRICS_HOST: '127.0.0.1', METRICS_PORT: String(port) })
+    expect(stderr).toBe(`error: METRICS_HOST=127.0.0.1 METRICS_PORT=${port} is in use\n`)
+    expect(code).toBe(1)
+    expect(existsSync(join(dataDir, 'pglite'))).toBe(false)
+  } finally {
+    busy.close()
+  }
 })
 
 // Another user's directory needs a user without root's override of file modes: root drops to nobody.
