@@ -59,8 +59,17 @@ async function viaServer(socket: string, argv: string[], settings: string): Prom
   return reply.result
 }
 
+/** The storage did not open (or migrate): no command ran, whatever the connection's failure says. */
+class StorageNotOpened extends Error {
+  constructor(override readonly cause: unknown) {
+    super('the storage did not open')
+  }
+}
+
 async function direct(config: ReturnType<typeof loadConfig>, command: DataCommand) {
-  const ctx = await buildContext(config)
+  const ctx = await buildContext(config).catch((err: unknown) => {
+    throw new StorageNotOpened(err)
+  })
   try {
     return await runCommand(ctx, command)
   } finally {
@@ -94,14 +103,15 @@ async function viaServerOrLocked(config: ReturnType<typeof loadConfig>, command:
 }
 
 /** The one stderr line and the exit status for what went wrong. */
-function failure(err: unknown): { line: string; code: number } {
+function failure(err: unknown, mayHaveRun = true): { line: string; code: number } {
+  if (err instanceof StorageNotOpened) return failure(err.cause, false)
   if (err instanceof ConfigError || err instanceof OperatorError) return { line: err.message, code: 2 }
   // The service's own messages name paths and ids, never a secret: printed as they are.
   if (err instanceof Refused || err instanceof ResealRefused || err instanceof SealError) return { line: err.message, code: 1 }
   // A driver's error: its message without the values it may quote (errorFields), never a stack.
   const fields = errorFields(err)
   const line = String(fields.message ?? fields.error)
-  return { line: LOST_WITH_A_STATEMENT.has(codedError(err)?.code ?? '') ? `${line}: ${MAY_HAVE_RUN}` : line, code: 1 }
+  return { line: mayHaveRun && LOST_WITH_A_STATEMENT.has(codedError(err)?.code ?? '') ? `${line}: ${MAY_HAVE_RUN}` : line, code: 1 }
 }
 
 async function main(argv: string[]): Promise<number> {

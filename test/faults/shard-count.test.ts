@@ -172,7 +172,7 @@ test('credentials Redis refuses stop the start, naming them, whatever the databa
   const redis = await ownRedis(['--save', '', '--appendonly', 'no', '--requirepass', 's3cret'])
   try {
     const url = (auth: string, db: string) => `redis://${auth}127.0.0.1:${redis.port}${db}`
-    for (const [auth, db] of [[':wrong@', ''], [':wrong@', '/1'], ['', ''], ['', '/2']]) {
+    for (const [auth, db] of [[':wrong@', ''], [':wrong@', '/1'], ['', ''], ['', '/2']] as const) {
       await expect(openStore(url(auth, db))).rejects.toThrow("this Redis refuses REDIS_URL's credentials")
     }
     const store = await openStore(url(':s3cret@', '/1'))

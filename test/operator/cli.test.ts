@@ -268,6 +268,16 @@ describe('operator CLI: commands', () => {
     )
   })
 
+  test.skipIf(MODE !== 'postgres')('a database whose connection never opened: the error does not say the command may have run', async () => {
+    // This PostgreSQL has no TLS: the handshake is cut off (ECONNRESET) before any statement.
+    const url = new URL(TEST_DATABASE_URL!)
+    url.searchParams.set('sslmode', 'require')
+    const run = await runToExit(['src/operator/cli.ts', 'account', 'create', '--name', 'Never'], { ...settings(dataDir), DATABASE_URL: url.toString() })
+    expect(run.code).toBe(1)
+    expect(run.stderr).toStartWith('error: ')
+    expect(run.stderr).not.toContain('may have taken effect')
+  })
+
   test.skipIf(MODE !== 'postgres').each([
     ['PostgreSQL then says it committed: the command succeeds, the credits added once', true],
     ['PostgreSQL cannot be asked then: the error says they may have been added', false],
@@ -342,7 +352,7 @@ describe('operator CLI beside a running server', () => {
     const dataDir = tempDir()
     const server = await startServer(settings(dataDir))
     try {
-      const elsewhere = [
+      const elsewhere: Record<string, string>[] = [
         { DATABASE_URL: 'postgres://postgres@127.0.0.1:5432/some_other_database' },
         { MASTER_KEY: 'ab'.repeat(32) },
       ]
