@@ -119,11 +119,10 @@ function redisSettings(env: Env): Pick<Config, 'redisUrl' | 'redisClusterShards'
       throw new ConfigError(`REDIS_URL names database ${pathname.slice(1)}: a Redis Cluster has database 0 only`)
     }
   }
-  return {
-    redisUrl: nodes.join(','),
-    // At least 2: one shard means untagged keys (the single Redis's names), which a cluster scatters over slots.
-    redisClusterShards: cluster ? int(env, 'REDIS_CLUSTER_SHARDS', 64, 2, 16_384) : null,
-  }
+  // At least 2: one shard means untagged keys (the single Redis's names), which a cluster scatters over slots.
+  // Checked when unused too: a typo in a setting waiting for the cluster is found now, not at the switch.
+  const shards = int(env, 'REDIS_CLUSTER_SHARDS', 64, 2, 16_384)
+  return { redisUrl: nodes.join(','), redisClusterShards: cluster ? shards : null }
 }
 
 /** A 32-byte key from the variable `name` (MASTER_KEY; the CLI's NEW_MASTER_KEY when rotating); null when unset. */

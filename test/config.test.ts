@@ -221,6 +221,8 @@ describe('a bad value is a ConfigError naming the setting', () => {
     [{ REDIS_CLUSTER: 'true', REDIS_URL: 'redis://a:7000,http://b' }, /REDIS_URL must start with redis:\/\/ or rediss:\/\//],
     [{ REDIS_CLUSTER: 'true', REDIS_URL: 'redis://a:7000/3' }, /REDIS_URL names database 3: a Redis Cluster has database 0 only/],
     [{ REDIS_CLUSTER: 'true', REDIS_URL: 'redis://a', REDIS_CLUSTER_SHARDS: '0' }, /REDIS_CLUSTER_SHARDS must be between 2 and 16384/],
+    // Unused without a cluster, and checked all the same: found now, not when the cluster is switched on.
+    [{ REDIS_URL: 'redis://a', REDIS_CLUSTER_SHARDS: 'banana' }, /REDIS_CLUSTER_SHARDS/],
     // One shard would leave the keys untagged, scattered over a cluster's slots.
     [{ REDIS_CLUSTER: 'true', REDIS_URL: 'redis://a', REDIS_CLUSTER_SHARDS: '1' }, /REDIS_CLUSTER_SHARDS must be between 2 and 16384/],
   ])('Redis Cluster settings: %o', (env, message) => {
