@@ -10,7 +10,8 @@ export const accountRoutes = (ctx: Context) =>
     .use(apiKeyAuth(ctx))
     .get('/account', ({ accountId }) => getAccount(ctx, accountId), {
       apiKey: true,
-      response: { 200: AccountResponse, ...apiErrors('not_found') },
+      // An API key belongs to its account (a foreign key), and accounts are never deleted: no 404.
+      response: { 200: AccountResponse, ...apiErrors() },
       detail: {
         operationId: 'getAccount',
         tags: ['Account'],

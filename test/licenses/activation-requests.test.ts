@@ -4,6 +4,7 @@ import { and, eq } from 'drizzle-orm'
 import { events, licenses, offlineFiles } from '../../src/db/schema'
 import { parseActivationRequest } from '../../src/licenses/offline/request'
 import { makeTestApp, type TestApp } from '../support/helpers'
+import { EXAMPLE } from '../../src/lib/examples'
 import { insertLicense } from '../support/client'
 import { verifyLicenseFile } from '../support/license-verifier'
 // AuthForge's cross-SDK conformance vectors, copied unchanged from AuthForgeCC/authforge-rust,
@@ -29,6 +30,14 @@ describe("the parser against AuthForge's activation_request_vectors.json", () =>
   }
   test.each(bad.map((c) => [c.name, c] as const))('%s is refused with its reason', (_, c) => {
     expect(() => parseActivationRequest(c.file, 'test-app')).toThrow(reasons[c.expect]!)
+  })
+
+  test("the OpenAPI document's example request is one the server takes, for the example's machine and license", async () => {
+    const t = await makeTestApp()
+    const doc = (await t.req('GET', '/docs/json')).body
+    const body = doc.paths['/v1/apps/{appId}/activation-requests'].post.requestBody.content
+    const texts = [body['text/plain'].schema.examples[0], body['application/json'].schema.examples[0].request]
+    for (const text of texts) expect(parseActivationRequest(text, EXAMPLE.appId)).toEqual({ hwid: EXAMPLE.hwid, licenseKey: EXAMPLE.licenseKey, appId: EXAMPLE.appId })
   })
 
   test("another app's request is refused, whether the header or the payload says so", () => {

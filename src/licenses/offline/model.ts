@@ -1,6 +1,7 @@
 import { t } from 'elysia'
 import { EXAMPLE } from '../../lib/examples'
 import { Chars, StrictBody, Text } from '../../lib/model'
+import { requestChecksum } from './request'
 
 const isoDate = (description: string) => t.String({ format: 'date-time', description })
 const HWID_EXAMPLE = EXAMPLE.hwid
@@ -50,9 +51,27 @@ export const MintOfflineFileBody = StrictBody({
   expiresAt: FileExpiry,
 }, { examples: [{ hwids: [HWID_EXAMPLE], expiresAt: '2027-01-01T00:00:00.000Z' }] })
 
-const REQUEST_EXAMPLE =
-  '-----BEGIN AUTHFORGE ACTIVATION REQUEST-----\nVersion: 1\nApp-Id: <appId>\nChecksum: c64d10a2fe4d54f7\n\n' +
-  'eyJ2IjoxLCJ0eXAiOiJhdXRoZm9yZ2UtYWN0aXZhdGlvbi1yZXF1ZXN0Ii…\n-----END AUTHFORGE ACTIVATION REQUEST-----\n'
+/** A request as AuthForge's SDKs write one for the example machine (the conformance vectors' layout). */
+const REQUEST_EXAMPLE = (() => {
+  const payload = Buffer.from(
+    JSON.stringify({
+      v: 1,
+      typ: 'authforge-activation-request',
+      appId: EXAMPLE.appId,
+      hwid: EXAMPLE.hwid,
+      createdAt: EXAMPLE.createdAt,
+      machineName: 'acme-ws-07',
+      os: 'Windows 11',
+      sdk: 'python/1.2.1',
+      licenseKey: EXAMPLE.licenseKey,
+    }),
+  ).toString('base64')
+  const lines = payload.match(/.{1,64}/g)!.join('\n')
+  return (
+    `-----BEGIN AUTHFORGE ACTIVATION REQUEST-----\nVersion: 1\nApp-Id: ${EXAMPLE.appId}\nChecksum: ${requestChecksum(payload)}\n\n` +
+    `${lines}\n-----END AUTHFORGE ACTIVATION REQUEST-----\n`
+  )
+})()
 
 /** An activation request as the SDK wrote it: sent as is (text/plain) or in JSON with the mint's options. */
 export const ActivationRequestBody = t.Union([
