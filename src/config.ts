@@ -114,7 +114,8 @@ function redisSettings(env: Env): Pick<Config, 'redisUrl' | 'redisClusterShards'
     if (node === '') throw new ConfigError('REDIS_URL has an empty entry between commas')
     const { pathname } = new URL(url({ REDIS_URL: node }, 'REDIS_URL', ['redis:', 'rediss:']) as string)
     // The path is the database number: ioredis reads anything else as database 0, where other data lives.
-    if (!/^(\/\d*)?$/.test(pathname)) throw new ConfigError(`REDIS_URL's path must be a database number, got "${pathname}"`)
+    // Not quoted: a password with an unencoded "/" is read as the path, and would be printed.
+    if (!/^(\/\d*)?$/.test(pathname)) throw new ConfigError(`REDIS_URL's path must be a database number (percent-encode "/", "?", "#" and "@" in a password)`)
     if (cluster && !['', '/', '/0'].includes(pathname)) {
       throw new ConfigError(`REDIS_URL names database ${pathname.slice(1)}: a Redis Cluster has database 0 only`)
     }

@@ -221,6 +221,7 @@ describe('a bad value is a ConfigError naming the setting', () => {
     [{ REDIS_CLUSTER: 'true', REDIS_URL: 'redis://a:7000,http://b' }, /REDIS_URL must start with redis:\/\/ or rediss:\/\//],
     [{ REDIS_CLUSTER: 'true', REDIS_URL: 'redis://a:7000/3' }, /REDIS_URL names database 3: a Redis Cluster has database 0 only/],
     [{ REDIS_CLUSTER: 'true', REDIS_URL: 'redis://a', REDIS_CLUSTER_SHARDS: '0' }, /REDIS_CLUSTER_SHARDS must be between 2 and 16384/],
+    [{ REDIS_URL: 'redis://a:6379/db' }, /REDIS_URL's path must be a database number/],
     // Unused without a cluster, and checked all the same: found now, not when the cluster is switched on.
     [{ REDIS_URL: 'redis://a', REDIS_CLUSTER_SHARDS: 'banana' }, /REDIS_CLUSTER_SHARDS/],
     // One shard would leave the keys untagged, scattered over a cluster's slots.
@@ -228,6 +229,21 @@ describe('a bad value is a ConfigError naming the setting', () => {
   ])('Redis Cluster settings: %o', (env, message) => {
     expect(() => loadConfig(env)).toThrow(ConfigError)
     expect(() => loadConfig(env)).toThrow(message)
+  })
+
+  test('a password with an unencoded "/" is read as the path, and the refusal does not print it', () => {
+    for (const password of ['/Sx9+kQzPLANTED', '4821/xYzPLANTED']) {
+      for (const env of [{ REDIS_URL: `redis://default:${password}@redis.internal:6379/0` }, { REDIS_CLUSTER: 'true', REDIS_URL: `redis://a:7000,redis://default:${password}@b:7001` }]) {
+        let message = ''
+        try {
+          loadConfig(env)
+        } catch (err) {
+          message = (err as Error).message
+        }
+        expect(message).toContain("REDIS_URL's path must be a database number")
+        expect(message).not.toContain('PLANTED')
+      }
+    }
   })
 
   test('TLS_CERT_FILE without TLS_KEY_FILE', () => {
