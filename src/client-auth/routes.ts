@@ -20,8 +20,9 @@ const APP_CHECKS = ['invalid_app', 'app_disabled', 'demo_quota_exceeded'] as con
 export type ListeningServer = () => { requestIP(r: Request): { address: string } | null } | null
 
 /**
- * The client IP of a request to the client endpoints, by TRUSTED_PROXIES. `server` is read per request rather than the handler context's `server`: Elysia defines that as a
- * getter on every request's context, an Object.defineProperty per request on the hot path.
+ * The client IP of a request to the client endpoints, by TRUSTED_PROXIES. `server` is read per request
+ * rather than the handler context's `server`: Elysia defines that as a getter on every request's
+ * context, an Object.defineProperty per request on the hot path.
  */
 export function clientIpOf(ctx: Context, server: ListeningServer): (request: Request) => string {
   const addresses = new ClientAddresses(ctx.config.trustedProxies)
