@@ -118,12 +118,16 @@ export async function assertPublicTarget(url: URL, timeoutMs = 5_000): Promise<v
  * The same request aimed at a vetted address: the URL names the IP, while the Host header and the
  * TLS server name (SNI and certificate check) keep the original host. Without this, fetch would
  * resolve the name again and a DNS answer changed in between (rebinding) could reach a private host.
+ * Throws a TargetError when the address cannot be pinned.
  */
 export function pinnedTarget(url: URL, address: string): { url: URL; host: string; serverName: string } | null {
   const host = hostOf(url)
   if (isIP(host)) return null
   const pinned = new URL(url)
   pinned.hostname = isIP(address) === 6 ? `[${address}]` : address
+  // The setter ignores a host it cannot parse (an address with a zone id): sent by the name, the
+  // request would be resolved again, to whatever the name then says. Pinned, or not sent.
+  if (pinned.hostname === url.hostname) throw new TargetError('the vetted address cannot be connected to by itself')
   return { url: pinned, host: url.host, serverName: host }
 }
 

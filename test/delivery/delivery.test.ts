@@ -9,7 +9,7 @@ import { events, webhookDeliveries } from '../../src/db/schema'
 import type { Context } from '../../src/context'
 import { startDispatcher } from '../../src/delivery/dispatcher'
 import { DeliveryPool } from '../../src/delivery/pool'
-import { pinnedTarget } from '../../src/delivery/target'
+import { pinnedTarget, TargetError } from '../../src/delivery/target'
 import { TEST_PINGS_PER_ACCOUNT } from '../../src/webhooks/service'
 import { DELIVERY_FETCHES, PING_FETCHES } from '../../src/delivery/fetch-limit'
 import { createApplication } from '../../src/apps/service'
@@ -725,6 +725,8 @@ describe('DNS pinning at delivery time', () => {
     expect(wrong).toBe('ERR_TLS_CERT_ALTNAME_INVALID')
     expect(pinnedTarget(new URL('https://[::1]:8443/x'), '::1')).toBeNull()
     expect(pinnedTarget(new URL('https://hooks.example.com/x'), '2606:4700::1')?.url.href).toBe('https://[2606:4700::1]/x')
+    // An address the URL cannot hold is not left for the name to be resolved again.
+    expect(() => pinnedTarget(new URL('https://hooks.example.com/x'), '2606:4700::1111%eth0')).toThrow(TargetError)
   })
 })
 
