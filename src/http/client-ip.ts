@@ -5,13 +5,20 @@ const UNSPECIFIED = '0.0.0.0' as CanonicalIp
 // A hop with the client's port, as some load balancers write it (Azure Application Gateway, IIS ARR):
 // `203.0.113.9:5555`, or `[2001:db8::1]:5555` (a bare IPv6 address with a port is not told apart).
 const IPV4_WITH_PORT = /^(\d{1,3}(?:\.\d{1,3}){3}):\d{1,5}$/
-const BRACKETED_IPV6 = /^\[([^\]]*:[^\]]*)\](?::\d{1,5})?$/
+// One group, no backtracking: with a `:` required inside it by the pattern, a `[` and thousands of
+// colons without the `]` took half a second per hop, the whole process's.
+const BRACKETED = /^\[([^\]]*)\](?::\d{1,5})?$/
+/** Longer than any address a hop can spell (a bracketed IPv6 address with an IPv4 tail, a zone and a port). */
+const MAX_HOP_LENGTH = 80
 
 /** A hop's address, or null when it is none: read without its port, one its proxy added, too. */
 function hopAddress(hop: string): CanonicalIp | null {
+  if (hop.length > MAX_HOP_LENGTH) return null
   const bare = canonicalIp(hop)
   if (bare !== null) return bare
-  const address = IPV4_WITH_PORT.exec(hop)?.[1] ?? BRACKETED_IPV6.exec(hop)?.[1]
+  const bracketed = BRACKETED.exec(hop)?.[1]
+  // Brackets hold IPv6 only: `[203.0.113.9]` is no address.
+  const address = IPV4_WITH_PORT.exec(hop)?.[1] ?? (bracketed?.includes(':') ? bracketed : undefined)
   return address === undefined ? null : canonicalIp(address)
 }
 
