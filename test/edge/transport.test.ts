@@ -191,7 +191,7 @@ describe('path parameters over a socket', async () => {
   const validate = (hwid: string) =>
     t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid, nonce: nonce() } })
   /** A request as sent, byte for byte: fetch would re-encode the path. */
-  const raw = (method: string, path: string) =>
+  const raw = (method: string, path: string, host = 'x') =>
     new Promise<{ status: number; body: unknown }>((resolve, reject) => {
       const socket = connect(t.app.server!.port!, '127.0.0.1')
       let answer = ''
@@ -201,8 +201,18 @@ describe('path parameters over a socket', async () => {
         const [head, body] = answer.split('\r\n\r\n')
         resolve({ status: Number(head!.split(' ')[1]), body: JSON.parse(body!) })
       })
-      socket.write(`${method} ${path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer ${s.apiKey}\r\nconnection: close\r\n\r\n`)
+      socket.write(`${method} ${path} HTTP/1.1\r\nhost: ${host}\r\nauthorization: Bearer ${s.apiKey}\r\nconnection: close\r\n\r\n`)
     })
+
+  test('a short Host does not move where the path starts: each path is routed as it is', async () => {
+    for (const host of ['x', 'ab', 'abc', 'a:1', 'localhost']) {
+      for (const path of ['/zz/v1/account', '/xyz/healthz', '//evil/v1/account', `/ab/v1/licenses?appId=${s.appId}`]) {
+        expect([host, path, (await raw('GET', path, host)).status]).toEqual([host, path, 404])
+      }
+      expect([host, (await raw('GET', '/v1/account', host)).status]).toEqual([host, 200])
+      expect([host, (await raw('GET', `/v1/licenses/${licenseKey}?x=1`, host)).status]).toEqual([host, 200])
+    }
+  })
 
   test('a malformed escape is a 400 that changes nothing, not the U+FFFD it would decode to', async () => {
     for (const hwid of ['\uFFFD', '%zz']) expect((await validate(hwid)).status).toBe(200)
