@@ -16,6 +16,9 @@ import {
   type TakeResult,
 } from './store'
 
+import { logEvery } from '../lib/log'
+import { NonceMemory } from './nonce-memory'
+
 const ONE_SHARD = shardOf('', 1)
 
 /**
@@ -45,6 +48,9 @@ export class MemoryStore implements Store {
   readonly kind = 'memory' as const
   readonly shards: number = 1
   readonly #data = new Map<string, Entry>()
+  readonly #nonces = new NonceMemory((count) =>
+    logEvery('warn', 'more nonces than the in-process store remembers: the oldest were forgotten before their 7 days', () => ({ count })),
+  )
   #sweepAt = 0
   /** Snapshot.generation: the data is lost only by close(), which starts a new one. */
   #generation = 1
@@ -157,10 +163,7 @@ export class MemoryStore implements Store {
     }
     const short = this.#takeBuckets(a.buckets, now)
     if (short > 0) return { kind: 'limited', retryAfterMs: short }
-    if (a.nonce) {
-      if (this.get(a.nonce.key, now) !== undefined) return { kind: 'replay' }
-      this.set(a.nonce.key, 1, a.nonce.ttlSeconds * 1000, now)
-    }
+    if (a.nonce && !this.#nonces.claim(a.nonce.key, a.nonce.ttlSeconds * 1000, now)) return { kind: 'replay' }
     if (a.deny) return { kind: 'denied' }
     // The in-process store loses its data only with the process, and its refunds with it.
     if (!a.charge) return { kind: 'ok', charged: 0, chargedUnder: '' }
@@ -299,6 +302,7 @@ export class MemoryStore implements Store {
 
   async close(): Promise<void> {
     this.#data.clear()
+    this.#nonces.clear()
     this.#generation++
   }
 }
