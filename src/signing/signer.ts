@@ -21,6 +21,13 @@ const MAX_WORKER_KEYS = 4096
 /** After a second failure in a row, the wait before the next worker starts: doubled at each, up to the last. */
 const FIRST_RETRY_MS = 1000
 const LAST_RETRY_MS = 60_000
+/**
+ * How long the worker may leave its oldest batch unanswered (a few thousand signatures take it tens of
+ * ms) before it is taken for stuck, in a loop or waiting on nothing: its batches are then signed here
+ * and a new worker starts. Without it, each request behind a stuck worker waited for ever, its credit
+ * charged.
+ */
+const ANSWER_DEADLINE_MS = 3000
 
 /**
  * Ed25519 signing on a worker thread. A sign costs ~20 µs, the largest single cost of a client
@@ -41,17 +48,20 @@ export class Signer {
   #onCallerThread = false
   readonly #spawnWorker: () => Worker
   readonly #now: () => number
+  readonly #answerDeadlineMs: number
   /** Worker failures since a worker last answered. */
   #failures = 0
   #nextStartAt = 0
 
-  /** `spawnWorker` starts a worker of sign-worker.ts; tests stand in for it and for the clock. */
+  /** `spawnWorker` starts a worker of sign-worker.ts; tests stand in for it, the clock and the deadline. */
   constructor(
     spawnWorker: () => Worker = () => new Worker(new URL('./sign-worker.ts', import.meta.url).href),
     now: () => number = () => performance.now(),
+    answerDeadlineMs = ANSWER_DEADLINE_MS,
   ) {
     this.#spawnWorker = spawnWorker
     this.#now = now
+    this.#answerDeadlineMs = answerDeadlineMs
   }
 
   sign(keyId: string, key: KeyObject, text: string): Promise<string> {
@@ -97,6 +107,7 @@ export class Signer {
       }
       posted.push(batch)
       worker.postMessage({ type: 'sign', keyIds, texts } satisfies SignerMessage)
+      if (posted.length === 1) this.#watch(current)
     } catch (err) {
       // A worker that cannot be started or written to: this batch, and whatever it had, is signed
       // here; left unanswered, each of its requests would hang with its credit charged.
@@ -108,26 +119,50 @@ export class Signer {
 
   #spawn(): SigningWorker {
     const worker = this.#spawnWorker()
-    const signing: SigningWorker = { worker, known: new Set(), posted: [] }
-    worker.onmessage = (event: MessageEvent<(string | null)[]>) => {
+    const signing: SigningWorker = { worker, known: new Set(), posted: [], watchdog: null, retired: false }
+    worker.onmessage = (event: MessageEvent<unknown>) => {
       // This worker's own batches: an answer it sent before it failed must never be read as another
       // worker's, whose texts (other apps' payloads) it did not sign.
-      const batch = signing.posted.shift() ?? []
-      if (this.#worker === signing) this.#failures = 0
+      if (signing.retired) return
       const signatures = event.data
+      // One answer per batch, in order: any other message would pair every later batch with the
+      // signatures of the one before.
+      if (!Array.isArray(signatures) || signatures.length !== signing.posted[0]?.length) {
+        this.#retire(signing, new Error('the signing worker answered out of turn'))
+        return
+      }
+      const batch = signing.posted.shift()!
+      if (this.#worker === signing) this.#failures = 0
+      this.#watch(signing)
       for (let i = 0; i < batch.length; i++) {
         const job = batch[i] as Job
-        job.resolve(signatures[i] ?? signText(job.text, job.key))
+        job.resolve((signatures[i] as string | null) ?? signText(job.text, job.key))
       }
     }
     worker.onerror = (event) => this.#retire(signing, event.error ?? event.message)
+    // Ended without an error (terminated, process.exit in it): what it held would wait for ever.
+    worker.addEventListener('close', () => this.#retire(signing, new Error('the signing worker exited')))
     // A finished process (a test, the CLI) must not be kept alive by an idle signer.
     worker.unref()
     return signing
   }
 
+  /** Gives the worker's oldest batch, if any, the deadline to be answered by. */
+  #watch(signing: SigningWorker): void {
+    if (signing.watchdog) clearTimeout(signing.watchdog)
+    const oldest = signing.posted[0]
+    signing.watchdog = null
+    if (!oldest) return
+    signing.watchdog = setTimeout(() => {
+      if (signing.posted[0] === oldest) this.#retire(signing, new Error(`the signing worker left a batch unanswered for ${this.#answerDeadlineMs} ms`))
+    }, this.#answerDeadlineMs)
+    signing.watchdog.unref()
+  }
+
   /** A worker that failed: what it was asked to sign is signed here, and the next batch starts a new one. */
   #retire(signing: SigningWorker | null, err: unknown): void {
+    // Once: its own end (the terminate below, or the exit that an error ends in) reports it again.
+    if (signing?.retired) return
     log.error('signing worker failed; signing on the main thread until a new one starts', errorFields(err))
     if (!signing || this.#worker === signing) {
       // A lone failure is retried with the next batch; one after another, after a wait.
@@ -135,6 +170,8 @@ export class Signer {
       this.#nextStartAt = this.#failures < 2 ? 0 : this.#now() + Math.min(LAST_RETRY_MS, FIRST_RETRY_MS * 2 ** (this.#failures - 2))
     }
     if (!signing) return
+    signing.retired = true
+    if (signing.watchdog) clearTimeout(signing.watchdog)
     if (this.#worker === signing) this.#worker = null
     for (const batch of signing.posted.splice(0)) for (const job of batch) job.resolve(signText(job.text, job.key))
     signing.worker.terminate()
@@ -146,4 +183,7 @@ interface SigningWorker {
   worker: Worker
   known: Set<string>
   posted: Job[][]
+  /** Set while a batch is out: fires when the oldest goes unanswered past the deadline. */
+  watchdog: ReturnType<typeof setTimeout> | null
+  retired: boolean
 }

@@ -42,18 +42,96 @@ test('a signer started without a worker signs on the calling thread, with the sa
 
 /** A stand-in for the signing worker that the test answers by hand. */
 class FakeWorker {
-  onmessage: ((event: { data: (string | null)[] }) => void) | null = null
+  onmessage: ((event: { data: unknown }) => void) | null = null
   onerror: ((event: { error: unknown; message: string }) => void) | null = null
   readonly signs: { texts: string[] }[] = []
+  readonly #closeListeners: (() => void)[] = []
   terminated = false
   postMessage(msg: { type: string; texts?: string[] }): void {
     if (msg.type === 'sign') this.signs.push({ texts: msg.texts! })
   }
+  addEventListener(type: string, listener: () => void): void {
+    if (type === 'close') this.#closeListeners.push(listener)
+  }
+  /** Ends as a worker that exits without an error does: a close event alone. */
+  exit(): void {
+    for (const listener of this.#closeListeners) listener()
+  }
   terminate(): void {
     this.terminated = true
+    this.exit()
   }
   unref(): void {}
 }
+
+/** A signer whose workers are fakes the test holds, answered by hand. */
+function fakeSigner(answerDeadlineMs?: number) {
+  const workers: FakeWorker[] = []
+  const own = new Signer(() => {
+    const fake = new FakeWorker()
+    workers.push(fake)
+    return fake as unknown as Worker
+  }, undefined, answerDeadlineMs)
+  return { own, workers }
+}
+
+describe('a worker that fails without an error', () => {
+  const pair = keyPair()
+
+  test('one that exits: its batches are signed here, once, and the next batch starts another', async () => {
+    const { own, workers } = fakeSigner()
+    const pending = own.sign(pair.keyId, pair.privateKey, 'held')
+    await Bun.sleep(0)
+    workers[0]!.exit()
+    expect(valid('held', await pending, pair.publicKey)).toBe(true)
+    const next = own.sign(pair.keyId, pair.privateKey, 'next')
+    await Bun.sleep(0)
+    expect(workers).toHaveLength(2)
+    workers[1]!.onmessage!({ data: [null] })
+    expect(valid('next', await next, pair.publicKey)).toBe(true)
+  })
+
+  test('one that stops answering: past the deadline its batches are signed here and it is ended', async () => {
+    const { own, workers } = fakeSigner(50)
+    const pending = own.sign(pair.keyId, pair.privateKey, 'held')
+    await Bun.sleep(0)
+    expect(Bun.peek.status(pending)).toBe('pending')
+    expect(valid('held', await pending, pair.publicKey)).toBe(true)
+    expect(workers[0]!.terminated).toBe(true)
+    // One that answers in time is kept, batch after batch.
+    for (const text of ['a', 'b']) {
+      const next = own.sign(pair.keyId, pair.privateKey, text)
+      await Bun.sleep(0)
+      workers[1]!.onmessage!({ data: [null] })
+      expect(valid(text, await next, pair.publicKey)).toBe(true)
+      await Bun.sleep(80)
+    }
+    expect(workers).toHaveLength(2)
+    expect(workers[1]!.terminated).toBe(false)
+  })
+
+  test('one that answers out of turn: no batch takes another\'s signatures', async () => {
+    const { own, workers } = fakeSigner()
+    const pending = own.sign(pair.keyId, pair.privateKey, 'held')
+    await Bun.sleep(0)
+    workers[0]!.onmessage!({ data: 'garbage' })
+    expect(valid('held', await pending, pair.publicKey)).toBe(true)
+    expect(workers[0]!.terminated).toBe(true)
+  })
+
+  test('the real worker, terminated from outside: signing goes on', async () => {
+    let real: Worker | null = null
+    const own = new Signer(() => (real = new Worker(new URL('../../src/signing/sign-worker.ts', import.meta.url).href)))
+    expect(valid('first', await own.sign(pair.keyId, pair.privateKey, 'first'), pair.publicKey)).toBe(true)
+    const first = real!
+    first.terminate()
+    await Bun.sleep(50)
+    const signatures = await Promise.all(['x', 'y'].map((text) => own.sign(pair.keyId, pair.privateKey, text)))
+    expect(signatures.map((sig, i) => valid(['x', 'y'][i]!, sig, pair.publicKey))).toEqual([true, true])
+    expect(real).not.toBe(first)
+    real!.terminate()
+  })
+})
 
 test('a worker that failed: its batches are signed here, and an answer it sent late is never taken for the next worker\'s', async () => {
   const workers: FakeWorker[] = []
