@@ -4,6 +4,7 @@ import { TurnBatcher } from '../lib/batcher'
 import type { Sealer } from '../lib/crypto'
 import type { LabeledCounter } from '../lib/metrics'
 import { errorFields, log } from '../lib/log'
+import { withTimeout } from '../lib/with-timeout'
 import type { DispatcherOptions, RunningDispatcher } from './dispatch/options'
 import type { EventBus } from './outbox'
 import {
@@ -13,6 +14,7 @@ import {
   type DeliveryResult,
   type DispatchStart,
   KICK,
+  PING,
   type SecretReply,
   type WorkerEvent,
   type WorkerInit,
@@ -43,7 +45,23 @@ export interface DeliveryPoolOptions {
   perHost?: number
   /** Lowest CPU priority for the delivery threads, so API requests win a saturated CPU. */
   lowPriority?: boolean
+  /** How long a worker may leave a ping unanswered before it is taken for stuck and replaced. */
+  stuckAfterMs?: number
+  /** How long a stopping dispatcher may take to record what it has out before its worker is ended. */
+  dispatchStopMs?: number
 }
+
+/**
+ * A worker whose event loop is held (a loop that does not end) answers nothing: every delivery and
+ * test ping handed to it waited for ever, and a test ping's slot with it. It is pinged every third of
+ * this, and replaced when a ping has gone unanswered this long.
+ */
+const STUCK_AFTER_MS = 15_000
+/**
+ * A dispatcher's stop waits for the deliveries it has out (each at most the delivery timeout) and
+ * records them; one that never answers held the server's shutdown until the supervisor killed it.
+ */
+const DISPATCH_STOP_MS = 20_000
 
 /** What a dispatching worker needs from this thread: wake-ups after commits, secrets opened, the log level. */
 export interface DispatchHost {
@@ -69,6 +87,10 @@ interface Slot {
   jobs: TurnBatcher<WorkerSend>
   /** The last job id posted: ids only grow, so a pending job above it still waits in `jobs`. */
   posted: number
+  /** When the ping not answered yet was sent (performance.now()); null when none is out. */
+  pingedAt: number | null
+  /** Failed, exited or replaced: its later messages and its own end are not acted on again. */
+  lost: boolean
 }
 
 /**
@@ -82,9 +104,14 @@ export class DeliveryPool {
   #seq = 0
   #closed = false
   #dispatching: Dispatching | null = null
+  readonly #stuckAfterMs: number
+  readonly #dispatchStopMs: number
+  #pinger: ReturnType<typeof setInterval> | null = null
 
   constructor(options: DeliveryPoolOptions) {
     this.#size = Math.max(1, options.size ?? 2)
+    this.#stuckAfterMs = options.stuckAfterMs ?? STUCK_AFTER_MS
+    this.#dispatchStopMs = options.dispatchStopMs ?? DISPATCH_STOP_MS
     this.#slots = new Array(this.#size).fill(undefined)
     // A `ca` list replaces the default roots, so the system roots go in with the extra CA.
     const ca = options.extraCaFile ? [...rootCertificates, readFileSync(options.extraCaFile, 'utf8')] : null
@@ -142,7 +169,10 @@ export class DeliveryPool {
       const done = new Promise<void>((resolve) => d.stopped.push(resolve))
       if (!d.stopping) slot.worker.postMessage({ type: 'stop' })
       d.stopping = true
-      await done
+      // Ended past its time: what it had claimed is sent again after the lease, by the next start.
+      if ((await withTimeout(done, this.#dispatchStopMs)) === null && this.#slots[0] === slot) {
+        this.#lose(0, slot, new Error(`the dispatcher did not stop within ${this.#dispatchStopMs} ms`))
+      }
     }
     if (this.#dispatching === d) this.#dispatching = null
   }
@@ -185,10 +215,12 @@ export class DeliveryPool {
     // A dispatcher still running records what it has out before its worker goes.
     if (this.#dispatching && !this.#closed) await this.#stopDispatch()
     this.#closed = true
+    if (this.#pinger) clearInterval(this.#pinger)
     for (let i = 0; i < this.#slots.length; i++) {
       const slot = this.#slots[i]
       if (!slot) continue
       this.#slots[i] = undefined
+      slot.lost = true
       this.#fail(slot)
       slot.worker.terminate()
     }
@@ -208,27 +240,21 @@ export class DeliveryPool {
 
   #spawn(index: number): Slot {
     const worker = new Worker(new URL('./worker/thread.ts', import.meta.url).href)
-    const slot: Slot = { worker, pending: new Map(), jobs: new TurnBatcher((jobs) => this.#post(slot, jobs)), posted: 0 }
+    const slot: Slot = { worker, pending: new Map(), jobs: new TurnBatcher((jobs) => this.#post(slot, jobs)), posted: 0, pingedAt: null, lost: false }
     worker.onmessage = (event: MessageEvent<string | WorkerEvent>) => {
-      if (typeof event.data !== 'string') return this.#control(worker, event.data)
+      if (slot.lost) return
+      if (typeof event.data !== 'string') return this.#control(slot, event.data)
       for (const { id, ...result } of JSON.parse(event.data) as WorkerReply[]) {
         const resolve = slot.pending.get(id)
         slot.pending.delete(id)
         resolve?.(result)
       }
     }
-    worker.onerror = (event) => {
-      log.error('webhook delivery worker failed; replacing it', errorFields(event.error ?? event.message))
-      if (this.#slots[index] === slot) this.#slots[index] = undefined
-      this.#fail(slot)
-      worker.terminate()
-      // The dispatcher died with it: what it had claimed is sent again after the lease; a
-      // replacement worker takes over the rest.
-      if (index === 0 && this.#dispatching) {
-        for (const resolve of this.#dispatching.stopped.splice(0)) resolve()
-        if (!this.#dispatching.stopping && !this.#closed) this.#spawn(0)
-      }
-    }
+    worker.onerror = (event) => this.#lose(index, slot, event.error ?? event.message)
+    // Ended without an error (terminated, process.exit in it): what it held would wait for ever.
+    worker.addEventListener('close', () => this.#lose(index, slot, new Error('the webhook delivery worker exited')))
+    this.#pinger ??= setInterval(() => this.#ping(), this.#stuckAfterMs / 3)
+    this.#pinger.unref()
     worker.postMessage(this.#init)
     if (index === 0 && this.#dispatching && !this.#dispatching.stopping) worker.postMessage(this.#dispatching.start)
     // The pool must not keep a finished process (a test, the CLI) alive.
@@ -237,9 +263,45 @@ export class DeliveryPool {
     return slot
   }
 
-  /** A dispatching worker's requests: a webhook secret to open, or the end of its stop. */
-  #control(worker: Worker, msg: WorkerEvent): void {
+  /**
+   * A worker that failed, exited or is stuck: its deliveries end with reason 'worker', and it is
+   * replaced. The dispatcher dies with the first: what it had claimed is sent again after the lease,
+   * and a replacement worker takes over the rest.
+   */
+  #lose(index: number, slot: Slot, err: unknown): void {
+    if (slot.lost || this.#closed) return
+    slot.lost = true
+    log.error('webhook delivery worker failed; replacing it', errorFields(err))
+    if (this.#slots[index] === slot) this.#slots[index] = undefined
+    this.#fail(slot)
+    slot.worker.terminate()
+    if (index === 0 && this.#dispatching) {
+      for (const resolve of this.#dispatching.stopped.splice(0)) resolve()
+      if (!this.#dispatching.stopping) this.#spawn(0)
+    }
+  }
+
+  /** Pings each worker whose last ping was answered; one that has left a ping unanswered too long is lost. */
+  #ping(): void {
+    const now = performance.now()
+    this.#slots.forEach((slot, index) => {
+      if (!slot) return
+      if (slot.pingedAt === null) {
+        slot.pingedAt = now
+        slot.worker.postMessage(PING)
+      } else if (now - slot.pingedAt > this.#stuckAfterMs) {
+        this.#lose(index, slot, new Error(`the webhook delivery worker left a ping unanswered for ${this.#stuckAfterMs} ms`))
+      }
+    })
+  }
+
+  /** A worker's own messages: a ping answered; a dispatching worker's secret to open, or the end of its stop. */
+  #control(slot: Slot, msg: WorkerEvent): void {
     const d = this.#dispatching
+    if (msg.type === 'pong') {
+      slot.pingedAt = null
+      return
+    }
     if (msg.type === 'stopped') {
       for (const resolve of d?.stopped.splice(0) ?? []) resolve()
       return
@@ -255,7 +317,7 @@ export class DeliveryPool {
       // Sealed under another master key, or damaged: the dispatcher logs it and records status 0.
     }
     const reply: SecretReply = { type: 'opened', sealed: msg.sealed, secret }
-    worker.postMessage(reply)
+    slot.worker.postMessage(reply)
   }
 
   #post(slot: Slot, jobs: WorkerSend[]): void {

@@ -56,6 +56,9 @@ export type Withdrawn = ReadonlyMap<string, string | null>
 /** Sent to the worker running the dispatcher after a commit wrote events: look for work now. */
 export const KICK = 'kick'
 
+/** Sent to every worker now and then: it answers `{ type: 'pong' }` at once, unless it is stuck. */
+export const PING = 'ping'
+
 /**
  * Starts the outbox dispatcher inside a worker (PostgreSQL only): it claims, signs, sends and
  * records on a connection of its own, so none of that per-delivery work runs on the API thread.
@@ -94,7 +97,7 @@ export interface RecordedAttempts {
 }
 
 /** Control messages a worker sends besides its (string) batches of replies. */
-export type WorkerEvent = SecretRequest | RecordedAttempts | { type: 'stopped' }
+export type WorkerEvent = SecretRequest | RecordedAttempts | { type: 'stopped' } | { type: 'pong' }
 
 export interface DeliveryResult {
   /** The receiver's HTTP status, or 0 when there was no response. */

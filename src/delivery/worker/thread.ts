@@ -1,6 +1,6 @@
 /// <reference lib="webworker" />
 import { TurnBatcher } from '../../lib/batcher'
-import { type CancelQueued, type DispatchStart, type DispatchStop, KICK, type SecretReply, type WorkerInit, type WorkerReply, type WorkerSend } from '../protocol'
+import { type CancelQueued, type DispatchStart, type DispatchStop, KICK, PING, type SecretReply, type WorkerInit, type WorkerReply, type WorkerSend } from '../protocol'
 import { Deliveries } from './deliveries'
 import { Dispatching } from './dispatching'
 
@@ -29,6 +29,7 @@ self.onmessage = (event: MessageEvent<Incoming>) => {
     return
   }
   if (msg === KICK) return dispatching.wake()
+  if (msg === PING) return self.postMessage({ type: 'pong' })
   for (const { id, type: _, ...job } of JSON.parse(msg) as WorkerSend[]) {
     void deliveries.send(job).then((result) => replies.add({ id, ...result }))
   }

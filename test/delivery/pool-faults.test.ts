@@ -1,0 +1,62 @@
+import { afterAll, expect, test } from 'bun:test'
+import { startDispatcher } from '../../src/delivery/dispatcher'
+import { DeliveryPool } from '../../src/delivery/pool'
+import { makeTestApp, MODE } from '../support/helpers'
+import { startReceiver, testCertificate } from '../support/webhooks-receiver'
+
+/** Every delivery worker the pool starts, run from a copy that can be told to hold its event loop. */
+const started: Worker[] = []
+const RealWorker = globalThis.Worker
+globalThis.Worker = class extends RealWorker {
+  constructor(url: string | URL, options?: WorkerOptions) {
+    const holding = String(url).endsWith('/delivery/worker/thread.ts') ? new URL('../fixtures/holding-delivery-worker.ts', import.meta.url).href : url
+    super(holding, options)
+    started.push(this)
+  }
+} as typeof Worker
+afterAll(() => {
+  globalThis.Worker = RealWorker
+})
+
+const job = (url: string) => ({ url, headers: { 'content-type': 'application/json' }, body: '{}' })
+
+test.each([
+  ['exits without an error', (worker: Worker) => worker.terminate()],
+  ['holds its event loop', (worker: Worker) => worker.postMessage('hold')],
+])('a worker that %s: its deliveries end at once or within the stuck bound, and the next goes on a new one', async (_name, fault) => {
+  const pool = new DeliveryPool({ allowPrivate: true, extraCaFile: testCertificate().certFile, size: 1, timeoutMs: 5_000, stuckAfterMs: 600 })
+  await using slow = startReceiver(() => ({ delayMs: 3_000 }))
+  await using fast = startReceiver()
+  try {
+    expect(await pool.send(job(fast.url('/before')))).toEqual({ status: 200 })
+    const held = pool.send(job(slow.url('/held')))
+    await Bun.sleep(100)
+    const faulted = performance.now()
+    fault(started.at(-1)!)
+    expect(await held).toEqual({ status: 0, reason: 'worker' })
+    expect(performance.now() - faulted).toBeLessThan(2_000)
+    expect(await pool.send(job(fast.url('/after')))).toEqual({ status: 200 })
+    expect(fast.at('/after')).toHaveLength(1)
+  } finally {
+    await pool.close()
+  }
+}, 20_000)
+
+test.skipIf(MODE !== 'postgres')('a dispatching worker that holds its event loop: the dispatcher is started again, and a stop ends in time', async () => {
+  const t = await makeTestApp()
+  t.ctx.webhookPool = new DeliveryPool({ allowPrivate: true, extraCaFile: testCertificate().certFile, stuckAfterMs: 600, dispatchStopMs: 2_000 })
+  const before = started.length
+  const dispatcher = startDispatcher(t.ctx, { pollMs: 50 })
+  try {
+    await Bun.sleep(300)
+    // The pool's first worker runs the dispatcher.
+    started[before]!.postMessage('hold')
+    for (const end = Date.now() + 5_000; started.length < before + 3 && Date.now() < end; ) await Bun.sleep(50)
+    expect(started.length).toBe(before + 3)
+    const stopping = performance.now()
+    await dispatcher.stop()
+    expect(performance.now() - stopping).toBeLessThan(3_000)
+  } finally {
+    await t.ctx.webhookPool.close()
+  }
+}, 20_000)
