@@ -91,7 +91,8 @@ function refusal(value: unknown): string | null {
  * route would then act on a name the client never sent (release another device's seat).
  */
 function wellFormedPath(url: string): boolean {
-  const start = url.indexOf('/', url.indexOf('//') + 2)
+  // A request whose Host Bun refuses has a URL of its path alone.
+  const start = url.charCodeAt(0) === 47 ? 0 : url.indexOf('/', url.indexOf('//') + 2)
   const query = url.indexOf('?', start)
   const path = query < 0 ? url.slice(start) : url.slice(start, query)
   if (!path.includes('%')) return true

@@ -205,12 +205,14 @@ describe('path parameters over a socket', async () => {
     })
 
   test('a short Host does not move where the path starts: each path is routed as it is', async () => {
-    for (const host of ['x', 'ab', 'abc', 'a:1', 'localhost']) {
+    // A Host Bun refuses (`a#`, `a/b`...) leaves the URL as the path alone.
+    for (const host of ['x', 'ab', 'abc', 'a:1', 'localhost', 'a#', 'a?', 'a/b', 'a@b']) {
       for (const path of ['/zz/v1/account', '/xyz/healthz', '//evil/v1/account', `/ab/v1/licenses?appId=${s.appId}`]) {
         expect([host, path, (await raw('GET', path, host)).status]).toEqual([host, path, 404])
       }
       expect([host, (await raw('GET', '/v1/account', host)).status]).toEqual([host, 200])
       expect([host, (await raw('GET', `/v1/licenses/${licenseKey}?x=1`, host)).status]).toEqual([host, 200])
+      expect([host, (await raw('DELETE', `/v1/licenses/${licenseKey}/hwids/%zz`, host)).status]).toEqual([host, 400])
     }
   })
 
