@@ -34,7 +34,12 @@ const utf8 = new TextDecoder()
 const strictUtf8 = new TextDecoder('utf-8', { fatal: true })
 class MalformedJson extends Error {}
 /** A parsed body that must not reach validation; the message says why. */
-class RefusedBody extends Error {}
+class RefusedBody extends Error {
+  /** `body`: what was parsed, when it was (a client endpoint's refused body still names its app). */
+  constructor(message: string, readonly body: unknown = undefined) {
+    super(message)
+  }
+}
 
 /**
  * /v1 requests whose body is not a JSON object (null, an array, a scalar, no body). Elysia fills a
@@ -174,7 +179,7 @@ function parsed(text: string): unknown {
 /** A parsed body, unless refusal() finds it must not reach validation. */
 function checked(body: unknown): unknown {
   const refused = refusal(body)
-  if (refused) throw new RefusedBody(refused)
+  if (refused) throw new RefusedBody(refused, body)
   return body
 }
 
@@ -342,7 +347,10 @@ export function createApp(
         return reply(408, 'bad_request', bodyTooSlow(bodyDeadline(path)), { connection: 'close' })
       }
       const refused = error instanceof RefusedBody ? error : (error as Error).cause
-      if (refused instanceof RefusedBody) return reply(400, 'bad_request', refused.message)
+      if (refused instanceof RefusedBody) {
+        if (!isPublic(path)) return reply(400, 'bad_request', refused.message)
+        return countRefusedRequest(ctx, refused.body, ipOf(request)).then(() => reply(400, 'bad_request', refused.message))
+      }
       if (error instanceof MalformedJson || code === 'PARSE') {
         return reply(400, 'bad_request', 'Request body is not valid JSON')
       }

@@ -215,7 +215,7 @@ describe('sandbox daily ceiling and the per-IP limit', async () => {
 })
 
 describe('sandbox daily ceiling and requests refused as malformed', async () => {
-  const t = await makeTestApp({ clock: () => Date.parse('2031-05-04T12:00:00.000Z'), env: { ...env, SANDBOX_DAILY_CEILING: '3' } })
+  const t = await makeTestApp({ clock: () => Date.parse('2031-05-04T12:00:00.000Z'), env: { ...env, SANDBOX_DAILY_CEILING: '4' } })
 
   test('each counts against the app it names, and is still answered 400', async () => {
     const s = await t.seed({ sandbox: true })
@@ -225,6 +225,8 @@ describe('sandbox daily ceiling and requests refused as malformed', async () => 
       t.req('POST', '/auth/heartbeat', { body: { appId: s.appId.toUpperCase(), sessionToken: 'x.y', hwid: '' } }),
       // Neither a secret nor a session: refused by the endpoint, not the schema.
       t.req('POST', '/auth/selfban', { body: { appId: s.appId, hwid: 'h' } }),
+      // Refused as it is parsed, before the schema.
+      t.req('POST', '/auth/validate', { body: `{"appId":"${s.appId}","hwid":"h","__proto__":{}}` }),
     ]
     for (const r of await Promise.all(refused)) expect([r.status, r.body]).toEqual([400, { status: 'failed', error: 'bad_request' }])
     const fourth = await t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey: key, hwid: hwid(), nonce: nonce() } })
