@@ -252,6 +252,22 @@ if (MODE === 'postgres') {
     })
   })
 
+  test("a cluster that refuses REDIS_URL's credentials stops the start, naming them", async () => {
+    const cluster = await ownRedisCluster()
+    try {
+      for (const node of cluster.nodes) await node.config('SET', 'requirepass', 's3cret')
+      const seeds = (auth: string) => cluster.ports.map((port) => `redis://${auth}127.0.0.1:${port}`).join(',')
+      for (const auth of [':wrong@', '']) {
+        await expect(openStore(seeds(auth), SHARDS, 3_000)).rejects.toThrow("this Redis Cluster refuses REDIS_URL's credentials")
+      }
+      const store = await openStore(seeds(':s3cret@'), SHARDS, 3_000)
+      expect(await store.ping()).toBe(true)
+      await store.close()
+    } finally {
+      await cluster.stop()
+    }
+  }, 60_000)
+
   // A cluster of its own: its first master is killed for good.
   describe('a master that stays down', async () => {
     const cluster = await ownRedisCluster()

@@ -1,4 +1,4 @@
-import { Cluster, ReplyError } from 'ioredis'
+import { Cluster, Redis, ReplyError } from 'ioredis'
 import { ConfigError } from '../../config'
 import { storeErrors } from '../../lib/metrics'
 import { withDeadline } from '../../lib/with-timeout'
@@ -26,6 +26,7 @@ type Commands = LimiterCommands & EpochCommands & CreditCommands & AuthorizeComm
  * authorize), each with its Lua scripts. Every operation is one command or one atomic script.
  */
 export class RedisStore implements Store {
+  readonly #url: string
   readonly kind = 'redis' as const
   readonly #conn: Connection<Commands>
   readonly #limiter: RedisLimiter
@@ -34,6 +35,7 @@ export class RedisStore implements Store {
   readonly #authorizer: RedisAuthorizer
 
   constructor(url: string, options: RedisStoreOptions = {}) {
+    this.#url = url
     this.#conn = new Connection<Commands>(url, options, {
       ...limiterScripts,
       ...epochScripts,
@@ -150,7 +152,7 @@ export class RedisStore implements Store {
    */
   async requireAccess(waitMs: number): Promise<void> {
     const redis = this.#conn.redis
-    if (redis instanceof Cluster) return
+    if (redis instanceof Cluster) return this.#requireClusterAccess(waitMs)
     const db = redis.options.db ?? 0
     try {
       await withDeadline(db === 0 ? redis.ping() : redis.select(db), waitMs, 'reaching the database of REDIS_URL')
@@ -159,6 +161,23 @@ export class RedisStore implements Store {
       const { message } = err as Error
       if (REFUSED_CREDENTIALS.test(message)) throw new ConfigError(`this Redis refuses REDIS_URL's credentials (${message})`)
       throw new ConfigError(`REDIS_URL names database ${db}, which this Redis refuses (${message})`)
+    }
+  }
+
+  /**
+   * A cluster client that is refused its credentials reports only that no seed node is available: the
+   * first seed node (whose credentials every node is sent) is asked on a connection of its own.
+   */
+  async #requireClusterAccess(waitMs: number): Promise<void> {
+    const seed = new Redis(this.#url.split(',')[0]!.trim(), { lazyConnect: true, connectTimeout: waitMs, maxRetriesPerRequest: 0, retryStrategy: () => null })
+    seed.on('error', () => {})
+    try {
+      await withDeadline(seed.ping(), waitMs, 'reaching the first node of REDIS_URL')
+    } catch (err) {
+      const { message } = err as Error
+      if (err instanceof ReplyError && REFUSED_CREDENTIALS.test(message)) throw new ConfigError(`this Redis Cluster refuses REDIS_URL's credentials (${message})`)
+    } finally {
+      seed.disconnect()
     }
   }
 
