@@ -11,8 +11,9 @@ import { startTransaction, type TransactionMark, transactionStatus } from '../db
  * How long a license.validated event waits in memory for others to join its INSERT. It fires on
  * every login, and per statement PostgreSQL pays a commit (WAL flush) and the statement's fixed
  * costs: at thousands of logins a second, one statement per 50 ms costs far less database CPU per
- * event than one per 5 ms. The price: a crash loses the events of the last ≤ 50 ms (no database
- * change caused them, so there is no transaction they could join).
+ * event than one per 5 ms. The price: a crash loses the events not yet written, those of the last
+ * 50 ms and the batch being written meanwhile (no database change caused them, so there is no
+ * transaction they could join).
  */
 export const VALIDATED_BATCH_MS = 50
 
