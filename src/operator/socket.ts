@@ -48,17 +48,17 @@ async function handle(contextReady: Promise<Context>, settings: string, request:
   const url = new URL(request.url)
   if (request.method !== 'POST' || url.pathname !== '/run')
     return Response.json({ error: 'not found' }, { status: 404 })
-  let body: { argv?: unknown; settings?: unknown }
+  let body: { argv?: unknown; settings?: unknown } | null
   try {
     body = (await request.json()) as typeof body
   } catch {
     return Response.json({ error: BODY_SHAPE }, { status: 400 })
   }
-  const { argv } = body
+  const argv = body?.argv
   if (!Array.isArray(argv) || !argv.every((a) => typeof a === 'string')) {
     return Response.json({ error: BODY_SHAPE }, { status: 400 })
   }
-  if (body.settings !== settings) return Response.json({ error: OTHER_SETTINGS } satisfies OperatorReply, { status: 400 })
+  if (body?.settings !== settings) return Response.json({ error: OTHER_SETTINGS } satisfies OperatorReply, { status: 400 })
   try {
     const line = parseCommand(argv)
     // The CLI prints help itself, and rotates only with no server holding the old key in memory.

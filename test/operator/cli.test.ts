@@ -341,6 +341,11 @@ describe('operator CLI beside a running server', () => {
       const argv = ['account', 'list', ...Array.from({ length: 40_000 }, () => '-h')]
       const refused = await fetch('http://operator/run', { unix: join(dataDir, 'operator.sock'), method: 'POST', body: JSON.stringify({ argv }) })
       expect(refused.status).toBe(413)
+      // Bodies no CLI sends, each a 400: none of them runs a command or upsets the server.
+      for (const body of ['null', '5', '"x"', '{"argv":["account","list"]}', '{"argv":["account","list"],"settings":"0"}']) {
+        const answer = await fetch('http://operator/run', { unix: join(dataDir, 'operator.sock'), method: 'POST', body })
+        expect([body, answer.status]).toEqual([body, 400])
+      }
       expect(expectOk(await cli(dataDir, ['account', 'list']))).toEqual({ accounts: [], more: false })
     } finally {
       expect(await server.stop()).toBe(0)
