@@ -91,6 +91,13 @@ async function lookUpApp<T>(
   return looked.found
 }
 
+/** The app's cache entry, loaded within the IP's budget for absent apps; undefined when it went before it could be read. */
+const loadAppEntry = (ctx: Context, ip: string, appId: string, nowMs: number) =>
+  lookUpApp(ctx, ip, appId, 'cache', nowMs, async () => {
+    await ctx.actors.ensureApp(appId)
+    return ctx.actors.cachedApp(appId)
+  }, (entry) => entry?.value === null)
+
 /** Whether a plan made without the license failed only for want of it: the caller may look it up. */
 const licenseDecides = (p: Plan) => !p.outcome.ok && p.outcome.code === 'invalid_key'
 
@@ -122,12 +129,7 @@ export async function countRefusedRequest(ctx: Context, body: unknown, ip: strin
     for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
       // As in authorize: the generation before the entry, which a load on the way may move on.
       const generation = actors.generation
-      const entry =
-        actors.cachedApp(appId) ??
-        (await lookUpApp(ctx, ip, appId, 'cache', nowMs, async () => {
-          await actors.ensureApp(appId)
-          return actors.cachedApp(appId)
-        }, (found) => found?.value === null))
+      const entry = actors.cachedApp(appId) ?? (await loadAppEntry(ctx, ip, appId, nowMs))
       const app = entry?.value
       if (!app?.sandbox) return
       const shard = ctx.store.shardOf(app.accountId)
@@ -166,10 +168,7 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
       // Awaited only on a miss: the common all-cached request skips a promise and a microtask turn.
       if (!appEntry) {
         // Undefined when the entry went before it could be read (the registry started over): looked up again.
-        appEntry = await lookUpApp(ctx, ip, appId, 'cache', nowMs, async () => {
-          await actors.ensureApp(appId)
-          return actors.cachedApp(appId)
-        }, (entry) => entry?.value === null)
+        appEntry = await loadAppEntry(ctx, ip, appId, nowMs)
         if (!appEntry) continue
       }
       const app = appEntry.value
