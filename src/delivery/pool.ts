@@ -80,13 +80,23 @@ interface Dispatching {
   stopping: boolean
 }
 
+/** A job handed to a worker and not answered yet. */
+interface Pending {
+  job: WorkerSend
+  resolve: (result: DeliveryResult) => void
+  /** Posted to the worker (not only waiting in the slot's `jobs`). */
+  posted: boolean
+  /** The worker reported it sent (its request may have reached the receiver). */
+  started: boolean
+  /** Already sent again once after its worker was lost: a job that kills every worker it is given ends there. */
+  resent: boolean
+}
+
 interface Slot {
   worker: Worker
-  pending: Map<number, (result: DeliveryResult) => void>
+  pending: Map<number, Pending>
   /** A message per delivery costs more than the request itself: a turn's jobs travel as one string. */
   jobs: TurnBatcher<WorkerSend>
-  /** The last job id posted: ids only grow, so a pending job above it still waits in `jobs`. */
-  posted: number
   /** When the ping not answered yet was sent (performance.now()); null when none is out. */
   pingedAt: number | null
   /** Failed, exited or replaced: its later messages and its own end are not acted on again. */
@@ -134,12 +144,14 @@ export class DeliveryPool {
   /** Sends one prepared delivery on the least busy worker; never rejects. */
   send(job: DeliveryJob): Promise<DeliveryResult> {
     if (this.#closed) return Promise.resolve({ status: 0, reason: 'worker' })
-    const slot = this.#leastBusy()
     const id = ++this.#seq
-    return new Promise((resolve) => {
-      slot.pending.set(id, resolve)
-      slot.jobs.add({ type: 'send', id, ...job })
-    })
+    return new Promise((resolve) => this.#queue({ job: { type: 'send', id, ...job }, resolve, posted: false, started: false, resent: false }))
+  }
+
+  #queue(pending: Pending): void {
+    const slot = this.#leastBusy()
+    slot.pending.set(pending.job.id, pending)
+    slot.jobs.add(pending.job)
   }
 
   /**
@@ -195,10 +207,10 @@ export class DeliveryPool {
       // At shutdown, jobs of this turn not posted yet are cancelled here (their batch leaves them
       // out); those already posted, by the worker. A webhook's jobs of this turn were claimed just now.
       if (!withdrawn) {
-        for (const [id, resolve] of slot.pending) {
-          if (id <= slot.posted) continue
+        for (const [id, pending] of slot.pending) {
+          if (pending.posted) continue
           slot.pending.delete(id)
-          resolve({ status: 0, reason: 'cancelled' })
+          pending.resolve({ status: 0, reason: 'cancelled' })
         }
       }
       slot.worker.postMessage(cancel)
@@ -221,7 +233,8 @@ export class DeliveryPool {
       if (!slot) continue
       this.#slots[i] = undefined
       slot.lost = true
-      this.#fail(slot)
+      for (const pending of slot.pending.values()) pending.resolve({ status: 0, reason: 'worker' })
+      slot.pending.clear()
       slot.worker.terminate()
     }
   }
@@ -240,14 +253,14 @@ export class DeliveryPool {
 
   #spawn(index: number): Slot {
     const worker = new Worker(new URL('./worker/thread.ts', import.meta.url).href)
-    const slot: Slot = { worker, pending: new Map(), jobs: new TurnBatcher((jobs) => this.#post(slot, jobs)), posted: 0, pingedAt: null, lost: false }
+    const slot: Slot = { worker, pending: new Map(), jobs: new TurnBatcher((jobs) => this.#post(slot, jobs)), pingedAt: null, lost: false }
     worker.onmessage = (event: MessageEvent<string | WorkerEvent>) => {
       if (slot.lost) return
       if (typeof event.data !== 'string') return this.#control(slot, event.data)
       for (const { id, ...result } of JSON.parse(event.data) as WorkerReply[]) {
-        const resolve = slot.pending.get(id)
+        const pending = slot.pending.get(id)
         slot.pending.delete(id)
-        resolve?.(result)
+        pending?.resolve(result)
       }
     }
     worker.onerror = (event) => this.#lose(index, slot, event.error ?? event.message)
@@ -264,8 +277,10 @@ export class DeliveryPool {
   }
 
   /**
-   * A worker that failed, exited or is stuck: its deliveries end with reason 'worker', and it is
-   * replaced. The dispatcher dies with the first: what it had claimed is sent again after the lease,
+   * A worker that failed, exited or is stuck: it is replaced, and the jobs it never started go to
+   * another worker (there are no retries: a delivery answered 'worker' is recorded as attempted and
+   * never sent again). Those it started end with reason 'worker', as does a job lost with a second
+   * worker. The dispatcher dies with the first: what it had claimed is sent again after the lease,
    * and a replacement worker takes over the rest.
    */
   #lose(index: number, slot: Slot, err: unknown): void {
@@ -273,11 +288,19 @@ export class DeliveryPool {
     slot.lost = true
     log.error('webhook delivery worker failed; replacing it', errorFields(err))
     if (this.#slots[index] === slot) this.#slots[index] = undefined
-    this.#fail(slot)
     slot.worker.terminate()
     if (index === 0 && this.#dispatching) {
       for (const resolve of this.#dispatching.stopped.splice(0)) resolve()
       if (!this.#dispatching.stopping) this.#spawn(0)
+    }
+    const lost = [...slot.pending.values()]
+    slot.pending.clear()
+    for (const pending of lost) {
+      if (pending.started || pending.resent) {
+        pending.resolve({ status: 0, reason: 'worker' })
+      } else {
+        this.#queue({ ...pending, posted: false, resent: true })
+      }
     }
   }
 
@@ -306,6 +329,13 @@ export class DeliveryPool {
       for (const resolve of d?.stopped.splice(0) ?? []) resolve()
       return
     }
+    if (msg.type === 'started') {
+      for (const id of msg.ids) {
+        const pending = slot.pending.get(id)
+        if (pending) pending.started = true
+      }
+      return
+    }
     if (msg.type === 'recorded') {
       d?.host.metrics.webhookDeliveries.addAll(msg.outcomes)
       return
@@ -321,14 +351,14 @@ export class DeliveryPool {
   }
 
   #post(slot: Slot, jobs: WorkerSend[]): void {
-    slot.posted = jobs[jobs.length - 1]?.id ?? slot.posted
     // Jobs answered before their turn ended (cancelled, or their worker failed) must not be sent.
-    const live = jobs.filter((job) => slot.pending.has(job.id))
+    const live: WorkerSend[] = []
+    for (const job of jobs) {
+      const pending = slot.pending.get(job.id)
+      if (!pending) continue
+      pending.posted = true
+      live.push(job)
+    }
     if (live.length > 0) slot.worker.postMessage(JSON.stringify(live))
-  }
-
-  #fail(slot: Slot): void {
-    for (const resolve of slot.pending.values()) resolve({ status: 0, reason: 'worker' })
-    slot.pending.clear()
   }
 }

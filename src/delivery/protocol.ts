@@ -96,8 +96,17 @@ export interface RecordedAttempts {
   outcomes: Record<string, number>
 }
 
+/**
+ * The jobs from the main thread a worker began to send in one turn: if the worker is lost, the others
+ * never left it and go to another worker (pool.ts).
+ */
+export interface JobsStarted {
+  type: 'started'
+  ids: number[]
+}
+
 /** Control messages a worker sends besides its (string) batches of replies. */
-export type WorkerEvent = SecretRequest | RecordedAttempts | { type: 'stopped' } | { type: 'pong' }
+export type WorkerEvent = SecretRequest | RecordedAttempts | JobsStarted | { type: 'stopped' } | { type: 'pong' }
 
 export interface DeliveryResult {
   /** The receiver's HTTP status, or 0 when there was no response. */

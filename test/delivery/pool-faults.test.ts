@@ -42,6 +42,31 @@ test.each([
   }
 }, 20_000)
 
+test('a worker lost with jobs queued behind its open requests: those it never started go on another worker, once', async () => {
+  // One request at a time: the held job is on its way, the queued ones wait in the worker.
+  const pool = new DeliveryPool({ allowPrivate: true, extraCaFile: testCertificate().certFile, size: 1, timeoutMs: 5_000, concurrency: 1 })
+  await using slow = startReceiver(() => ({ delayMs: 3_000 }))
+  await using fast = startReceiver()
+  try {
+    const held = pool.send(job(slow.url('/held')))
+    const queued = [pool.send(job(fast.url('/queued/1'))), pool.send(job(fast.url('/queued/2')))]
+    await Bun.sleep(200)
+    started.at(-1)!.terminate()
+    expect(await held).toEqual({ status: 0, reason: 'worker' })
+    expect(await Promise.all(queued)).toEqual([{ status: 200 }, { status: 200 }])
+    expect(fast.at('/queued/1')).toHaveLength(1)
+    expect(fast.at('/queued/2')).toHaveLength(1)
+    // A job that fails every worker it reaches is given up with the second: the one it went to, and
+    // the replacement that took it again.
+    const before = started.length
+    expect(await pool.send(job(fast.url('/poison')))).toEqual({ status: 0, reason: 'worker' })
+    expect(started.length - before).toBe(1)
+    expect(await pool.send(job(fast.url('/after')))).toEqual({ status: 200 })
+  } finally {
+    await pool.close()
+  }
+}, 20_000)
+
 test.skipIf(MODE !== 'postgres')('a dispatching worker that holds its event loop: the dispatcher is started again, and a stop ends in time', async () => {
   const t = await makeTestApp()
   t.ctx.webhookPool = new DeliveryPool({ allowPrivate: true, extraCaFile: testCertificate().certFile, stuckAfterMs: 600, dispatchStopMs: 2_000 })

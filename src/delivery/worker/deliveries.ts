@@ -7,6 +7,7 @@ interface Queued {
   /** host:port of the job's URL, whose open requests `perHost` counts. */
   host: string
   done: (result: DeliveryResult) => void
+  started?: () => void
 }
 
 /**
@@ -44,11 +45,12 @@ export class Deliveries {
    * Queues one delivery: jobs from the main thread and from this worker's dispatcher alike. A test
    * ping (a job of no webhook's outbox) goes ahead of the outbox deliveries queued, and past its host's
    * limit: asked for by hand and answered while its caller waits, it must not queue behind a hanging
-   * receiver's backlog (8 an account at most are on their way, webhooks/service.ts).
+   * receiver's backlog (8 an account at most are on their way, webhooks/service.ts). `started` is
+   * called when the job leaves the queue to be sent.
    */
-  send(job: DeliveryJob): Promise<DeliveryResult> {
+  send(job: DeliveryJob, started?: () => void): Promise<DeliveryResult> {
     return new Promise((done) => {
-      const queued = { job, host: hostOf(job.url), done }
+      const queued: Queued = { job, host: hostOf(job.url), done, started }
       // Behind the pings queued before it, ahead of every outbox delivery.
       const firstDelivery = job.webhookId === undefined ? this.#queue.findIndex((q) => q.job.webhookId !== undefined) : -1
       if (firstDelivery >= 0) this.#queue.splice(firstDelivery, 0, queued)
@@ -77,7 +79,7 @@ export class Deliveries {
   #next(): void {
     const { concurrency, perHost } = this.#settings
     for (let i = 0; i < this.#queue.length && this.#active < concurrency; ) {
-      const { job, host, done } = this.#queue[i] as Queued
+      const { job, host, done, started } = this.#queue[i] as Queued
       const open = this.#activeByHost.get(host) ?? 0
       if (open >= perHost && job.webhookId !== undefined) {
         i++
@@ -86,6 +88,7 @@ export class Deliveries {
       this.#queue.splice(i, 1)
       this.#active++
       this.#activeByHost.set(host, open + 1)
+      started?.()
       void this.#deliver(job).then((result) => {
         this.#active--
         const left = (this.#activeByHost.get(host) ?? 1) - 1

@@ -1,6 +1,6 @@
 /// <reference lib="webworker" />
 import { TurnBatcher } from '../../lib/batcher'
-import { type CancelQueued, type DispatchStart, type DispatchStop, KICK, PING, type SecretReply, type WorkerInit, type WorkerReply, type WorkerSend } from '../protocol'
+import { type CancelQueued, type DispatchStart, type DispatchStop, type JobsStarted, KICK, PING, type SecretReply, type WorkerInit, type WorkerReply, type WorkerSend } from '../protocol'
 import { Deliveries } from './deliveries'
 import { Dispatching } from './dispatching'
 
@@ -15,6 +15,7 @@ const deliveries = new Deliveries()
 const dispatching = new Dispatching(deliveries, (msg) => self.postMessage(msg))
 // Replies finished in the same turn travel back as one message, like the jobs came in.
 const replies = new TurnBatcher<WorkerReply>((batch) => self.postMessage(JSON.stringify(batch)))
+const starts = new TurnBatcher<number>((ids) => self.postMessage({ type: 'started', ids } satisfies JobsStarted))
 
 type Incoming = WorkerInit | DispatchStart | DispatchStop | SecretReply | CancelQueued | string
 
@@ -31,6 +32,6 @@ self.onmessage = (event: MessageEvent<Incoming>) => {
   if (msg === KICK) return dispatching.wake()
   if (msg === PING) return self.postMessage({ type: 'pong' })
   for (const { id, type: _, ...job } of JSON.parse(msg) as WorkerSend[]) {
-    void deliveries.send(job).then((result) => replies.add({ id, ...result }))
+    void deliveries.send(job, () => starts.add(id)).then((result) => replies.add({ id, ...result }))
   }
 }
