@@ -197,6 +197,12 @@ interface SchemaLike {
   pattern?: string
   /** Chars' bounds, in characters (lib/model.ts). */
   'x-characters'?: [number, number]
+  /** What a patterned string is, in words (Timestamp, lib/model.ts). */
+  'x-form'?: string
+  properties?: Record<string, SchemaLike>
+  /** A map's names (its patternProperties enforce them). */
+  propertyNames?: SchemaLike
+  maxProperties?: number
 }
 
 /** What a field must be, in words, from its schema (the numeric-string union Elysia adds is looked through). */
@@ -222,6 +228,7 @@ function expected(schema: SchemaLike | undefined): string | null {
     case 'number':
       return `a number${range(schema.minimum, schema.maximum)}`
     case 'string': {
+      if (schema['x-form']) return schema['x-form']
       const [lo, hi] = schema['x-characters'] ?? [schema.minLength, schema.maxLength]
       return `a string${range(lo || undefined, hi, ' characters')}`
     }
@@ -245,15 +252,38 @@ interface ValidationIssue {
 }
 
 /**
- * An object sent where a union (text or object) is expected failed the union as a whole; what the
- * client needs is the object member's own complaint (the field it lacks or should not have).
+ * An object sent where a union (text or object, or objects of different shapes) is expected failed the
+ * union as a whole; what the client needs is the complaint of the member it meant (the field it lacks
+ * or should not have).
  */
 function objectMemberIssue(issue: ValidationIssue | undefined): ValidationIssue | undefined {
-  const member = issue?.schema?.anyOf?.find((s) => s.type === 'object')
   const value = issue?.value
-  if (!member || typeof value !== 'object' || value === null || Array.isArray(value)) return issue
+  const members = issue?.schema?.anyOf?.filter((s) => s.type === 'object') ?? []
+  if (members.length === 0 || typeof value !== 'object' || value === null || Array.isArray(value)) return issue
+  const member = meantMember(members, value as Record<string, unknown>)
   const inner = Value.Errors(member as TSchema, value).First()
   return inner ? { ...inner, path: `${issue?.path ?? ''}${inner.path}`, schema: inner.schema as SchemaLike } : issue
+}
+
+/** The values a literal field takes (a const, or a union of them); null for any other field. */
+const literals = (schema: SchemaLike): unknown[] | null =>
+  schema.const !== undefined ? [schema.const] : schema.anyOf?.every((s) => s.const !== undefined) ? schema.anyOf.map((s) => s.const) : null
+
+/**
+ * The union member a body was meant for: among those whose literal fields it matches (the `action` it
+ * names), the one it fails least.
+ */
+function meantMember(members: SchemaLike[], value: Record<string, unknown>): SchemaLike {
+  const named = members.filter((m) =>
+    Object.entries(m.properties ?? {}).every(([name, field]) => !(name in value) || (literals(field)?.includes(value[name]) ?? true)),
+  )
+  const failures = (m: SchemaLike) => {
+    let n = 0
+    for (const _ of Value.Errors(m as TSchema, value)) if (++n === 10) break
+    return n
+  }
+  const scored = (named.length > 0 ? named : members).map((m) => ({ m, n: failures(m) }))
+  return scored.reduce((best, next) => (next.n < best.n ? next : best)).m
 }
 
 /** Turns Elysia's validation error into a short message naming the field, never the whole schema. */
@@ -262,8 +292,19 @@ function validationMessage(error: unknown): string {
   const first = objectMemberIssue(e.all?.[0])
   const where = first?.path ? first.path.replace(/^\//, '').replaceAll('/', '.') : (e.type ?? 'request')
   // JSON-quoted: a field name may be anything a client sent, NUL included.
-  if (first?.type === ValueErrorType.ObjectAdditionalProperties) return `Unknown field ${JSON.stringify(where)}`
+  if (first?.type === ValueErrorType.ObjectAdditionalProperties) {
+    // A map (variables) takes any name its propertyNames allow: one it refuses is misnamed, not unknown.
+    const names = first.schema?.propertyNames
+    if (!names) return `Unknown field ${JSON.stringify(where)}`
+    // The last step of a JSON pointer: ~1 is a '/' of the name, ~0 a '~'.
+    const name = (first.path?.replace(/^.*\//, '') ?? '').replaceAll('~1', '/').replaceAll('~0', '~')
+    if (!STORABLE.test(name)) return `The name ${JSON.stringify(name)} must not contain NUL characters or unpaired surrogates`
+    return `The name ${JSON.stringify(name)} must be ${expected(names)}`
+  }
   if (first?.type === ValueErrorType.ObjectMinProperties) return `The ${where} must hold at least one field`
+  if (first?.type === ValueErrorType.ObjectMaxProperties) {
+    return `The ${where} must hold at most ${first.schema?.maxProperties} ${first.schema?.propertyNames ? 'names' : 'fields'}`
+  }
   // Text's pattern, or Chars' (which counts the characters too): told about only when the text is not storable.
   if (first?.type === ValueErrorType.StringPattern && typeof first.value === 'string' && !STORABLE.test(first.value)) {
     return `${where} must not contain NUL characters or unpaired surrogates`

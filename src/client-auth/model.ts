@@ -54,18 +54,34 @@ export const HeartbeatBody = t.Object({
   examples: [{ appId: EXAMPLE.appId, sessionToken: SignedPayload.examples[0].sessionToken, hwid: EXAMPLE.hwid, nonce: '5e0b9f27d3a14c86' }],
 })
 
-export const SelfbanBody = t.Object({
-  appId,
-  hwid,
-  appSecret: t.Optional(appSecret),
-  licenseKey: t.Optional(licenseKey),
-  nonce: t.Optional(nonce),
-  sessionToken: t.Optional(sessionToken),
+const selfbanChoices = {
   revokeLicense: t.Optional(t.Boolean({ description: 'Default false pre-session (true fails), true post-session' })),
   blacklistHwid: t.Optional(t.Boolean({ description: 'Default true' })),
   blacklistIp: t.Optional(t.Boolean({ description: 'Default true' })),
-}, {
-  ...tolerant,
+}
+
+/** Post-session with a session token (revokes by default), else pre-session with the app secret, key and a nonce. */
+export const SelfbanBody = t.Union([
+  t.Object({
+    appId,
+    hwid,
+    sessionToken,
+    appSecret: t.Optional(appSecret),
+    licenseKey: t.Optional(licenseKey),
+    nonce: t.Optional(nonce),
+    ...selfbanChoices,
+  }, { ...tolerant, description: 'Post-session: the session token names the license' }),
+  t.Object({
+    appId,
+    hwid,
+    appSecret,
+    licenseKey,
+    nonce,
+    sessionToken: t.Optional(sessionToken),
+    ...selfbanChoices,
+  }, { ...tolerant, description: 'Pre-session: never revokes' }),
+], {
+  description: 'A session token (post-session), or the app secret, license key and a nonce (pre-session)',
   examples: [{ appId: EXAMPLE.appId, hwid: EXAMPLE.hwid, sessionToken: SignedPayload.examples[0].sessionToken }],
 })
 

@@ -1,5 +1,6 @@
 import { type StringOptions, Type } from '@sinclair/typebox'
 import { t } from 'elysia'
+import { ISO_8601 } from './time'
 
 /**
  * Text that PostgreSQL can store: no NUL character (text and JSON columns refuse it) and no unpaired
@@ -25,6 +26,14 @@ export const STORABLE_CHAR = '(?:[^\\u0000\\uD800-\\uDFFF]|[\\uD800-\\uDBFF][\\u
  */
 export const Chars = (min: number, max: number, options: StringOptions = {}) =>
   t.String({ ...options, pattern: `^${STORABLE_CHAR}{${min},${max}}$`, 'x-characters': [min, max] })
+
+/**
+ * An instant in a request: an ISO 8601 date or date-time as parseIsoTimestamp reads it (a time without
+ * an offset is UTC). The shape is the schema's; an impossible date (Feb 30) and the range are the
+ * service's checks. `x-form` names it for the validation message.
+ */
+export const Timestamp = (options: StringOptions = {}) =>
+  t.String({ ...options, pattern: ISO_8601.source, 'x-form': 'an ISO 8601 timestamp' })
 
 /** How many characters `text` holds as Chars counts them: code points (a string iterates by them). */
 export function characters(text: string): number {

@@ -1,4 +1,5 @@
-const ISO_8601 =
+/** The ISO 8601 forms parseIsoTimestamp reads, as a request schema's pattern (lib/model.ts Timestamp). */
+export const ISO_8601 =
   /^(\d{4})-(\d{2})-(\d{2})(?:[Tt](\d{2}):(\d{2})(?::(\d{2})(?:[.,](\d{1,9}))?)?([Zz]|[+-]\d{2}(?::?\d{2})?)?)?$/
 
 const daysInMonth = (year: number, month: number) => new Date(Date.UTC(year, month, 0)).getUTCDate()

@@ -1,6 +1,6 @@
 import { t } from 'elysia'
 import { EXAMPLE } from '../lib/examples'
-import { Chars, Count, StrictBody, Text } from '../lib/model'
+import { Chars, Count, StrictBody, Text, Timestamp } from '../lib/model'
 
 /** The instants an expiry may name: what PostgreSQL's timestamptz and a JS Date both hold, in plain ISO 8601. */
 const EXPIRY_RANGE_TEXT = 'from 1970-01-01T00:00:00Z to 9999-12-31T23:59:59.999Z (UTC), else 400'
@@ -67,7 +67,7 @@ export const CreateLicensesBody = StrictBody({
   appId: Text({ description: 'Application to issue for', examples: [EXAMPLE.appId] }),
   quantity: t.Optional(Count({ minimum: 1, maximum: 100, default: 1 })),
   expiresAt: t.Optional(
-    t.Nullable(Text({ description: `ISO 8601; null (or omitted) for lifetime; ${EXPIRY_RANGE_TEXT}` })),
+    t.Nullable(Timestamp({ description: `ISO 8601; null (or omitted) for lifetime; ${EXPIRY_RANGE_TEXT}` })),
   ),
   maxHwidSlots: t.Optional(
     Count({
@@ -111,21 +111,18 @@ export const ListLicensesResponse = t.Object({
   examples: [{ licenses: [WITH_HWIDS_EXAMPLE], cursor: null }],
 })
 
-export const UpdateLicenseBody = StrictBody({
-  action: t.Union([
-    t.Literal('revoke'),
-    t.Literal('activate'),
-    t.Literal('extend'),
-    t.Literal('reset-hwid'),
-  ]),
-  expiresAt: t.Optional(
-    t.Nullable(
-      Text({
-        description: `ISO 8601 new expiry, required by extend (null: lifetime); refused otherwise; ${EXPIRY_RANGE_TEXT}`,
-      }),
-    ),
-  ),
-}, { examples: [{ action: 'extend', expiresAt: EXAMPLE.expiresAt }, { action: 'revoke' }] })
+export const UpdateLicenseBody = t.Union([
+  StrictBody({
+    action: t.Literal('extend'),
+    expiresAt: t.Nullable(Timestamp({ description: `ISO 8601 new expiry (null: lifetime); ${EXPIRY_RANGE_TEXT}` })),
+  }, { examples: [{ action: 'extend', expiresAt: EXAMPLE.expiresAt }] }),
+  StrictBody({
+    action: t.Union([t.Literal('revoke'), t.Literal('activate'), t.Literal('reset-hwid')]),
+  }, { examples: [{ action: 'revoke' }] }),
+], {
+  description: 'extend takes a new expiry, required; the other actions take nothing else',
+  examples: [{ action: 'extend', expiresAt: EXAMPLE.expiresAt }, { action: 'revoke' }],
+})
 
 export const UpdateLicenseResponse = t.Object(
   { ok: t.Literal(true), license: LicenseWithHwids },

@@ -1,16 +1,25 @@
 import { t } from 'elysia'
 import { EXAMPLE } from '../lib/examples'
-import { StrictBody, Text } from '../lib/model'
+import { MAX_LIST_ENTRIES } from '../actors/list-append'
+import { Chars, StrictBody } from '../lib/model'
 
-const list = (description: string) => t.Array(Text(), { maxItems: 1000, description })
+export const HWID_LENGTH = { min: 1, max: 128 } as const
+/** The spec's 7 to 45; shorter only to name an entry a list shows so (security/service.ts shortIp), which no schema can say. */
+export const IP_LENGTH = { min: 7, max: 45 } as const
+
+const hwidEntry = Chars(HWID_LENGTH.min, HWID_LENGTH.max, { description: `An HWID, ${HWID_LENGTH.min} to ${HWID_LENGTH.max} characters` })
+const ipEntry = Chars(1, IP_LENGTH.max, {
+  description: `A single IPv4/IPv6 address of ${IP_LENGTH.min} to ${IP_LENGTH.max} characters (stored canonical; shorter only to name an entry the list shows so, such as ::1)`,
+})
+const list = (entry: typeof hwidEntry, description: string) => t.Array(entry, { maxItems: MAX_LIST_ENTRIES, description })
 
 /** Per-app lists checked on every authentication: blacklists always win; a non-empty whitelist admits only its entries. */
 export const SecurityConfig = t.Object(
   {
-    hwidBlacklist: list('HWIDs blocked'),
-    hwidWhitelist: list('When non-empty, only these HWIDs are allowed'),
-    ipBlacklist: list('IP addresses blocked (canonical form)'),
-    ipWhitelist: list('When non-empty, only these IP addresses are allowed (canonical form)'),
+    hwidBlacklist: list(hwidEntry, 'HWIDs blocked'),
+    hwidWhitelist: list(hwidEntry, 'When non-empty, only these HWIDs are allowed'),
+    ipBlacklist: list(ipEntry, 'IP addresses blocked (canonical form)'),
+    ipWhitelist: list(ipEntry, 'When non-empty, only these IP addresses are allowed (canonical form)'),
   },
   {
     description: "The app's lists as they now stand",
@@ -25,15 +34,12 @@ export const PutSecurityBody = t.Partial(SecurityConfig, {
   examples: [{ ipBlacklist: ['203.0.113.7', '2001:db8::1'], hwidWhitelist: [] }],
 })
 
-export const SecurityEntryBody = StrictBody(
-  {
-    type: t.Union([t.Literal('hwid'), t.Literal('ip')]),
-    value: Text({
-      description:
-        'HWID of 1 to 128 characters, or a single IPv4/IPv6 address of 7 to 45 characters (stored canonical; shorter only to name an entry the list shows so, such as ::1)',
-    }),
-  },
-  { examples: [{ type: 'ip', value: '203.0.113.7' }, { type: 'hwid', value: EXAMPLE.otherHwid }] },
+export const SecurityEntryBody = t.Union(
+  [
+    StrictBody({ type: t.Literal('hwid'), value: hwidEntry }, { examples: [{ type: 'hwid', value: EXAMPLE.otherHwid }] }),
+    StrictBody({ type: t.Literal('ip'), value: ipEntry }, { examples: [{ type: 'ip', value: '203.0.113.7' }] }),
+  ],
+  { description: 'One entry: an HWID or an IP address', examples: [{ type: 'ip', value: '203.0.113.7' }, { type: 'hwid', value: EXAMPLE.otherHwid }] },
 )
 
 export type SecurityConfig = typeof SecurityConfig.static

@@ -11,11 +11,11 @@ import { apiKeyAuth, authenticate } from '../http/auth'
 import { apiBodyErrors, apiErrors } from '../http/openapi'
 import { AppIdParams } from '../apps/model'
 import { LicenseKeyParams } from '../licenses/model'
-import { VariableMapBody } from './model'
+import { MAX_VARIABLE_NAME_LENGTH, MAX_VARIABLES, MAX_VARIABLES_BYTES, VariableMapBody } from './model'
 
 const variablesRules =
-  'A flat JSON object: names of 1 to 64 characters, string, number or boolean values, at most 50 names ' +
-  'and 4,096 bytes of JSON.'
+  `A flat JSON object: names of 1 to ${MAX_VARIABLE_NAME_LENGTH} characters, string, number or boolean values, ` +
+  `at most ${MAX_VARIABLES} names and ${MAX_VARIABLES_BYTES.toLocaleString('en')} bytes of JSON.`
 
 /** Elysia would coerce an array or a string into an object before validation: refuse them first. */
 const objectBodyOnly = ({ body }: { body: unknown }) => {

@@ -159,7 +159,7 @@ describe('lengths count characters, as the spec does: one outside the BMP (an em
     const path = `/v1/apps/${s.appId}/variables`
     expect((await t.req('PUT', path, { apiKey: s.apiKey, body: { [emoji(64)]: 1 } })).status).toBe(200)
     const long = await t.req('PUT', path, { apiKey: s.apiKey, body: { [emoji(65)]: 1 } })
-    expect(long.body).toEqual({ error: 'bad_request', message: 'Variable names are 1 to 64 characters' })
+    expect(long.body).toEqual({ error: 'bad_request', message: `The name ${JSON.stringify(emoji(65))} must be a string from 1 to 64 characters` })
   })
 
   test('a list entry and an offline file take an HWID of 128 such characters', async () => {

@@ -1,10 +1,11 @@
 import { beforeAll, describe, expect, test } from 'bun:test'
 import type { TSchema } from '@sinclair/typebox'
 import { Value } from '@sinclair/typebox/value'
+import Ajv2020 from 'json-schema-ajv/dist/2020'
 import { SignedPayload } from '../../src/client-auth/model'
 import { LICENSE_FILE_TYPE } from '../../src/licenses/offline/routes'
 import { SIGNED_PAYLOAD_MODEL } from '../../src/signing/model'
-import { decode, hwid, nonce } from '../support/client'
+import { decode, hwid, insertLicense, nonce } from '../support/client'
 import { makeTestApp, type TestApp } from '../support/helpers'
 
 type Json = Record<string, any>
@@ -159,5 +160,46 @@ describe('the signed payload', () => {
       for (const key of Object.keys(payload)) expect(documented, `payload field ${key}`).toContain(key)
     }
     expect(first.appVariables).toEqual({ tier: 'pro', seats: 5 })
+  })
+})
+
+describe('a body the server refuses under a rule of its schema, the document refuses too (what a generated client or validator checks)', () => {
+  const emojis = (n: number) => '\u{1F600}'.repeat(n)
+  const names = (n: number) => Object.fromEntries(Array.from({ length: n }, (_, i) => [`k${i}`, i]))
+  // [operation in the document, a body it must refuse, a body of the same operation the server takes]
+  const cases: [string, unknown, unknown][] = [
+    ['PUT /v1/apps/{appId}/variables', names(51), names(50)],
+    ['PUT /v1/apps/{appId}/variables', { [emojis(65)]: 1 }, { [emojis(64)]: 1 }],
+    ['PUT /v1/apps/{appId}/variables', { '': 1 }, { a: 1 }],
+    ['PUT /v1/licenses/{licenseKey}/variables', { ['n'.repeat(65)]: 1 }, { ['n'.repeat(64)]: 1 }],
+    ['PUT /v1/apps/{appId}/security', { hwidBlacklist: [emojis(129)] }, { hwidBlacklist: [emojis(128)] }],
+    ['PUT /v1/apps/{appId}/security', { ipBlacklist: [`203.0.113.7${' '.repeat(35)}`] }, { ipBlacklist: ['203.0.113.7'] }],
+    ['POST /v1/apps/{appId}/security/blacklist', { type: 'hwid', value: emojis(129) }, { type: 'hwid', value: emojis(128) }],
+    ['POST /v1/apps/{appId}/security/blacklist', { type: 'ip', value: '1'.repeat(46) }, { type: 'ip', value: '203.0.113.8' }],
+    ['PUT /v1/licenses/{licenseKey}', { action: 'extend' }, { action: 'extend', expiresAt: null }],
+    ['PUT /v1/licenses/{licenseKey}', { action: 'revoke', expiresAt: '2030-01-01T00:00:00Z' }, { action: 'revoke' }],
+    ['PUT /v1/licenses/{licenseKey}', { action: 'extend', expiresAt: 'next week' }, { action: 'extend', expiresAt: '2030-01-01' }],
+    ['POST /v1/licenses', { expiresAt: 'tomorrow' }, { expiresAt: '2030-01-01T00:00:00+02:00' }],
+    ['POST /v1/licenses/{licenseKey}/offline-files', { expiresAt: 'soon' }, { expiresAt: '2029-06-01T00:00:00Z' }],
+    ['POST /auth/selfban', {}, { sessionToken: 'x' }],
+    ['POST /auth/selfban', { licenseKey: 'K', nonce: nonce() }, { licenseKey: 'K', nonce: nonce(), appSecret: 's' }],
+  ]
+
+  test.each(cases)('%s: %j', async (where, refused, taken) => {
+    const s = await t.seed({ credits: 10 })
+    const key = await insertLicense(t.ctx, s.appId, { expiresAt: new Date('2030-01-01T00:00:00Z') })
+    const [method, path] = where.split(' ') as [string, string]
+    const fill = (body: unknown) => {
+      if (path === '/v1/licenses') return { appId: s.appId, ...(body as object) }
+      if (path === '/auth/selfban') return { appId: s.appId, hwid: hwid(), ...(body as object) }
+      return body
+    }
+    const schema = doc.paths[path][method.toLowerCase()].requestBody.content['application/json'].schema
+    const check = new Ajv2020({ strict: false, allErrors: false }).compile(schema)
+    expect(check(fill(refused)), `the document takes ${JSON.stringify(refused)}`).toBe(false)
+    expect(check(fill(taken)), JSON.stringify(check.errors)).toBe(true)
+    const url = path.replace('{appId}', s.appId).replace('{licenseKey}', key)
+    const res = await t.req(method, url, { apiKey: s.apiKey, body: fill(refused) })
+    expect(res.status, JSON.stringify(res.body)).toBe(400)
   })
 })

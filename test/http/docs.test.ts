@@ -131,6 +131,7 @@ describe('the document describes what requests may hold', () => {
   test('strict /v1 bodies, tolerant /auth bodies, JSON-integer counts, no NUL or lone surrogate in any string', async () => {
     const { req } = await makeTestApp()
     const { STORABLE_CHAR, STORABLE_TEXT } = await import('../../src/lib/model')
+    const { ISO_8601 } = await import('../../src/lib/time')
     const doc = (await req('GET', '/docs/json')).body
     for (const [path, ops] of Object.entries<Record<string, any>>(doc.paths)) {
       for (const [method, op] of Object.entries(ops)) {
@@ -143,13 +144,18 @@ describe('the document describes what requests may hold', () => {
             // Elysia's numeric-text alternative of t.Integer: right for a query string, never in a JSON body.
             const numericText = node.format === 'integer' || node.format === 'numeric'
             if (numericText) expect(name.endsWith('body'), `${at} takes a number as text`).toBe(false)
-            // Text, or Chars (storable characters, counted).
-            else if (node.pattern !== STORABLE_TEXT) expect(node.pattern, `${at} admits NUL or lone surrogates`).toStartWith(`^${STORABLE_CHAR}{`)
+            // Text, Timestamp (digits and separators), or Chars (storable characters, counted).
+            else if (node.pattern !== STORABLE_TEXT && node.pattern !== ISO_8601.source) {
+              expect(node.pattern, `${at} admits NUL or lone surrogates`).toStartWith(`^${STORABLE_CHAR}{`)
+            }
           }
         }
         if (!body) continue
-        if (path.startsWith('/v1/') && body.properties) expect(body.additionalProperties, `${where} admits unknown fields`).toBe(false)
-        if (path.startsWith('/auth/')) expect(body.additionalProperties, `${where} refuses unknown fields`).toBe(true)
+        // A union of bodies (an update's actions, selfban's two modes): each member as a body.
+        for (const member of (body.anyOf ?? [body]).filter((m: any) => m.type === 'object')) {
+          if (path.startsWith('/v1/') && member.properties) expect(member.additionalProperties, `${where} admits unknown fields`).toBe(false)
+          if (path.startsWith('/auth/')) expect(member.additionalProperties, `${where} refuses unknown fields`).toBe(true)
+        }
       }
     }
   })

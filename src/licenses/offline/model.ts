@@ -1,6 +1,6 @@
 import { t } from 'elysia'
 import { EXAMPLE } from '../../lib/examples'
-import { Chars, StrictBody, Text } from '../../lib/model'
+import { Chars, StrictBody, Text, Timestamp } from '../../lib/model'
 import { requestChecksum } from './request'
 
 const isoDate = (description: string) => t.String({ format: 'date-time', description })
@@ -20,7 +20,7 @@ export const OfflineHwid = t.Union(
 
 const FileExpiry = t.Optional(
   t.Nullable(
-    Text({
+    Timestamp({
       description:
         "ISO 8601 expiry of the file, in the future and not after the license's own (else 400); null: never " +
         "(only for a license that never expires); omitted: the license's expiry",
