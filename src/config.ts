@@ -95,6 +95,26 @@ function url(env: Env, name: string, protocols: string[]): string | null {
   return raw
 }
 
+/** The application_name of the connections that serve requests or deliveries. */
+export const SERVER_CONNECTION_NAME = 'license-service'
+
+/**
+ * DATABASE_URL. The service names its connections itself: `master-key rotate` finds running servers
+ * by that name in pg_stat_activity, and the driver lets a name in the URL replace it, so a server
+ * started with one went unseen and the rotation re-sealed under it.
+ */
+function databaseSetting(env: Env): string | null {
+  const raw = url(env, 'DATABASE_URL', ['postgres:', 'postgresql:'])
+  if (raw === null) return null
+  const { searchParams } = new URL(raw)
+  if (searchParams.has('application_name') || /application_name/i.test(searchParams.get('options') ?? '')) {
+    throw new ConfigError(
+      `DATABASE_URL sets application_name: the service names its connections ${SERVER_CONNECTION_NAME} (master-key rotate finds running servers by it); remove it`,
+    )
+  }
+  return raw
+}
+
 /**
  * REDIS_URL, or with REDIS_CLUSTER=true the seed nodes of a cluster (one or more URLs, comma-separated;
  * credentials and TLS from the first). A cluster has database 0 only.
@@ -228,7 +248,7 @@ export function loadConfig(env: Env = process.env): Readonly<Config> {
   if (metricsPort !== null && metricsPort === port) {
     throw new ConfigError(`METRICS_PORT must differ from PORT (${port}): it opens a listener of its own`)
   }
-  const databaseUrl = url(env, 'DATABASE_URL', ['postgres:', 'postgresql:'])
+  const databaseUrl = databaseSetting(env)
   const { redisUrl, redisClusterShards } = redisSettings(env)
   // Unset, a server with the shared database and store runs one process per core, up to
   // DEFAULT_PROCESSES_CAP: one Bun process serves HTTP on one thread, and the second core would otherwise

@@ -174,6 +174,9 @@ describe('a bad value is a ConfigError naming the setting', () => {
     ['PORT', '-1'],
     ['DATABASE_URL', 'mysql://db/ls'],
     ['DATABASE_URL', 'not a url'],
+    // The service's own connection name is how master-key rotate sees a running server.
+    ['DATABASE_URL', 'postgres://db/ls?application_name=billing-api'],
+    ['DATABASE_URL', 'postgres://db/ls?options=-c%20application_name%3Dbilling-api'],
     ['REDIS_URL', 'http://cache'],
     ['TRUSTED_PROXIES', '10.0.0.0/8,nope'],
     ['TRUSTED_PROXIES', '10.0.0.0/33'],

@@ -1,3 +1,4 @@
+import { SERVER_CONNECTION_NAME } from '../config'
 import { makeDataDir } from './data-dir'
 import { join } from 'node:path'
 import { sql } from 'drizzle-orm'
@@ -66,9 +67,6 @@ const MIN_POOL_SHARE = 4
  */
 export const poolSizePerProcess = (serverProcesses: number) =>
   Math.max(MIN_POOL_SHARE, Math.ceil(REQUEST_POOL_SIZE / serverProcesses))
-
-/** The application_name of the connections that serve requests or deliveries. */
-export const SERVER_CONNECTION_NAME = 'license-service'
 
 /** Session lock a starting process holds while it migrates; held by whatever must not overlap a start. */
 export const MIGRATION_LOCK = 7428531

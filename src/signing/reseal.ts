@@ -1,5 +1,6 @@
 import { eq, sql } from 'drizzle-orm'
-import { type Database, MIGRATION_LOCK, SERVER_CONNECTION_NAME, type Tx } from '../db/client'
+import { SERVER_CONNECTION_NAME } from '../config'
+import { type Database, MIGRATION_LOCK, type Tx } from '../db/client'
 import { signingKeys, webhooks } from '../db/schema'
 import { rowsOf } from '../delivery/prepared'
 import type { Sealer } from '../lib/crypto'
