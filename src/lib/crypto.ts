@@ -93,9 +93,15 @@ export class Sealer {
   }
   open(sealed: string): Buffer {
     const [version, iv, tag, body] = sealed.split('.')
-    if (version !== 'v1' || !iv || !tag || body === undefined) throw new SealError('a sealed value is not in a recognised format (damaged)')
-    const decipher = createDecipheriv('aes-256-gcm', this.#key, Buffer.from(iv, 'base64url'))
-    decipher.setAuthTag(Buffer.from(tag, 'base64url'))
+    const ivBytes = Buffer.from(iv ?? '', 'base64url')
+    const tagBytes = Buffer.from(tag ?? '', 'base64url')
+    // What seal() writes, exactly: a cut value would otherwise fail as a TypeError naming nothing, and a
+    // short tag is one GCM would take, with less of the authentication it gives.
+    if (version !== 'v1' || ivBytes.length !== 12 || tagBytes.length !== 16 || body === undefined) {
+      throw new SealError('a sealed value is not in a recognised format (damaged)')
+    }
+    const decipher = createDecipheriv('aes-256-gcm', this.#key, ivBytes, { authTagLength: 16 })
+    decipher.setAuthTag(tagBytes)
     try {
       return Buffer.concat([decipher.update(Buffer.from(body, 'base64url')), decipher.final()])
     } catch {
