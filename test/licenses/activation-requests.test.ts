@@ -19,7 +19,7 @@ describe("the parser against AuthForge's activation_request_vectors.json", () =>
 
   test.each(good.map((c) => [c.name, c] as const))('%s is accepted', (_, c) => {
     const inputs = 'inputs' in c && c.inputs ? c.inputs : { hwid: 'testhwid', licenseKey: undefined }
-    expect(parseActivationRequest(c.file, 'test-app')).toEqual({ hwid: inputs.hwid, licenseKey: inputs.licenseKey ?? null, appId: 'test-app' })
+    expect(parseActivationRequest(c.file, 'test-app')).toEqual({ hwid: inputs.hwid, licenseKey: inputs.licenseKey ?? null, licenseKeyRefusal: null, appId: 'test-app' })
   })
 
   const reasons: Record<string, RegExp> = {
@@ -37,7 +37,9 @@ describe("the parser against AuthForge's activation_request_vectors.json", () =>
     const doc = (await t.req('GET', '/docs/json')).body
     const body = doc.paths['/v1/apps/{appId}/activation-requests'].post.requestBody.content
     const texts = [body['text/plain'].schema.examples[0], body['application/json'].schema.examples[0].request]
-    for (const text of texts) expect(parseActivationRequest(text, EXAMPLE.appId)).toEqual({ hwid: EXAMPLE.hwid, licenseKey: EXAMPLE.licenseKey, appId: EXAMPLE.appId })
+    for (const text of texts) {
+      expect(parseActivationRequest(text, EXAMPLE.appId)).toEqual({ hwid: EXAMPLE.hwid, licenseKey: EXAMPLE.licenseKey, licenseKeyRefusal: null, appId: EXAMPLE.appId })
+    }
   })
 
   test("another app's request is refused, whether the header or the payload says so", () => {
@@ -266,6 +268,7 @@ describe('refused requests: 400 bad_request saying which, and nothing changes', 
     ['a version nested deeper than any stack', (a) => buildRequest(`{"v":${'['.repeat(200_000)}${']'.repeat(200_000)}}`, { appIdHeader: a }), /unsupported version an array in the payload$/],
     ['a version of long text, not quoted back', (a, k) => buildRequest({ ...requestFields(a, 'm1', k), v: 'x'.repeat(100_000) }), /unsupported version a string of 100000 characters in the payload$/],
     ['a license key longer than any key', (a) => buildRequest(requestFields(a, 'm1', 'K'.repeat(65))), /the license key is 65 characters; a key is at most 64$/],
+    ['a license key with a NUL (a JSON escape in the payload)', (a) => buildRequest(requestFields(a, 'm1', 'K\u00001')), /the license key holds NUL characters/],
     ['malformed payload', (a, k) => buildRequest({ ...requestFields(a, 'm1', k), typ: 'something-else' }), /malformed payload/],
     ["another app's request", (_, k) => buildRequest(requestFields(crypto.randomUUID(), 'm1', k)), /another app's request/],
     ["another app's App-Id header", (a, k) => buildRequest(requestFields(a, 'm1', k), { appIdHeader: crypto.randomUUID() }), /another app's request/],
@@ -295,6 +298,18 @@ describe('refused requests: 400 bad_request saying which, and nothing changes', 
     expect((await row(licenseKey)).hwids).toEqual([])
     expect(await fileRows(licenseKey)).toHaveLength(0)
     expect(await balance(s)).toBe(5)
+  })
+
+  test.each([
+    ['longer than any key', 'K'.repeat(73)],
+    ['holding a NUL', 'K\u00001'],
+  ])("a request whose own license key is unusable (%s) is answered for the key the vendor gives", async (_, written) => {
+    const s = await t.seed({ credits: 5 })
+    const licenseKey = await insertLicense(t.ctx, s.appId, { maxHwidSlots: 3 })
+    const res = await post(s, { request: buildRequest(requestFields(s.appId, 'm1', written)), licenseKey })
+    expect(res.status, JSON.stringify(res.body)).toBe(201)
+    expect((await row(licenseKey)).hwids).toEqual(['m1'])
+    expect(await balance(s)).toBe(4)
   })
 
   test("a license of another app of the account: 400, nothing bound", async () => {

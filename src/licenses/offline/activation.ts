@@ -22,6 +22,7 @@ export async function answerActivationRequest(
   const options = typeof body === 'string' ? { request: body } : body
   const request = parseActivationRequest(options.request, app.id)
   // The caller's key first: the request's is whatever the customer wrote (its checksum is no signature).
+  if (options.licenseKey === undefined && request.licenseKeyRefusal) throw badRequest(`Activation request refused: ${request.licenseKeyRefusal}`)
   const licenseKey = options.licenseKey ?? request.licenseKey
   if (!licenseKey) throw badRequest('Activation request refused: it names no license; give licenseKey in the body')
   const license = await requireOwnedLicense(ctx, accountId, licenseKey)

@@ -6,6 +6,11 @@ import { characters, STORABLE } from '../../lib/model'
 export interface ActivationRequest {
   hwid: string
   licenseKey: string | null
+  /**
+   * Why the license key the customer wrote in it cannot be used (too long, not UTF-8, NUL): the request
+   * is refused for it only when the vendor gives no key of its own.
+   */
+  licenseKeyRefusal: string | null
   /** The app's id as the SDK spells it (any case): what it compares the file's `appId` with, exactly. */
   appId: string
 }
@@ -97,15 +102,20 @@ export function parseActivationRequest(text: string, appId: string): ActivationR
   const hwid = payload.hwid as string
   // U+FFFD in place of bytes: bound and minted for, it would name a machine no SDK ever sends.
   if (!utf8 && hwid.includes('\uFFFD')) throw refuse('the HWID is not UTF-8')
-  if (!utf8 && typeof payload.licenseKey === 'string' && payload.licenseKey.includes('\uFFFD')) throw refuse('the license key is not UTF-8')
   const length = characters(hwid)
   if (length < 1 || length > MAX_HWID) {
     throw refuse(`the HWID is ${length} characters; it must be 1 to ${MAX_HWID} (AuthForge allows 256; this server ${MAX_HWID})`)
   }
   // The payload is JSON, whose escapes can spell a NUL.
   if (!STORABLE.test(hwid)) throw refuse('the HWID holds NUL characters or unpaired surrogates')
-  if (typeof payload.licenseKey === 'string' && payload.licenseKey.length > MAX_LICENSE_KEY) {
-    throw refuse(`the license key is ${payload.licenseKey.length} characters; a key is at most ${MAX_LICENSE_KEY}`)
-  }
-  return { hwid, licenseKey: (payload.licenseKey as string | undefined) || null, appId: payload.appId as string }
+  const licenseKey = (payload.licenseKey as string | undefined) || null
+  return { hwid, licenseKey, licenseKeyRefusal: licenseKey && keyRefusal(licenseKey, utf8), appId: payload.appId as string }
+}
+
+/** Why a license key written in a request is none (never looked up, and quoted only by its length), or null. */
+function keyRefusal(key: string, utf8: boolean): string | null {
+  if (key.length > MAX_LICENSE_KEY) return `the license key is ${key.length} characters; a key is at most ${MAX_LICENSE_KEY}`
+  if (!utf8 && key.includes('\uFFFD')) return 'the license key is not UTF-8'
+  if (!STORABLE.test(key)) return 'the license key holds NUL characters or unpaired surrogates'
+  return null
 }
