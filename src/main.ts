@@ -61,12 +61,13 @@ function startBackgroundWork(ctx: Context): { stopDeliveries(): Promise<void>; s
     stopDeliveries,
     async stop() {
       await warmUp?.stop()
-      // Writes the license.validated events still batched, while the database is open.
-      await ctx.validatedEvents.stop()
-      await reconciler.stop()
-      await sweeper.stop()
-      await stopDeliveries()
+      // Side by side, each bounded on its own: with the database gone, each waits out its bound, and
+      // one after the other they passed a supervisor's grace period. The events still batched are
+      // written, the charges moved and the deliveries recorded while the database is open.
+      const stopped = await Promise.allSettled([ctx.validatedEvents.stop(), reconciler.stop(), sweeper.stop(), stopDeliveries()])
       await ctx.webhookPool.close()
+      const failed = stopped.find((s) => s.status === 'rejected')
+      if (failed) throw failed.reason
     },
   }
 }

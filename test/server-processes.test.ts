@@ -7,6 +7,9 @@ import { decode, hwid, insertLicense, nonce, verifySigned } from './support/clie
 import { makeTestApp, MODE, TEST_DATABASE_URL, TEST_MASTER_KEY, TEST_REDIS_URL } from './support/helpers'
 import { launchSettingsOf, runToExit, type ServerProcess, startServer, twoProcessesWithMetricsPort } from './support/server-process'
 import { freePort } from './support/servers'
+import { createOwnDatabase } from './support/own-database'
+import { postgresBehindProxy } from './support/tampering-proxy'
+import { newDataDir } from './support/data-dir'
 import { startReceiver, testCertificate } from './support/webhooks-receiver'
 import { LAUNCH_ENV } from '../src/server-processes'
 import { LOW_FD_LIMIT } from '../src/lib/process-metrics'
@@ -80,6 +83,43 @@ test('SIGTERM while a request body is still on its way: the server stops within 
     socket.destroy()
   }
 })
+
+test.skipIf(MODE !== 'postgres')('SIGTERM with PostgreSQL not answering: the last writes wait out their bounds side by side, not one after the other', async () => {
+  const own = await createOwnDatabase('ls_stopbh')
+  const { proxy, url } = await postgresBehindProxy(own.url)
+  const env = { DATA_DIR: await newDataDir('ls-stopbh-', { embedded: false }), DATABASE_URL: url, REDIS_URL: TEST_REDIS_URL!, MASTER_KEY: TEST_MASTER_KEY.toString('hex') }
+  const server = await startServer(env)
+  try {
+    const cli = async (args: string[]) => JSON.parse((await runToExit(['src/operator/cli.ts', ...args], env)).stdout.trim().split('\n').at(-1)!)
+    const account = await cli(['account', 'create', '--name', 'Stop', '--credits', '1000'])
+    const app = await cli(['app', 'create', '--account', account.accountId, '--name', 'Stop'])
+    const made = await fetch(`${server.url}/v1/licenses`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${account.apiKey}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ appId: app.appId }),
+    })
+    const licenseKey = (await made.json()).licenses[0].licenseKey
+    const validate = () =>
+      fetch(`${server.url}/auth/validate`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ appId: app.appId, appSecret: app.appSecret, licenseKey, hwid: 'stop-1', nonce: nonce() }),
+      })
+    expect((await validate()).status).toBe(200)
+    await Bun.sleep(500)
+    // PostgreSQL stops answering: a charge and a license.validated event wait to be written.
+    proxy.holdWrites('all')
+    expect((await validate()).status).toBe(200)
+    const stopping = Date.now()
+    expect(await server.stop()).toBe(0)
+    // The credit flush's 5 s and the pool's 5 s close; one after the other the steps took 15 s.
+    expect(Date.now() - stopping).toBeLessThan(12_500)
+  } finally {
+    await server.stop()
+    proxy.close()
+    await own.drop()
+  }
+}, 60_000)
 
 // An embedded server in either pass: run once.
 test.skipIf(MODE !== 'embedded')('a low open-files limit is warned of at the start, and scraped as process_max_fds', async () => {
