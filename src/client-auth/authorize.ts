@@ -49,6 +49,8 @@ export interface Authorized {
   charged: number
   /** The store generation the charge was made under, for its refund (AuthorizeResult). */
   chargedUnder: string
+  /** The heartbeat counter the call moved (charged or not), for its uncount; null for any other call. */
+  counted: string | null
 }
 
 /**
@@ -60,6 +62,7 @@ export async function refundingOnFailure<T>(ctx: Context, auth: Authorized, work
     return await work()
   } catch (err) {
     if (auth.charged > 0) await ctx.credits.refund(auth.app.accountId, auth.charged, auth.chargedUnder)
+    if (auth.counted) await ctx.credits.uncount(auth.counted)
     throw err
   }
 }
@@ -241,7 +244,7 @@ export async function authorize(ctx: Context, request: AuthRequest, plan: Planne
           throw new PublicError(outcome.ok ? 'system_error' : outcome.code)
         case 'ok':
           if (!outcome.ok) throw new PublicError(outcome.code)
-          return { app, license, outcome, charged: result.charged, chargedUnder: result.chargedUnder }
+          return { app, license, outcome, charged: result.charged, chargedUnder: result.chargedUnder, counted: rest.charge?.counter?.key ?? null }
       }
     }
     throw new LoggedPublicError('system_error', 'client request kept finding stale cache entries', { appId })
@@ -287,5 +290,5 @@ async function withoutStore(
   const { outcome } = plan(app, license, nowMs, app ? ctx.store.shardOf(app.accountId) : '')
   if (!app) throw new PublicError('invalid_app')
   if (!outcome.ok) throw new PublicError(outcome.code)
-  return { app, license, outcome, charged: 0, chargedUnder: '' }
+  return { app, license, outcome, charged: 0, chargedUnder: '', counted: null }
 }

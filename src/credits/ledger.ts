@@ -166,6 +166,15 @@ export class CreditLedger {
     }
   }
 
+  /** Takes back a failed heartbeat's count (Credits.uncount); like refund, never throws and is not retried. */
+  async uncount(counterKey: string): Promise<void> {
+    try {
+      await withDeadline(this.#store.uncount(counterKey), STORE_CALL_TIMEOUT_MS, 'uncount')
+    } catch (err) {
+      log.warn('the heartbeat count of a failed call was not given back: the next charged heartbeat comes one call early', errorFields(err))
+    }
+  }
+
   // The generation the charge is made under; a charge has no cached state, so any current one will do.
   // Read in the account's shard, by its epoch key: a snapshot names its shard by its keys.
   async #generation(shard: Shard, accountId: string): Promise<{ generation: number }> {

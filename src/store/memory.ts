@@ -260,6 +260,10 @@ export class MemoryStore implements Store {
     this.#addPending(accountId, -n)
   }
 
+  async uncount(counterKey: string): Promise<void> {
+    this.set(counterKey, this.#num(counterKey) - 1)
+  }
+
   async dirtyAccounts(shard: Shard): Promise<string[]> {
     return shard === ONE_SHARD ? [...this.#dirty()] : []
   }

@@ -83,6 +83,11 @@ export interface Credits {
    * it and was never flushed, so there is nothing to give back.
    */
   refund(accountId: string, n: number, chargedUnder: string): Promise<void>
+  /**
+   * Takes back a heartbeat's count (keys.heartbeats) when its request failed after authorize counted
+   * it: the client repeats it, and every 10th call is the one charged only if failed calls do not count.
+   */
+  uncount(counterKey: string): Promise<void>
   /** The accounts of `shard` with charges not yet reconciled to PostgreSQL. */
   dirtyAccounts(shard: Shard): Promise<string[]>
   /**

@@ -234,6 +234,27 @@ describe('credits on the client endpoints', async () => {
     expect(await live(s)).toBe(0)
   })
 
+  test('a heartbeat that fails after its count (no active signing key) is not counted: the 10th successful one is the one charged', async () => {
+    const s = await t.seed({ credits: 10 })
+    const key = await insertLicense(t.ctx, s.appId)
+    const h = hwid()
+    const token = decode((await validate(s, key, h)).body.payload).sessionToken
+    const beat = () => t.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken: token, hwid: h } })
+    const signing = async (active: boolean) => {
+      await t.ctx.database.db.update(signingKeys).set({ active }).where(eq(signingKeys.appId, s.appId))
+      // A change through the API, so the app is read again.
+      expect((await t.req('PATCH', `/v1/apps/${s.appId}`, { apiKey: s.apiKey, body: { name: active ? 'Keyed' : 'Keyless' } })).status).toBe(200)
+    }
+    for (let i = 1; i <= 9; i++) expect((await beat()).status).toBe(200)
+    // The 10th fails at its signature: charged, refunded, and not counted.
+    await signing(false)
+    for (let i = 1; i <= 3; i++) expect((await beat()).body).toEqual({ status: 'failed', error: 'system_error' })
+    expect(await live(s)).toBe(9)
+    await signing(true)
+    expect((await beat()).status).toBe(200)
+    expect(await live(s)).toBe(8)
+  })
+
   test('the sandbox app is never billed', async () => {
     const s = await t.seed({ credits: 0, sandbox: true })
     const key = await insertLicense(t.ctx, s.appId)

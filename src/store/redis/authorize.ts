@@ -40,7 +40,7 @@ export class RedisAuthorizer implements Authorizer {
 
   constructor(
     private readonly conn: Connection<AuthorizeCommands>,
-    private readonly credits: Pick<Credits, 'refund'>,
+    private readonly credits: Pick<Credits, 'refund' | 'uncount'>,
   ) {}
 
   authorize(input: AuthorizeInput): Promise<AuthorizeResult> {
@@ -208,7 +208,7 @@ export class RedisAuthorizer implements Authorizer {
           )
         }
         if (charge.counter) {
-          this.conn.redis.decr(charge.counter.key).catch((e: unknown) =>
+          this.credits.uncount(charge.counter.key).catch((e: unknown) =>
             log.warn('the heartbeat count of a call answered as failed was not given back', errorFields(e)),
           )
         }

@@ -208,6 +208,11 @@ export class RedisCredits implements Credits {
     await this.conn.redis.lsRefund(k.balance, k.pending, k.dirty, k.generation, accountId, n, mark.generation)
   }
 
+  async uncount(counterKey: string): Promise<void> {
+    this.conn.failFastWhenLost()
+    await this.conn.redis.decr(counterKey)
+  }
+
   async dirtyAccounts(shard: Shard): Promise<string[]> {
     this.conn.failFastWhenLost()
     return this.conn.redis.smembers(keys.dirtyAccounts(shard))

@@ -127,6 +127,10 @@ export class RedisStore implements Store {
     return watched(this.#credits.refund(accountId, n, chargedUnder))
   }
 
+  uncount(counterKey: string): Promise<void> {
+    return watched(this.#credits.uncount(counterKey))
+  }
+
   dirtyAccounts(shard: Shard): Promise<string[]> {
     return watched(this.#waited(() => this.#credits.dirtyAccounts(shard)))
   }
