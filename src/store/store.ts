@@ -274,8 +274,13 @@ export const keys = {
   flushing: (shard: Shard, accountId: string) => `${shardPrefix(shard)}crf:${accountId}`,
   /** The shard's accounts with pending charges, or refused a charge for want of credits (the next flush pass looks at them). */
   dirtyAccounts: (shard: Shard) => `${shardPrefix(shard)}crdirty`,
-  /** The shard count the store's keys were written with (openStore). */
+  /**
+   * The shard count the store's keys were written with (openStore): a record in each shard (on one
+   * Redis, this key itself), so that a cluster master that is down holds up the check of its own
+   * shards only. Instances before the per-shard records wrote this one alone, and it is still read.
+   */
   shardCount: 'ls:shards',
+  shardCountIn: (shard: Shard) => `${shardPrefix(shard)}shards`,
   /** A random id written when missing: a shard that lost its data comes back without it (Snapshot). */
   generation: (shard: Shard) => `${shardPrefix(shard)}gen`,
 }

@@ -7,7 +7,7 @@ import { afterAll, describe, expect, test } from 'bun:test'
 import { eq } from 'drizzle-orm'
 import { accounts, licenses } from '../../src/db/schema'
 import { openStore, RedisStore } from '../../src/store/redis'
-import { allShards, keys, shardOfKey } from '../../src/store/store'
+import { allShards, keys, shardOfKey, type Store } from '../../src/store/store'
 import { decode, hwid, insertLicense, nonce } from '../support/client'
 import { makeTestApp, MODE, type TestApp } from '../support/helpers'
 import { ownRedisCluster } from '../support/redis-cluster'
@@ -269,6 +269,44 @@ if (MODE === 'postgres') {
   }, 60_000)
 
   // A cluster of its own: its first master is killed for good.
+  describe('a master down when an instance starts', async () => {
+    const cluster = await ownRedisCluster()
+    const first = new RedisStore(cluster.url, { cluster: { shards: SHARDS } })
+    const t = await makeTestApp({ store: first, env: { PUBLIC_RATE_LIMITS: 'false' } })
+    let later: Store | undefined
+    afterAll(async () => {
+      await first.close()
+      await later?.close()
+      await cluster.stop()
+    })
+
+    test("holds up its own shards only, whichever master it is: the other masters' tenants are served by the new instance", async () => {
+      expect(await first.checkShardCount(3_000)).toBe(true)
+      const ranges = (await cluster.nodes[0]!.cluster('SLOTS')) as unknown as [number, number, [string, number]][]
+      const nodeOf = async (key: string) => {
+        const slot = Number(await cluster.nodes[0]!.cluster('KEYSLOT', key))
+        return cluster.ports.indexOf(ranges.find(([from, to]) => slot >= from && slot <= to)![2][1])
+      }
+      // The master holding the record instances before the per-shard ones wrote alone.
+      const down = await nodeOf(keys.shardCount)
+      let up: (Awaited<ReturnType<typeof t.seed>> & { licenseKey: string }) | undefined
+      while (!up) {
+        const s = await t.seed({ credits: 1_000 })
+        if ((await nodeOf(keys.generation(first.shardOf(s.accountId)))) !== down) {
+          up = { ...s, licenseKey: await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true }) }
+        }
+      }
+      const tenant = up
+      for (const [i, node] of cluster.nodes.entries()) if (i !== down) await node.config('SET', 'cluster-require-full-coverage', 'no')
+      process.kill(cluster.pids[down]!, 'SIGKILL')
+      await Bun.sleep(500)
+      later = await openStore(cluster.url, SHARDS, 3_000)
+      const second = await makeTestApp({ store: later, env: { PUBLIC_RATE_LIMITS: 'false' } })
+      const res = await until(() => second.req('POST', '/auth/validate', { body: body(tenant, tenant.licenseKey) }), (r) => r.status === 200, 5_000)
+      expect(res.status, JSON.stringify(res.body)).toBe(200)
+    })
+  })
+
   describe('a master that stays down', async () => {
     const cluster = await ownRedisCluster()
     const store = new RedisStore(cluster.url, { cluster: { shards: SHARDS } })

@@ -3,7 +3,7 @@ import { Cluster, Redis, type RedisOptions } from 'ioredis'
 import { errorFields, log, logEvery } from '../../lib/log'
 import { DeadlineExceeded, withDeadline, withTimeout } from '../../lib/with-timeout'
 import { storeErrors } from '../../lib/metrics'
-import { keys, type Shard, STORE_CALL_TIMEOUT_MS, shardOf } from '../store'
+import { allShards, keys, type Shard, STORE_CALL_TIMEOUT_MS, shardOf } from '../store'
 
 /** A Lua script sent as a named command (EVALSHA, with one EVAL fallback after a Redis restart). */
 export interface Script {
@@ -71,7 +71,7 @@ export class Connection<Commands extends object = object> {
   readonly #seen = new Map<Shard, string>()
   /**
    * Whether the shard count the store's keys were written with is this instance's (checkShardCount):
-   * 'pending' while Redis could not be asked, 'refused' once it answered another. Either way every
+   * 'pending' while no record could be read, 'refused' once one held another. Either way every
    * operation fails as in an outage. 'unknown' until a check is asked for (tests, tools).
    */
   #shardCount: 'unknown' | 'pending' | 'matches' | 'refused' = 'unknown'
@@ -303,10 +303,11 @@ export class Connection<Commands extends object = object> {
   /**
    * Refuses to work beside instances that spread accounts over another number of shards: their keys of
    * one account would not meet (a nonce claimed twice, two balances). The first instance records its
-   * count; another throws ShardCountMismatch. Without an answer within `waitMs` (Redis unreachable, or a
-   * cluster not ready, whose client holds commands until it is) it returns false, and every operation
-   * fails as in an outage until the check, asked again each second meanwhile, is answered; a mismatch
-   * found then is logged and refuses them until a restart.
+   * count in every shard (keys.shardCountIn); another throws ShardCountMismatch. Without an answer from
+   * any record within `waitMs` (Redis unreachable, or a cluster not ready, whose client holds commands
+   * until it is) it returns false, and every operation fails as in an outage until one is answered.
+   * Records not answered (a cluster master down: its own shards fail meanwhile) are asked again each
+   * second; a mismatch found later is logged and refuses every operation until a restart.
    */
   async checkShardCount(waitMs: number): Promise<boolean> {
     this.#shardCount = 'pending'
@@ -319,29 +320,41 @@ export class Connection<Commands extends object = object> {
     return true
   }
 
-  /** One read of the recorded count at a time: a failed one is asked again a second later. */
-  #askShardCount(): Promise<void> {
+  /** Where the count is recorded: each shard, and the key instances before the per-shard records wrote alone. */
+  #shardCountRecords(): string[] {
+    const records = allShards(this.shards).map(keys.shardCountIn)
+    return records.includes(keys.shardCount) ? records : [keys.shardCount, ...records]
+  }
+
+  /** Reads (writing its own where missing) each record; those that fail are asked again a second later. */
+  #askShardCount(records = this.#shardCountRecords()): Promise<void> {
     const mine = String(this.shards)
-    const read = async () => {
-      await this.redis.set(keys.shardCount, mine, 'NX')
-      return this.redis.get(keys.shardCount)
+    const unanswered: string[] = []
+    const ask = async (key: string) => {
+      try {
+        await this.redis.set(key, mine, 'NX')
+        this.#shardCountRead((await this.redis.get(key)) ?? mine)
+      } catch (err) {
+        unanswered.push(key)
+        logEvery('warn', 'redis shard count not checked yet: store operations fail as in an outage until it is', () => errorFields(err))
+      }
     }
-    return read().then(
-      (recorded) => {
-        const was = this.#shardCount
-        this.#recordedShardCount = recorded ?? mine
-        this.#shardCount = this.#recordedShardCount === mine ? 'matches' : 'refused'
-        // Reported here when no caller hears of it: a late answer to the check at start, or a check again.
-        if (this.#shardCount === 'refused' && (this.#announceShardCount || was === 'matches'))
-          log.error('store operations fail until this instance runs with the shard count the store was written with', errorFields(this.#mismatch()))
-        else if (this.#shardCount === 'matches' && this.#announceShardCount) log.info('redis answered: its shard count is this instance\'s, store operations resume')
-      },
-      (err: unknown) => {
-        logEvery('warn', 'redis shard count not checked yet: store operations fail as in an outage', () => errorFields(err))
-        // A closed store stops asking.
-        if (this.redis.status !== 'end') setTimeout(() => void this.#askShardCount(), 1000).unref()
-      },
-    )
+    return Promise.all(records.map(ask)).then(() => {
+      // A closed store stops asking.
+      if (unanswered.length > 0 && this.redis.status !== 'end') setTimeout(() => void this.#askShardCount(unanswered), 1000).unref()
+    })
+  }
+
+  /** One record's count: any other than this instance's refuses every operation, until a restart. */
+  #shardCountRead(recorded: string): void {
+    const was = this.#shardCount
+    if (was === 'refused') return
+    this.#recordedShardCount = recorded
+    this.#shardCount = recorded === String(this.shards) ? 'matches' : 'refused'
+    // Reported here when no caller hears of it: a late answer to the check at start, or a check again.
+    if (this.#shardCount === 'refused' && (this.#announceShardCount || was === 'matches'))
+      log.error('store operations fail until this instance runs with the shard count the store was written with', errorFields(this.#mismatch()))
+    else if (this.#shardCount === 'matches' && was === 'pending' && this.#announceShardCount) log.info('redis answered: its shard count is this instance\'s, store operations resume')
   }
 
   #mismatch(): ShardCountMismatch {
