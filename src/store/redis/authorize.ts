@@ -166,7 +166,8 @@ export class RedisAuthorizer implements Authorizer {
     } else if (replies && sentAt !== this.conn.generation) {
       // A new generation began while the call was out: an earlier reply showed the shard's generation
       // key changed, or a cluster node's connection dropped. Its verdicts cannot be trusted, and its
-      // charges are given back.
+      // charges are given back, unless the shard's master changed since (a failover, or a slot moved):
+      // RedisCredits.refund drops those, as the data now there may never have held them.
       err = new Error('redis connection was replaced during the call')
       this.#refundAll(batch, replies, drops)
       replies = null
