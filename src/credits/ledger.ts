@@ -106,13 +106,15 @@ export class CreditLedger {
   async spendable(tx: Tx, accountId: string, reconciled: number): Promise<number> {
     const state = await this.#store.creditState(accountId)
     const inflight = (await flushCommitted(tx, state.flushId)) ? 0 : state.flushing
+    // Negative pending charges are refunds: they raise what the account holds above `reconciled`.
     return Math.max(0, reconciled - state.pending - inflight)
   }
 
   /**
-   * The balance a caller may spend now: the live one when loaded, else the reconciled one, which is
-   * also the answer while the store is behind PostgreSQL (back from an older copy: its balance may
-   * miss credits added since, until the account's next flush pass drops it).
+   * The balance a caller may spend now: the live one, loaded first when missing (a change of the
+   * account's credits drops it, and one that failed left it so: the reconciled balance alone would
+   * count the charges not flushed yet as unspent), else, while the store does not answer, the
+   * reconciled one.
    */
   async currentBalance(accountId: string, reconciled?: Reconciled): Promise<number> {
     const [row] = reconciled
@@ -124,8 +126,9 @@ export class CreditLedger {
           .limit(1)
     // While the store is unreachable the reconciled balance is the best answer there is (charges not
     // yet flushed are missing from it); a read must not fail for that.
-    const live = await this.#store.balance(accountId, row?.creditSeq ?? 0).catch(() => null)
-    return live ?? row?.credits ?? 0
+    const live = () => this.#store.balance(accountId, row?.creditSeq ?? 0).catch(() => null)
+    const loaded = (await live()) ?? (await this.loadLiveBalance(accountId).then(live, () => null))
+    return loaded ?? row?.credits ?? 0
   }
 
   /**
@@ -283,7 +286,8 @@ export class CreditLedger {
         await tx
           .update(accounts)
           .set({
-            credits: sql`GREATEST(0, ${accounts.credits} - ${flush.amount})`,
+            // Refunds of charges flushed before a top-up to the ceiling would carry it past (addCredits).
+            credits: sql`LEAST(${Number.MAX_SAFE_INTEGER}, GREATEST(0, ${accounts.credits} - ${flush.amount}))`,
             creditSeq: sql`GREATEST(${accounts.creditSeq}, ${flush.seq})`,
           })
           .where(eq(accounts.id, accountId))

@@ -256,7 +256,8 @@ export class MemoryStore implements Store {
 
   async refund(accountId: string, n: number): Promise<void> {
     const live = this.get(keys.balance(ONE_SHARD, accountId)) as number | undefined
-    if (live !== undefined) this.set(keys.balance(ONE_SHARD, accountId), live + n)
+    // Held at the ceiling a top-up may reach (accounts/service.ts).
+    if (live !== undefined) this.set(keys.balance(ONE_SHARD, accountId), Math.min(Number.MAX_SAFE_INTEGER, live + n))
     this.#addPending(accountId, -n)
   }
 

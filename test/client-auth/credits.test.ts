@@ -94,6 +94,40 @@ describe('credits on the client endpoints', async () => {
     expect(await live(s)).toBe(0)
   })
 
+  test('a top-up that failed after the store dropped the live balance: the balance still counts the charges not flushed, and no license is issued at 0', async () => {
+    const s = await t.seed({ credits: 3 })
+    const key = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
+    for (let i = 0; i < 3; i++) expect((await validate(s, key)).status).toBe(200)
+    expect(await live(s)).toBe(0)
+    const lostAtCommit = withOverrides(t.ctx.store, {
+      creditsChanging: async (accountId: string, reconciledSeq?: number) => {
+        await t.ctx.store.creditsChanging(accountId, reconciledSeq)
+        throw new Error('connection lost')
+      },
+    })
+    await expect(addCredits({ ...t.ctx, store: lostAtCommit }, s.accountId, 5)).rejects.toThrow('connection lost')
+    expect(await live(s)).toBe(0)
+    const issued = await t.req('POST', '/v1/licenses', { apiKey: s.apiKey, body: { appId: s.appId } })
+    expect(issued.status, JSON.stringify(issued.body)).toBe(402)
+  })
+
+  test('the balance stays within its ceiling: a top-up counts refunds not flushed yet, and one that comes after is held at it', async () => {
+    const ceiling = Number.MAX_SAFE_INTEGER
+    const s = await t.seed({ credits: 10 })
+    const first = await t.ctx.credits.charge(s.accountId, 1, t.ctx.clock())
+    const second = await t.ctx.credits.charge(s.accountId, 1, t.ctx.clock())
+    await t.ctx.credits.flush()
+    await t.ctx.credits.refund(s.accountId, 1, first!.chargedUnder)
+    // 8 in PostgreSQL and a refund of 1 on its way there: 9 to spend.
+    await expect(addCredits(t.ctx, s.accountId, ceiling - 8)).rejects.toThrow(`The balance would pass ${ceiling} credits`)
+    expect((await addCredits(t.ctx, s.accountId, ceiling - 9)).credits).toBe(ceiling)
+    // A refund of a charge flushed before the top-up, after it.
+    await t.ctx.credits.refund(s.accountId, 1, second!.chargedUnder)
+    expect(await live(s)).toBe(ceiling)
+    await t.ctx.credits.flush()
+    expect(await reconciled(s.accountId)).toBe(ceiling)
+  })
+
   test('added credits answer the balance less the charges not reconciled yet', async () => {
     const s = await t.seed({ credits: 3 })
     const key = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })

@@ -43,7 +43,10 @@ return redis.call('INCR', KEYS[3])
 // failover), so PostgreSQL never had it; given back, its refund would be a credit never paid.
 const REFUND = `
 if redis.call('GET', KEYS[4]) ~= ARGV[3] then return 0 end
-if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('INCRBY', KEYS[1], ARGV[2]) end
+-- Held at the ceiling a top-up may reach (accounts/service.ts), written as text: Lua prints 2^53 as 9.007199254741e+15.
+if redis.call('EXISTS', KEYS[1]) == 1 and redis.call('INCRBY', KEYS[1], ARGV[2]) > 9007199254740991 then
+  redis.call('SET', KEYS[1], '9007199254740991', 'KEEPTTL')
+end
 redis.call('DECRBY', KEYS[2], ARGV[2])
 redis.call('SADD', KEYS[3], ARGV[1])
 return 1
