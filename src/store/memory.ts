@@ -17,9 +17,12 @@ import {
 } from './store'
 
 import { logEvery } from '../lib/log'
+import { EpochTable } from './epoch-table'
 import { NonceMemory } from './nonce-memory'
 
 const ONE_SHARD = shardOf('', 1)
+/** What every license epoch key starts with: those live in the EpochTable, not in the map. */
+const LICENSE_EPOCH = keys.licenseEpoch(ONE_SHARD, '')
 
 /**
  * A bucket's time as of `now` (GCRA: its theoretical arrival time): the stored one, or `now` when that is
@@ -51,6 +54,7 @@ export class MemoryStore implements Store {
   readonly #nonces = new NonceMemory((count) =>
     logEvery('warn', 'more nonces than the in-process store remembers: the oldest were forgotten before their 7 days', () => ({ count })),
   )
+  readonly #licenseEpochs = new EpochTable()
   #sweepAt = 0
   /** Snapshot.generation: the data is lost only by close(), which starts a new one. */
   #generation = 1
@@ -107,11 +111,14 @@ export class MemoryStore implements Store {
   }
 
   async epochs(keys: readonly string[]): Promise<number[]> {
-    return keys.map((k) => (this.get(k) as number | undefined) ?? 0)
+    return keys.map((k) => this.#num(k))
   }
 
   async bump(keys: readonly string[]): Promise<void> {
-    for (const k of keys) this.set(k, ((this.get(k) as number | undefined) ?? 0) + 1)
+    for (const k of keys) {
+      if (k.startsWith(LICENSE_EPOCH)) this.#licenseEpochs.bump(k)
+      else this.set(k, this.#num(k) + 1)
+    }
   }
 
   async snapshot(epochKeys: readonly string[]): Promise<Snapshot> {
@@ -189,6 +196,7 @@ export class MemoryStore implements Store {
   }
 
   #num(key: string, now = this.clock()): number {
+    if (key.startsWith(LICENSE_EPOCH)) return this.#licenseEpochs.get(key)
     return (this.get(key, now) as number | undefined) ?? 0
   }
 
@@ -308,6 +316,7 @@ export class MemoryStore implements Store {
   async close(): Promise<void> {
     this.#data.clear()
     this.#nonces.clear()
+    this.#licenseEpochs.clear()
     this.#generation++
   }
 }
