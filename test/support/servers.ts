@@ -63,6 +63,8 @@ export interface OwnRedis {
   stop(): Promise<void>
   /** Starts it again on the same port; without persistence it comes back empty. */
   start(): Promise<void>
+  /** Sends the server a signal: SIGSTOP holds it (its connections stay open, nothing is answered), SIGCONT resumes it. */
+  signal(signal: 'SIGSTOP' | 'SIGCONT'): void
 }
 
 /** A redis-server of the test's own, without persistence unless `args` asks for it. */
@@ -80,8 +82,12 @@ export async function ownRedis(args: string[] = ['--save', '', '--appendonly', '
       })
       await waitForPort(port)
     },
+    signal(signal) {
+      proc?.kill(signal)
+    },
     async stop() {
       if (!proc) return
+      proc.kill('SIGCONT')
       proc.kill('SIGKILL')
       await proc.exited
       proc = null

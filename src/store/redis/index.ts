@@ -91,8 +91,15 @@ export class RedisStore implements Store {
     return watched(this.#epochs.epochs(keys))
   }
 
+  /**
+   * Sent even while a call is overdue: a bump refused unsent left every other instance's cache fresh
+   * by its epochs once a stalled Redis answered again, until a sweep made it (a second later, and after
+   * an instance that had answered from PostgreSQL meanwhile went back to its cache). Sent, Redis runs it
+   * as it resumes, before the calls that follow. Its caller still waits no longer than the deadline.
+   */
   bump(keys: readonly string[]): Promise<void> {
-    return watched(this.#waited(() => this.#epochs.bump(keys)))
+    const reply = this.#epochs.bump(keys)
+    return watched(withDeadline(reply, this.#conn.callTimeoutMs, 'a redis call', () => this.#conn.overdue(reply)))
   }
 
   snapshot(keys: readonly string[]): Promise<Snapshot> {
