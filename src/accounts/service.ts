@@ -52,8 +52,6 @@ export async function requireAccount(db: DbOrTx, accountId: string) {
   return row
 }
 
-const pastTheCeiling = () => new ApiError('bad_request', 400, `The balance would pass ${Number.MAX_SAFE_INTEGER} credits`)
-
 /**
  * Adds credits, or with a negative n removes them: never more than the account can spend now (its
  * charges not yet reconciled counted) nor than PostgreSQL holds, so no balance goes below zero. The
@@ -68,7 +66,8 @@ export async function addCredits(ctx: Context, accountId: string, n: number) {
       .for('no key update')
     if (!current) throw accountNotFound(accountId)
     // Past it a balance reads rounded here and in every client's JSON, and charges stop showing.
-    if (current.credits + n > Number.MAX_SAFE_INTEGER) throw pastTheCeiling()
+    if (current.credits + n > Number.MAX_SAFE_INTEGER)
+      throw new ApiError('bad_request', 400, `The balance would pass ${Number.MAX_SAFE_INTEGER} credits`)
     // The store drops the live balance while this transaction holds the row: a balance seed (which reads
     // the row FOR SHARE) either finished before, and is dropped here, or waits and finds the epoch moved.
     // The next seed reads whatever PostgreSQL then holds, so a COMMIT that fails after this adds nothing
@@ -78,10 +77,8 @@ export async function addCredits(ctx: Context, accountId: string, n: number) {
     // A removal is held to what the charges not yet reconciled leave: clamped against PostgreSQL's
     // balance alone, it left a debt that the next credits added, and the next flush, silently paid. And
     // to PostgreSQL's balance: a refund of a charge already flushed is still on its way there.
-    const spendable = await ctx.credits.spendable(tx, accountId, current.credits)
-    // Refunds not flushed yet count too: they reach PostgreSQL after this.
-    if (spendable + n > Number.MAX_SAFE_INTEGER) throw pastTheCeiling()
-    const change = n >= 0 ? n : -Math.min(-n, current.credits, spendable)
+    const change =
+      n >= 0 ? n : -Math.min(-n, current.credits, await ctx.credits.spendable(tx, accountId, current.credits))
     const [updated] = await tx
       .update(accounts)
       .set({ credits: current.credits + change, creditSeq: sql`GREATEST(${accounts.creditSeq}, ${seq})` })

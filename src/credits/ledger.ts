@@ -106,7 +106,6 @@ export class CreditLedger {
   async spendable(tx: Tx, accountId: string, reconciled: number): Promise<number> {
     const state = await this.#store.creditState(accountId)
     const inflight = (await flushCommitted(tx, state.flushId)) ? 0 : state.flushing
-    // Negative pending charges are refunds: they raise what the account holds above `reconciled`.
     return Math.max(0, reconciled - state.pending - inflight)
   }
 

@@ -23,7 +23,8 @@ if f then id, inflight = string.match(f, '^(.*):(-?%d+)$') end
 if id ~= ARGV[2] then return 0 end
 if ARGV[3] == '1' then inflight = 0 end
 local live = tonumber(ARGV[4]) - tonumber(redis.call('GET', KEYS[2]) or '0') - tonumber(inflight)
-redis.call('SET', KEYS[1], math.max(0, live))
+-- Refunds not flushed yet may carry it past the ceiling a top-up reaches (accounts/service.ts): held there.
+redis.call('SET', KEYS[1], math.min(9007199254740991, math.max(0, live)))
 return 1
 `
 
@@ -43,7 +44,7 @@ return redis.call('INCR', KEYS[3])
 // failover), so PostgreSQL never had it; given back, its refund would be a credit never paid.
 const REFUND = `
 if redis.call('GET', KEYS[4]) ~= ARGV[3] then return 0 end
--- Held at the ceiling a top-up may reach (accounts/service.ts), written as text: Lua prints 2^53 as 9.007199254741e+15.
+-- Held at the ceiling a top-up may reach (accounts/service.ts).
 if redis.call('EXISTS', KEYS[1]) == 1 and redis.call('INCRBY', KEYS[1], ARGV[2]) > 9007199254740991 then
   redis.call('SET', KEYS[1], '9007199254740991', 'KEEPTTL')
 end
