@@ -106,8 +106,11 @@ export const SERVER_CONNECTION_NAME = 'license-service'
 function databaseSetting(env: Env): string | null {
   const raw = url(env, 'DATABASE_URL', ['postgres:', 'postgresql:'])
   if (raw === null) return null
-  const { searchParams } = new URL(raw)
-  if (searchParams.has('application_name') || /application_name/i.test(searchParams.get('options') ?? '')) {
+  // PostgreSQL reads a startup parameter's name in any case, and the last of one name wins.
+  const named = [...new URL(raw).searchParams].some(
+    ([name, value]) => name.toLowerCase() === 'application_name' || (name.toLowerCase() === 'options' && /application_name/i.test(value)),
+  )
+  if (named) {
     throw new ConfigError(
       `DATABASE_URL sets application_name: the service names its connections ${SERVER_CONNECTION_NAME} (master-key rotate finds running servers by it); remove it`,
     )

@@ -177,6 +177,7 @@ describe('a bad value is a ConfigError naming the setting', () => {
     // The service's own connection name is how master-key rotate sees a running server.
     ['DATABASE_URL', 'postgres://db/ls?application_name=billing-api'],
     ['DATABASE_URL', 'postgres://db/ls?options=-c%20application_name%3Dbilling-api'],
+    ['DATABASE_URL', 'postgres://db/ls?APPLICATION_NAME=billing-api'],
     ['REDIS_URL', 'http://cache'],
     ['TRUSTED_PROXIES', '10.0.0.0/8,nope'],
     ['TRUSTED_PROXIES', '10.0.0.0/33'],
