@@ -190,9 +190,9 @@ async function main(): Promise<void> {
     const own = async () => {
       await operatorSocket?.stop()
       await metricsListener?.stop()
-      const deliveries = background.stopDeliveries()
+      // Begun now, awaited beside the other last writes in background.stop(), which reports its failure.
+      background.stopDeliveries().catch(() => {})
       if ((await withTimeout(app.stop(), HTTP_DRAIN_MS)) === null) await app.stop(true)
-      await deliveries
       await background.stop()
       await ctx.store.close()
       await ctx.database.close()
