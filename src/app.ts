@@ -195,6 +195,7 @@ interface SchemaLike {
   enum?: unknown[]
   const?: unknown
   pattern?: string
+  format?: string
   /** Chars' bounds, in characters (lib/model.ts). */
   'x-characters'?: [number, number]
   /** What a patterned string is, in words (Timestamp, lib/model.ts). */
@@ -217,9 +218,16 @@ function expected(schema: SchemaLike | undefined): string | null {
     if (schema.anyOf.length === 1) return expected(schema.anyOf[0])
     const literals = schema.anyOf.filter((s) => s.const !== undefined).map((s) => JSON.stringify(s.const))
     if (literals.length === schema.anyOf.length) return `one of ${literals.join(', ')}`
-    const typed = schema.anyOf.find((s) => s.type === 'integer' || s.type === 'number')
-    return expected(typed ?? schema.anyOf.find((s) => s.type !== 'string') ?? schema.anyOf[0])
+    // Elysia's numeric text beside a number is no choice of the client's: the number is what it means.
+    const meant = schema.anyOf.filter((s) => !(s.type === 'string' && (s.format === 'numeric' || s.format === 'integer')))
+    const scalars = [...new Set(meant.map((s) => s.type))]
+    if (scalars.length > 1 && scalars.every((type) => type === 'string' || type === 'number' || type === 'boolean')) {
+      return `a ${scalars.slice(0, -1).join(', ')} or ${scalars.at(-1)}`
+    }
+    const typed = meant.find((s) => s.type === 'integer' || s.type === 'number')
+    return expected(typed ?? meant.find((s) => s.type !== 'string') ?? meant[0] ?? schema.anyOf[0])
   }
+  if (schema.const !== undefined) return JSON.stringify(schema.const)
   const range = (lo?: number, hi?: number, unit = '') =>
     lo !== undefined && hi !== undefined ? ` from ${lo} to ${hi}${unit}` : lo !== undefined ? ` of at least ${lo}${unit}` : hi !== undefined ? ` of at most ${hi}${unit}` : ''
   switch (schema.type) {
@@ -260,6 +268,8 @@ function objectMemberIssue(issue: ValidationIssue | undefined): ValidationIssue 
   const value = issue?.value
   const members = issue?.schema?.anyOf?.filter((s) => s.type === 'object') ?? []
   if (members.length === 0 || typeof value !== 'object' || value === null || Array.isArray(value)) return issue
+  const unnamed = literalIssue(members, value as Record<string, unknown>)
+  if (unnamed) return { ...unnamed, path: `${issue?.path ?? ''}${unnamed.path}` }
   const member = meantMember(members, value as Record<string, unknown>)
   const inner = Value.Errors(member as TSchema, value).First()
   return inner ? { ...inner, path: `${issue?.path ?? ''}${inner.path}`, schema: inner.schema as SchemaLike } : issue
@@ -268,6 +278,21 @@ function objectMemberIssue(issue: ValidationIssue | undefined): ValidationIssue 
 /** The values a literal field takes (a const, or a union of them); null for any other field. */
 const literals = (schema: SchemaLike): unknown[] | null =>
   schema.const !== undefined ? [schema.const] : schema.anyOf?.every((s) => s.const !== undefined) ? schema.anyOf.map((s) => s.const) : null
+
+/**
+ * A body whose literal field (the `action`, an entry's `type`) names no member of the union: that field
+ * is what is wrong, and it may be any of the members' values. Null when the members have no such field
+ * or the body names one of them.
+ */
+function literalIssue(members: SchemaLike[], value: Record<string, unknown>): ValidationIssue | null {
+  for (const name of Object.keys(members[0]?.properties ?? {})) {
+    const each = members.map((m) => (m.properties?.[name] ? literals(m.properties[name]) : null))
+    if (each.some((values) => values === null)) continue
+    const all = each.flat() as unknown[]
+    if (!all.includes(value[name])) return { path: `/${name}`, value: value[name], schema: { anyOf: all.map((v) => ({ const: v })) } }
+  }
+  return null
+}
 
 /**
  * The union member a body was meant for: among those whose literal fields it matches (the `action` it
@@ -286,18 +311,20 @@ function meantMember(members: SchemaLike[], value: Record<string, unknown>): Sch
   return scored.reduce((best, next) => (next.n < best.n ? next : best)).m
 }
 
+const unescapeStep = (step: string) => step.replaceAll('~1', '/').replaceAll('~0', '~')
+
 /** Turns Elysia's validation error into a short message naming the field, never the whole schema. */
 function validationMessage(error: unknown): string {
   const e = error as { all?: ValidationIssue[]; type?: string }
   const first = objectMemberIssue(e.all?.[0])
-  const where = first?.path ? first.path.replace(/^\//, '').replaceAll('/', '.') : (e.type ?? 'request')
+  // A JSON pointer's steps, each unescaped (~1 is a '/' of a name, ~0 a '~'), joined by dots.
+  const where = first?.path ? first.path.slice(1).split('/').map(unescapeStep).join('.') : (e.type ?? 'request')
   // JSON-quoted: a field name may be anything a client sent, NUL included.
   if (first?.type === ValueErrorType.ObjectAdditionalProperties) {
     // A map (variables) takes any name its propertyNames allow: one it refuses is misnamed, not unknown.
     const names = first.schema?.propertyNames
     if (!names) return `Unknown field ${JSON.stringify(where)}`
-    // The last step of a JSON pointer: ~1 is a '/' of the name, ~0 a '~'.
-    const name = (first.path?.replace(/^.*\//, '') ?? '').replaceAll('~1', '/').replaceAll('~0', '~')
+    const name = unescapeStep(first.path?.replace(/^.*\//, '') ?? '')
     if (!STORABLE.test(name)) return `The name ${JSON.stringify(name)} must not contain NUL characters or unpaired surrogates`
     return `The name ${JSON.stringify(name)} must be ${expected(names)}`
   }

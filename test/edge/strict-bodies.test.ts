@@ -31,6 +31,22 @@ describe('strict /v1 bodies', async () => {
     await refused(method, path, body, field)
   })
 
+  test.each([
+    ['POST', `/v1/apps/${s.appId}/security/blacklist`, { type: 'mac', value: 'aa:bb' }, 'type must be one of "hwid", "ip"'],
+    ['PUT', `/v1/licenses/${licenseKey}`, { action: 'delete' }, 'action must be one of "extend", "revoke", "activate", "reset-hwid"'],
+    ['PUT', `/v1/licenses/${licenseKey}`, {}, 'action must be one of "extend", "revoke", "activate", "reset-hwid"'],
+    ['PUT', `/v1/licenses/${licenseKey}`, { action: 'extend' }, 'expiresAt must be an ISO 8601 timestamp or null'],
+    ['PUT', `/v1/licenses/${licenseKey}`, { action: 'revoke', expiresAt: null }, 'Unknown field "expiresAt"'],
+    ['PUT', `/v1/apps/${s.appId}/variables`, { theme: { dark: true } }, 'theme must be a string, number or boolean'],
+    ['PUT', `/v1/apps/${s.appId}/variables`, { 'ui/theme~1': null }, 'ui/theme~1 must be a string, number or boolean'],
+    ['PUT', `/v1/apps/${s.appId}/variables`, Object.fromEntries(Array.from({ length: 51 }, (_, i) => [`k${i}`, i])), 'The body must hold at most 50 names'],
+  ])('%s %s %j: 400 saying what the field must be', async (method, path, body, message) => {
+    const before = await accountDigest(t.ctx, s.accountId)
+    const res = await t.req(method, path, { apiKey: s.apiKey, body })
+    expect(res.body).toEqual({ error: 'bad_request', message })
+    expect(await accountDigest(t.ctx, s.accountId)).toBe(before)
+  })
+
   test('a "__proto__" key cannot smuggle fields past the unknown-field check', async () => {
     // Sent as text: a JS object literal would make __proto__ the prototype before it is stringified.
     const cases = [
