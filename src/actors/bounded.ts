@@ -172,6 +172,13 @@ export class SharedBound {
  * Kept per process on purpose: no store round trip on a cold path, and n processes bound the database's
  * load to n times this. An IPv6 address counts as its /64 (limitSubject).
  */
+/**
+ * A refill time more than a minute (a whole refill) ahead of now was read before the clock stepped back:
+ * kept, it refilled nothing until the clock caught up, an hour for an hour's step. Read as now, with a
+ * token, as the store's buckets read a time that far ahead (bucketTime).
+ */
+const steppedBack = (at: number, nowMs: number) => at > nowMs + 60_000
+
 export class MissBudget {
   readonly #buckets: BoundedMap<{ tokens: number; at: number }>
   /** The lookups under way, by address and name: at most one per pair. */
@@ -187,12 +194,14 @@ export class MissBudget {
   #tokens(subject: string, nowMs: number): number {
     const bucket = this.#buckets.get(subject)
     if (!bucket) return this.perMinute
+    if (steppedBack(bucket.at, nowMs)) return Math.max(1, bucket.tokens)
     return Math.min(this.perMinute, bucket.tokens + (Math.max(0, nowMs - bucket.at) * this.perMinute) / 60_000)
   }
 
   // Refilled up to the later of the two times: a clock read before another caller's must not refill twice.
   #set(subject: string, tokens: number, nowMs: number): void {
-    this.#buckets.set(subject, { tokens, at: Math.max(nowMs, this.#buckets.get(subject)?.at ?? nowMs) })
+    const at = this.#buckets.get(subject)?.at ?? nowMs
+    this.#buckets.set(subject, { tokens, at: steppedBack(at, nowMs) ? nowMs : Math.max(nowMs, at) })
   }
 
   /**

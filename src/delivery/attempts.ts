@@ -13,7 +13,9 @@ export interface Attempt {
 
 /**
  * Records attempts in one statement: each delivery row is closed, and each webhook's lastDelivery*
- * moves forward to its newest attempt (never backwards when results arrive out of order).
+ * takes the newest attempt of the batch. Its status is the one recorded last, whatever its clock said:
+ * ordered by the attempts' times, an instance whose clock is behind (or one stepped back) recorded none
+ * of its attempts for as long as the difference. lastDeliveryAt never moves back.
  */
 export async function recordAttempts(db: DbOrTx, attempts: readonly Attempt[]): Promise<void> {
   if (attempts.length === 0) return
@@ -35,7 +37,7 @@ export async function recordAttempts(db: DbOrTx, attempts: readonly Attempt[]): 
       WHERE status IS NOT NULL
       ORDER BY webhook_id, at DESC
     )
-    UPDATE webhooks AS w SET last_delivery_at = latest.at, last_delivery_status = latest.status
+    UPDATE webhooks AS w SET last_delivery_at = GREATEST(w.last_delivery_at, latest.at), last_delivery_status = latest.status
     FROM latest
-    WHERE w.id = latest.webhook_id AND (w.last_delivery_at IS NULL OR w.last_delivery_at <= latest.at)`)
+    WHERE w.id = latest.webhook_id`)
 }

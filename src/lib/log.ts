@@ -148,7 +148,9 @@ const lastLogged = new Map<string, number>()
 export function logEvery(level: LogLevel, msg: string, fields?: () => Record<string, unknown>): void {
   if (!logger.isLevelEnabled(level)) return
   const now = Date.now()
-  if (now - (lastLogged.get(msg) ?? Number.NEGATIVE_INFINITY) < REPEAT_EVERY_MS) return
+  const since = now - (lastLogged.get(msg) ?? Number.NEGATIVE_INFINITY)
+  // A negative time since is a clock stepped back: held back by it, every repeat went unlogged for the step's length.
+  if (since >= 0 && since < REPEAT_EVERY_MS) return
   lastLogged.set(msg, now)
   log[level](msg, fields?.())
 }

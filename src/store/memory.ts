@@ -334,7 +334,13 @@ function takeBucket(
   const ratePerMs = refillPerSecond / 1000
   const state = store.bucketState(key, now)
   let tokens = state ? state.tokens : capacity
-  const ts = state ? state.ts : now
+  let ts = state ? state.ts : now
+  // Further ahead than a whole refill: written by a clock ahead of this one, or before this one stepped
+  // back. Kept, it refilled nothing for as long as the difference; read as now, with a token (bucketTime).
+  if (ts > now + capacity / ratePerMs + BUCKET_SLACK_MS) {
+    ts = now
+    tokens = Math.max(tokens, 1)
+  }
   tokens = Math.min(capacity, tokens + Math.max(0, now - ts) * ratePerMs)
   let ok = false
   let retryAfterMs = 0
@@ -342,7 +348,8 @@ function takeBucket(
     tokens -= cost
     ok = true
   } else {
-    retryAfterMs = Math.ceil((cost - tokens) / ratePerMs)
+    // Refilling starts once the clock reaches the time kept (another instance's, a little ahead).
+    retryAfterMs = Math.ceil((cost - tokens) / ratePerMs + Math.max(0, ts - now))
   }
   // The latest time seen, as the Redis script keeps it (instances' clocks differ there).
   store.setBucketState(key, { tokens, ts: Math.max(ts, now) }, Math.ceil(capacity / ratePerMs) + 1000, now)

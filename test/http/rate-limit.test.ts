@@ -108,6 +108,29 @@ describe('Developer API rate limit', () => {
     expect(full.headers.get('ratelimit-remaining')).toBe('99')
   })
 
+  test('a clock stepped back (or another instance ahead) holds a key back by no more than the step, and Retry-After says so', async () => {
+    const { req, seed, advance } = await limitedApp()
+    const { apiKey } = await seed()
+    for (let i = 0; i < API_BURST; i++) expect((await req('GET', '/v1/probe', { apiKey })).status).toBe(200)
+    // A second behind the time the bucket was last taken at: the next token comes 20 ms after it is reached.
+    advance(-1000)
+    const behind = await req('GET', '/v1/probe', { apiKey })
+    expect(behind.status).toBe(429)
+    expect(behind.headers.get('retry-after')).toBe('2')
+    // An hour back, further than a whole refill: read as now with a token, not an hour of 429s.
+    advance(-3_600_000)
+    expect((await req('GET', '/v1/probe', { apiKey })).status).toBe(200)
+  })
+
+  test("a clock stepped back an hour does not hold an address's unknown-key lookups back for the hour", async () => {
+    const { req, seed, advance } = await limitedApp({ env: { TRUSTED_PROXIES: '0.0.0.0' } })
+    const from = (key: string) => req('GET', '/v1/probe', { apiKey: key, headers: { 'x-forwarded-for': '198.51.100.77' } })
+    for (let i = 0; i < UNKNOWN_API_KEYS_PER_MINUTE; i++) expect((await from(`svc_live_${randomBytes(16).toString('hex')}`)).status).toBe(401)
+    advance(-3_600_000)
+    const { apiKey, accountId } = await seed()
+    expect((await from(apiKey)).body).toEqual({ accountId })
+  })
+
   test('each key has its own bucket', async () => {
     const { req, seed } = await limitedApp()
     const a = await seed()

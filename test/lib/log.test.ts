@@ -1,5 +1,5 @@
-import { afterEach, describe, expect, test } from 'bun:test'
-import { log, logs, setLogLevel } from '../../src/lib/log'
+import { afterEach, describe, expect, setSystemTime, test } from 'bun:test'
+import { log, logEvery, logs, setLogLevel } from '../../src/lib/log'
 import { loggedBy } from '../support/log-capture'
 
 afterEach(() => setLogLevel('error'))
@@ -61,4 +61,22 @@ describe('log lines', () => {
     expect(entry).toMatchObject({ cause: { token: '[Redacted]' }, rows: [{ hwid: '[Redacted]' }], appId: 'app' })
     expect(fields).toEqual({ cause: { token: 't-1' }, rows: [{ hwid: 'h-1' }], appId: 'app' })
   })
+})
+
+test('a repeating warning is held back 10 s, and a clock stepped back does not silence it for the step', async () => {
+  setLogLevel('warn')
+  try {
+    const start = Date.UTC(2031, 0, 1, 12)
+    const lines = await loggedBy(async () => {
+      setSystemTime(new Date(start))
+      logEvery('warn', 'a warning that repeats, stepped back')
+      logEvery('warn', 'a warning that repeats, stepped back')
+      setSystemTime(new Date(start - 3_600_000))
+      logEvery('warn', 'a warning that repeats, stepped back')
+    })
+    expect(lines.filter((l) => l.msg === 'a warning that repeats, stepped back')).toHaveLength(2)
+  } finally {
+    setSystemTime()
+    setLogLevel('error')
+  }
 })

@@ -1,6 +1,7 @@
 import { describe, expect, test } from 'bun:test'
 import { eq } from 'drizzle-orm'
 import { webhooks } from '../../src/db/schema'
+import { recordAttempts } from '../../src/delivery/attempts'
 import { isPublicAddress } from '../../src/delivery/target'
 import { makeTestApp, sharedInfra } from '../support/helpers'
 import { appEpochKey } from '../support/client'
@@ -208,6 +209,19 @@ describe('webhook management', () => {
     await req('DELETE', `/v1/apps/${s.appId}/webhooks/${created.body.webhookId}`, { apiKey: s.apiKey })
     expect(await epoch()).toBeGreaterThan(e2)
   })
+})
+
+test("a webhook's last delivery is the one recorded last, whatever its clock said; its time never moves back", async () => {
+  const { req, seed, ctx } = await makeTestApp()
+  const s = await seed()
+  const created = await req('POST', `/v1/apps/${s.appId}/webhooks`, { apiKey: s.apiKey, body: newHook() })
+  const { webhookId } = created.body
+  const at = new Date('2031-01-01T12:00:00.000Z')
+  await recordAttempts(ctx.database.db, [{ webhookId, at, status: 200 }])
+  // From an instance whose clock is a minute behind (or this one's, stepped back).
+  await recordAttempts(ctx.database.db, [{ webhookId, at: new Date(at.getTime() - 60_000), status: 500 }])
+  const [hook] = (await req('GET', `/v1/apps/${s.appId}/webhooks`, { apiKey: s.apiKey })).body.webhooks
+  expect(hook).toMatchObject({ lastDeliveryStatus: 500, lastDeliveryAt: at.toISOString() })
 })
 
 describe('private-address guard (WEBHOOK_ALLOW_PRIVATE_TARGETS=false)', () => {

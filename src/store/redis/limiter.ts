@@ -1,7 +1,7 @@
-import type { Limiter, TakeResult } from '../store'
+import { BUCKET_SLACK_MS, type Limiter, type TakeResult } from '../store'
 import type { Connection, Script } from './connection'
 
-// The token-bucket rule of memory.ts, as one atomic script. Tokens are kept as text to keep fractions.
+// The token-bucket rule of memory.ts (takeBucket), as one atomic script. Tokens are kept as text to keep fractions.
 const TAKE = `
 local cap = tonumber(ARGV[1])
 local rate = tonumber(ARGV[2]) / 1000
@@ -10,6 +10,10 @@ local cost = tonumber(ARGV[4])
 local s = redis.call('HMGET', KEYS[1], 't', 'ts')
 local tokens = tonumber(s[1]) or cap
 local ts = tonumber(s[2]) or now
+if ts > now + cap / rate + ${BUCKET_SLACK_MS} then
+  ts = now
+  tokens = math.max(tokens, 1)
+end
 tokens = math.min(cap, tokens + math.max(0, now - ts) * rate)
 local ok = 0
 local retry = 0
@@ -17,7 +21,7 @@ if tokens >= cost then
   tokens = tokens - cost
   ok = 1
 else
-  retry = math.ceil((cost - tokens) / rate)
+  retry = math.ceil((cost - tokens) / rate + math.max(0, ts - now))
 end
 -- The latest time any instance saw: one whose clock is behind must not move it back, or the next
 -- take (on a clock ahead) would refill the skew's worth again.
