@@ -117,6 +117,14 @@ export class DeliveryPool {
   readonly #stuckAfterMs: number
   readonly #dispatchStopMs: number
   #pinger: ReturnType<typeof setInterval> | null = null
+  /**
+   * Webhooks withdrawn (cancelQueued), each with the URL its deliveries now go to (null: none) and the
+   * last job id given out before: a job of it up to then for another URL must not be sent, by a worker
+   * that never read the cancel (stuck, or lost first) nor by the one a lost worker's jobs go to.
+   */
+  readonly #withdrawals = new Map<string, { url: string | null; before: number }>()
+  /** The last job id given out before a cancelQueued of every job (shutdown): none up to it is to be sent. */
+  #cancelledUpTo = 0
 
   constructor(options: DeliveryPoolOptions) {
     this.#size = Math.max(1, options.size ?? 2)
@@ -152,6 +160,24 @@ export class DeliveryPool {
     const slot = this.#leastBusy()
     slot.pending.set(pending.job.id, pending)
     slot.jobs.add(pending.job)
+    // While a job waits, the pinger keeps the process: a stop waiting on a stuck worker's jobs would
+    // otherwise end the process mid-shutdown (exit 0), their claims neither recorded nor handed back.
+    this.#pinger?.ref()
+  }
+
+  /** Whether a job not started yet is no longer to be sent (see #withdrawals, #cancelledUpTo). */
+  #unwanted(job: WorkerSend): boolean {
+    if (job.id <= this.#cancelledUpTo) return true
+    const withdrawal = job.webhookId === undefined ? undefined : this.#withdrawals.get(job.webhookId)
+    return withdrawal !== undefined && job.id <= withdrawal.before && job.url !== withdrawal.url
+  }
+
+  /** A withdrawal matters while a job given out before it waits. */
+  #forgetWithdrawals(): void {
+    let oldest = Number.POSITIVE_INFINITY
+    for (const slot of this.#slots) for (const id of slot?.pending.keys() ?? []) oldest = Math.min(oldest, id)
+    for (const [webhookId, withdrawal] of this.#withdrawals) if (withdrawal.before < oldest) this.#withdrawals.delete(webhookId)
+    if (oldest === Number.POSITIVE_INFINITY) this.#pinger?.unref()
   }
 
   /**
@@ -202,19 +228,19 @@ export class DeliveryPool {
    */
   cancelQueued(withdrawn: Withdrawn | null = null): void {
     const cancel: CancelQueued = { type: 'cancel', withdrawn: withdrawn && [...withdrawn] }
+    if (withdrawn) for (const [webhookId, url] of withdrawn) this.#withdrawals.set(webhookId, { url, before: this.#seq })
+    else this.#cancelledUpTo = this.#seq
     for (const slot of this.#slots) {
       if (!slot) continue
-      // At shutdown, jobs of this turn not posted yet are cancelled here (their batch leaves them
-      // out); those already posted, by the worker. A webhook's jobs of this turn were claimed just now.
-      if (!withdrawn) {
-        for (const [id, pending] of slot.pending) {
-          if (pending.posted) continue
-          slot.pending.delete(id)
-          pending.resolve({ status: 0, reason: 'cancelled' })
-        }
+      // Jobs not posted yet are cancelled here (their batch leaves them out); those already posted, by the worker.
+      for (const [id, pending] of slot.pending) {
+        if (pending.posted || !this.#unwanted(pending.job)) continue
+        slot.pending.delete(id)
+        pending.resolve({ status: 0, reason: 'cancelled' })
       }
       slot.worker.postMessage(cancel)
     }
+    this.#forgetWithdrawals()
   }
 
   /** Deliveries handed to a worker and not answered yet. */
@@ -262,12 +288,16 @@ export class DeliveryPool {
         slot.pending.delete(id)
         pending?.resolve(result)
       }
+      if (this.inFlight === 0) this.#pinger?.unref()
     }
     worker.onerror = (event) => this.#lose(index, slot, event.error ?? event.message)
     // Ended without an error (terminated, process.exit in it): what it held would wait for ever.
     worker.addEventListener('close', () => this.#lose(index, slot, new Error('the webhook delivery worker exited')))
-    this.#pinger ??= setInterval(() => this.#ping(), this.#stuckAfterMs / 3)
-    this.#pinger.unref()
+    if (!this.#pinger) {
+      // Held only while a job waits (#queue): the pool must not keep a finished process (a test, the CLI).
+      this.#pinger = setInterval(() => this.#ping(), this.#stuckAfterMs / 3)
+      this.#pinger.unref()
+    }
     worker.postMessage(this.#init)
     if (index === 0 && this.#dispatching && !this.#dispatching.stopping) worker.postMessage(this.#dispatching.start)
     // The pool must not keep a finished process (a test, the CLI) alive.
@@ -279,9 +309,10 @@ export class DeliveryPool {
   /**
    * A worker that failed, exited or is stuck: it is replaced, and the jobs it never started go to
    * another worker (there are no retries: a delivery answered 'worker' is recorded as attempted and
-   * never sent again). Those it started end with reason 'worker', as does a job lost with a second
-   * worker. The dispatcher dies with the first: what it had claimed is sent again after the lease,
-   * and a replacement worker takes over the rest.
+   * never sent again), unless they were cancelled meanwhile (a cancel the worker never read): those
+   * end 'cancelled', for the caller to send as the webhook now is or hand back. Those it started end
+   * with reason 'worker', as does a job lost with a second worker. The dispatcher dies with the first:
+   * what it had claimed is sent again after the lease, and a replacement worker takes over the rest.
    */
   #lose(index: number, slot: Slot, err: unknown): void {
     if (slot.lost || this.#closed) return
@@ -296,12 +327,11 @@ export class DeliveryPool {
     const lost = [...slot.pending.values()]
     slot.pending.clear()
     for (const pending of lost) {
-      if (pending.started || pending.resent) {
-        pending.resolve({ status: 0, reason: 'worker' })
-      } else {
-        this.#queue({ ...pending, posted: false, resent: true })
-      }
+      if (pending.started || (pending.resent && !this.#unwanted(pending.job))) pending.resolve({ status: 0, reason: 'worker' })
+      else if (this.#unwanted(pending.job)) pending.resolve({ status: 0, reason: 'cancelled' })
+      else this.#queue({ ...pending, posted: false, resent: true })
     }
+    this.#forgetWithdrawals()
   }
 
   /** Pings each worker whose last ping was answered; one that has left a ping unanswered too long is lost. */

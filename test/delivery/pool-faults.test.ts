@@ -67,6 +67,37 @@ test('a worker lost with jobs queued behind its open requests: those it never st
   }
 }, 20_000)
 
+test.each([
+  ['holds its event loop before the withdrawal', (w: Worker) => w.postMessage('hold'), false],
+  ['exits right after the withdrawal', (w: Worker) => w.terminate(), true],
+])('a job withdrawn while queued in a worker that %s is not sent where it was headed: it comes back cancelled', async (_name, fault, after) => {
+  const pool = new DeliveryPool({ allowPrivate: true, extraCaFile: testCertificate().certFile, size: 1, timeoutMs: 5_000, concurrency: 1, stuckAfterMs: 600 })
+  await using slow = startReceiver(() => ({ delayMs: 3_000 }))
+  await using receiver = startReceiver()
+  try {
+    const held = pool.send({ ...job(slow.url('/held')), webhookId: 'wh-a' })
+    const queued = pool.send({ ...job(receiver.url('/old')), webhookId: 'wh-b' })
+    await Bun.sleep(200)
+    if (!after) fault(started.at(-1)!)
+    pool.cancelQueued(new Map([['wh-b', receiver.url('/new')]]))
+    if (after) fault(started.at(-1)!)
+    expect(await queued).toEqual({ status: 0, reason: 'cancelled' })
+    expect(receiver.at('/old')).toHaveLength(0)
+    await held
+  } finally {
+    await pool.close()
+  }
+}, 20_000)
+
+test('a process whose last work waits on a worker that stopped answering stays up until the stuck bound answers it', async () => {
+  await using hanging = startReceiver(() => 'hang')
+  const fixture = new URL('../fixtures/pool-stuck-worker.ts', import.meta.url).pathname
+  const child = Bun.spawn([process.execPath, fixture, hanging.url('/held'), testCertificate().certFile], { stdout: 'pipe', stderr: 'pipe' })
+  const [out, code] = await Promise.all([new Response(child.stdout).text(), child.exited])
+  expect(code).toBe(0)
+  expect(JSON.parse(out.trim().split('\n').at(-1) ?? 'null')).toEqual({ status: 0, reason: 'worker' })
+}, 20_000)
+
 test.skipIf(MODE !== 'postgres')('a dispatching worker that holds its event loop: the dispatcher is started again, and a stop ends in time', async () => {
   const t = await makeTestApp()
   t.ctx.webhookPool = new DeliveryPool({ allowPrivate: true, extraCaFile: testCertificate().certFile, stuckAfterMs: 600, dispatchStopMs: 2_000 })
