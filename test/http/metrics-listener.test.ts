@@ -124,10 +124,13 @@ describe('a process whose IPC channel closed mid-scrape', () => {
     const onRejection = (err: unknown) => rejected.push(err)
     process.on('unhandledRejection', onRejection)
     try {
-      const entries = await loggedBy(async () => {
+      const entries: Record<string, any>[] = []
+      await loggedBy(async () => {
         first.receive({ type: 'metrics:scrape', id: 1 }, 1)
+        // The scrape gathers its figures after a turn or more: on a loaded machine, longer than a fixed wait.
+        for (const end = Date.now() + 5_000; Date.now() < end && entries.length === 0; ) await Bun.sleep(20)
         await Bun.sleep(50)
-      })
+      }, entries)
       expect(entries).toContainEqual(expect.objectContaining({ msg: 'metrics scrape for another server process failed', error: 'Error' }))
       expect(rejected).toEqual([])
     } finally {
