@@ -242,6 +242,10 @@ export class MissBudget {
 
   /** How long until `ip` may look up again (0 when it may now). */
   retryAfterMs(ip: string, nowMs: number): number {
-    return Math.max(0, Math.ceil(((1 - this.#tokens(limitSubject(ip), nowMs)) * 60_000) / this.perMinute))
+    const subject = limitSubject(ip)
+    // Refilling starts once the clock reaches the time kept (read before a clock step of under a minute).
+    const at = this.#buckets.get(subject)?.at ?? nowMs
+    const lead = steppedBack(at, nowMs) ? 0 : Math.max(0, at - nowMs)
+    return Math.max(0, Math.ceil(((1 - this.#tokens(subject, nowMs)) * 60_000) / this.perMinute + lead))
   }
 }

@@ -12,10 +12,10 @@ export interface Attempt {
 }
 
 /**
- * Records attempts in one statement: each delivery row is closed, and each webhook's lastDelivery*
- * takes the newest attempt of the batch. Its status is the one recorded last, whatever its clock said:
- * ordered by the attempts' times, an instance whose clock is behind (or one stepped back) recorded none
- * of its attempts for as long as the difference. lastDeliveryAt never moves back.
+ * Records attempts in one statement: each delivery row is closed, and each webhook's lastDelivery* (its
+ * time and status, of one attempt) become the newest attempt of the batch, the one recorded last,
+ * whatever its clock said: ordered by the attempts' times, an instance whose clock is behind (or one
+ * stepped back) recorded none of its attempts for as long as the difference.
  */
 export async function recordAttempts(db: DbOrTx, attempts: readonly Attempt[]): Promise<void> {
   if (attempts.length === 0) return
@@ -37,7 +37,7 @@ export async function recordAttempts(db: DbOrTx, attempts: readonly Attempt[]): 
       WHERE status IS NOT NULL
       ORDER BY webhook_id, at DESC
     )
-    UPDATE webhooks AS w SET last_delivery_at = GREATEST(w.last_delivery_at, latest.at), last_delivery_status = latest.status
+    UPDATE webhooks AS w SET last_delivery_at = latest.at, last_delivery_status = latest.status
     FROM latest
     WHERE w.id = latest.webhook_id`)
 }

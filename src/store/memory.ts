@@ -4,6 +4,7 @@ import {
   type AuthorizeResult,
   type BegunFlush,
   BUCKET_SLACK_MS,
+  CLOCK_STEP_MS,
   type CreditCharges,
   type CreditState,
   type EpochRead,
@@ -335,9 +336,11 @@ function takeBucket(
   const state = store.bucketState(key, now)
   let tokens = state ? state.tokens : capacity
   let ts = state ? state.ts : now
-  // Further ahead than a whole refill: written by a clock ahead of this one, or before this one stepped
-  // back. Kept, it refilled nothing for as long as the difference; read as now, with a token (bucketTime).
-  if (ts > now + capacity / ratePerMs + BUCKET_SLACK_MS) {
+  // More than a minute past a whole refill ahead: written before this clock stepped back (or by one far
+  // ahead). Kept, it refilled nothing for as long as the difference; read as now, with a token. A lead
+  // short of that is another instance's clock a little ahead: kept, or the bucket would move back and
+  // that instance's next take refill the lead's worth, every round.
+  if (ts > now + capacity / ratePerMs + CLOCK_STEP_MS) {
     ts = now
     tokens = Math.max(tokens, 1)
   }
@@ -351,7 +354,9 @@ function takeBucket(
     // Refilling starts once the clock reaches the time kept (another instance's, a little ahead).
     retryAfterMs = Math.ceil((cost - tokens) / ratePerMs + Math.max(0, ts - now))
   }
-  // The latest time seen, as the Redis script keeps it (instances' clocks differ there).
-  store.setBucketState(key, { tokens, ts: Math.max(ts, now) }, Math.ceil(capacity / ratePerMs) + 1000, now)
+  // The latest time seen, as the Redis script keeps it (instances' clocks differ there), kept until a
+  // whole refill past it: counted from a caller's clock behind it, the bucket went early, and full.
+  const kept = Math.max(ts, now)
+  store.setBucketState(key, { tokens, ts: kept }, Math.ceil(capacity / ratePerMs) + 1000 + (kept - now), now)
   return { ok, remaining: Math.floor(tokens), retryAfterMs }
 }

@@ -227,6 +227,8 @@ export const STORE_CALL_TIMEOUT_MS = 2000
  * thousands of requests; the clock it is compared with counts whole milliseconds.
  */
 export const BUCKET_SLACK_MS = 0.5
+/** How far past a whole refill a Developer API bucket's time may lead a clock before it is taken for a clock step (takeBucket). */
+export const CLOCK_STEP_MS = 60_000
 
 /** `ls:` and the shard's tag: what every key of the shard starts with. */
 export const shardPrefix = (shard: Shard) => (shard === '' ? 'ls:' : `ls:${shard}:`)

@@ -4,8 +4,8 @@ import { randomBytes } from 'node:crypto'
 import { revokeApiKey } from '../../src/accounts/service'
 import { apiKeyAuth, UNKNOWN_API_KEYS_PER_MINUTE } from '../../src/http/auth'
 import { API_BURST } from '../../src/http/rate-limit'
-import type { Store } from '../../src/store/store'
-import { makeTestApp } from '../support/helpers'
+import { keys, type Store } from '../../src/store/store'
+import { makeTestApp, sharedInfra } from '../support/helpers'
 
 /** A test app plus one authenticated /v1 route, so the limiter is tested apart from any feature route. */
 async function limitedApp(options: { store?: Store; env?: Record<string, string> } = {}) {
@@ -120,6 +120,33 @@ describe('Developer API rate limit', () => {
     // An hour back, further than a whole refill: read as now with a token, not an hour of 429s.
     advance(-3_600_000)
     expect((await req('GET', '/v1/probe', { apiKey })).status).toBe(200)
+  })
+
+  test('two instances whose clocks differ by seconds share a key bucket: the limit still holds, neither refilling the other', async () => {
+    const { store } = await sharedInfra()
+    const key = keys.apiBucket(randomBytes(16).toString('hex'))
+    const start = Date.UTC(2031, 0, 1)
+    // The instance 3 s ahead empties the bucket; then requests alternate between the two for 0.2 s.
+    for (let i = 0; i < API_BURST; i++) expect((await store.take(key, API_BURST, 50, start + 3_000)).ok).toBe(true)
+    let passed = 0
+    for (let k = 0; k < 100; k++) {
+      if ((await store.take(key, API_BURST, 50, start + 2 * k)).ok) passed++
+      if ((await store.take(key, API_BURST, 50, start + 3_000 + 2 * k + 1)).ok) passed++
+    }
+    // 50 a second over 0.2 s.
+    expect(passed).toBeLessThanOrEqual(11)
+  })
+
+  test("after a clock step back of under a minute, the address's unknown-key lookups say truly when one is back", async () => {
+    const { req, advance } = await limitedApp({ env: { TRUSTED_PROXIES: '0.0.0.0' } })
+    const from = () => req('GET', '/v1/probe', { apiKey: `svc_live_${randomBytes(16).toString('hex')}`, headers: { 'x-forwarded-for': '198.51.100.78' } })
+    for (let i = 0; i < UNKNOWN_API_KEYS_PER_MINUTE; i++) expect((await from()).status).toBe(401)
+    advance(-30_000)
+    const refused = await from()
+    expect(refused.status).toBe(429)
+    expect(Number(refused.headers.get('retry-after'))).toBeGreaterThanOrEqual(30)
+    advance(Number(refused.headers.get('retry-after')) * 1000)
+    expect((await from()).status).toBe(401)
   })
 
   test("a clock stepped back an hour does not hold an address's unknown-key lookups back for the hour", async () => {

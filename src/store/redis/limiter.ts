@@ -1,4 +1,4 @@
-import { BUCKET_SLACK_MS, type Limiter, type TakeResult } from '../store'
+import { CLOCK_STEP_MS, type Limiter, type TakeResult } from '../store'
 import type { Connection, Script } from './connection'
 
 // The token-bucket rule of memory.ts (takeBucket), as one atomic script. Tokens are kept as text to keep fractions.
@@ -10,7 +10,7 @@ local cost = tonumber(ARGV[4])
 local s = redis.call('HMGET', KEYS[1], 't', 'ts')
 local tokens = tonumber(s[1]) or cap
 local ts = tonumber(s[2]) or now
-if ts > now + cap / rate + ${BUCKET_SLACK_MS} then
+if ts > now + cap / rate + ${CLOCK_STEP_MS} then
   ts = now
   tokens = math.max(tokens, 1)
 end
