@@ -327,8 +327,9 @@ export class DeliveryPool {
     const lost = [...slot.pending.values()]
     slot.pending.clear()
     for (const pending of lost) {
-      if (pending.started || (pending.resent && !this.#unwanted(pending.job))) pending.resolve({ status: 0, reason: 'worker' })
+      if (pending.started) pending.resolve({ status: 0, reason: 'worker' })
       else if (this.#unwanted(pending.job)) pending.resolve({ status: 0, reason: 'cancelled' })
+      else if (pending.resent) pending.resolve({ status: 0, reason: 'worker' })
       else this.#queue({ ...pending, posted: false, resent: true })
     }
     this.#forgetWithdrawals()
