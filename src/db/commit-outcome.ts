@@ -94,17 +94,18 @@ export async function transactionKnown<T>(database: Database, work: (tx: Tx) => 
 
 /** What PostgreSQL says of the marked transaction within OPEN_WAIT_MS, each question included: 'unknown' when it cannot tell. */
 function settledStatus(database: Database, mark: TransactionMark): Promise<string> {
-  const giveUpAt = Date.now() + OPEN_WAIT_MS
+  // A duration: a wall clock stepped back mid-wait would stretch it by the step.
+  const giveUpAt = performance.now() + OPEN_WAIT_MS
   return database.aside(async (ask) => {
     for (;;) {
       let status: string
       try {
         // A server that stopped answering would hold the question up to the driver's connect timeout.
-        status = await withDeadline(transactionStatus(ask, mark), Math.max(1, giveUpAt - Date.now()), 'the question')
+        status = await withDeadline(transactionStatus(ask, mark), Math.max(1, giveUpAt - performance.now()), 'the question')
       } catch {
         return 'unknown'
       }
-      if (status !== 'in progress' || Date.now() >= giveUpAt) return status
+      if (status !== 'in progress' || performance.now() >= giveUpAt) return status
       await Bun.sleep(OPEN_ASK_EVERY_MS)
     }
   }).catch(() => 'unknown')

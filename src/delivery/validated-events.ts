@@ -194,9 +194,10 @@ export class ValidatedEventBatch {
   }
 
   async #writeDue(): Promise<void> {
-    if (this.#unsure.length > 0 && Date.now() >= this.#settleAfter) {
+    // A duration (performance.now()): a wall clock stepped back would hold the settling back by the step.
+    if (this.#unsure.length > 0 && performance.now() >= this.#settleAfter) {
       const undecided = await this.#settleUnsure()
-      this.#settleAfter = undecided ? Date.now() + RETRY_MAX_MS : 0
+      this.#settleAfter = undecided ? performance.now() + RETRY_MAX_MS : 0
       if (undecided) this.#recheckLater()
     }
     // Later events wait for their own batch: writing them now would mean more, smaller statements.
