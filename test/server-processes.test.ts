@@ -33,6 +33,20 @@ function startedFor(port: number): number[] {
     .map(Number)
 }
 
+/** An account with credits and an app, made by the operator CLI on `env`'s storage, and POSTs to `server`'s Developer API as it. */
+async function tenantOn(server: ServerProcess, env: Record<string, string>, name: string) {
+  const cli = async (args: string[]) => JSON.parse((await runToExit(['src/operator/cli.ts', ...args], env)).stdout.trim().split('\n').at(-1)!)
+  const account = await cli(['account', 'create', '--name', name, '--credits', '1000'])
+  const app = await cli(['app', 'create', '--account', account.accountId, '--name', name])
+  const api = (path: string, body: unknown) =>
+    fetch(`${server.url}${path}`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${account.apiKey}`, 'content-type': 'application/json' },
+      body: JSON.stringify(body),
+    })
+  return { app, api }
+}
+
 const alive = (pid: number) => {
   try {
     process.kill(pid, 0)
@@ -91,15 +105,7 @@ test.skipIf(MODE !== 'postgres')('SIGTERM with PostgreSQL not answering: the las
   const env = { DATA_DIR: await newDataDir('ls-stopbh-', { embedded: false }), DATABASE_URL: url, REDIS_URL: TEST_REDIS_URL!, MASTER_KEY: TEST_MASTER_KEY.toString('hex') }
   const server = await startServer({ ...env, NODE_EXTRA_CA_CERTS: testCertificate().certFile })
   try {
-    const cli = async (args: string[]) => JSON.parse((await runToExit(['src/operator/cli.ts', ...args], env)).stdout.trim().split('\n').at(-1)!)
-    const account = await cli(['account', 'create', '--name', 'Stop', '--credits', '1000'])
-    const app = await cli(['app', 'create', '--account', account.accountId, '--name', 'Stop'])
-    const api = (path: string, body: unknown) =>
-      fetch(`${server.url}${path}`, {
-        method: 'POST',
-        headers: { authorization: `Bearer ${account.apiKey}`, 'content-type': 'application/json' },
-        body: JSON.stringify(body),
-      })
+    const { app, api } = await tenantOn(server, env, 'Stop')
     expect((await api(`/v1/apps/${app.appId}/webhooks`, { url: receiver.url('/hook'), events: ['license.created'] })).status).toBe(201)
     const licenseKey = (await (await api('/v1/licenses', { appId: app.appId })).json()).licenses[0].licenseKey
     // A delivery on its way to a receiver that hangs.
@@ -156,15 +162,7 @@ test.skipIf(MODE !== 'embedded')("SIGTERM stops the webhook dispatcher's claims 
   const dataDir = mkdtempSync(join(tmpdir(), 'ls-proc-'))
   const server = await startServer({ DATABASE_URL: '', REDIS_URL: '', DATA_DIR: dataDir, NODE_EXTRA_CA_CERTS: testCertificate().certFile })
   const env = { DATA_DIR: dataDir, DATABASE_URL: '', REDIS_URL: '', MASTER_KEY: TEST_MASTER_KEY.toString('hex') }
-  const cli = async (args: string[]) => JSON.parse((await runToExit(['src/operator/cli.ts', ...args], env)).stdout.trim().split('\n').at(-1)!)
-  const account = await cli(['account', 'create', '--name', 'Drain', '--credits', '1000'])
-  const app = await cli(['app', 'create', '--account', account.accountId, '--name', 'Drain'])
-  const api = (path: string, body: unknown) =>
-    fetch(`${server.url}${path}`, {
-      method: 'POST',
-      headers: { authorization: `Bearer ${account.apiKey}`, 'content-type': 'application/json' },
-      body: JSON.stringify(body),
-    })
+  const { app, api } = await tenantOn(server, env, 'Drain')
   let socket: ReturnType<typeof connect> | null = null
   try {
     expect((await api(`/v1/apps/${app.appId}/webhooks`, { url: receiver.url('/hook'), events: ['license.created'] })).status).toBe(201)
