@@ -6,6 +6,7 @@
  */
 import { afterAll, describe, expect, test } from 'bun:test'
 import { RedisStore } from '../../src/store/redis'
+import { keys } from '../../src/store/store'
 import { hwid, insertLicense, nonce } from '../support/client'
 import { makeTestApp, MODE } from '../support/helpers'
 import { ownReplicatedCluster } from '../support/redis-cluster'
@@ -48,6 +49,42 @@ if (MODE === 'postgres') {
       }, (body) => body.error !== 'system_error', 10_000)
       expect(settled).toEqual({ status: 'failed', error: 'revoked' })
       expect(answers.filter((body) => (body as { status?: string }).status === 'success')).toEqual([])
+    })
+  })
+
+  describe('a charge the replica missed', async () => {
+    const cluster = await ownReplicatedCluster()
+    const store = new RedisStore(cluster.url, { cluster: { shards: 4 } })
+    const t = await makeTestApp({ store })
+    afterAll(async () => {
+      await store.close()
+      await cluster.stop()
+    })
+
+    test('is not given back by the replica that took over: its refund would be a credit never paid', async () => {
+      const s = await t.seed({ credits: 10 })
+      const licenseKey = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
+      const validate = () => t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: hwid(), nonce: nonce() } })
+      expect((await validate()).status).toBe(200)
+      await t.ctx.credits.flush()
+      const reconciled = await t.ctx.credits.currentBalance(s.accountId)
+      expect(reconciled).toBe(9)
+
+      await cluster.replica.config('SET', 'masteruser', 'nobody')
+      await cluster.replica.config('SET', 'masterauth', 'wrong')
+      await cluster.master.client('KILL', 'TYPE', 'replica')
+      const charge = await t.ctx.credits.charge(s.accountId, 1, t.ctx.clock())
+      expect(charge).not.toBeNull()
+      const epoch = keys.appEpoch(store.shardOf(s.accountId), s.appId)
+      const { generation } = await store.snapshot([epoch])
+      await cluster.replica.cluster('FAILOVER', 'TAKEOVER')
+      await until(() => cluster.master.info('replication'), (info) => info.includes('role:slave'), 10_000)
+      // The instance sees the new master at its next read of the shard.
+      await until(() => store.snapshot([epoch]).then((seen) => seen.generation, () => generation), (now) => now !== generation, 10_000)
+
+      await t.ctx.credits.refund(s.accountId, 1, charge!.chargedUnder)
+      await t.ctx.credits.flush()
+      expect(await t.ctx.credits.currentBalance(s.accountId)).toBe(reconciled)
     })
   })
 }

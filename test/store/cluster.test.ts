@@ -355,4 +355,76 @@ if (MODE === 'postgres') {
       expect(new Set(answers.up)).toEqual(new Set(['200']))
     })
   })
+
+  // A cluster of its own: one shard's slot goes back and forth between two masters.
+  describe('a reshard under load', async () => {
+    const cluster = await ownRedisCluster()
+    const store = new RedisStore(cluster.url, { cluster: { shards: SHARDS } })
+    const t = await makeTestApp({ store, env: { PUBLIC_RATE_LIMITS: 'false' } })
+    afterAll(async () => {
+      await store.close()
+      await cluster.stop()
+    })
+
+    /** Moves a slot's keys from one master to another as `redis-cli --cluster reshard` does. */
+    const moveSlot = async (slot: number, from: (typeof cluster.nodes)[number], to: (typeof cluster.nodes)[number]) => {
+      const [fromId, toId] = [String(await from.cluster('MYID')), String(await to.cluster('MYID'))]
+      const toPort = cluster.ports[cluster.nodes.indexOf(to)]!
+      await to.cluster('SETSLOT', slot, 'IMPORTING', fromId)
+      await from.cluster('SETSLOT', slot, 'MIGRATING', toId)
+      for (;;) {
+        const moving = (await from.cluster('GETKEYSINSLOT', slot, 100)) as string[]
+        if (moving.length === 0) break
+        await from.migrate('127.0.0.1', toPort, '', 0, 5_000, 'KEYS', ...moving)
+      }
+      for (const node of [to, from, ...cluster.nodes.filter((n) => n !== to && n !== from)]) await node.cluster('SETSLOT', slot, 'NODE', toId)
+    }
+
+    test("charges exactly the successes, of the moved shard's tenant and of the others'", async () => {
+      const ranges = async () => (await cluster.nodes[0]!.cluster('SLOTS')) as unknown as [number, number, [string, number]][]
+      const slotOf = async (s: { accountId: string }) => Number(await cluster.nodes[0]!.cluster('KEYSLOT', keys.generation(store.shardOf(s.accountId))))
+      type Tenant = Awaited<ReturnType<typeof t.seed>> & { licenseKey: string }
+      const credits = 100_000
+      const tenant = async (): Promise<Tenant> => {
+        const s = await t.seed({ credits })
+        return { ...s, licenseKey: await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true }) }
+      }
+      const moved = await tenant()
+      const slot = await slotOf(moved)
+      const nodeOf = async (s: Tenant) => {
+        const at = await slotOf(s)
+        return cluster.nodes[cluster.ports.indexOf((await ranges()).find(([from, to]) => at >= from && at <= to)![2][1])]!
+      }
+      const home = await nodeOf(moved)
+      // The other tenant's master, where the slot goes, is one the instance has read from: a move to a
+      // master it never read from is taken for a failover (Connection.#checkMaster).
+      let other = await tenant()
+      while ((await nodeOf(other)) === home) other = await tenant()
+      const away = await nodeOf(other)
+
+      const successes = new Map<string, number>([[moved.accountId, 0], [other.accountId, 0]])
+      let loading = true
+      const load = async (s: Tenant) => {
+        while (loading) {
+          const res = await t.req('POST', '/auth/validate', { body: body(s, s.licenseKey) })
+          if (res.status === 200) successes.set(s.accountId, successes.get(s.accountId)! + 1)
+        }
+      }
+      const clients = [moved, other].flatMap((s) => Array.from({ length: 8 }, () => load(s)))
+      for (let round = 0; round < 6; round++) {
+        await Bun.sleep(150)
+        await moveSlot(slot, round % 2 === 0 ? home : away, round % 2 === 0 ? away : home)
+      }
+      await Bun.sleep(150)
+      loading = false
+      await Promise.all(clients)
+
+      for (const s of [moved, other]) {
+        expect(successes.get(s.accountId)!).toBeGreaterThan(50)
+        // Refunds go out after their callers are answered.
+        const spent = await until(async () => credits - ((await store.balance(s.accountId)) ?? credits), (n) => n === successes.get(s.accountId), 5_000)
+        expect(spent).toBe(successes.get(s.accountId)!)
+      }
+    }, 60_000)
+  })
 }

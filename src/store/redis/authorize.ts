@@ -84,7 +84,7 @@ export class RedisAuthorizer implements Authorizer {
       return undefined
     }
     const sentAt = this.conn.generation
-    const drops = this.conn.drops
+    const drops = this.conn.dropsOf(shard)
     let batch = queued
     // The generation moved while some of them waited for the call in flight (rare: no copy otherwise).
     if (!queued.every((p) => p.input.generation === sentAt)) {

@@ -80,14 +80,22 @@ export class Connection<Commands extends object = object> {
   #announceShardCount = false
   /** A connection dropped since the last generation read: the next one checks the shard count again. */
   #connectionLost = false
-  /** On a cluster, the node that served each shard's slot at its last read (#checkMaster); cleared with #seen. */
-  readonly #masters = new Map<Shard, string>()
   /**
-   * How many times a connection a shard was read through dropped (#lost). A call's reply came on the
-   * connection of its time: across a drop, the server may be another (restarted from an older copy of
-   * its data, a replica promoted) whose data never had what the call wrote, though it kept `ls:gen`.
+   * On a cluster, the nodes that served each shard's slot at its last read (#checkMaster), its master
+   * first, then its replicas; cleared with #seen.
+   */
+  readonly #servedBy = new Map<Shard, readonly string[]>()
+  /** Each cluster node's role at the last read of a shard it served; kept across losses, for #checkMaster to tell a move. */
+  readonly #roles = new Map<string, 'master' | 'replica'>()
+  /**
+   * How many times the connection dropped (#lost), and on a cluster, how many times each shard's data
+   * may have been lost since (#shardLost: the node serving it dropped, or a replica took its slot over).
+   * A call's reply came on the connection of its time: across a drop, the server may be another
+   * (restarted from an older copy of its data, a replica promoted) whose data never had what the call
+   * wrote, though it kept `ls:gen`. Counted per shard, a failover drops only its own shards' refunds.
    */
   #drops = 0
+  readonly #shardDrops = new Map<Shard, number>()
   /** Calls on one Redis that went past their deadline and are still unanswered (overdue). */
   #overdueCalls = 0
   /** Set while #checkOverdue asks aside. */
@@ -175,21 +183,31 @@ export class Connection<Commands extends object = object> {
    * fail every other shard's calls in flight each time.
    */
   #nodeLost(node: string): void {
-    for (const served of this.#masters.values()) {
-      if (served === node) return this.#lost()
-    }
+    const served = [...this.#servedBy].filter(([, nodes]) => nodes[0] === node).map(([shard]) => shard)
+    if (served.length === 0) return
+    for (const shard of served) this.#shardLost(shard)
+    this.#forgetReads()
   }
 
-  get drops(): number {
-    return this.#drops
+  /** The mark of a charge made now on the shard (chargedUnder): it no longer matches once the data may have lost it. */
+  dropsOf(shard: Shard): number {
+    return this.#drops + (this.#shardDrops.get(shard) ?? 0)
   }
 
   #lost(): void {
     this.#drops++
+    this.#forgetReads()
+  }
+
+  #shardLost(shard: Shard): void {
+    this.#shardDrops.set(shard, (this.#shardDrops.get(shard) ?? 0) + 1)
+  }
+
+  #forgetReads(): void {
     this.#connectionLost = true
     this.#generation++
     this.#seen.clear()
-    this.#masters.clear()
+    this.#servedBy.clear()
   }
 
   /**
@@ -198,14 +216,25 @@ export class Connection<Commands extends object = object> {
    * was dropped) or its slot moved. Whatever was read from the old node is suspect, as after a dropped
    * connection. The client learns of a new master before a reply from it (a MOVED redirect, a refresh of
    * the slots), so the reply that first shows it is not trusted either.
+   *
+   * A slot moved (a reshard) takes its keys along whole, so its charges are still there to refund: only
+   * a takeover by a replica counts as a loss of the shard's data. A move is told apart by its new master
+   * having been a master at the last read of a shard it served, being no replica of this one, and the old
+   * master not turning replica of the new: anything else (a master never read from) is taken for a failover.
    */
   #checkMaster(shard: Shard): void {
     if (!(this.redis instanceof Cluster)) return
-    const node = this.redis.slots[calculateSlot(shard)]?.[0]
-    if (node === undefined) return
-    const known = this.#masters.get(shard)
-    if (known !== undefined && known !== node) this.#lost()
-    this.#masters.set(shard, node)
+    const nodes = this.redis.slots[calculateSlot(shard)]
+    const node = nodes?.[0]
+    if (nodes === undefined || node === undefined) return
+    const known = this.#servedBy.get(shard)
+    if (known !== undefined && known[0] !== node) {
+      const moved = this.#roles.get(node) === 'master' && !known.includes(node) && !nodes.includes(known[0] as string)
+      if (!moved) this.#shardLost(shard)
+      this.#forgetReads()
+    }
+    this.#servedBy.set(shard, [...nodes])
+    for (const [i, served] of nodes.entries()) this.#roles.set(served, i === 0 ? 'master' : 'replica')
   }
 
   /**

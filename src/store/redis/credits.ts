@@ -203,7 +203,7 @@ export class RedisCredits implements Credits {
     const mark = readChargeMark(chargedUnder)
     // Made on a connection that dropped since: the server now may hold a copy of the data from before
     // the charge, with the same generation key; the charge counts as lost with it.
-    if (!mark || mark.drops !== this.conn.drops) {
+    if (!mark || mark.drops !== this.conn.dropsOf(this.conn.shardOf(accountId))) {
       // A line each, as for a refund that fails: each names credits an operator may want to give back.
       log.warn("a refund was dropped: Redis's connection dropped since its charge, which the data now there may not hold", { accountId, cost: n })
       return

@@ -281,7 +281,7 @@ export class AuthorizeArgs {
 
 /**
  * Reads one request's answer from the script's integers at `at`; returns it and where the next starts.
- * `drops` is the connection's count of drops when the call went (Connection.drops), which a charge's
+ * `drops` is the shard's count of drops when the call went (Connection.dropsOf), which a charge's
  * refund checks with the shard's generation (chargedUnder).
  */
 export function authorizeResult(flat: number[], at: number, drops: number): [AuthorizeResult, number] {
