@@ -8,7 +8,7 @@ import {
   updateLicense,
 } from './service'
 import type { Context } from '../context'
-import { apiKeyAuth } from '../http/auth'
+import { apiKeyAuth, authenticate } from '../http/auth'
 import { noBody } from '../http/no-body'
 import { apiBodyErrors, apiErrors } from '../http/openapi'
 import { OkBody } from '../lib/model'
@@ -54,7 +54,8 @@ export const licenseRoutes = (ctx: Context) =>
     )
     .get('', ({ accountId, query }) => listLicenses(ctx, accountId, query), {
       apiKey: true,
-      transform: ({ request }) => checkQuery(request.url, { limit: LIST_LIMIT }),
+      // Authenticated first: a request without a valid key learns that before its query's faults (401, not 400).
+      transform: [authenticate(ctx), ({ request }) => checkQuery(request.url, { limit: LIST_LIMIT })],
       query: ListLicensesQuery,
       response: { 200: ListLicensesResponse, ...apiErrors('bad_request', 'forbidden') },
       detail: {

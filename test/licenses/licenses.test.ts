@@ -373,6 +373,10 @@ describe('GET /v1/licenses', () => {
       expect(res.body).toEqual(errorBody('bad_request'))
       // The message names the parameter.
       if (suffix.startsWith('&limit')) expect(res.body.message).toContain('limit')
+      // The key was checked first: its bucket's headers are there, and without a key the answer is 401.
+      expect(res.headers.get('ratelimit-limit')).toEqual(expect.any(String))
+      const keyless = await t.req('GET', path)
+      expect(keyless.status, JSON.stringify(keyless.body)).toBe(401)
     })
   })
 
