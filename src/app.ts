@@ -26,6 +26,7 @@ import { variableRoutes } from './variables/routes'
 import { webhookRoutes } from './webhooks/routes'
 
 const isPublic = (path: string) => path.startsWith('/auth/') || path === '/auth'
+const isRateLimitHeader = (name: string) => /^ratelimit-/i.test(name)
 
 class BodyTooLarge extends Error {}
 // Stateless between calls (no streaming), so one decoder serves every request.
@@ -394,6 +395,11 @@ export function createApp(
         isPublic(path)
           ? reply(500, 'system_error', 'system_error')
           : reply(500, 'internal_error', 'Something went wrong on our side')
+      // A 429 of another limit than the key's bucket (unknown keys from an address, test pings in flight):
+      // the bucket's headers, set when the key was checked, would tell the client requests remain.
+      if (error instanceof ApiError && error.status === 429 && !Object.keys(error.headers).some(isRateLimitHeader)) {
+        for (const name of Object.keys(set.headers)) if (isRateLimitHeader(name)) delete set.headers[name]
+      }
       const headers = Object.fromEntries(
         Object.entries(set.headers).filter((e): e is [string, string] => typeof e[1] === 'string'),
       )

@@ -38,7 +38,8 @@ export const SHARED_HEADERS = {
   'RateLimit-Limit': {
     description:
       "The API key's burst (requests). Sent once the key is well-formed and the body parsed, unless the rate-limit " +
-      'store is unreachable (the limit is then not applied).',
+      "store is unreachable (the limit is then not applied) or a 429 comes from another limit than the key's bucket " +
+      "(the address's unknown keys, test pings in flight).",
     schema: { ...seconds, examples: [100] },
   },
   'RateLimit-Remaining': {

@@ -457,6 +457,8 @@ describe('test pings in flight', () => {
     expect(refused.status).toBe(429)
     expect(refused.body.error).toBe('rate_limited')
     expect(Number(refused.headers.get('retry-after'))).toBeGreaterThan(0)
+    // Not the key's bucket, whose headers would say requests remain.
+    expect(refused.headers.get('ratelimit-remaining')).toBeNull()
     // The limit is the account's: another's ping goes out at once.
     const started = performance.now()
     expect(await ping(other, answering.webhookId)).toMatchObject({ status: 200, body: { ok: true, status: 200 } })

@@ -31,6 +31,8 @@ describe('Developer API rate limit', () => {
     expect(refused.status).toBe(429)
     expect(refused.body).toEqual({ error: 'rate_limited', message: expect.any(String) })
     expect(refused.headers.get('retry-after')).toBe('1')
+    // The made-up key's own bucket did not refuse it: its headers would say requests remain.
+    expect(refused.headers.get('ratelimit-remaining')).toBeNull()
     // Another address, and another IPv6 /64, have lookups of their own.
     expect((await from('198.51.100.10', madeUp())).status).toBe(401)
     expect((await from('2001:db8:9:1::1', madeUp())).status).toBe(401)
