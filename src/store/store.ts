@@ -25,7 +25,7 @@ export interface Limiter {
 
 /** Cache-invalidation epochs and the store generation they are read under. */
 export interface Epochs {
-  /** Current epoch of each key (0 when never bumped). */
+  /** Current epoch of each key (0 when missing: never written, or expired on Redis). */
   epochs(keys: readonly string[]): Promise<number[]>
   /** What a cache load reads first: each key's epoch and the generation of its shard, one atomic call per shard. */
   snapshot(keys: readonly string[]): Promise<Snapshot>
@@ -227,6 +227,14 @@ export const STORE_CALL_TIMEOUT_MS = 2000
  * thousands of requests; the clock it is compared with counts whole milliseconds.
  */
 export const BUCKET_SLACK_MS = 0.5
+/**
+ * How long Redis keeps an app's or a license's cache-invalidation epoch after it was last written: a
+ * key per license ever changed or read would grow with every license a store ever served. A missing
+ * key is never taken for a value an entry may hold: a script that reads one writes it anew from Redis's
+ * clock (luaNewEpoch), so an entry read before it went (older, or 0 from a missing key) is stale at its
+ * next call, and each license in use is read from PostgreSQL again once per this long.
+ */
+export const EPOCH_TTL_MS = 3_600_000
 /** How far past a whole refill a Developer API bucket's time may lead a clock before it is taken for a clock step (takeBucket). */
 export const CLOCK_STEP_MS = 60_000
 

@@ -84,7 +84,7 @@ test('a license change drops that license from its actor and moves its epoch', a
   const put = await t.req('PUT', `/v1/licenses/${licenseKey}`, { apiKey: s.apiKey, body: { action: 'revoke' } })
   expect(put.status).toBe(200)
   expect(t.ctx.actors.cachedLicense(s.appId, licenseKey)).toBeUndefined()
-  expect((await t.ctx.store.epochs([await licenseEpochKey(t.ctx, s.appId, licenseKey)]))[0]).toBe((epoch ?? 0) + 1)
+  expect((await t.ctx.store.epochs([await licenseEpochKey(t.ctx, s.appId, licenseKey)]))[0]).toBeGreaterThan(epoch ?? 0)
   await t.ctx.actors.ensureLicense(s.appId, licenseKey)
   expect(t.ctx.actors.cachedLicense(s.appId, licenseKey)?.value?.status).toBe('revoked')
 })

@@ -76,7 +76,7 @@ test('an app change and a seat binding are recorded in their own transactions, a
 
   await age(other, s.appId)
   await other.ctx.actors.invalidator.sweep()
-  expect((await other.ctx.store.epochs([epochKey]))[0]).toBe((before ?? 0) + 1)
+  expect((await other.ctx.store.epochs([epochKey]))[0]).toBeGreaterThan(before ?? 0)
   expect(await notedFor(other, s.appId)).toEqual([])
   const fresh = await validateOn(other, s, licenseKey, first.device)
   expect(decode(fresh.res.body.payload)).toMatchObject({ appVariables: { tier: 'pro' }, hwidCount: 2 })

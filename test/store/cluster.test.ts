@@ -198,13 +198,13 @@ if (MODE === 'postgres') {
       const appEpoch = keys.appEpoch(shard, 'app-migrating')
       // Every key the script read before its first write exists on the source: only the new nonce does not.
       await store.bump([appEpoch])
-      const { generation } = await store.snapshot([appEpoch])
+      const { generation, epochs: [epoch] } = await store.snapshot([appEpoch])
       const ceiling = { key: keys.daily(shard, 'app-migrating', '2030-01-01'), limit: 1000, ttlSeconds: 3600 }
       const request = (n: string) => ({
         nowMs: Date.now(),
         shard,
         generation,
-        epochs: [{ key: appEpoch, expected: 1 }],
+        epochs: [{ key: appEpoch, expected: epoch! }],
         ceiling,
         buckets: [{ key: keys.bucket(shard, 'v:ip:app-migrating', '10.0.0.9'), capacity: 100, refillPerSecond: 10 }],
         nonce: { key: keys.nonce(shard, 'app-migrating', n), ttlSeconds: 60 },

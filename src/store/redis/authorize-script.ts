@@ -1,5 +1,5 @@
 import { BUCKET_SLACK_MS } from '../store'
-import { luaBucketTime, luaConstants, luaUnpack } from './wire'
+import { luaBucketTime, luaConstants, luaNewEpoch, luaUnpack } from './wire'
 
 // The public requests of one call (see authorize.ts), each checked in order (AuthorizeInput in
 // store.ts documents the order of one request's checks; memory.ts mirrors it), answered as one array.
@@ -24,6 +24,7 @@ end
 if ARGV[2] ~= '' and gen ~= ARGV[2] then return { -1, gen } end
 ${luaUnpack}
 ${luaBucketTime}
+${luaNewEpoch}
 local val = {}
 local bucket_ex = {}
 local spent = {}
@@ -50,6 +51,7 @@ for from = 1, read_count, 500 do
   for i = from, to do val[i] = tonumber(v[i - from + 1]) end
 end
 
+
 -- Each request's answer, appended to out as integers (REPLIES in wire.ts). Written inline in one loop,
 -- "repeat ... until true" standing in for the continue Lua 5.1 lacks (break ends a request): a function
 -- call per request, a closure call per answer and a table per request's buckets cost ~0.6-0.8 µs a
@@ -63,7 +65,11 @@ for _, h in ipairs(reqs) do
     local b = e + EPOCH_WIDTH * ne
     local stale = false
     for i = e, b - 1, EPOCH_WIDTH do
-      if (val[h[i + EPOCH_KEY]] or 0) ~= h[i + EPOCH_EXPECTED] then stale = true end
+      local k = h[i + EPOCH_KEY]
+      -- An epoch key that expired (or never was) is written anew: compared as 0, an entry read while it
+      -- was missing would match it again after a change and its expiry (luaNewEpoch).
+      if not val[k] then val[k] = new_epoch(names[k]) end
+      if val[k] ~= h[i + EPOCH_EXPECTED] then stale = true end
     end
     if stale then
       out[n + 1] = R_STALE
@@ -71,7 +77,7 @@ for _, h in ipairs(reqs) do
       n = n + 2
       for i = e, b - 1, EPOCH_WIDTH do
         n = n + 1
-        out[n] = val[h[i + EPOCH_KEY]] or 0
+        out[n] = val[h[i + EPOCH_KEY]]
       end
       break
     end

@@ -1,18 +1,19 @@
 import { randomUUID } from 'node:crypto'
 import { BUCKET_SLACK_MS, type EpochRead, type Epochs, keys, shardOfKey, type Snapshot, type Snapshots } from '../store'
 import type { Connection, Script } from './connection'
-import { luaBucketTime } from './wire'
+import { luaBucketTime, luaNewEpoch } from './wire'
 
-const BUMP = `
-for i = 1, #KEYS do redis.call('INCR', KEYS[i]) end
+const BUMP = `${luaNewEpoch}
+for i = 1, #KEYS do new_epoch(KEYS[i], tonumber(redis.call('GET', KEYS[i]))) end
 return #KEYS
 `
 
 // KEYS: the shard's generation key, then per read its epoch key and, when it has an admission bucket, its bucket key,
 // all of one shard. ARGV: a fresh generation id (written when the key is missing), then per read three
 // values: the bucket's now ('' without a bucket), capacity and refill per second. Answers the generation,
-// then per read its epoch, or minus the wait in ms when its bucket had no token (then its epoch is not read).
-const SNAPSHOT = `${luaBucketTime}
+// then per read its epoch (written anew when missing), or minus the wait in ms when its bucket had no
+// token (then its epoch is not read).
+const SNAPSHOT = `${luaBucketTime}${luaNewEpoch}
 local gen = redis.call('GET', KEYS[1])
 if not gen then
   gen = ARGV[1]
@@ -35,7 +36,7 @@ for a = 2, #ARGV, 3 do
   if wait > 0 then
     out[#out + 1] = -wait
   else
-    out[#out + 1] = tonumber(redis.call('GET', KEYS[k]) or '0')
+    out[#out + 1] = tonumber(redis.call('GET', KEYS[k])) or new_epoch(KEYS[k])
   end
   k = k + (now and 2 or 1)
 end

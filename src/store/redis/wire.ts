@@ -1,4 +1,4 @@
-import { type AuthorizeInput, type AuthorizeResult, BUCKET_SLACK_MS, keys, type Shard, shardPrefix } from '../store'
+import { type AuthorizeInput, type AuthorizeResult, BUCKET_SLACK_MS, EPOCH_TTL_MS, keys, type Shard, shardPrefix } from '../store'
 
 /**
  * The authorize script's wire format, defined once: the TypeScript packing below writes each number
@@ -105,6 +105,27 @@ local function bucket_time(tat, now, t, cap)
   if not tat or tat < now then return now end
   if tat > now + cap * t + ${BUCKET_SLACK_MS} then return now + (cap - 1) * t end
   return tat
+end
+`
+
+/**
+ * Lua that writes an epoch key anew, kept EPOCH_TTL_MS: Redis's clock in ms, or `after` + 1 when that is
+ * later (a bump of a key that is there). A key that expired comes back at a time at least EPOCH_TTL_MS
+ * after its last write, past any value it held (short of 3.6 million bumps within the hour), and never
+ * at 0: no entry read before can match it. Made text with '%d', as Redis 7.2 would write a large number
+ * in exponent form.
+ */
+export const luaNewEpoch = `
+local epoch_clock
+local function new_epoch(key, after)
+  if not epoch_clock then
+    local t = redis.call('TIME')
+    epoch_clock = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  local e = epoch_clock
+  if after and after >= e then e = after + 1 end
+  redis.call('SET', key, string.format('%d', e), 'PX', ${EPOCH_TTL_MS})
+  return e
 end
 `
 
