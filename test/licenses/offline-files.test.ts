@@ -1,4 +1,6 @@
 import { beforeAll, describe, expect, spyOn, test } from 'bun:test'
+import { randomUUID } from 'node:crypto'
+import { FILES_PER_READ } from '../../src/licenses/offline/service'
 import { and, eq } from 'drizzle-orm'
 import { events, licenses, offlineFiles, signingKeys } from '../../src/db/schema'
 import { makeTestApp, type TestApp } from '../support/helpers'
@@ -458,6 +460,38 @@ describe('GET /v1/licenses/:licenseKey/offline-files', () => {
     const s = await t.seed()
     const licenseKey = await insertLicense(t.ctx, s.appId)
     expect((await t.req('GET', path(licenseKey), { apiKey: s.apiKey })).body).toEqual({ files: [] })
+  })
+
+  test('more files than one read takes: every one, once, newest first, ties in time by id', async () => {
+    const s = await t.seed()
+    const licenseKey = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true, hwids: [] })
+    const [{ keyId }] = await t.ctx.database.db.select({ keyId: signingKeys.id }).from(signingKeys).where(eq(signingKeys.appId, s.appId))
+    // Two reads and a half; many files share a millisecond, across the reads' bounds too.
+    const count = FILES_PER_READ * 2 + FILES_PER_READ / 2
+    const rows = Array.from({ length: count }, (_, i) => ({
+      id: randomUUID(),
+      licenseKey,
+      appId: s.appId,
+      keyId,
+      issuedAt: new Date(Date.UTC(2030, 0, 1) + Math.floor(i / 7)),
+      expiresAt: null,
+      hwid: { mode: 'any' as const },
+    }))
+    for (let i = 0; i < rows.length; i += 500) await t.ctx.database.db.insert(offlineFiles).values(rows.slice(i, i + 500))
+    const res = await t.req('GET', path(licenseKey), { apiKey: s.apiKey })
+    expect(res.status).toBe(200)
+    const newestFirst = rows.toSorted((a, b) => b.issuedAt.getTime() - a.issuedAt.getTime() || (a.id < b.id ? 1 : -1))
+    expect(res.body.files.map((f: { fileId: string }) => f.fileId)).toEqual(newestFirst.map((r) => r.id))
+    expect(res.body.files[0]).toEqual({ fileId: newestFirst[0]!.id, keyId, issuedAt: newestFirst[0]!.issuedAt.toISOString(), expiresAt: null, hwid: { mode: 'any' } })
+    expect(res.headers.get('content-type')).toStartWith('application/json')
+    expect(res.headers.get('x-request-id')).toEqual(expect.any(String))
+    expect(res.headers.get('ratelimit-limit')).toEqual(expect.any(String))
+
+    // Read and sent a read at a time, the next one after the last went: never all of them at once.
+    const streamed = await t.app.handle(new Request(`http://localhost${path(licenseKey)}`, { headers: { authorization: `Bearer ${s.apiKey}` } }))
+    let pieces = 0
+    for await (const _ of streamed.body!) pieces++
+    expect(pieces).toBe(3)
   })
 })
 

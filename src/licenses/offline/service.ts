@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto'
-import { and, desc, eq, sql } from 'drizzle-orm'
+import { and, desc, eq, lt, or, sql } from 'drizzle-orm'
 import type { Tx } from '../../db/client'
 import { apps, licenses, offlineFiles, type OfflineHwid } from '../../db/schema'
 import type { Context } from '../../context'
@@ -8,7 +8,7 @@ import { type DomainEvent, recordEvents } from '../../delivery/outbox'
 import { hwidListsAllow } from '../../actors/list-append'
 import { expiryFrom, lockLicense, type LicenseRow, requireOwnedLicense } from '../service'
 import { armor, encodePayload, type OfflinePayload } from './armor'
-import type { MintOfflineFileBody, OfflineFile, OfflineFileList } from './model'
+import type { MintOfflineFileBody, OfflineFile, OfflineFileSummary } from './model'
 
 type AppRow = typeof apps.$inferSelect
 
@@ -204,21 +204,59 @@ export async function mintOfflineFile(
   }
 }
 
-/** The license's minted files, newest first. */
-export async function listOfflineFiles(ctx: Context, accountId: string, licenseKey: string): Promise<OfflineFileList> {
+/**
+ * How many files each read of a listing takes. A license's files are never purged (a volume license
+ * gets one per machine, again at each short expiry): read and encoded at once, a million took seconds
+ * of the process's time and gigabytes, while every other request of the process waited.
+ */
+export const FILES_PER_READ = 1_000
+
+const summaryOf = (row: typeof offlineFiles.$inferSelect): OfflineFileSummary => ({
+  fileId: row.id,
+  keyId: row.keyId,
+  issuedAt: row.issuedAt.toISOString(),
+  expiresAt: row.expiresAt?.toISOString() ?? null,
+  hwid: row.hwid,
+})
+
+/**
+ * The license's minted files, newest first, as `{ files }` sent in pieces of FILES_PER_READ, each read
+ * after the last went (keyset on issuedAt, id), so other requests are served in between. A read that
+ * fails ends the response unfinished: its JSON does not parse.
+ */
+export async function listOfflineFiles(ctx: Context, accountId: string, licenseKey: string): Promise<Response> {
   await requireOwnedLicense(ctx, accountId, licenseKey)
-  const rows = await ctx.database.db
-    .select()
-    .from(offlineFiles)
-    .where(eq(offlineFiles.licenseKey, licenseKey))
-    .orderBy(desc(offlineFiles.issuedAt), desc(offlineFiles.id))
-  return {
-    files: rows.map((row) => ({
-      fileId: row.id,
-      keyId: row.keyId,
-      issuedAt: row.issuedAt.toISOString(),
-      expiresAt: row.expiresAt?.toISOString() ?? null,
-      hwid: row.hwid,
-    })),
-  }
+  const db = ctx.database.db
+  const text = new TextEncoder()
+  let last: { issuedAt: Date; id: string } | null = null
+  let sent = 0
+  const body = new ReadableStream<Uint8Array>({
+    async pull(out) {
+      const after = last
+      const rows = await db
+        .select()
+        .from(offlineFiles)
+        .where(
+          and(
+            eq(offlineFiles.licenseKey, licenseKey),
+            after
+              ? or(lt(offlineFiles.issuedAt, after.issuedAt), and(eq(offlineFiles.issuedAt, after.issuedAt), lt(offlineFiles.id, after.id)))
+              : undefined,
+          ),
+        )
+        .orderBy(desc(offlineFiles.issuedAt), desc(offlineFiles.id))
+        .limit(FILES_PER_READ)
+      let piece = after === null ? '{"files":[' : ''
+      for (const row of rows) piece += (sent++ === 0 ? '' : ',') + JSON.stringify(summaryOf(row))
+      const end = rows.at(-1)
+      if (rows.length < FILES_PER_READ || !end) {
+        out.enqueue(text.encode(`${piece}]}`))
+        out.close()
+        return
+      }
+      last = { issuedAt: end.issuedAt, id: end.id }
+      out.enqueue(text.encode(piece))
+    },
+  })
+  return new Response(body, { headers: { 'content-type': 'application/json' } })
 }
