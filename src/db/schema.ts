@@ -182,9 +182,12 @@ export const webhookDeliveries = pgTable(
      * events are only ever deleted by the dispatcher's purge, which deletes their deliveries with them.
      */
     eventId: bigint('event_id', { mode: 'number' }).notNull(),
-    webhookId: text('webhook_id')
-      .notNull()
-      .references(() => webhooks.id, { onDelete: 'cascade' }),
+    /**
+     * No foreign key to webhooks either: its cascade read the whole table (every account's deliveries of
+     * the retention) for each webhook deleted, inside the app's write. A webhook's delete takes its
+     * deliveries still owed with it (deleteWebhook); the attempted ones go with their events' purge.
+     */
+    webhookId: text('webhook_id').notNull(),
     /** Lease: a claim older than the lease is taken over by another instance. */
     claimedAt: timestamp('claimed_at', { withTimezone: true, precision: 3, mode: 'date' }),
     attemptedAt: timestamp('attempted_at', { withTimezone: true, precision: 3, mode: 'date' }),

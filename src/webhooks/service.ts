@@ -1,6 +1,6 @@
-import { and, asc, count, eq } from 'drizzle-orm'
+import { and, asc, count, eq, isNull } from 'drizzle-orm'
 import type { Tx } from '../db/client'
-import { apps, webhooks } from '../db/schema'
+import { apps, webhookDeliveries, webhooks } from '../db/schema'
 import type { Context } from '../context'
 import { ApiError, badRequest, notFound } from '../lib/errors'
 import { signedDelivery } from '../delivery/signed-delivery'
@@ -121,7 +121,16 @@ export async function deleteWebhook(ctx: Context, accountId: string, appId: stri
   appId = await ownedAppId(ctx, accountId, appId)
   const gone = await ctx.actors.write(
     appId,
-    (tx) => tx.delete(webhooks).where(and(eq(webhooks.id, webhookId), eq(webhooks.appId, appId))).returning({ id: webhooks.id }),
+    async (tx) => {
+      // The row first: its lock waits for a fan-out that holds it (claim.ts), whose deliveries the
+      // next statement then sees; none is made for it after.
+      const rows = await tx.delete(webhooks).where(and(eq(webhooks.id, webhookId), eq(webhooks.appId, appId))).returning({ id: webhooks.id })
+      // Only those still owed, through their partial index: the attempted ones go with their events' purge.
+      if (rows.length > 0) {
+        await tx.delete(webhookDeliveries).where(and(eq(webhookDeliveries.webhookId, webhookId), isNull(webhookDeliveries.attemptedAt)))
+      }
+      return rows
+    },
     (rows) => ({ app: rows.length > 0 }),
   )
   if (gone.length === 0) throw missing()

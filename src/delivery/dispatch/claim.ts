@@ -157,9 +157,9 @@ export async function fanOut(db: Db, limit: number, room: Room): Promise<FannedO
     ), marked AS (
       UPDATE events SET dispatched_at = now() FROM picked WHERE events.id = picked.id
     ), candidates AS (
-      -- Locked as the deliveries' foreign key would lock them, but here: a webhook a DELETE is removing
-      -- meanwhile is left out once it commits, where the insert's own check failed the whole statement,
-      -- every account's events with it.
+      -- Locked against a webhook's DELETE (the deliveries have no foreign key): one removed meanwhile is
+      -- left out once it commits, and a DELETE that waited for this lock deletes the deliveries owed
+      -- that were written here (deleteWebhook).
       SELECT p.id AS event_id, w.id AS webhook_id, a.account_id
       FROM picked p
       JOIN webhooks w ON w.app_id = p.app_id AND w.enabled AND p.event = ANY(w.events)

@@ -5,6 +5,7 @@ import type { Db } from '../../../src/db/client'
 import { Purger } from '../../../src/db/purger'
 import { oldWebhookEvents } from '../../../src/delivery/dispatch/purger'
 import { rowsOf } from '../../../src/delivery/prepared'
+import { deleteWebhook } from '../../../src/webhooks/service'
 import { sharedInfra } from '../../support/helpers'
 import { until } from '../../support/servers'
 import { outboxApp } from './outbox-rows'
@@ -60,6 +61,27 @@ test('old events whose deliveries were all attempted go, with their deliveries; 
   expect(await eventIdsBelowZero(o.db)).toEqual([-9, -8, -7])
   const deliveries = rowsOf(await o.db.execute(sql`SELECT event_id::float8 AS id FROM webhook_deliveries WHERE event_id < 0`))
   expect(deliveries.map((r) => Number(r.id))).toEqual([-9])
+})
+
+test("a deleted webhook's deliveries still owed go with it, its attempted ones with their events' purge", async () => {
+  const o = await outboxApp()
+  await clearNegative(o.db)
+  const [hook, kept] = [await o.hook(['license.created']), await o.hook(['license.created'])]
+  await addEvent(o.db, -10, 8)
+  await addDelivery(o.db, -10, hook, true)
+  await addDelivery(o.db, -10, kept, true)
+  await addEvent(o.db, -9, 8)
+  await addDelivery(o.db, -9, hook, false)
+  await addDelivery(o.db, -9, kept, false)
+  const deliveries = async () =>
+    rowsOf(await o.db.execute(sql`SELECT event_id::float8 AS id, webhook_id FROM webhook_deliveries WHERE event_id < 0 ORDER BY event_id, webhook_id = ${kept}`))
+      .map((r) => [Number(r.id), r.webhook_id === kept ? 'kept' : 'deleted'])
+
+  await deleteWebhook(o.t.ctx, o.s.accountId, o.s.appId, hook)
+  expect(await deliveries()).toEqual([[-10, 'deleted'], [-10, 'kept'], [-9, 'kept']])
+  await new Purger(o.db, oldWebhookEvents(7)).purge()
+  expect(await eventIdsBelowZero(o.db)).toEqual([-9])
+  expect(await deliveries()).toEqual([[-9, 'kept']])
 })
 
 test('a purge goes on batch after batch while they come back full, and a stopped one ends', async () => {
