@@ -87,4 +87,52 @@ if (MODE === 'postgres') {
       expect(await t.ctx.credits.currentBalance(s.accountId)).toBe(reconciled)
     })
   })
+
+  describe('two masters taken over one after the other', async () => {
+    const cluster = await ownReplicatedCluster({ masters: 2 })
+    const store = new RedisStore(cluster.url, { cluster: { shards: 16 } })
+    const t = await makeTestApp({ store })
+    afterAll(async () => {
+      await store.close()
+      await cluster.stop()
+    })
+
+    test("the second shard's takeover still drops the refund of a charge its replica missed", async () => {
+      const slotOf = async (s: { accountId: string }) => Number(await cluster.master.cluster('KEYSLOT', keys.generation(store.shardOf(s.accountId))))
+      // One account on each master (the first serves slots 0-8191).
+      let a = await t.seed({ credits: 10 })
+      while ((await slotOf(a)) > 8191) a = await t.seed({ credits: 10 })
+      let b = await t.seed({ credits: 10 })
+      while ((await slotOf(b)) <= 8191) b = await t.seed({ credits: 10 })
+      for (const s of [a, b]) {
+        const licenseKey = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
+        const res = await t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: hwid(), nonce: nonce() } })
+        expect(res.status).toBe(200)
+      }
+      await t.ctx.credits.flush()
+      expect(await t.ctx.credits.currentBalance(b.accountId)).toBe(9)
+
+      for (const [i, replica] of cluster.replicas.entries()) {
+        await replica.config('SET', 'masteruser', 'nobody')
+        await replica.config('SET', 'masterauth', 'wrong')
+        await cluster.masters[i]!.client('KILL', 'TYPE', 'replica')
+      }
+      const charge = await t.ctx.credits.charge(b.accountId, 1, t.ctx.clock())
+      expect(charge).not.toBeNull()
+      const [epochA, epochB] = [a, b].map((s) => keys.appEpoch(store.shardOf(s.accountId), s.appId)) as [string, string]
+      await store.snapshot([epochA])
+      const { generation } = await store.snapshot([epochB])
+      for (const i of [1, 0]) {
+        await cluster.replicas[i]!.cluster('FAILOVER', 'TAKEOVER')
+        await until(() => cluster.masters[i]!.info('replication'), (info) => info.includes('role:slave'), 10_000)
+      }
+      // a's shard shows its new master first; b's is read after.
+      await until(() => store.snapshot([epochA]).then((seen) => seen.generation, () => generation), (now) => now !== generation, 10_000)
+      await until(() => store.snapshot([epochB]).then(() => true, () => false), (read) => read, 10_000)
+
+      await t.ctx.credits.refund(b.accountId, 1, charge!.chargedUnder)
+      await t.ctx.credits.flush()
+      expect(await t.ctx.credits.currentBalance(b.accountId)).toBe(9)
+    }, 60_000)
+  })
 }

@@ -75,18 +75,21 @@ export async function ownRedisCluster({ masters = 3, first = 7101, last = 7199 }
 }
 
 export interface OwnReplicatedCluster {
-  /** Both nodes as REDIS_URL takes them with REDIS_CLUSTER=true. */
+  /** Every node as REDIS_URL takes them with REDIS_CLUSTER=true. */
   url: string
-  /** Plain connections to the node that starts as the master (all the slots) and to its replica. */
+  /** Plain connections to the first node that starts as a master and to its replica. */
   master: Redis
   replica: Redis
+  /** Every master (the slots split evenly among them, in order) and each one's replica, in the same order. */
+  masters: Redis[]
+  replicas: Redis[]
   stop(): Promise<void>
 }
 
-/** A Redis Cluster of one master serving every slot and one replica of it: what a failover needs. */
-export async function ownReplicatedCluster({ first = 7101, last = 7199 } = {}): Promise<OwnReplicatedCluster> {
+/** A Redis Cluster of `masters` masters (one, by default, serving every slot), each with one replica: what a failover needs. */
+export async function ownReplicatedCluster({ masters: count = 1, first = 7101, last = 7199 } = {}): Promise<OwnReplicatedCluster> {
   const dir = mkdtempSync(join(tmpdir(), 'ls-redis-cluster-'))
-  const ports = await freePorts(2, first, last)
+  const ports = await freePorts(2 * count, first, last)
   const procs = ports.map((port) =>
     Bun.spawn(
       [
@@ -97,30 +100,38 @@ export async function ownReplicatedCluster({ first = 7101, last = 7199 } = {}): 
       { stdout: 'ignore', stderr: 'ignore' },
     ),
   )
-  const [master, replica] = ports.map((port) => new Redis(port, '127.0.0.1', { maxRetriesPerRequest: 1 })) as [Redis, Redis]
-  for (const node of [master, replica]) node.on('error', () => {})
+  const nodes = ports.map((port) => new Redis(port, '127.0.0.1', { maxRetriesPerRequest: 1 }))
+  for (const node of nodes) node.on('error', () => {})
+  const [masters, replicas] = [nodes.slice(0, count), nodes.slice(count)]
   const stop = async () => {
-    for (const node of [master, replica]) node.disconnect()
+    for (const node of nodes) node.disconnect()
     for (const proc of procs) proc.kill('SIGKILL')
     await Promise.all(procs.map((proc) => proc.exited))
     rmSync(dir, { recursive: true, force: true })
   }
   try {
-    for (const node of [master, replica]) {
+    for (const node of nodes) {
       if ((await until(() => node.ping().catch(() => null), (pong) => pong === 'PONG')) !== 'PONG') throw new Error('a cluster node did not start')
     }
-    await master.call('CLUSTER', 'ADDSLOTSRANGE', '0', '16383')
-    await replica.cluster('MEET', '127.0.0.1', ports[0]!)
-    const masterId = (await master.cluster('MYID')) as string
-    await until(() => replica.cluster('NODES') as Promise<string>, (nodes) => nodes.includes(masterId), 10_000)
-    await until(() => replica.cluster('REPLICATE', masterId).then(() => true, () => false), (ok) => ok, 10_000)
-    const linked = await until(() => replica.info('replication'), (info) => info.includes('master_link_status:up'), 20_000)
-    if (!linked.includes('master_link_status:up')) throw new Error('the replica did not link to its master')
-    const ok = await until(() => master.cluster('INFO') as Promise<string>, (info) => info.includes('cluster_state:ok'), 20_000)
-    if (!ok.includes('cluster_state:ok')) throw new Error('the cluster did not reach cluster_state:ok')
+    const per = Math.ceil(16_384 / count)
+    for (const [i, master] of masters.entries()) {
+      await master.call('CLUSTER', 'ADDSLOTSRANGE', String(i * per), String(Math.min(16_383, (i + 1) * per - 1)))
+    }
+    for (const node of nodes.slice(1)) await node.cluster('MEET', '127.0.0.1', ports[0]!)
+    for (const [i, replica] of replicas.entries()) {
+      const masterId = (await masters[i]!.cluster('MYID')) as string
+      await until(() => replica.cluster('NODES') as Promise<string>, (known) => known.includes(masterId), 10_000)
+      await until(() => replica.cluster('REPLICATE', masterId).then(() => true, () => false), (ok) => ok, 10_000)
+      const linked = await until(() => replica.info('replication'), (info) => info.includes('master_link_status:up'), 20_000)
+      if (!linked.includes('master_link_status:up')) throw new Error('a replica did not link to its master')
+    }
+    for (const node of nodes) {
+      const ok = await until(() => node.cluster('INFO') as Promise<string>, (info) => info.includes('cluster_state:ok'), 20_000)
+      if (!ok.includes('cluster_state:ok')) throw new Error('the cluster did not reach cluster_state:ok')
+    }
   } catch (err) {
     await stop()
     throw err
   }
-  return { url: ports.map((port) => `redis://127.0.0.1:${port}`).join(','), master, replica, stop }
+  return { url: ports.map((port) => `redis://127.0.0.1:${port}`).join(','), master: masters[0]!, replica: replicas[0]!, masters, replicas, stop }
 }

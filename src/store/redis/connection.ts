@@ -82,7 +82,8 @@ export class Connection<Commands extends object = object> {
   #connectionLost = false
   /**
    * On a cluster, the nodes that served each shard's slot at its last read (#checkMaster), its master
-   * first, then its replicas; cleared with #seen.
+   * first, then its replicas. Kept across another shard's loss: which node serves a shard is not what was
+   * read from it, and a shard whose record went would have its next failover go uncounted (#shardDrops).
    */
   readonly #servedBy = new Map<Shard, readonly string[]>()
   /** Each cluster node's role at the last read of a shard it served; kept across losses, for #checkMaster to tell a move. */
@@ -177,15 +178,21 @@ export class Connection<Commands extends object = object> {
   }
 
   /**
-   * A cluster node's connection dropped. Only one that served a shard read since the last loss held
+   * A cluster node's connection dropped. Only one that served a shard read since it last dropped held
    * anything this process relies on: a master that stays down is connected to again by each call for
    * its slots, and each failure drops it again, which must not start generation after generation and
    * fail every other shard's calls in flight each time.
    */
   #nodeLost(node: string): void {
+    // Whatever it was, it is read afresh: it may come back as a replica (#checkMaster).
+    this.#roles.delete(node)
     const served = [...this.#servedBy].filter(([, nodes]) => nodes[0] === node).map(([shard]) => shard)
     if (served.length === 0) return
-    for (const shard of served) this.#shardLost(shard)
+    for (const shard of served) {
+      this.#shardLost(shard)
+      // Read again before the node counts for it: its failures while it stays down are not new losses.
+      this.#servedBy.delete(shard)
+    }
     this.#forgetReads()
   }
 
@@ -207,7 +214,6 @@ export class Connection<Commands extends object = object> {
     this.#connectionLost = true
     this.#generation++
     this.#seen.clear()
-    this.#servedBy.clear()
   }
 
   /**
@@ -219,8 +225,10 @@ export class Connection<Commands extends object = object> {
    *
    * A slot moved (a reshard) takes its keys along whole, so its charges are still there to refund: only
    * a takeover by a replica counts as a loss of the shard's data. A move is told apart by its new master
-   * having been a master at the last read of a shard it served, being no replica of this one, and the old
-   * master not turning replica of the new: anything else (a master never read from) is taken for a failover.
+   * having been a master at the last read of a shard it served (and not dropped or taken over since), being
+   * no replica of this one, and the old master not turning replica of the new: anything else (a master never
+   * read from) is taken for a failover. ioredis's table cannot say more: on a MOVED it points every slot of
+   * the old node at the new one until its next refresh, so a move seen there looks like a whole failover.
    */
   #checkMaster(shard: Shard): void {
     if (!(this.redis instanceof Cluster)) return
@@ -229,8 +237,13 @@ export class Connection<Commands extends object = object> {
     if (nodes === undefined || node === undefined) return
     const known = this.#servedBy.get(shard)
     if (known !== undefined && known[0] !== node) {
-      const moved = this.#roles.get(node) === 'master' && !known.includes(node) && !nodes.includes(known[0] as string)
-      if (!moved) this.#shardLost(shard)
+      const old = known[0] as string
+      const moved = this.#roles.get(node) === 'master' && !known.includes(node) && !nodes.includes(old)
+      if (!moved) {
+        this.#shardLost(shard)
+        // Taken over: it may come back as another master's replica, which a later takeover must not read as a move.
+        this.#roles.delete(old)
+      }
       this.#forgetReads()
     }
     this.#servedBy.set(shard, [...nodes])
