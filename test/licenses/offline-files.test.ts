@@ -465,7 +465,8 @@ describe('GET /v1/licenses/:licenseKey/offline-files', () => {
   test('more files than one read takes: every one, once, newest first, ties in time by id', async () => {
     const s = await t.seed()
     const licenseKey = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true, hwids: [] })
-    const [{ keyId }] = await t.ctx.database.db.select({ keyId: signingKeys.id }).from(signingKeys).where(eq(signingKeys.appId, s.appId))
+    const [active] = await t.ctx.database.db.select({ keyId: signingKeys.id }).from(signingKeys).where(eq(signingKeys.appId, s.appId))
+    const keyId = active!.keyId
     // Two reads and a half; many files share a millisecond, across the reads' bounds too.
     const count = FILES_PER_READ * 2 + FILES_PER_READ / 2
     const rows = Array.from({ length: count }, (_, i) => ({

@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto'
-import { and, desc, eq, lt, or, sql } from 'drizzle-orm'
+import { and, desc, eq, lt, lte, or, sql } from 'drizzle-orm'
 import type { Tx } from '../../db/client'
 import { apps, licenses, offlineFiles, type OfflineHwid } from '../../db/schema'
 import type { Context } from '../../context'
@@ -239,6 +239,9 @@ export async function listOfflineFiles(ctx: Context, accountId: string, licenseK
         .where(
           and(
             eq(offlineFiles.licenseKey, licenseKey),
+            // The bound on issuedAt alone is what the index (license_key, issued_at) can start from: with
+            // the OR only, each read walked the index from the newest file (a million files: quadratic).
+            after ? lte(offlineFiles.issuedAt, after.issuedAt) : undefined,
             after
               ? or(lt(offlineFiles.issuedAt, after.issuedAt), and(eq(offlineFiles.issuedAt, after.issuedAt), lt(offlineFiles.id, after.id)))
               : undefined,
