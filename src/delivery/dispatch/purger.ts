@@ -30,3 +30,33 @@ export const oldWebhookEvents = (retentionDays: number): PurgeJob => ({
       (SELECT id::text FROM last
        WHERE (SELECT count(*) FROM win) = ${limit} AND dispatched_at < now() - make_interval(days => ${retentionDays})) AS next`,
 })
+
+/**
+ * Deliveries still owed to a webhook that is gone. A webhook's delete takes its own with it
+ * (deleteWebhook); these are left by an instance of a version before migration 0008, whose deletes
+ * counted on a foreign key's cascade, still running in a rolling upgrade. Never claimed (the claims
+ * join webhooks) and holding their events back from the purge above, they would stay for good. The
+ * webhooks with deliveries owed are walked one at a time through their pending index, as claims walk them.
+ */
+export const ownerlessDeliveries: PurgeJob = {
+  what: 'deliveries owed to deleted webhooks',
+  batch: (limit) => sql`
+    WITH RECURSIVE queues(webhook_id) AS (
+      (SELECT webhook_id FROM webhook_deliveries WHERE attempted_at IS NULL ORDER BY webhook_id LIMIT 1)
+      UNION ALL
+      SELECT (SELECT d.webhook_id FROM webhook_deliveries d
+              WHERE d.attempted_at IS NULL AND d.webhook_id > q.webhook_id ORDER BY d.webhook_id LIMIT 1)
+      FROM queues q WHERE q.webhook_id IS NOT NULL
+    ), doomed AS (
+      SELECT d.event_id, d.webhook_id FROM queues q
+      JOIN webhook_deliveries d ON d.webhook_id = q.webhook_id AND d.attempted_at IS NULL
+      WHERE NOT EXISTS (SELECT 1 FROM webhooks w WHERE w.id = q.webhook_id)
+      LIMIT ${limit}
+    ), gone AS (
+      DELETE FROM webhook_deliveries d USING doomed x
+      WHERE d.event_id = x.event_id AND d.webhook_id = x.webhook_id AND d.attempted_at IS NULL
+      RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM gone)::int AS n,
+      CASE WHEN (SELECT count(*) FROM gone) = ${limit} THEN 'more' END AS next`,
+}

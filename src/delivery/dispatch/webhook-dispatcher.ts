@@ -6,7 +6,7 @@ import { Claims } from './claim'
 import { HostLoad } from './host-load'
 import { type DispatcherContext, type DispatcherOptions, dispatcherSettings, type RunningDispatcher } from './options'
 import { Purger } from '../../db/purger'
-import { oldWebhookEvents } from './purger'
+import { oldWebhookEvents, ownerlessDeliveries } from './purger'
 import { Recorder } from './recorder'
 import { Schedule } from './schedule'
 import { Sender, type WebhookNow } from './sender'
@@ -50,7 +50,7 @@ export class WebhookDispatcher implements RunningDispatcher {
   readonly #schedule: Schedule
   readonly #recorder: Recorder
   readonly #sender: Sender
-  readonly #purger: Purger
+  readonly #purgers: Purger[]
   readonly #renewEveryMs: number
   #renewal: ReturnType<typeof setInterval> | null = null
   #recheck: ReturnType<typeof setInterval> | null = null
@@ -62,7 +62,7 @@ export class WebhookDispatcher implements RunningDispatcher {
     // Four renewals a lease: a claim outlives a slow renewal or two, never a stopped instance by much.
     this.#renewEveryMs = (settings.leaseSeconds * 1000) / 4
     this.#recorder = new Recorder(ctx.db, ctx.recorded)
-    this.#purger = new Purger(ctx.db, oldWebhookEvents(settings.retentionDays))
+    this.#purgers = [new Purger(ctx.db, oldWebhookEvents(settings.retentionDays)), new Purger(ctx.db, ownerlessDeliveries)]
     const claims = new Claims(ctx.db, settings.fanOutBatch, settings.leaseSeconds)
     const sender = new Sender(ctx, this.#recorder, settings, (accountId) => {
       claims.freed(accountId, sender)
@@ -84,7 +84,7 @@ export class WebhookDispatcher implements RunningDispatcher {
   start(): this {
     if (this.#schedule.running) return this
     this.#schedule.start()
-    this.#purger.start()
+    for (const purger of this.#purgers) purger.start()
     this.#renewal = setInterval(() => void this.#recorder.renew(), this.#renewEveryMs)
     this.#renewal.unref?.()
     this.#recheck = setInterval(() => void this.#withdrawChanged(), RECHECK_EVERY_MS)
@@ -111,7 +111,7 @@ export class WebhookDispatcher implements RunningDispatcher {
   async stop(): Promise<void> {
     if (!this.#schedule.running) return
     const pass = this.#schedule.stop()
-    const purge = this.#purger.stop()
+    const purge = Promise.all(this.#purgers.map((purger) => purger.stop()))
     if (this.#renewal) clearInterval(this.#renewal)
     if (this.#recheck) clearInterval(this.#recheck)
     this.#recorder.stopping()

@@ -3,7 +3,7 @@ import { randomUUID } from 'node:crypto'
 import { sql } from 'drizzle-orm'
 import type { Db } from '../../../src/db/client'
 import { Purger } from '../../../src/db/purger'
-import { oldWebhookEvents } from '../../../src/delivery/dispatch/purger'
+import { oldWebhookEvents, ownerlessDeliveries } from '../../../src/delivery/dispatch/purger'
 import { rowsOf } from '../../../src/delivery/prepared'
 import { deleteWebhook } from '../../../src/webhooks/service'
 import { sharedInfra } from '../../support/helpers'
@@ -82,6 +82,27 @@ test("a deleted webhook's deliveries still owed go with it, its attempted ones w
   await new Purger(o.db, oldWebhookEvents(7)).purge()
   expect(await eventIdsBelowZero(o.db)).toEqual([-9])
   expect(await deliveries()).toEqual([[-9, 'kept']])
+})
+
+test("deliveries owed to a webhook deleted by a version before 0008 (a delete counting on a cascade) go, and then their events", async () => {
+  const o = await outboxApp()
+  await clearNegative(o.db)
+  const [hook, kept] = [await o.hook(['license.created']), await o.hook(['license.created'])]
+  await addEvent(o.db, -10, 8)
+  for (const id of [hook, kept]) await addDelivery(o.db, -10, id, false)
+  // More than a batch of the deleted webhook's (the test's batch is 2).
+  for (const id of [-9, -8, -7]) {
+    await addEvent(o.db, id, 8)
+    await addDelivery(o.db, id, hook, false)
+  }
+  // What deleteWebhook of the version before 0008 runs.
+  await o.db.execute(sql`DELETE FROM webhooks WHERE id = ${hook} AND app_id = ${o.s.appId}`)
+
+  await new Purger(o.db, ownerlessDeliveries, { rows: 2, batches: 10, againMs: 1_000 }).purge()
+  const owed = rowsOf(await o.db.execute(sql`SELECT webhook_id FROM webhook_deliveries WHERE event_id < 0 AND attempted_at IS NULL`))
+  expect(owed.map((r) => r.webhook_id)).toEqual([kept])
+  await new Purger(o.db, oldWebhookEvents(7)).purge()
+  expect(await eventIdsBelowZero(o.db)).toEqual([-10])
 })
 
 test('a purge goes on batch after batch while they come back full, and a stopped one ends', async () => {
