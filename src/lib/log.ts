@@ -237,9 +237,17 @@ function frames(stack: string | undefined): string | undefined {
 }
 
 function describe(err: unknown, depth: number): Record<string, unknown> {
-  if (!(err instanceof Error)) {
-    return typeof err === 'string' ? { error: 'string', message: safeMessage(err) } : { error: typeof err }
+  if (typeof err === 'string') return { error: 'string', message: safeMessage(err) }
+  if (typeof err === 'object' && err !== null && !(err instanceof Error)) {
+    // Thrown without being an Error (PGlite's file system throws { name: 'ErrnoError', errno }: a full
+    // disk): its name and codes say what failed, where `object` alone said nothing.
+    const thrown = err as Record<string, unknown>
+    const fields: Record<string, unknown> = { error: typeof thrown.name === 'string' && IDENTIFIER.test(thrown.name) ? thrown.name : 'object' }
+    if (Number.isSafeInteger(thrown.errno)) fields.errno = thrown.errno
+    if (typeof thrown.code === 'string' && SQLSTATE_OR_ERRNO.test(thrown.code)) fields.code = thrown.code
+    return fields
   }
+  if (!(err instanceof Error)) return { error: typeof err }
   const attached = err as unknown as Record<string, unknown>
   const fields: Record<string, unknown> = { error: className(err), message: safeMessage(err.message) }
   if (typeof attached.code === 'string' && SQLSTATE_OR_ERRNO.test(attached.code)) fields.code = attached.code

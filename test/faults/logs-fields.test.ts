@@ -2,12 +2,13 @@
  * errorFields keeps what names a database failure (class, SQLSTATE, constraint, table) and drops
  * what carries data: the statement, its parameters, the row in `detail`, quoted values in messages.
  */
-import { describe, expect, test } from 'bun:test'
+import { describe, expect, setSystemTime, test } from 'bun:test'
 import { createHash } from 'node:crypto'
 import { DrizzleQueryError } from 'drizzle-orm'
 import postgres from 'postgres'
 import { generateLicenseKey } from '../../src/lib/crypto'
 import { licenses } from '../../src/db/schema'
+import { RedisStore } from '../../src/store/redis'
 import { errorFields, log, logErrorOnce, logEvery, MAX_LOG_LINE, SAME_ERROR_GATHER_MS, setLogDestination, setLogLevel } from '../../src/lib/log'
 import { insertLicense } from '../support/client'
 import { makeTestApp } from '../support/helpers'
@@ -34,7 +35,33 @@ function logged(err: unknown): string {
   return written[0] ?? ''
 }
 
+test('a Redis that cannot be reached is named in the log at warn with why, once every 10 s', async () => {
+  setLogLevel('warn')
+  // A minute on: a line of the same message another file logged just before would hold this one back.
+  setSystemTime(new Date(Date.now() + 60_000))
+  try {
+    const entries = await loggedBy(async () => {
+      const store = new RedisStore('redis://127.0.0.1:1', { connectTimeoutMs: 200 })
+      await Bun.sleep(1_000)
+      await store.close()
+    })
+    const lines = entries.filter((entry) => entry.msg === 'redis connection error')
+    expect(lines).toHaveLength(1)
+    expect(lines[0]).toMatchObject({ level: 'warn', code: 'ECONNREFUSED' })
+  } finally {
+    setSystemTime()
+    setLogLevel('error')
+  }
+})
+
 describe('errorFields', () => {
+  test("a thrown object that is no Error (PGlite's file system on a full disk) keeps its name and codes, nothing else", () => {
+    const fields = JSON.parse(logged({ name: 'ErrnoError', errno: 51, code: 'ENOSPC', path: '/data/pglite/base/1/2619', node: { contents: 'x' } }))
+    expect(fields).toMatchObject({ error: 'ErrnoError', errno: 51, code: 'ENOSPC' })
+    expect(JSON.stringify(fields)).not.toContain('/data')
+    expect(JSON.parse(logged({ name: 'not a name!', errno: 'x' }))).toMatchObject({ error: 'object' })
+  })
+
   test('a real unique violation through Drizzle: names the constraint, not the key', async () => {
     const { ctx, seed } = await makeTestApp()
     const { appId } = await seed()

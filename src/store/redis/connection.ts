@@ -131,7 +131,8 @@ export class Connection<Commands extends object = object> {
       : new Redis(url, { ...common, retryStrategy: (times) => Math.min(times * 200, 2000) })
     redis.on('error', (err: Error) => {
       storeErrors.add('connection')
-      log.debug('redis connection error', errorFields(err))
+      // What is wrong (refused, unknown host, credentials), once every 10 s: the failures it causes say only that Redis is unreachable.
+      logEvery('warn', 'redis connection error', () => errorFields(err))
     })
     // A new connection may reach a server that restarted with older data or a replica that lost writes
     // while keeping its generation key: whatever was read before it is suspect. A cluster client drops a
