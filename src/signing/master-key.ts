@@ -115,7 +115,12 @@ export function resolveMasterKey(settings: KeySettings, stored: string | null): 
     log.warn('a master key staged by a rotation that did not commit is left in DATA_DIR, unused', { path: pendingKeyPath(path) })
   }
   if (existing) {
-    log.warn('MASTER_KEY is not set: using the development key in DATA_DIR', { path })
+    log.warn(
+      settings.databaseUrl
+        ? 'MASTER_KEY is not set: using the development key in DATA_DIR, which seals this shared database: every instance needs the file, and removing DATA_DIR loses it; set MASTER_KEY to its contents'
+        : 'MASTER_KEY is not set: using the development key in DATA_DIR',
+      { path },
+    )
     return existing
   }
   // A staged key without the file it replaces: generating a third key would only add confusion.
