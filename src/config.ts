@@ -124,6 +124,9 @@ function databaseSetting(env: Env): string | null {
  */
 function redisSettings(env: Env): Pick<Config, 'redisUrl' | 'redisClusterShards'> {
   const cluster = bool(env, 'REDIS_CLUSTER', false)
+  // At least 2: one shard means untagged keys (the single Redis's names), which a cluster scatters over slots.
+  // Checked when unused too (no cluster, no Redis): a typo in a setting waiting for the cluster is found now, not at the switch.
+  const shards = int(env, 'REDIS_CLUSTER_SHARDS', 64, 2, 16_384)
   const raw = optional(env, 'REDIS_URL')
   if (raw === null) {
     if (cluster) throw new ConfigError('REDIS_CLUSTER=true needs REDIS_URL naming one or more of the cluster\'s nodes')
@@ -143,9 +146,6 @@ function redisSettings(env: Env): Pick<Config, 'redisUrl' | 'redisClusterShards'
       throw new ConfigError(`REDIS_URL names database ${pathname.slice(1)}: a Redis Cluster has database 0 only`)
     }
   }
-  // At least 2: one shard means untagged keys (the single Redis's names), which a cluster scatters over slots.
-  // Checked when unused too: a typo in a setting waiting for the cluster is found now, not at the switch.
-  const shards = int(env, 'REDIS_CLUSTER_SHARDS', 64, 2, 16_384)
   return { redisUrl: nodes.join(','), redisClusterShards: cluster ? shards : null }
 }
 

@@ -228,6 +228,7 @@ describe('a bad value is a ConfigError naming the setting', () => {
     [{ REDIS_URL: 'redis://a:6379/db' }, /REDIS_URL's path must be a database number/],
     // Unused without a cluster, and checked all the same: found now, not when the cluster is switched on.
     [{ REDIS_URL: 'redis://a', REDIS_CLUSTER_SHARDS: 'banana' }, /REDIS_CLUSTER_SHARDS/],
+    [{ REDIS_CLUSTER_SHARDS: '1' }, /REDIS_CLUSTER_SHARDS must be between 2 and 16384/],
     // One shard would leave the keys untagged, scattered over a cluster's slots.
     [{ REDIS_CLUSTER: 'true', REDIS_URL: 'redis://a', REDIS_CLUSTER_SHARDS: '1' }, /REDIS_CLUSTER_SHARDS must be between 2 and 16384/],
   ])('Redis Cluster settings: %o', (env, message) => {

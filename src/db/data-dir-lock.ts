@@ -15,7 +15,7 @@
  * the operator socket it serves. The socket alone would not do: a CLI working on the storage serves
  * none, and a stopping server closes its socket before its database.
  */
-import { linkSync, readFileSync, readlinkSync, statSync, unlinkSync, utimesSync, writeFileSync } from 'node:fs'
+import { linkSync, readFileSync, readlinkSync, rmSync, statSync, unlinkSync, utimesSync, writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { ConfigError } from '../config'
 import { operatorSocketAnswers, operatorSocketPath } from './operator-socket'
@@ -129,15 +129,16 @@ function readHolder(path: string): LockHolder | null {
 /** Creates `path` holding `holder`, or returns false when it exists. */
 function create(path: string, holder: LockHolder): boolean {
   const temp = `${path}.${process.pid}.${Math.random().toString(36).slice(2)}`
-  writeFileSync(temp, JSON.stringify(holder), { mode: 0o600 })
   try {
+    // Inside the try: a write that fails (a full disk) leaves an empty file behind it, which goes too.
+    writeFileSync(temp, JSON.stringify(holder), { mode: 0o600 })
     linkSync(temp, path)
     return true
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code === 'EEXIST') return false
     throw err
   } finally {
-    unlinkSync(temp)
+    rmSync(temp, { force: true })
   }
 }
 
