@@ -27,6 +27,8 @@ import { watchKeyCheck } from './signing/key-check'
  * (the last credit flush, the events still batched) must fit a supervisor's grace period.
  */
 const HTTP_DRAIN_MS = 5_000
+/** How long a start stopped by a signal waits for storage to open and close, within compose's 30 s grace. */
+const STARTING_STOP_MS = 20_000
 
 /** The settings, or exit 2 naming the one that is wrong. */
 function settings(): Readonly<Config> {
@@ -146,7 +148,25 @@ async function main(): Promise<void> {
   // Listening before the database is open: a CLI started meanwhile waits for this server instead of
   // opening the embedded database a second time.
   const operatorSocket = usesOperatorSocket(config) ? startOperatorSocket(config, contextReady) : null
+  // A signal while storage opens (a first embedded start runs initdb for seconds) stops the start:
+  // storage is closed once open (within a bound), the socket goes and the lock with the exit, so a
+  // backup's `test ! -e data/lock` and the next start find nothing left behind.
+  let startStopped = false
+  const stopStarting = (signal: string) => {
+    if (startStopped) return
+    startStopped = true
+    log.info('shutting down while starting', { reason: signal })
+    const closed = contextReady.then(async (opened) => {
+      await opened.store.close()
+      await opened.database.close()
+    })
+    void withTimeout(Promise.allSettled([operatorSocket?.stop(), closed]), STARTING_STOP_MS).finally(() => process.exit(0))
+  }
+  const onStartSignal = { SIGINT: () => stopStarting('SIGINT'), SIGTERM: () => stopStarting('SIGTERM') }
+  for (const [signal, handler] of Object.entries(onStartSignal)) process.on(signal, handler)
   const ctx = await contextReady
+  for (const [signal, handler] of Object.entries(onStartSignal)) process.off(signal, handler)
+  if (startStopped) return
   const index = serverProcessIndex()
   const role: ProcessRole =
     config.serverProcesses === 1

@@ -81,6 +81,27 @@ async function processLabelsSeen(server: ServerProcess, enough: (seen: Set<strin
   return seen
 }
 
+test.skipIf(MODE !== 'embedded')('SIGTERM while the embedded database is first made: exit 0, the database closed, nothing left in DATA_DIR but it', async () => {
+  for (const signal of ['SIGTERM', 'SIGINT'] as const) {
+    const dataDir = mkdtempSync(join(tmpdir(), 'ls-start-stop-'))
+    const proc = Bun.spawn([process.execPath, 'src/main.ts'], {
+      cwd: join(import.meta.dir, '..'),
+      env: { ...process.env, DATA_DIR: dataDir, DATABASE_URL: '', REDIS_URL: '', MASTER_KEY: TEST_MASTER_KEY.toString('hex'), HOST: '127.0.0.1', PORT: '0' },
+      stdout: 'ignore',
+      stderr: 'pipe',
+    })
+    // The socket is made in the same turn as the handlers: from then on the start is the server's to stop.
+    await until(() => (readdirSync(dataDir).includes('operator.sock') ? true : undefined), 30_000)
+    proc.kill(signal)
+    expect(await proc.exited, await new Response(proc.stderr).text()).toBe(0)
+    expect(readdirSync(dataDir).filter((name) => name !== 'pglite' && name !== 'master.key')).toEqual([])
+    // What it made opens again.
+    const again = await startServer({ DATA_DIR: dataDir, DATABASE_URL: '', REDIS_URL: '' })
+    expect((await fetch(`${again.url}/readyz`)).status).toBe(200)
+    expect(await again.stop()).toBe(0)
+  }
+}, 120_000)
+
 test('SIGTERM while a request body is still on its way: the server stops within seconds, not at its deadline', async () => {
   const server = await startServer({ DATABASE_URL: '', REDIS_URL: '' })
   const socket = connect(Number(new URL(server.url).port), '127.0.0.1')
