@@ -5,12 +5,32 @@
  * to that shard and drops its cache, so the revoke is never served as valid.
  */
 import { afterAll, describe, expect, test } from 'bun:test'
+import type { Redis } from 'ioredis'
 import { RedisStore } from '../../src/store/redis'
 import { keys } from '../../src/store/store'
 import { hwid, insertLicense, nonce } from '../support/client'
 import { makeTestApp, MODE } from '../support/helpers'
 import { ownReplicatedCluster } from '../support/redis-cluster'
 import { until } from '../support/servers'
+
+/** The replica stops taking its master's writes (it cannot authenticate to resync): a takeover then loses them. */
+async function cutReplica(replica: Redis, master: Redis) {
+  await replica.config('SET', 'masteruser', 'nobody')
+  await replica.config('SET', 'masterauth', 'wrong')
+  await master.client('KILL', 'TYPE', 'replica')
+}
+
+/** A replicated cluster of the describe's own, and one instance on it. */
+async function instanceOnOwnCluster(masters: number, shards: number) {
+  const cluster = await ownReplicatedCluster({ masters })
+  const store = new RedisStore(cluster.url, { cluster: { shards } })
+  const t = await makeTestApp({ store })
+  afterAll(async () => {
+    await store.close()
+    await cluster.stop()
+  })
+  return { cluster, store, t }
+}
 
 // A cluster of the test's own and two instances on the shared PostgreSQL: the PostgreSQL pass only.
 if (MODE === 'postgres') {
@@ -31,10 +51,8 @@ if (MODE === 'postgres') {
         on.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: h, nonce: nonce() } })
       expect((await validate(b)).status).toBe(200)
 
-      // The replica stops taking the master's writes (it cannot authenticate to resync), then the revoke.
-      await cluster.replica.config('SET', 'masteruser', 'nobody')
-      await cluster.replica.config('SET', 'masterauth', 'wrong')
-      await cluster.master.client('KILL', 'TYPE', 'replica')
+      // The replica stops taking the master's writes, then the revoke.
+      await cutReplica(cluster.replica, cluster.master)
       const revoked = await a.req('PUT', `/v1/licenses/${licenseKey}`, { apiKey: s.apiKey, body: { action: 'revoke' } })
       expect(revoked.status, JSON.stringify(revoked.body)).toBe(200)
       await cluster.replica.cluster('FAILOVER', 'TAKEOVER')
@@ -53,13 +71,7 @@ if (MODE === 'postgres') {
   })
 
   describe('a charge the replica missed', async () => {
-    const cluster = await ownReplicatedCluster()
-    const store = new RedisStore(cluster.url, { cluster: { shards: 4 } })
-    const t = await makeTestApp({ store })
-    afterAll(async () => {
-      await store.close()
-      await cluster.stop()
-    })
+    const { cluster, store, t } = await instanceOnOwnCluster(1, 4)
 
     test('is not given back by the replica that took over: its refund would be a credit never paid', async () => {
       const s = await t.seed({ credits: 10 })
@@ -70,9 +82,7 @@ if (MODE === 'postgres') {
       const reconciled = await t.ctx.credits.currentBalance(s.accountId)
       expect(reconciled).toBe(9)
 
-      await cluster.replica.config('SET', 'masteruser', 'nobody')
-      await cluster.replica.config('SET', 'masterauth', 'wrong')
-      await cluster.master.client('KILL', 'TYPE', 'replica')
+      await cutReplica(cluster.replica, cluster.master)
       const charge = await t.ctx.credits.charge(s.accountId, 1, t.ctx.clock())
       expect(charge).not.toBeNull()
       const epoch = keys.appEpoch(store.shardOf(s.accountId), s.appId)
@@ -89,13 +99,7 @@ if (MODE === 'postgres') {
   })
 
   describe('two masters taken over one after the other', async () => {
-    const cluster = await ownReplicatedCluster({ masters: 2 })
-    const store = new RedisStore(cluster.url, { cluster: { shards: 16 } })
-    const t = await makeTestApp({ store })
-    afterAll(async () => {
-      await store.close()
-      await cluster.stop()
-    })
+    const { cluster, store, t } = await instanceOnOwnCluster(2, 16)
 
     test("the second shard's takeover still drops the refund of a charge its replica missed", async () => {
       const slotOf = async (s: { accountId: string }) => Number(await cluster.master.cluster('KEYSLOT', keys.generation(store.shardOf(s.accountId))))
@@ -112,11 +116,7 @@ if (MODE === 'postgres') {
       await t.ctx.credits.flush()
       expect(await t.ctx.credits.currentBalance(b.accountId)).toBe(9)
 
-      for (const [i, replica] of cluster.replicas.entries()) {
-        await replica.config('SET', 'masteruser', 'nobody')
-        await replica.config('SET', 'masterauth', 'wrong')
-        await cluster.masters[i]!.client('KILL', 'TYPE', 'replica')
-      }
+      for (const [i, replica] of cluster.replicas.entries()) await cutReplica(replica, cluster.masters[i]!)
       const charge = await t.ctx.credits.charge(b.accountId, 1, t.ctx.clock())
       expect(charge).not.toBeNull()
       const [epochA, epochB] = [a, b].map((s) => keys.appEpoch(store.shardOf(s.accountId), s.appId)) as [string, string]

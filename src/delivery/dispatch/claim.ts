@@ -195,6 +195,19 @@ export async function fanOut(db: Db, limit: number, room: Room): Promise<FannedO
  * accounts (one index probe per webhook with deliveries owed): those are claimed first, and the
  * oldest due deliveries never hide them.
  */
+/**
+ * `queues(webhook_id)`, for a WITH RECURSIVE: each webhook with deliveries owed, once, walked one at a
+ * time through webhook_deliveries_pending_by_webhook_idx (an index probe a webhook, not a read of every
+ * delivery owed).
+ */
+export const pendingQueues = sql`queues(webhook_id) AS (
+  (SELECT webhook_id FROM webhook_deliveries WHERE attempted_at IS NULL ORDER BY webhook_id LIMIT 1)
+  UNION ALL
+  SELECT (SELECT d.webhook_id FROM webhook_deliveries d
+          WHERE d.attempted_at IS NULL AND d.webhook_id > q.webhook_id ORDER BY d.webhook_id LIMIT 1)
+  FROM queues q WHERE q.webhook_id IS NOT NULL
+)`
+
 export async function claimDue(db: Db, room: Room, leaseSeconds: number): Promise<Taken> {
   const saturated = [...room.held].filter(([, n]) => n >= room.share).map(([accountId]) => accountId)
   const oldest = sql`oldest_due AS (
@@ -211,13 +224,7 @@ export async function claimDue(db: Db, room: Room, leaseSeconds: number): Promis
   const candidates =
     saturated.length === 0
       ? sql`${oldest}, candidates AS (SELECT * FROM oldest_due)`
-      : sql`${oldest}, queues(webhook_id) AS (
-          (SELECT webhook_id FROM webhook_deliveries WHERE attempted_at IS NULL ORDER BY webhook_id LIMIT 1)
-          UNION ALL
-          SELECT (SELECT d.webhook_id FROM webhook_deliveries d
-                  WHERE d.attempted_at IS NULL AND d.webhook_id > q.webhook_id ORDER BY d.webhook_id LIMIT 1)
-          FROM queues q WHERE q.webhook_id IS NOT NULL
-        ), heads AS (
+      : sql`${oldest}, ${pendingQueues}, heads AS (
           SELECT x.event_id, x.webhook_id, a.account_id
           FROM queues q
           JOIN webhooks w ON w.id = q.webhook_id

@@ -1,5 +1,6 @@
 import { sql } from 'drizzle-orm'
 import type { PurgeJob } from '../../db/purger'
+import { pendingQueues } from './claim'
 
 /**
  * Events older than the retention whose deliveries are all attempted, with their deliveries (no
@@ -35,19 +36,12 @@ export const oldWebhookEvents = (retentionDays: number): PurgeJob => ({
  * Deliveries still owed to a webhook that is gone. A webhook's delete takes its own with it
  * (deleteWebhook); these are left by an instance of a version before migration 0008, whose deletes
  * counted on a foreign key's cascade, still running in a rolling upgrade. Never claimed (the claims
- * join webhooks) and holding their events back from the purge above, they would stay for good. The
- * webhooks with deliveries owed are walked one at a time through their pending index, as claims walk them.
+ * join webhooks) and holding their events back from the purge above, they would stay for good.
  */
 export const ownerlessDeliveries: PurgeJob = {
   what: 'deliveries owed to deleted webhooks',
   batch: (limit) => sql`
-    WITH RECURSIVE queues(webhook_id) AS (
-      (SELECT webhook_id FROM webhook_deliveries WHERE attempted_at IS NULL ORDER BY webhook_id LIMIT 1)
-      UNION ALL
-      SELECT (SELECT d.webhook_id FROM webhook_deliveries d
-              WHERE d.attempted_at IS NULL AND d.webhook_id > q.webhook_id ORDER BY d.webhook_id LIMIT 1)
-      FROM queues q WHERE q.webhook_id IS NOT NULL
-    ), doomed AS (
+    WITH RECURSIVE ${pendingQueues}, doomed AS (
       SELECT d.event_id, d.webhook_id FROM queues q
       JOIN webhook_deliveries d ON d.webhook_id = q.webhook_id AND d.attempted_at IS NULL
       WHERE NOT EXISTS (SELECT 1 FROM webhooks w WHERE w.id = q.webhook_id)

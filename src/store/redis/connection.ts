@@ -86,7 +86,7 @@ export class Connection<Commands extends object = object> {
    * read from it, and a shard whose record went would have its next failover go uncounted (#shardDrops).
    */
   readonly #servedBy = new Map<Shard, readonly string[]>()
-  /** Each cluster node's role at the last read of a shard it served; kept across losses, for #checkMaster to tell a move. */
+  /** Each cluster node's role at the last read of a shard it served, forgotten when it drops or is taken over: for #checkMaster to tell a move. */
   readonly #roles = new Map<string, 'master' | 'replica'>()
   /**
    * How many times the connection dropped (#lost), and on a cluster, how many times each shard's data
