@@ -51,7 +51,6 @@ for from = 1, read_count, 500 do
   for i = from, to do val[i] = tonumber(v[i - from + 1]) end
 end
 
-
 -- Each request's answer, appended to out as integers (REPLIES in wire.ts). Written inline in one loop,
 -- "repeat ... until true" standing in for the continue Lua 5.1 lacks (break ends a request): a function
 -- call per request, a closure call per answer and a table per request's buckets cost ~0.6-0.8 µs a
