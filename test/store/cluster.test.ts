@@ -5,15 +5,30 @@
  */
 import { afterAll, describe, expect, test } from 'bun:test'
 import { eq } from 'drizzle-orm'
+import type { Redis } from 'ioredis'
 import { accounts, licenses } from '../../src/db/schema'
 import { openStore, RedisStore } from '../../src/store/redis'
 import { allShards, keys, shardOfKey, type Store } from '../../src/store/store'
 import { decode, hwid, insertLicense, nonce } from '../support/client'
 import { makeTestApp, MODE, type TestApp } from '../support/helpers'
-import { ownRedisCluster } from '../support/redis-cluster'
+import { type OwnRedisCluster, ownRedisCluster } from '../support/redis-cluster'
 import { until } from '../support/servers'
 
 const SHARDS = 64
+
+/** Moves a slot's keys from one master to another as `redis-cli --cluster reshard` does. */
+async function moveSlotOf(cluster: OwnRedisCluster, slot: number, from: Redis, to: Redis) {
+  const [fromId, toId] = [String(await from.cluster('MYID')), String(await to.cluster('MYID'))]
+  const toPort = cluster.ports[cluster.nodes.indexOf(to)]!
+  await to.cluster('SETSLOT', slot, 'IMPORTING', fromId)
+  await from.cluster('SETSLOT', slot, 'MIGRATING', toId)
+  for (;;) {
+    const moving = (await from.cluster('GETKEYSINSLOT', slot, 100)) as string[]
+    if (moving.length === 0) break
+    await from.migrate('127.0.0.1', toPort, '', 0, 5_000, 'KEYS', ...moving)
+  }
+  for (const node of [to, from, ...cluster.nodes.filter((n) => n !== to && n !== from)]) await node.cluster('SETSLOT', slot, 'NODE', toId)
+}
 
 const body = (s: { appId: string; appSecret: string }, licenseKey: string, h = hwid()) => ({
   appId: s.appId,
@@ -366,19 +381,7 @@ if (MODE === 'postgres') {
       await cluster.stop()
     })
 
-    /** Moves a slot's keys from one master to another as `redis-cli --cluster reshard` does. */
-    const moveSlot = async (slot: number, from: (typeof cluster.nodes)[number], to: (typeof cluster.nodes)[number]) => {
-      const [fromId, toId] = [String(await from.cluster('MYID')), String(await to.cluster('MYID'))]
-      const toPort = cluster.ports[cluster.nodes.indexOf(to)]!
-      await to.cluster('SETSLOT', slot, 'IMPORTING', fromId)
-      await from.cluster('SETSLOT', slot, 'MIGRATING', toId)
-      for (;;) {
-        const moving = (await from.cluster('GETKEYSINSLOT', slot, 100)) as string[]
-        if (moving.length === 0) break
-        await from.migrate('127.0.0.1', toPort, '', 0, 5_000, 'KEYS', ...moving)
-      }
-      for (const node of [to, from, ...cluster.nodes.filter((n) => n !== to && n !== from)]) await node.cluster('SETSLOT', slot, 'NODE', toId)
-    }
+    const moveSlot = (slot: number, from: Redis, to: Redis) => moveSlotOf(cluster, slot, from, to)
 
     test("charges exactly the successes, of the moved shard's tenant and of the others'", async () => {
       const ranges = async () => (await cluster.nodes[0]!.cluster('SLOTS')) as unknown as [number, number, [string, number]][]
@@ -426,5 +429,80 @@ if (MODE === 'postgres') {
         expect(spent).toBe(successes.get(s.accountId)!)
       }
     }, 60_000)
+  })
+
+  // A cluster of its own with a master holding no slot yet: a scale-out, then a scale-in.
+  describe('a reshard onto a new master, and one that empties a master', async () => {
+    const cluster = await ownRedisCluster({ empty: 1 })
+    const store = new RedisStore(cluster.url, { cluster: { shards: SHARDS } })
+    const t = await makeTestApp({ store })
+    afterAll(async () => {
+      await store.close()
+      await cluster.stop()
+    })
+    const [first, second] = cluster.nodes as [Redis, Redis]
+    const added = cluster.nodes[3]!
+    const slotOf = async (shard: string) => Number(await first.cluster('KEYSLOT', keys.generation(shard)))
+    const ownerOf = async (shard: string) => {
+      const slot = await slotOf(shard)
+      const ranges = (await first.cluster('SLOTS')) as unknown as [number, number, [string, number]][]
+      return cluster.nodes[cluster.ports.indexOf(ranges.find(([from, to]) => slot >= from && slot <= to)![2][1])]
+    }
+    /**
+     * An account of the first master's, whose charge made now is refunded after what `reshard` does and
+     * the reads of the shards it names, made at once, as under load.
+     */
+    const refundAfter = async (reshard: (kept: string) => Promise<string[]>) => {
+      let s = await t.seed({ credits: 10 })
+      while ((await ownerOf(store.shardOf(s.accountId))) !== first) s = await t.seed({ credits: 10 })
+      const licenseKey = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
+      expect((await t.req('POST', '/auth/validate', { body: body(s, licenseKey) })).status).toBe(200)
+      await t.ctx.credits.flush()
+      const before = await t.ctx.credits.currentBalance(s.accountId)
+      const charge = await t.ctx.credits.charge(s.accountId, 1, t.ctx.clock())
+      expect(charge).not.toBeNull()
+      const read = await reshard(store.shardOf(s.accountId))
+      const readAll = () => Promise.all(read.map((shard) => store.snapshot([keys.appEpoch(shard, 'probe')]).catch(() => null)))
+      await readAll()
+      // ioredis's refresh of its table, which the first MOVED began.
+      await Bun.sleep(1_000)
+      await readAll()
+      await t.ctx.credits.refund(s.accountId, 1, charge!.chargedUnder)
+      await t.ctx.credits.flush()
+      return { before, after: await t.ctx.credits.currentBalance(s.accountId) }
+    }
+
+    test("a slot moved to the new master leaves the refunds of the shards that stay on the old one", async () => {
+      const { before, after } = await refundAfter(async (kept) => {
+        // Every shard read once, so the first master's are recorded where they are.
+        await Promise.all(allShards(SHARDS).map((shard) => store.snapshot([keys.appEpoch(shard, 'probe')])))
+        let moved: string | undefined
+        for (const shard of allShards(SHARDS)) if (!moved && shard !== kept && (await ownerOf(shard)) === first) moved = shard
+        await moveSlotOf(cluster, await slotOf(moved!), first, added)
+        // In one pipeline to the first master: the moved shard's MOVED, then the kept one's reply.
+        return [moved!, kept]
+      })
+      expect(after).toBe(before)
+    }, 60_000)
+
+    test("a reshard that empties a master gives the refunds of its shards back: their keys moved whole", async () => {
+      const ownersBefore = new Map<string, Redis | undefined>()
+      const { before, after } = await refundAfter(async (kept) => {
+        // Every master read from, so the moves go to one the instance knows.
+        await Promise.all(allShards(SHARDS).map((shard) => store.snapshot([keys.appEpoch(shard, 'probe')])))
+        for (const shard of allShards(SHARDS)) ownersBefore.set(shard, await ownerOf(shard))
+        const [fromId, toId] = [String(await first.cluster('MYID')), String(await second.cluster('MYID'))]
+        const owned = ((await first.cluster('SLOTS')) as unknown as [number, number, [string, number]][])
+          .filter(([, , [, port]]) => port === cluster.ports[0])
+          .reduce((n, [from, to]) => n + to - from + 1, 0)
+        const reshard = Bun.spawnSync(['redis-cli', '--cluster', 'reshard', `127.0.0.1:${cluster.ports[1]}`, '--cluster-from', fromId,
+          '--cluster-to', toId, '--cluster-slots', String(owned), '--cluster-yes'])
+        expect(reshard.exitCode, reshard.stderr.toString()).toBe(0)
+        // Another shard that was the first master's: its MOVED begins the refresh that finds the first
+        // master holding no slot, before the kept shard is read again.
+        return [allShards(SHARDS).find((shard) => shard !== kept && ownersBefore.get(shard) === first)!]
+      })
+      expect(after).toBe(before)
+    }, 120_000)
   })
 }

@@ -2,11 +2,13 @@
  * A Redis Cluster of a test's (or a bench's) own: masters without replicas or persistence, on free
  * ports of a range, in a temporary directory that `stop` removes with the processes.
  */
-import { mkdtempSync, rmSync } from 'node:fs'
+import { mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
-import { join } from 'node:path'
+import { basename, dirname, join } from 'node:path'
 import Redis from 'ioredis'
 import { canListen, until } from './servers'
+
+const CLUSTER_DIR_PREFIX = 'ls-redis-cluster-'
 
 export interface OwnRedisCluster {
   /** The seed nodes as REDIS_URL takes them with REDIS_CLUSTER=true. */
@@ -18,6 +20,26 @@ export interface OwnRedisCluster {
   pids: number[]
   /** Kills the servers and removes their directory. */
   stop(): Promise<void>
+}
+
+/**
+ * Kills the servers of clusters whose test process is gone (their parent is now init) and removes their
+ * directories: bun test runs a describe's body, which starts its cluster, but not its afterAll when a
+ * filter leaves none of its tests, and emits no 'exit'; such servers took the range's ports from every
+ * later cluster. Each runs in its cluster's directory (--dir), which names it as one of these.
+ */
+function reapOrphanedClusters(): void {
+  for (const pid of readdirSync('/proc').filter((name) => /^\d+$/.test(name))) {
+    try {
+      const parent = /^PPid:\s+(\d+)$/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1]
+      const dir = readlinkSync(`/proc/${pid}/cwd`)
+      if (parent !== '1' || !basename(dir).startsWith(CLUSTER_DIR_PREFIX) || dirname(dir) !== tmpdir()) continue
+      process.kill(Number(pid), 'SIGKILL')
+      rmSync(dir, { recursive: true, force: true })
+    } catch {
+      // Gone meanwhile, or not ours to read.
+    }
+  }
 }
 
 /** `count` ports of [first, last] that are free, each with its cluster bus port (+10000) free too. */
@@ -32,10 +54,15 @@ async function freePorts(count: number, first: number, last: number): Promise<nu
   return ports
 }
 
-/** Starts `masters` redis-servers on ports of [first, last], joins them as one cluster and waits until it serves every slot. */
-export async function ownRedisCluster({ masters = 3, first = 7101, last = 7199 } = {}): Promise<OwnRedisCluster> {
-  const dir = mkdtempSync(join(tmpdir(), 'ls-redis-cluster-'))
-  const ports = await freePorts(masters, first, last)
+/**
+ * Starts `masters` redis-servers on ports of [first, last], joins them as one cluster and waits until it
+ * serves every slot; `empty` more masters join it holding no slot (after the others in `nodes` and
+ * `ports`, not in `url`), for a reshard to move slots to.
+ */
+export async function ownRedisCluster({ masters = 3, empty = 0, first = 7101, last = 7199 } = {}): Promise<OwnRedisCluster> {
+  const dir = mkdtempSync(join(tmpdir(), CLUSTER_DIR_PREFIX))
+  reapOrphanedClusters()
+  const ports = await freePorts(masters + empty, first, last)
   const procs = ports.map((port) =>
     Bun.spawn(
       [
@@ -60,9 +87,13 @@ export async function ownRedisCluster({ masters = 3, first = 7101, last = 7199 }
       if (up !== 'PONG') throw new Error('a cluster node did not start')
     }
     const create = Bun.spawnSync([
-      'redis-cli', '--cluster', 'create', ...ports.map((port) => `127.0.0.1:${port}`), '--cluster-replicas', '0', '--cluster-yes',
+      'redis-cli', '--cluster', 'create', ...ports.slice(0, masters).map((port) => `127.0.0.1:${port}`), '--cluster-replicas', '0', '--cluster-yes',
     ])
     if (create.exitCode !== 0) throw new Error(`redis-cli --cluster create failed: ${create.stdout.toString()}${create.stderr.toString()}`)
+    for (const port of ports.slice(masters)) {
+      const join = Bun.spawnSync(['redis-cli', '--cluster', 'add-node', `127.0.0.1:${port}`, `127.0.0.1:${ports[0]}`])
+      if (join.exitCode !== 0) throw new Error(`redis-cli --cluster add-node failed: ${join.stdout.toString()}${join.stderr.toString()}`)
+    }
     for (const node of nodes) {
       const info = await until(() => node.cluster('INFO'), (text) => text.includes('cluster_state:ok'), 20_000)
       if (!info.includes('cluster_state:ok')) throw new Error('the cluster did not reach cluster_state:ok')
@@ -71,7 +102,7 @@ export async function ownRedisCluster({ masters = 3, first = 7101, last = 7199 }
     await stop()
     throw err
   }
-  return { url: ports.map((port) => `redis://127.0.0.1:${port}`).join(','), ports, nodes, pids: procs.map((proc) => proc.pid), stop }
+  return { url: ports.slice(0, masters).map((port) => `redis://127.0.0.1:${port}`).join(','), ports, nodes, pids: procs.map((proc) => proc.pid), stop }
 }
 
 export interface OwnReplicatedCluster {
@@ -88,7 +119,8 @@ export interface OwnReplicatedCluster {
 
 /** A Redis Cluster of `masters` masters (one, by default, serving every slot), each with one replica: what a failover needs. */
 export async function ownReplicatedCluster({ masters: count = 1, first = 7101, last = 7199 } = {}): Promise<OwnReplicatedCluster> {
-  const dir = mkdtempSync(join(tmpdir(), 'ls-redis-cluster-'))
+  const dir = mkdtempSync(join(tmpdir(), CLUSTER_DIR_PREFIX))
+  reapOrphanedClusters()
   const ports = await freePorts(2 * count, first, last)
   const procs = ports.map((port) =>
     Bun.spawn(

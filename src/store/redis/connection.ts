@@ -187,14 +187,26 @@ export class Connection<Commands extends object = object> {
   #nodeLost(node: string): void {
     // Whatever it was, it is read afresh: it may come back as a replica (#checkMaster).
     this.#roles.delete(node)
-    const served = [...this.#servedBy].filter(([, nodes]) => nodes[0] === node).map(([shard]) => shard)
+    const served = [...this.#servedBy].filter(([, nodes]) => nodes[0] === node)
     if (served.length === 0) return
-    for (const shard of served) {
+    for (const [shard, known] of served) {
+      // ioredis drops a node left without slots after writing the table that moved them (a reshard
+      // that emptied a master): a shard whose slot went to another master went whole.
+      const now = (this.redis as Cluster).slots[calculateSlot(shard)]
+      if (now?.[0] !== undefined && now[0] !== node && this.#movedTo(known, now)) {
+        this.#servedBy.set(shard, [...now])
+        continue
+      }
       this.#shardLost(shard)
       // Read again before the node counts for it: its failures while it stays down are not new losses.
       this.#servedBy.delete(shard)
     }
     this.#forgetReads()
+  }
+
+  /** Whether a shard served by `known` (master first) and now by `now` was moved whole, not taken over (#checkMaster). */
+  #movedTo(known: readonly string[], now: readonly string[]): boolean {
+    return this.#roles.get(now[0] as string) === 'master' && !known.includes(now[0] as string) && !now.includes(known[0] as string)
   }
 
   /** The mark of a charge made now on the shard (chargedUnder): it no longer matches once the data may have lost it. */
@@ -228,8 +240,7 @@ export class Connection<Commands extends object = object> {
    * a takeover by a replica counts as a loss of the shard's data. A move is told apart by its new master
    * having been a master at the last read of a shard it served (and not dropped or taken over since), being
    * no replica of this one, and the old master not turning replica of the new: anything else (a master never
-   * read from) is taken for a failover. ioredis's table cannot say more: on a MOVED it points every slot of
-   * the old node at the new one until its next refresh, so a move seen there looks like a whole failover.
+   * read from, as a new empty master is at the first slot a reshard gives it) is taken for a failover.
    */
   #checkMaster(shard: Shard): void {
     if (!(this.redis instanceof Cluster)) return
@@ -238,12 +249,10 @@ export class Connection<Commands extends object = object> {
     if (nodes === undefined || node === undefined) return
     const known = this.#servedBy.get(shard)
     if (known !== undefined && known[0] !== node) {
-      const old = known[0] as string
-      const moved = this.#roles.get(node) === 'master' && !known.includes(node) && !nodes.includes(old)
-      if (!moved) {
+      if (!this.#movedTo(known, nodes)) {
         this.#shardLost(shard)
         // Taken over: it may come back as another master's replica, which a later takeover must not read as a move.
-        this.#roles.delete(old)
+        this.#roles.delete(known[0] as string)
       }
       this.#forgetReads()
     }
