@@ -2,11 +2,11 @@
  * A Redis Cluster of a test's (or a bench's) own: masters without replicas or persistence, on free
  * ports of a range, in a temporary directory that `stop` removes with the processes.
  */
-import { mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync } from 'node:fs'
+import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
-import { basename, dirname, join } from 'node:path'
+import { join } from 'node:path'
 import Redis from 'ioredis'
-import { canListen, until } from './servers'
+import { canListen, reapOrphanedServers, until } from './servers'
 
 const CLUSTER_DIR_PREFIX = 'ls-redis-cluster-'
 
@@ -20,26 +20,6 @@ export interface OwnRedisCluster {
   pids: number[]
   /** Kills the servers and removes their directory. */
   stop(): Promise<void>
-}
-
-/**
- * Kills the servers of clusters whose test process is gone (their parent is now init) and removes their
- * directories: bun test runs a describe's body, which starts its cluster, but not its afterAll when a
- * filter leaves none of its tests, and emits no 'exit'; such servers took the range's ports from every
- * later cluster. Each runs in its cluster's directory (--dir), which names it as one of these.
- */
-function reapOrphanedClusters(): void {
-  for (const pid of readdirSync('/proc').filter((name) => /^\d+$/.test(name))) {
-    try {
-      const parent = /^PPid:\s+(\d+)$/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1]
-      const dir = readlinkSync(`/proc/${pid}/cwd`)
-      if (parent !== '1' || !basename(dir).startsWith(CLUSTER_DIR_PREFIX) || dirname(dir) !== tmpdir()) continue
-      process.kill(Number(pid), 'SIGKILL')
-      rmSync(dir, { recursive: true, force: true })
-    } catch {
-      // Gone meanwhile, or not ours to read.
-    }
-  }
 }
 
 /** `count` ports of [first, last] that are free, each with its cluster bus port (+10000) free too. */
@@ -61,7 +41,7 @@ async function freePorts(count: number, first: number, last: number): Promise<nu
  */
 export async function ownRedisCluster({ masters = 3, empty = 0, first = 7101, last = 7199 } = {}): Promise<OwnRedisCluster> {
   const dir = mkdtempSync(join(tmpdir(), CLUSTER_DIR_PREFIX))
-  reapOrphanedClusters()
+  reapOrphanedServers(CLUSTER_DIR_PREFIX)
   const ports = await freePorts(masters + empty, first, last)
   const procs = ports.map((port) =>
     Bun.spawn(
@@ -120,7 +100,7 @@ export interface OwnReplicatedCluster {
 /** A Redis Cluster of `masters` masters (one, by default, serving every slot), each with one replica: what a failover needs. */
 export async function ownReplicatedCluster({ masters: count = 1, first = 7101, last = 7199 } = {}): Promise<OwnReplicatedCluster> {
   const dir = mkdtempSync(join(tmpdir(), CLUSTER_DIR_PREFIX))
-  reapOrphanedClusters()
+  reapOrphanedServers(CLUSTER_DIR_PREFIX)
   const ports = await freePorts(2 * count, first, last)
   const procs = ports.map((port) =>
     Bun.spawn(

@@ -2,10 +2,10 @@
  * Servers a fault test owns: a redis-server and a PostgreSQL cluster on ports of their own, which the
  * test stops, restarts (empty) and starts again without touching the machine's shared servers.
  */
-import { chownSync, mkdtempSync, rmSync } from 'node:fs'
+import { chownSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync } from 'node:fs'
 import { createServer } from 'node:net'
 import { tmpdir } from 'node:os'
-import { join } from 'node:path'
+import { basename, dirname, join } from 'node:path'
 
 /** Whether a listener on 127.0.0.1 can bind `port` now. */
 export const canListen = (port: number) =>
@@ -67,10 +67,34 @@ export interface OwnRedis {
   signal(signal: 'SIGSTOP' | 'SIGCONT'): void
 }
 
+/** Where ownRedis's servers run; a prefix of the clusters' too, which the reaping of either finds. */
+const REDIS_DIR_PREFIX = 'ls-redis-'
+
+/**
+ * Kills the servers of a test's own (run in a `tmpdir()/<prefix>*` directory, their --dir) whose test
+ * process is gone, their parent now init, and removes their directories: bun test runs a describe's
+ * body, which may start them, but not its afterAll when a filter leaves none of its tests, and emits no
+ * 'exit'. A cluster's took the port range from every later cluster.
+ */
+export function reapOrphanedServers(prefix: string): void {
+  for (const pid of readdirSync('/proc').filter((name) => /^\d+$/.test(name))) {
+    try {
+      const parent = /^PPid:\s+(\d+)$/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1]
+      const dir = readlinkSync(`/proc/${pid}/cwd`)
+      if (parent !== '1' || !basename(dir).startsWith(prefix) || dirname(dir) !== tmpdir()) continue
+      process.kill(Number(pid), 'SIGKILL')
+      rmSync(dir, { recursive: true, force: true })
+    } catch {
+      // Gone meanwhile, or not ours to read.
+    }
+  }
+}
+
 /** A redis-server of the test's own, without persistence unless `args` asks for it. */
 export async function ownRedis(args: string[] = ['--save', '', '--appendonly', 'no']): Promise<OwnRedis> {
+  reapOrphanedServers(REDIS_DIR_PREFIX)
   const port = await freePort()
-  const dir = mkdtempSync(join(tmpdir(), 'ls-redis-'))
+  const dir = mkdtempSync(join(tmpdir(), REDIS_DIR_PREFIX))
   let proc: ReturnType<typeof Bun.spawn> | null = null
   const handle: OwnRedis = {
     url: `redis://127.0.0.1:${port}`,
