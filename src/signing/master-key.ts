@@ -115,6 +115,14 @@ export function resolveMasterKey(settings: KeySettings, stored: string | null): 
     log.warn('a master key staged by a rotation that did not commit is left in DATA_DIR, unused', { path: pendingKeyPath(path) })
   }
   if (existing) {
+    // A shared database is never sealed with a file of one host's DATA_DIR (an embedded run's, say): it
+    // would need that file on every instance, and lose its secrets with it. One already sealed with it
+    // (an earlier version allowed that) goes on, with the warning.
+    if (settings.databaseUrl && stored === null) {
+      throw new ConfigError(
+        'MASTER_KEY is not set: with DATABASE_URL every instance needs the same key; set MASTER_KEY (the development key in DATA_DIR is used only for a database already sealed with it)',
+      )
+    }
     log.warn(
       settings.databaseUrl
         ? 'MASTER_KEY is not set: using the development key in DATA_DIR, which seals this shared database: every instance needs the file, and removing DATA_DIR loses it; set MASTER_KEY to its contents'

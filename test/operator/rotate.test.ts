@@ -132,6 +132,12 @@ async function refused(run: Promise<{ code: number; stdout: string; stderr: stri
 }
 
 /** An account with one app and, where asked, the environment's master key sealing them. */
+/**
+ * `env` with MASTER_KEY set to the development key file's key: on PostgreSQL a fresh database is sealed
+ * only with MASTER_KEY, never with the file, which is used after for a database already sealed with it.
+ */
+const sealedWith = (env: Record<string, string>, key: string) => ({ ...env, MASTER_KEY: key })
+
 async function provision(env: Record<string, string>) {
   const account = await ok(cli(env, ['account', 'create', '--name', 'Rotation', '--credits', '100']))
   const app = await ok(cli(env, ['app', 'create', '--account', account.accountId, '--name', 'Rotated']))
@@ -233,7 +239,7 @@ describe(`master-key rotate (${MODE})`, () => {
     const env = await settings('')
     const devKey = hexKey()
     const keyFile = developmentKey(env, devKey)
-    const p = await provision(env)
+    const p = await provision(sealedWith(env, devKey))
     const second = await ok(cli(env, ['app', 'create', '--account', p.accountId, '--name', 'Sealed elsewhere']))
     const stranger = new Sealer(randomBytes(32))
     const original = await sealedValues(env)
@@ -275,7 +281,7 @@ describe(`master-key rotate (${MODE})`, () => {
     const env = await settings('')
     const oldKey = hexKey()
     const keyFile = developmentKey(env, oldKey)
-    await provision(env)
+    await provision(sealedWith(env, oldKey))
     const newKey = hexKey()
     // The commit without the file: what a crash between the two leaves behind.
     expect(await ok(cli({ ...env, MASTER_KEY: oldKey, NEW_MASTER_KEY: newKey }, ['master-key', 'rotate']))).toMatchObject({
@@ -307,7 +313,7 @@ describe(`master-key rotate (${MODE})`, () => {
     const env = await settings('')
     const devKey = hexKey()
     const keyFile = developmentKey(env, devKey)
-    await provision(env)
+    await provision(sealedWith(env, devKey))
     const stray = hexKey()
     writeFileSync(`${keyFile}.next`, stray, { mode: 0o600 })
     await refused(cli({ ...env, NEW_MASTER_KEY: hexKey() }, ['master-key', 'rotate']), /master\.key\.next is left by a rotation that did not commit/)
@@ -337,6 +343,22 @@ describe(`master-key rotate (${MODE})`, () => {
     expect(server.code, server.stderr).toBe(2)
     expect(server.stderr).toBe('configuration error: MASTER_KEY is not set: with DATABASE_URL every instance needs the same key; set MASTER_KEY\n')
     expect(existsSync(join(env.DATA_DIR ?? '', 'master.key'))).toBe(false)
+  })
+
+  test.skipIf(!TEST_DATABASE_URL)("a development key file in DATA_DIR seals no fresh shared database: the CLI and the server refuse; one sealed with it goes on", async () => {
+    const env = await settings('')
+    const devKey = hexKey()
+    developmentKey(env, devKey)
+    const refusal = 'MASTER_KEY is not set: with DATABASE_URL every instance needs the same key; set MASTER_KEY (the development key in DATA_DIR is used only for a database already sealed with it)'
+    const run = await cli(env, ['account', 'list'])
+    expect(run.code, run.stdout).toBe(2)
+    expect(run.stderr).toBe(`error: ${refusal}\n`)
+    const server = await runToExit(['src/main.ts'], { ...env, HOST: '127.0.0.1', PORT: '0' })
+    expect(server.code, server.stderr).toBe(2)
+    expect(server.stderr).toBe(`configuration error: ${refusal}\n`)
+    // Sealed with that key through MASTER_KEY, the database is then opened with the file.
+    await provision(sealedWith(env, devKey))
+    await ok(cli(env, ['account', 'list']))
   })
 
   test('a development key file that holds no key is a settings problem, named as it is', async () => {
@@ -427,7 +449,7 @@ describe(`master-key rotate (${MODE})`, () => {
     // The development key: the first run replaced the file, which the second finds holding the new key.
     const devEnv = await settings('')
     const keyFile = developmentKey(devEnv, oldKey)
-    await provision(devEnv)
+    await provision(sealedWith(devEnv, oldKey))
     await ok(cli({ ...devEnv, NEW_MASTER_KEY: newKey }, ['master-key', 'rotate']))
     expect(await ok(cli({ ...devEnv, NEW_MASTER_KEY: newKey }, ['master-key', 'rotate']))).toEqual({
       rotated: { signingKeys: 0, webhookSecrets: 0 },
