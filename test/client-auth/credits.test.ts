@@ -22,6 +22,18 @@ describe('credits on the client endpoints', async () => {
   const live = async (s: { apiKey: string }) => (await t.req('GET', '/v1/account', { apiKey: s.apiKey })).body.credits
   const validate = (s: { appId: string; appSecret: string }, licenseKey: string, h = hwid()) =>
     t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: h, nonce: nonce() } })
+  /** A session on a new license of a new account with `credits`, and its heartbeat, which renews the session token. */
+  const heartbeating = async (credits: number) => {
+    const s = await t.seed({ credits })
+    const h = hwid()
+    let token = decode((await validate(s, await insertLicense(t.ctx, s.appId), h)).body.payload).sessionToken
+    const beat = async () => {
+      const res = await t.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken: token, hwid: h } })
+      if (res.status === 200) token = decode(res.body.payload).sessionToken
+      return res
+    }
+    return { s, beat }
+  }
 
   test('a successful validate costs 1, failures cost nothing, the reconciler moves it to PostgreSQL once', async () => {
     const s = await t.seed({ credits: 10 })
@@ -251,16 +263,8 @@ describe('credits on the client endpoints', async () => {
   })
 
   test('every 10th heartbeat of a license costs 1 credit; a refused one is not counted', async () => {
-    const s = await t.seed({ credits: 2 })
-    const key = await insertLicense(t.ctx, s.appId)
-    const h = hwid()
-    let token = decode((await validate(s, key, h)).body.payload).sessionToken
-    const beat = () => t.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken: token, hwid: h } })
-    for (let i = 1; i <= 9; i++) {
-      const res = await beat()
-      expect(res.status).toBe(200)
-      token = decode(res.body.payload).sessionToken
-    }
+    const { s, beat } = await heartbeating(2)
+    for (let i = 1; i <= 9; i++) expect((await beat()).status).toBe(200)
     expect(await live(s)).toBe(1)
     expect((await beat()).status).toBe(200)
     expect(await live(s)).toBe(0)
@@ -272,11 +276,7 @@ describe('credits on the client endpoints', async () => {
   })
 
   test('a heartbeat that fails after its count (no active signing key) is not counted: the 10th successful one is the one charged', async () => {
-    const s = await t.seed({ credits: 10 })
-    const key = await insertLicense(t.ctx, s.appId)
-    const h = hwid()
-    const token = decode((await validate(s, key, h)).body.payload).sessionToken
-    const beat = () => t.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken: token, hwid: h } })
+    const { s, beat } = await heartbeating(10)
     const signing = async (active: boolean) => {
       await t.ctx.database.db.update(signingKeys).set({ active }).where(eq(signingKeys.appId, s.appId))
       // A change through the API, so the app is read again.
