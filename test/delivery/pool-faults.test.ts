@@ -2,7 +2,7 @@ import { afterAll, expect, test } from 'bun:test'
 import { startDispatcher } from '../../src/delivery/dispatcher'
 import { DeliveryPool } from '../../src/delivery/pool'
 import { makeTestApp, MODE } from '../support/helpers'
-import { startReceiver, testCertificate } from '../support/webhooks-receiver'
+import { startReceiver, testCertificate, until } from '../support/webhooks-receiver'
 
 /** Every delivery worker the pool starts, run from a copy that can be told to hold its event loop. */
 const started: Worker[] = []
@@ -30,7 +30,8 @@ test.each([
   try {
     expect(await pool.send(job(fast.url('/before')))).toEqual({ status: 200 })
     const held = pool.send(job(slow.url('/held')))
-    await Bun.sleep(100)
+    // On its way from the worker that took it (a fixed wait was too short for a worker to start on a busy host).
+    await until(() => slow.at('/held').length === 1, 'the held request at its receiver')
     const faulted = performance.now()
     fault(started.at(-1)!)
     expect(await held).toEqual({ status: 0, reason: 'worker' })
@@ -50,7 +51,7 @@ test('a worker lost with jobs queued behind its open requests: those it never st
   try {
     const held = pool.send(job(slow.url('/held')))
     const queued = [pool.send(job(fast.url('/queued/1'))), pool.send(job(fast.url('/queued/2')))]
-    await Bun.sleep(200)
+    await until(() => slow.at('/held').length === 1, 'the held request at its receiver')
     started.at(-1)!.terminate()
     expect(await held).toEqual({ status: 0, reason: 'worker' })
     expect(await Promise.all(queued)).toEqual([{ status: 200 }, { status: 200 }])
