@@ -15,6 +15,19 @@ export function procCpu(path: string): { comm: string; seconds: number } {
   }
 }
 
+/**
+ * A memory field of `/proc/<pid>/status` in MB: VmRSS (resident now) or VmHWM (the most it has been
+ * resident); zero when the process is gone.
+ */
+export function procMemoryMb(pid: number | string, field: 'VmRSS' | 'VmHWM'): number {
+  try {
+    const kb = new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1]
+    return kb ? Number(kb) / 1024 : 0
+  } catch {
+    return 0
+  }
+}
+
 /** Idle and total jiffies of the whole machine, from the first line of /proc/stat. */
 export function machineTicks(): { idle: number; total: number } {
   const f = (readFileSync('/proc/stat', 'utf8').split('\n')[0] ?? '').trim().split(/\s+/).slice(1).map(Number)

@@ -1,6 +1,6 @@
-import { existsSync, readFileSync } from 'node:fs'
+import { existsSync } from 'node:fs'
 import { join } from 'node:path'
-import { procCpu } from './proc'
+import { procCpu, procMemoryMb } from './proc'
 import { LAUNCH_ENV } from '../src/server-processes'
 
 /** A server under test, as the benches and the tests start it: its URL, its processes' CPU and memory, its log, and a stop. */
@@ -69,15 +69,6 @@ export function profileFlags(): string[] {
 export const launchServer = (checkout: string, env: Record<string, string>, flags: string[] = []) =>
   spawnServer(serverEntry(checkout), { ...LAUNCH_ENV, ...env }, [DIE_WITH_BENCH, ...flags])
 
-function rssMb(pid: string): number {
-  try {
-    const kb = /^VmRSS:\s+(\d+) kB/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1]
-    return kb ? Number(kb) / 1024 : 0
-  } catch {
-    return 0
-  }
-}
-
 /** The processes `pid` started; none where pgrep is missing (the tests start servers with this too). */
 function childPids(pid: number): string[] {
   try {
@@ -130,7 +121,7 @@ export async function spawnServer(entry: string, env: Record<string, string>, fl
       processes: listening.processes ?? 1,
       cpu: () => sum((pid) => pid),
       mainCpu: () => sum((pid) => `${pid}/task/${pid}`),
-      rssMb: () => pids.map(rssMb),
+      rssMb: () => pids.map((pid) => procMemoryMb(pid, 'VmRSS')),
       log: () => seen,
       async logged(text, timeoutMs = 300_000) {
         const processes = listening.processes ?? 1

@@ -9,7 +9,7 @@ import { ACTOR_LIMITS, AppActors } from './actors/registry'
 import { KNOWN_API_KEYS, UNKNOWN_API_KEYS_PER_MINUTE } from './http/auth'
 import { requireKeySource, resolveMasterKey } from './signing/master-key'
 import { adoptKeyCheck, storedKeyCheck } from './signing/key-check'
-import { type Database, openDb, poolSizePerProcess } from './db/client'
+import { COMMAND_SHARED_BUFFERS_MB, type Database, openDb, poolSizePerProcess } from './db/client'
 import { Metrics } from './lib/metrics'
 import { Signer } from './signing/signer'
 import type { Context } from './context'
@@ -21,7 +21,7 @@ import { InFlightLimit } from './lib/in-flight'
 import { TEST_PINGS_PER_ACCOUNT } from './webhooks/service'
 import { PING_FETCHES } from './delivery/fetch-limit'
 
-/** What a test or a bench brings of its own instead of what the settings would open. */
+/** What a test, a bench or the CLI brings of its own instead of what the server would open. */
 export interface ContextOverrides {
   database?: Database
   store?: Store
@@ -36,6 +36,8 @@ export interface ContextOverrides {
    * settings' NODE_EXTRA_CA_CERTS, which this process did not start with.
    */
   embedded?: boolean
+  /** A one-off command's context (the operator CLI's): its embedded database starts with COMMAND_SHARED_BUFFERS_MB. */
+  command?: boolean
 }
 
 /** Opens storage (applying migrations) and builds the dependencies the server, the CLI and the tests share. */
@@ -43,7 +45,12 @@ export async function buildContext(config: Readonly<Config>, overrides: ContextO
   if (!overrides.masterKey) requireKeySource(config)
   const database =
     overrides.database ??
-    (await openDb({ databaseUrl: config.databaseUrl, dataDir: config.dataDir, poolSize: poolSizePerProcess(config.serverProcesses) }))
+    (await openDb({
+      databaseUrl: config.databaseUrl,
+      dataDir: config.dataDir,
+      poolSize: poolSizePerProcess(config.serverProcesses),
+      sharedBuffersMb: overrides.command ? COMMAND_SHARED_BUFFERS_MB : undefined,
+    }))
   let masterKey: Buffer
   let sealer: Sealer
   try {

@@ -38,5 +38,12 @@ class DurableNodeFS extends NodeFS {
  */
 const DURABLE_START_PARAMS = [...PGlite.defaultStartParams.filter((param) => param !== '-F'), '-c', 'wal_sync_method=fsync']
 
-/** An embedded database in `dir` whose commits survive a crash of the machine. */
-export const openDurablePglite = (dir: string) => new PGlite({ fs: new DurableNodeFS(dir), startParams: DURABLE_START_PARAMS })
+/**
+ * An embedded database in `dir` whose commits survive a crash of the machine; with `sharedBuffersMb`,
+ * that much of shared buffers instead of PGlite's 128 MB.
+ */
+export const openDurablePglite = (dir: string, sharedBuffersMb?: number) =>
+  new PGlite({
+    fs: new DurableNodeFS(dir),
+    startParams: sharedBuffersMb ? [...DURABLE_START_PARAMS, '-c', `shared_buffers=${sharedBuffersMb}MB`] : DURABLE_START_PARAMS,
+  })

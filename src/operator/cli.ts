@@ -67,7 +67,7 @@ class StorageNotOpened extends Error {
 }
 
 async function direct(config: ReturnType<typeof loadConfig>, command: DataCommand) {
-  const ctx = await buildContext(config).catch((err: unknown) => {
+  const ctx = await buildContext(config, { command: true }).catch((err: unknown) => {
     throw new StorageNotOpened(err)
   })
   try {

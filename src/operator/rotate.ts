@@ -1,7 +1,7 @@
 import { existsSync } from 'node:fs'
 import { type Config, masterKeyFrom } from '../config'
 import { describeHolder, isLock, LOCK_WAIT_MS, lockDataDir, mayLetGo } from '../db/data-dir-lock'
-import { type Database, openDb } from '../db/client'
+import { COMMAND_SHARED_BUFFERS_MB, type Database, openDb } from '../db/client'
 import { Sealer } from '../lib/crypto'
 import { storedKeyCheck } from '../signing/key-check'
 import { currentMasterKey, finishPendingRotation, pendingKeyPath, stageDevelopmentKey } from '../signing/master-key'
@@ -46,7 +46,7 @@ export async function rotateMasterKey(config: Readonly<Config>, env: Record<stri
     release = lock.release
   }
   try {
-    const database = await openDb({ databaseUrl: config.databaseUrl, dataDir: config.dataDir, poolSize: 1 })
+    const database = await openDb({ databaseUrl: config.databaseUrl, dataDir: config.dataDir, poolSize: 1, sharedBuffersMb: COMMAND_SHARED_BUFFERS_MB })
     try {
       return await rotateOpen(database, current, next)
     } finally {

@@ -1,5 +1,6 @@
 import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
+import { procMemoryMb } from '../../bench/proc'
 import { type Server, spawnServer } from '../../bench/server'
 import { newDataDir } from './data-dir'
 import { TEST_MASTER_KEY } from './helpers'
@@ -31,19 +32,25 @@ export function launchSettingsOf(pid: number): Record<string, string> {
 export async function runToExit(
   args: string[],
   env: Record<string, string>,
-): Promise<{ code: number; stdout: string; stderr: string }> {
+): Promise<{ code: number; stdout: string; stderr: string; peakRssMb: number }> {
   const proc = Bun.spawn([process.execPath, ...args], {
     cwd: join(import.meta.dir, '..', '..'),
     env: { ...process.env, ...env },
     stdout: 'pipe',
     stderr: 'pipe',
   })
+  // Read from /proc while it runs: the exit's ru_maxrss counts this process's memory too (Linux keeps
+  // the high-water mark of the memory a spawned child shared with its parent until its exec).
+  let peakRssMb = 0
+  const sampling = setInterval(() => {
+    peakRssMb = Math.max(peakRssMb, procMemoryMb(proc.pid, 'VmHWM'))
+  }, 10)
   const [stdout, stderr, code] = await Promise.all([
     new Response(proc.stdout).text(),
     new Response(proc.stderr).text(),
     proc.exited,
-  ])
-  return { code, stdout, stderr }
+  ]).finally(() => clearInterval(sampling))
+  return { code, stdout, stderr, peakRssMb }
 }
 
 /** Two server processes on PostgreSQL and Redis (TEST_*_URL), the first with its internal metrics listener. */
