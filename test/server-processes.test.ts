@@ -1,4 +1,4 @@
-import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
+import { afterAll, beforeAll, describe, expect, setDefaultTimeout, test } from 'bun:test'
 import { mkdtempSync, readdirSync, readFileSync } from 'node:fs'
 import { availableParallelism, tmpdir } from 'node:os'
 import { connect } from 'node:net'
@@ -13,6 +13,10 @@ import { newDataDir } from './support/data-dir'
 import { startReceiver, testCertificate } from './support/webhooks-receiver'
 import { LAUNCH_ENV } from '../src/server-processes'
 import { LOW_FD_LIMIT } from '../src/lib/process-metrics'
+
+// Each test starts server processes: on a slow 2-core host under the whole suite's load, one start (the
+// file's first also makes the migrated template its copy comes from) took more than 30 s.
+setDefaultTimeout(90_000)
 
 /** Pids of the processes `pid` started itself (the other server processes; workers are threads). */
 const childrenOf = (pid: number) =>
@@ -151,7 +155,7 @@ test.skipIf(MODE !== 'postgres')('SIGTERM with PostgreSQL not answering: the las
     proxy.close()
     await own.drop()
   }
-}, 90_000)
+})
 
 // An embedded server in either pass: run once.
 test.skipIf(MODE !== 'embedded')('a low open-files limit is warned of at the start, and scraped as process_max_fds', async () => {
@@ -208,7 +212,7 @@ test.skipIf(MODE !== 'embedded')("SIGTERM stops the webhook dispatcher's claims 
     socket?.destroy()
     await receiver.stop()
   }
-}, 40_000)
+})
 
 // Several processes share the port only with the shared database and store: PostgreSQL mode only.
 if (MODE === 'postgres') {

@@ -742,7 +742,9 @@ describe('priority', () => {
     // PostgreSQL a worker starts it, later by however long its imports and connection take).
     await emit(t.ctx, [{ event: 'license.created', data: dataFor('license.created', s.appId, keyFor()) }])
     // Thresholds of 0: any host counts as saturated once a CPU reading covers an interval.
-    await using _d = startDispatcher(t.ctx, { pollMs: 1_500, yieldAbove: 0, yieldApiAbove: 0 })
+    // The poll's 4 s leave the steps below (800 ms of sleeps) room on a slow, busy host: at 1.5 s the
+    // poll came first there.
+    await using _d = startDispatcher(t.ctx, { pollMs: 4_000, yieldAbove: 0, yieldApiAbove: 0 })
     await until(() => rx.at('/busy').length === 1, 'the delivery by the start\'s pass')
     // Past the first interval of readings, well before the first poll.
     await Bun.sleep(400)
