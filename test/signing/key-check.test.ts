@@ -3,7 +3,7 @@
  * a start with another key refuses, and a process that missed a rotation seals nothing new.
  */
 import { afterAll, describe, expect, test } from 'bun:test'
-import { mkdtempSync } from 'node:fs'
+import { mkdtempSync, rmSync } from 'node:fs'
 import { randomBytes } from 'node:crypto'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -16,6 +16,7 @@ import { Sealer } from '../../src/lib/crypto'
 import { KEY_MISMATCH, MasterKeyMismatch, storedKeyCheck, storeKeyCheck, watchKeyCheck } from '../../src/signing/key-check'
 import { makeTestApp, MODE, TEST_DATABASE_URL, TEST_MASTER_KEY } from '../support/helpers'
 import { createOwnDatabase } from '../support/own-database'
+import { newDataDir } from '../support/data-dir'
 
 const cleanups: (() => Promise<void>)[] = []
 afterAll(async () => {
@@ -30,8 +31,13 @@ async function ownDatabase(): Promise<Database> {
     cleanups.push(own.drop)
     databaseUrl = own.url
   }
-  const database = await openDb({ databaseUrl, dataDir: null })
-  cleanups.push(() => database.close())
+  // Embedded, a copy of the migrated template: a database made afresh (initdb) cost seconds a test.
+  const dataDir = databaseUrl ? null : await newDataDir('ls-keycheck-', { embedded: true })
+  const database = await openDb({ databaseUrl, dataDir })
+  cleanups.push(async () => {
+    await database.close()
+    if (dataDir) rmSync(dataDir, { recursive: true, force: true })
+  })
   return database
 }
 
