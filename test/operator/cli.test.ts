@@ -6,6 +6,7 @@ import postgres from 'postgres'
 import { keys } from '../../src/store/store'
 import { MODE, TEST_DATABASE_URL, TEST_MASTER_KEY, TEST_REDIS_URL, sharedInfra } from '../support/helpers'
 import { runToExit, startServer } from '../support/server-process'
+import { newDataDir } from '../support/data-dir'
 import { postgresBehindProxy } from '../support/tampering-proxy'
 
 // Each test spawns processes that open (and the first time migrate) an embedded database: seconds, not
@@ -22,6 +23,12 @@ const tempDir = () => {
 afterAll(() => {
   for (const dir of dirs) rmSync(dir, { recursive: true, force: true })
 })
+/** A data dir whose embedded database is made and migrated already, for a test not about a first start. */
+const migratedDir = async () => {
+  const dir = await newDataDir('ls-cli-', { embedded: !TEST_DATABASE_URL })
+  dirs.push(dir)
+  return dir
+}
 
 /** The settings the CLI and a spawned server share: this run's backend, a data dir of their own. */
 function settings(dataDir: string): Record<string, string> {
@@ -344,7 +351,7 @@ describe('operator CLI: what libraries write', () => {
 
 describe('operator CLI beside a running server', () => {
   test.skipIf(MODE !== 'embedded')('a request on the socket larger than any command line is refused, and the server goes on', async () => {
-    const dataDir = tempDir()
+    const dataDir = await migratedDir()
     const server = await startServer(settings(dataDir))
     try {
       const argv = ['account', 'list', ...Array.from({ length: 40_000 }, () => '-h')]
@@ -363,7 +370,7 @@ describe('operator CLI beside a running server', () => {
 
 
   test.skipIf(MODE !== 'embedded')('a CLI naming other storage or another key than the server on its DATA_DIR is refused, and nothing runs', async () => {
-    const dataDir = tempDir()
+    const dataDir = await migratedDir()
     const server = await startServer(settings(dataDir))
     try {
       const elsewhere: Record<string, string>[] = [
@@ -385,8 +392,8 @@ describe('operator CLI beside a running server', () => {
 
   // Embedded: through the server's socket (the database admits one process). PostgreSQL + Redis: directly.
   test('commands take effect on the running server at once', async () => {
-    const dataDir = tempDir()
-    // Provisioned before the server ever ran: the CLI opens and migrates the database itself.
+    const dataDir = await migratedDir()
+    // Provisioned before the server ever ran: the CLI opens the database itself.
     const first = expectOk(await cli(dataDir, ['account', 'create', '--name', 'Before']))
 
     const server = await startServer(settings(dataDir))
@@ -522,7 +529,7 @@ describe('operator CLI beside a running server', () => {
   })
 
   test('a stale socket file left by a dead server does not stop the CLI', async () => {
-    const dataDir = tempDir()
+    const dataDir = await migratedDir()
     writeFileSync(join(dataDir, 'operator.sock'), '')
     const created = expectOk(await cli(dataDir, ['account', 'create', '--name', 'Stale']))
     expect(created.accountId).toMatch(UUID)
