@@ -66,7 +66,12 @@ export async function rotateSigningKey(ctx: Context, appId: string): Promise<typ
       .select({ version: max(signingKeys.version) })
       .from(signingKeys)
       .where(eq(signingKeys.appId, appId))
-    await tx.update(signingKeys).set({ active: false }).where(eq(signingKeys.appId, appId))
+    // The active key only: every earlier one is inactive already, and rewriting them all made each
+    // rotation cost as much as all before it.
+    await tx
+      .update(signingKeys)
+      .set({ active: false })
+      .where(and(eq(signingKeys.appId, appId), eq(signingKeys.active, true)))
     return insertSigningKey(ctx, tx, appId, (current?.version ?? 0) + 1)
   }
   return ctx.actors.write(appId, rotate, () => ({ app: true }))

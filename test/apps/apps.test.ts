@@ -132,6 +132,19 @@ describe('/v1/apps/:appId/signing-keys', () => {
     ])
   })
 
+  test('a rotation rewrites only the key it retires, not every earlier one', async () => {
+    const s = await t.seed()
+    const rotate = async () => expect((await t.req('POST', `/v1/apps/${s.appId}/signing-keys`, { apiKey: s.apiKey })).status).toBe(201)
+    // The row version PostgreSQL stamps on a row each time it is written.
+    const written = (keyId: string) =>
+      t.ctx.database.aside(async (ask) => (await ask('SELECT xmin::text AS xmin FROM signing_keys WHERE id = $1', [keyId]))[0]?.xmin)
+    await rotate()
+    const retired = await written(s.keyId)
+    expect(retired).toBeString()
+    await rotate()
+    expect(await written(s.keyId)).toBe(retired)
+  })
+
   test.each([
     ["another account's app", (other: Seeded) => other.appId],
     ['an absent app', () => '00000000-0000-4000-8000-000000000000'],
