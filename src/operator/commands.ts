@@ -40,10 +40,9 @@ const MAX_LIMIT = 10_000
 function integer(command: CommandName, flag: string, text: string, min: number, max = Number.MAX_SAFE_INTEGER): number {
   const n = /^-?\d+$/.test(text.trim()) ? Number(text.trim()) : Number.NaN
   if (Number.isNaN(n)) throw new UsageError(`--${flag} must be a whole number, got ${quoted(text)}`, command)
-  if (!Number.isSafeInteger(n) || n < min || n > max) {
-    const range = max === Number.MAX_SAFE_INTEGER ? `of at least ${min}` : `from ${min} to ${max}`
-    throw new UsageError(`--${flag} must be a whole number ${range}, got ${quoted(text)}`, command)
-  }
+  // Both bounds named: "of at least -9007199254740991" was the answer to 9007199254740992 too.
+  if (!Number.isSafeInteger(n) || n < min || n > max)
+    throw new UsageError(`--${flag} must be a whole number from ${min} to ${max}, got ${quoted(text)}`, command)
   return n
 }
 

@@ -139,7 +139,11 @@ describe('operator CLI: bad input', () => {
     [['account', 'create', '--name', 'x'.repeat(129)], /--name must be 1 to 128 characters/],
     [
       ['account', 'create', '--name', 'a', '--credits', '-1'],
-      /--credits must be a whole number of at least 0/,
+      /--credits must be a whole number from 0 to 9007199254740991/,
+    ],
+    [
+      ['account', 'credits', '--account', SOME_UUID, '--add', '9007199254740992'],
+      /--add must be a whole number from -9007199254740991 to 9007199254740991, got "9007199254740992"/,
     ],
     [['account', 'create', '--name', 'a', '--credits', '1.5'], /--credits must be a whole number/],
     [['account', 'create', '--name', 'a', '--name', 'b'], /--name is given twice/],
