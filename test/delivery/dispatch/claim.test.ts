@@ -47,11 +47,16 @@ describe('fan-out', () => {
       // The delete (its cascade over the webhook's deliveries, say) is under way when the fan-out starts.
       let deleting!: () => void
       const held = new Promise<void>((resolve) => (deleting = resolve))
+      let ran!: () => void
+      const deleteRan = new Promise<void>((resolve) => (ran = resolve))
       const deletion = other.db.transaction(async (tx) => {
         await tx.delete(webhooks).where(eq(webhooks.id, deleted))
+        ran()
         await held
       })
-      await Bun.sleep(50)
+      // Not a fixed wait: on a slow, busy host the other connection's first statement took longer than
+      // 50 ms, and the fan-out ran before the delete.
+      await deleteRan
       const fanning = fanOut(o.db, 10, room(10))
       await Bun.sleep(100)
       deleting()
