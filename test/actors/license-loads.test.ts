@@ -192,8 +192,17 @@ test("a miss waits for the writes that hold every connection (PGlite's one, a fu
   const actors = new AppActors({ ...t.ctx, database })
   try {
     let release = () => {}
-    const holding = database.db.transaction(() => new Promise<void>((resolve) => (release = resolve)))
-    await Bun.sleep(10)
+    let began!: () => void
+    const held = new Promise<void>((resolve) => (began = resolve))
+    const holding = database.db.transaction(
+      () =>
+        new Promise<void>((resolve) => {
+          release = resolve
+          began()
+        }),
+    )
+    // The connection is taken once the transaction's body runs: a fixed wait could start the miss first.
+    await held
     const miss = actors.ensureLicense(s.appId, key)
     setTimeout(() => release(), NEXT_BATCH_AFTER_MS + 500)
     expect(await miss).toMatchObject({ kind: 'ok' })
