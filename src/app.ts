@@ -5,6 +5,7 @@ import { Elysia } from 'elysia'
 import type { Context } from './context'
 import { ApiError, LoggedPublicError, PublicError } from './lib/errors'
 import { HttpObservation, requestIdOf, UNMATCHED_ROUTE } from './http/metrics'
+import { authenticate } from './http/auth'
 import { REQUEST_ID_HEADER } from './http/request-id'
 import { sentEmptyBody } from './http/no-body'
 import { ServerMetrics } from './http/scrape'
@@ -34,6 +35,12 @@ const utf8 = new TextDecoder()
 /** A /v1 body that is not UTF-8 is refused: decoded leniently, U+FFFD would be stored in place of its bytes. */
 const strictUtf8 = new TextDecoder('utf-8', { fatal: true })
 class MalformedJson extends Error {}
+/** A path parameter's escape that does not decode (wellFormedPath). */
+class MalformedPath extends ApiError {
+  constructor() {
+    super('bad_request', 400, 'The path is not valid percent-encoded UTF-8')
+  }
+}
 /** A parsed body that must not reach validation; the message says why. */
 class RefusedBody extends Error {
   /** `body`: what was parsed, when it was (a client endpoint's refused body still names its app). */
@@ -108,6 +115,17 @@ function wellFormedPath(url: string): boolean {
   } catch {
     return false
   }
+}
+
+/**
+ * Whether a /v1 request was refused before its route's key check (a transform): its body did not parse
+ * or passed the bounds parsing checks, or its path did not decode. A body too large or too slow is not:
+ * the connection closes unread, and the key is not worth a lookup.
+ */
+function refusedBeforeKeyCheck(code: unknown, error: unknown): boolean {
+  const errors = [error, (error as Error | undefined)?.cause]
+  if (errors.some((e) => e instanceof BodyTooLarge || e instanceof DeadlineExceeded)) return false
+  return code === 'PARSE' || errors.some((e) => e instanceof RefusedBody || e instanceof MalformedJson || e instanceof MalformedPath)
 }
 
 function errorResponse(path: string, status: number, code: string, message: string, headers: Record<string, string> = {}): Response {
@@ -371,6 +389,13 @@ export function createApp(
   const observation = new HttpObservation(metrics)
   const bodyDeadline = (path: string) => (isPublic(path) ? bodyDeadlines.auth : bodyDeadlines.api)
   const ipOf = clientIpOf(ctx, () => app.server)
+  const checkKey = authenticate(ctx)
+  /** The key check's refusal (401, 429), or null: a key that checks out, or one that cannot be checked now (the body's fault stands). */
+  const keyCheckError = (requestContext: Parameters<typeof checkKey>[0]) =>
+    checkKey(requestContext).then(
+      () => null,
+      (err: unknown) => (err instanceof ApiError ? err : null),
+    )
   return app
     .use(observation.plugin)
     .onParse(async ({ request, path }) => {
@@ -381,11 +406,15 @@ export function createApp(
     })
     // Routes with parameters only: the others match their path exactly, and the client endpoints have none.
     .onTransform({ as: 'global' }, ({ request, route }) => {
-      if (route.includes(':') && !wellFormedPath(request.url)) {
-        throw new ApiError('bad_request', 400, 'The path is not valid percent-encoded UTF-8')
-      }
+      if (route.includes(':') && !wellFormedPath(request.url)) throw new MalformedPath()
     })
-    .onError(({ code, error, path, request, route, set }) => {
+    .onError(async ({ code, error, path, request, route, set, server }) => {
+      // Refused before the route's key check ran: a request without a valid key learns that first (401),
+      // as it does of every other fault of its body, and a valid key's answer carries its bucket's headers.
+      if (path.startsWith('/v1/') && refusedBeforeKeyCheck(code, error)) {
+        const authorization = request.headers.get('authorization') ?? undefined
+        error = (await keyCheckError({ request, set, server, headers: { authorization } })) ?? error
+      }
       const requestId = requestIdOf(request)
       const reply = (status: number, errorCode: string, message: string, headers: Record<string, string> = {}) => {
         observation.answered(request, route, status)
@@ -416,7 +445,7 @@ export function createApp(
         // which also frees a client still sending.
         return reply(413, 'bad_request', 'Request body is too large', { connection: 'close' })
       }
-      if (code === 'PARSE' && error.cause instanceof DeadlineExceeded) {
+      if (code === 'PARSE' && (error as Error).cause instanceof DeadlineExceeded) {
         // As for a body too large: what is still on its way would be read as the next request.
         return reply(408, 'bad_request', bodyTooSlow(bodyDeadline(path)), { connection: 'close' })
       }

@@ -105,7 +105,8 @@ export const authenticate = (ctx: Context) => {
 
 /**
  * `{ apiKey: true }` on a route resolves `accountId` from the bearer key, or answers 401. It runs at
- * `transform`, before body validation, so a request without a valid key learns that first (401, not 400).
+ * `transform`, before body validation, so a request without a valid key learns that first (401, not 400);
+ * a body or path refused before `transform` (it did not parse) has its key checked by app.ts's onError.
  */
 export const apiKeyAuth = (ctx: Context) =>
   new Elysia({ name: 'api-key-auth' }).macro({

@@ -159,3 +159,42 @@ test('an object whose toString is not a function where a string belongs gets 400
     expect(await accountDigest(t.ctx, s.accountId)).toBe(before)
   }
 })
+
+describe('a /v1 request refused before its route reads the body still learns of a missing or unknown key first', async () => {
+  const t = await makeTestApp()
+  const s = await t.seed()
+  const licenseKey = await insertLicense(t.ctx, s.appId)
+  const notUtf8 = Buffer.from([0x7b, 0xff, 0x7d])
+  const cases: [string, string, string, string | Buffer, string][] = [
+    ['a body that is not JSON', 'POST', '/v1/licenses', '{', 'Request body is not valid JSON'],
+    ['a body nested 40 deep', 'PUT', `/v1/apps/${s.appId}/variables`, `${'['.repeat(40)}${']'.repeat(40)}`, 'Request body nests deeper than 32 levels'],
+    ['a "__proto__" key', 'DELETE', `/v1/licenses/${licenseKey}`, '{"__proto__":{}}', 'Request body may not have a "__proto__" key'],
+    ['bytes that are not UTF-8', 'POST', '/v1/apps', notUtf8, 'Request body is not valid UTF-8'],
+    ['a path escape that does not decode', 'DELETE', `/v1/licenses/${licenseKey}/hwids/%E9`, '', 'The path is not valid percent-encoded UTF-8'],
+  ]
+  const send = (method: string, path: string, body: string | Buffer, authorization?: string) =>
+    t.app.handle(
+      new Request(`http://localhost${path}`, {
+        method,
+        headers: { 'content-type': 'application/json', ...(authorization ? { authorization } : {}) },
+        body: body.length > 0 ? body : undefined,
+      }),
+    )
+
+  test.each(cases)('%s: 401 without a key or with an unknown one; 400 saying why with a live key', async (_, method, path, body, message) => {
+    const before = await accountDigest(t.ctx, s.accountId)
+    for (const authorization of [undefined, 'Bearer svc_live_unknownunknownunknown', 'Basic abc']) {
+      const res = await send(method, path, body, authorization)
+      expect([authorization, res.status, await res.json()]).toEqual([
+        authorization,
+        401,
+        { error: 'invalid_api_key', message: 'Missing, malformed or revoked API key' },
+      ])
+    }
+    const res = await send(method, path, body, `Bearer ${s.apiKey}`)
+    expect([res.status, await res.json()]).toEqual([400, { error: 'bad_request', message }])
+    // The key was checked: its bucket's headers are on the answer.
+    expect(res.headers.get('ratelimit-limit')).toEqual(expect.any(String))
+    expect(await accountDigest(t.ctx, s.accountId)).toBe(before)
+  })
+})
