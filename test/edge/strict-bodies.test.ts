@@ -164,15 +164,15 @@ describe('a /v1 request refused before its route reads the body still learns of 
   const t = await makeTestApp()
   const s = await t.seed()
   const licenseKey = await insertLicense(t.ctx, s.appId)
-  const notUtf8 = Buffer.from([0x7b, 0xff, 0x7d])
-  const cases: [string, string, string, string | Buffer, string][] = [
+  const notUtf8 = new Uint8Array([0x7b, 0xff, 0x7d])
+  const cases: [string, string, string, string | Uint8Array<ArrayBuffer>, string][] = [
     ['a body that is not JSON', 'POST', '/v1/licenses', '{', 'Request body is not valid JSON'],
     ['a body nested 40 deep', 'PUT', `/v1/apps/${s.appId}/variables`, `${'['.repeat(40)}${']'.repeat(40)}`, 'Request body nests deeper than 32 levels'],
     ['a "__proto__" key', 'DELETE', `/v1/licenses/${licenseKey}`, '{"__proto__":{}}', 'Request body may not have a "__proto__" key'],
     ['bytes that are not UTF-8', 'POST', '/v1/apps', notUtf8, 'Request body is not valid UTF-8'],
     ['a path escape that does not decode', 'DELETE', `/v1/licenses/${licenseKey}/hwids/%E9`, '', 'The path is not valid percent-encoded UTF-8'],
   ]
-  const send = (method: string, path: string, body: string | Buffer, authorization?: string) =>
+  const send = (method: string, path: string, body: string | Uint8Array<ArrayBuffer>, authorization?: string) =>
     t.app.handle(
       new Request(`http://localhost${path}`, {
         method,

@@ -184,6 +184,28 @@ describe('POST /v1/licenses/:licenseKey/offline-files: the file', () => {
     expect(check(s, res.body, 'm1').code).toBe('ok')
     expect(await fileRows(licenseKey)).toHaveLength(1)
   })
+
+  test.each([
+    ['application/x-authforge-license;q=0, application/json', 'json'],
+    ['application/x-authforge-license; q=0', 'json'],
+    ['application/json, application/x-authforge-license;q=0.1', 'json'],
+    ['application/x-authforge-license;q=0.1, */*;q=0.5', 'json'],
+    ['*/*', 'json'],
+    ['application/*', 'json'],
+    ['text/html', 'json'],
+    ['application/json;q=0.5, application/x-authforge-license', 'file'],
+    ['application/x-authforge-license, */*', 'file'],
+    ['Application/X-AuthForge-License', 'file'],
+  ])('Accept: %s answers with the %s', async (accept, answer) => {
+    const s = await t.seed()
+    const licenseKey = await insertLicense(t.ctx, s.appId, { hwids: ['m1'] })
+    tick()
+    const res = await t.req('POST', path(licenseKey), { apiKey: s.apiKey, body: {}, headers: { accept } })
+    expect(res.status).toBe(201)
+    const type = answer === 'file' ? 'application/x-authforge-license' : 'application/json'
+    expect(res.headers.get('content-type')).toStartWith(type)
+    expect(check(s, answer === 'file' ? res.body : res.body.file, 'm1').code).toBe('ok')
+  })
 })
 
 describe('seats', () => {

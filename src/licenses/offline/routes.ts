@@ -1,4 +1,5 @@
 import { Elysia } from 'elysia'
+import Negotiator from 'negotiator'
 import type { Context } from '../../context'
 import { apiKeyAuth } from '../../http/auth'
 import { ALSO_SERVES, apiBodyErrors, apiErrors, RESPONSE_HEADERS } from '../../http/openapi'
@@ -32,8 +33,15 @@ const SERVES_FILE = {
   },
 }
 
+/** What a mint's 201 can be: JSON first, so a tie (no Accept, a wildcard range) is JSON. */
+const MINT_ANSWERS = ['application/json', LICENSE_FILE_TYPE]
+
+/**
+ * Whether Accept ranks the file above JSON (by q, then how specific the range, then its order): a range
+ * at `q=0` refuses its type (RFC 9110), and an Accept that takes neither still gets JSON.
+ */
 const wantsFile = (accept: string | undefined) =>
-  accept?.split(',').some((range) => range.split(';')[0]?.trim().toLowerCase() === LICENSE_FILE_TYPE) ?? false
+  new Negotiator({ headers: { accept } }).mediaType(MINT_ANSWERS) === LICENSE_FILE_TYPE
 
 /** 201 with the minted record, or with the file itself when Accept asks for it. */
 function created(minted: OfflineFile, accept: string | undefined, set: { status?: number | string; headers: Record<string, unknown> }) {
