@@ -8,7 +8,7 @@ import { EXAMPLE } from '../../src/lib/examples'
 import { insertLicense } from '../support/client'
 import { verifyLicenseFile } from '../support/license-verifier'
 // AuthForge's cross-SDK conformance vectors, copied unchanged from AuthForgeCC/authforge-rust,
-// activation_request_vectors.json at commit 2fed77c7bf18331be155fe28acf167d8a206305b.
+// activation_request_vectors.json at commit 8b3415769183a06a31efc04f465dc0bd0b9bb05f.
 import vectors from '../fixtures/activation_request_vectors.json'
 
 const errorBody = (error: string) => ({ error, message: expect.any(String) })
