@@ -62,7 +62,7 @@ export async function refundingOnFailure<T>(ctx: Context, auth: Authorized, work
     return await work()
   } catch (err) {
     if (auth.charged > 0) await ctx.credits.refund(auth.app.accountId, auth.charged, auth.chargedUnder)
-    if (auth.counted) await ctx.credits.uncount(auth.counted)
+    if (auth.counted) await ctx.credits.uncount(auth.counted, auth.chargedUnder)
     throw err
   }
 }

@@ -170,9 +170,9 @@ export class CreditLedger {
   }
 
   /** Takes back a failed heartbeat's count (Credits.uncount); like refund, never throws and is not retried. */
-  async uncount(counterKey: string): Promise<void> {
+  async uncount(counterKey: string, countedUnder: string): Promise<void> {
     try {
-      await withDeadline(this.#store.uncount(counterKey), STORE_CALL_TIMEOUT_MS, 'uncount')
+      await withDeadline(this.#store.uncount(counterKey, countedUnder), STORE_CALL_TIMEOUT_MS, 'uncount')
     } catch (err) {
       log.warn('the heartbeat count of a failed call was not given back: the next charged heartbeat comes one call early', errorFields(err))
     }

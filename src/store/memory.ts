@@ -271,7 +271,8 @@ export class MemoryStore implements Store {
     this.#addPending(accountId, -n)
   }
 
-  async uncount(counterKey: string): Promise<void> {
+  // This store's data goes only with the process, and the count with it: no mark to check.
+  async uncount(counterKey: string, _countedUnder: string): Promise<void> {
     this.set(counterKey, this.#num(counterKey) - 1)
   }
 

@@ -86,8 +86,10 @@ export interface Credits {
   /**
    * Takes back a heartbeat's count (keys.heartbeats) when its request failed after authorize counted
    * it: the client repeats it, and every 10th call is the one charged only if failed calls do not count.
+   * `countedUnder` is the call's chargedUnder: a count lost with the data is not taken from the counter
+   * that started again (a free heartbeat more than the loss already gave).
    */
-  uncount(counterKey: string): Promise<void>
+  uncount(counterKey: string, countedUnder: string): Promise<void>
   /** The accounts of `shard` with charges not yet reconciled to PostgreSQL. */
   dirtyAccounts(shard: Shard): Promise<string[]>
   /**

@@ -3,11 +3,14 @@
  * overspent is what had not reached PostgreSQL yet, and that must stay within the last second's charges.
  */
 import { afterAll, expect, test } from 'bun:test'
+import { randomUUID } from 'node:crypto'
 import { eq } from 'drizzle-orm'
 import Redis from 'ioredis'
 import { RECONCILE_MS } from '../../src/credits/ledger'
 import { accounts } from '../../src/db/schema'
 import { RedisStore } from '../../src/store/redis'
+import { keys } from '../../src/store/store'
+import { request } from '../store/request'
 import { hwid, insertLicense, nonce } from '../support/client'
 import { makeTestApp, type TestApp } from '../support/helpers'
 import { ownRedis, until } from '../support/servers'
@@ -150,4 +153,25 @@ test("a refund after Redis lost the charge it gives back is dropped, on an accou
     expect(await reconciled(), `flushed before: ${flushedBefore}`).toBe(before)
     expect(await store.balance(accountId)).toBe(before!)
   }
+})
+
+test("a heartbeat's uncount after Redis lost the count it takes back is dropped: the counter that started again is not set back", async () => {
+  const accountId = randomUUID()
+  const counter = { key: keys.heartbeats('', `LOST-${randomUUID().slice(0, 4)}`), every: 10 }
+  const heartbeat = async () => {
+    await store.loadBalance(accountId, { epoch: 0, flushId: null, seq: 0 }, 5, false)
+    const { generation } = await store.snapshot([keys.accountEpoch('', accountId)])
+    const result = await store.authorize(request(generation, Date.now(), { charge: { accountId, cost: 1, counter } }))
+    if (result.kind !== 'ok') throw new Error(`heartbeat answered ${result.kind}`)
+    return result.chargedUnder
+  }
+  const counted = await heartbeat()
+  await admin.flushall()
+  // After the loss the license's heartbeats count from 1 again.
+  const next = await heartbeat()
+  await store.uncount(counter.key, counted)
+  expect(await admin.get(counter.key)).toBe('1')
+  // Within one generation a count and its uncount still cancel out.
+  await store.uncount(counter.key, next)
+  expect(await admin.get(counter.key)).toBe('0')
 })

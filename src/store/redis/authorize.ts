@@ -209,7 +209,7 @@ export class RedisAuthorizer implements Authorizer {
           )
         }
         if (charge.counter) {
-          this.credits.uncount(charge.counter.key).catch((e: unknown) =>
+          this.credits.uncount(charge.counter.key, result.chargedUnder).catch((e: unknown) =>
             log.warn('the heartbeat count of a call answered as failed was not given back', errorFields(e)),
           )
         }

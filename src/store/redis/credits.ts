@@ -1,4 +1,4 @@
-import { type BegunFlush, type CreditCharges, type CreditState, type Credits, keys, type Shard } from '../store'
+import { type BegunFlush, type CreditCharges, type CreditState, type Credits, keys, type Shard, shardOfKey } from '../store'
 import type { Connection, Script } from './connection'
 import { log } from '../../lib/log'
 import { readChargeMark } from './wire'
@@ -42,6 +42,13 @@ return redis.call('INCR', KEYS[3])
 // KEYS: balance, pending, dirty set, the shard's generation key. ARGV: account, n, the generation the
 // charge was made under. Another generation: the store lost the charge with its data (a restart empty, a
 // failover), so PostgreSQL never had it; given back, its refund would be a credit never paid.
+// KEYS: the heartbeat counter, its shard's generation key. ARGV: the generation the count was made in.
+const UNCOUNT = `
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+redis.call('DECR', KEYS[1])
+return 1
+`
+
 const REFUND = `
 if redis.call('GET', KEYS[4]) ~= ARGV[3] then return 0 end
 -- Held at the ceiling a top-up may reach (accounts/service.ts).
@@ -103,6 +110,7 @@ export interface CreditCommands {
   ): Promise<number>
   lsCreditsChanging(bal: string, ep: string, seq: string, pend: string, fl: string, reconciledSeq: number): Promise<unknown>
   lsRefund(bal: string, pend: string, dirty: string, gen: string, account: string, n: number, generation: string): Promise<number>
+  lsUncount(counter: string, gen: string, generation: string): Promise<number>
   lsBeginFlush(pend: string, fl: string, seq: string, bal: string, ep: string, id: string, reconciledSeq: number): Promise<unknown>
   lsEndFlush(fl: string, pend: string, dirty: string, id: string, account: string): Promise<number>
 }
@@ -111,6 +119,7 @@ export const creditScripts: { [name in keyof CreditCommands]: Script } = {
   lsLoadBalance: { numberOfKeys: 5, lua: LOAD_BALANCE },
   lsCreditsChanging: { numberOfKeys: 5, lua: CREDITS_CHANGING },
   lsRefund: { numberOfKeys: 4, lua: REFUND },
+  lsUncount: { numberOfKeys: 2, lua: UNCOUNT },
   lsBeginFlush: { numberOfKeys: 5, lua: BEGIN_FLUSH },
   lsEndFlush: { numberOfKeys: 3, lua: END_FLUSH },
 }
@@ -212,9 +221,13 @@ export class RedisCredits implements Credits {
     await this.conn.redis.lsRefund(k.balance, k.pending, k.dirty, k.generation, accountId, n, mark.generation)
   }
 
-  async uncount(counterKey: string): Promise<void> {
+  async uncount(counterKey: string, countedUnder: string): Promise<void> {
     this.conn.failFastWhenLost()
-    await this.conn.redis.decr(counterKey)
+    // Unlike a refund, one made on a connection that dropped since still goes: a count kept by mistake
+    // charges the client's repeat a call early, and one taken back from an older copy is a free call.
+    const mark = readChargeMark(countedUnder)
+    if (!mark) return
+    await this.conn.redis.lsUncount(counterKey, keys.generation(shardOfKey(counterKey)), mark.generation)
   }
 
   async dirtyAccounts(shard: Shard): Promise<string[]> {

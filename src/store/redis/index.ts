@@ -134,8 +134,8 @@ export class RedisStore implements Store {
     return watched(this.#credits.refund(accountId, n, chargedUnder))
   }
 
-  uncount(counterKey: string): Promise<void> {
-    return watched(this.#credits.uncount(counterKey))
+  uncount(counterKey: string, countedUnder: string): Promise<void> {
+    return watched(this.#credits.uncount(counterKey, countedUnder))
   }
 
   dirtyAccounts(shard: Shard): Promise<string[]> {
