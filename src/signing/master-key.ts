@@ -93,12 +93,16 @@ export function finishPendingRotation(path: string, stored: string | null): Buff
 }
 
 /**
- * Refuses, before the database is opened, a start that would have to generate a development key
- * beside a shared database: every instance would generate its own.
+ * Refuses, before the database is opened, a development key file that holds no key (opened first, an
+ * embedded database would be created in DATA_DIR for nothing), and a start that would have to generate
+ * a development key beside a shared database: every instance would generate its own.
  */
 export function requireKeySource(settings: KeySettings): void {
-  if (settings.masterKey || !settings.databaseUrl) return
+  if (settings.masterKey) return
   const path = developmentKeyPath(settings.dataDir)
+  // Beside a staged key the database decides which file holds the key (finishPendingRotation).
+  if (!existsSync(pendingKeyPath(path))) readKeyFile(path)
+  if (!settings.databaseUrl) return
   if (existsSync(path) || existsSync(pendingKeyPath(path))) return
   throw new ConfigError('MASTER_KEY is not set: with DATABASE_URL every instance needs the same key; set MASTER_KEY')
 }

@@ -1,5 +1,5 @@
 import { afterAll, describe, expect, setDefaultTimeout, test } from 'bun:test'
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { randomBytes } from 'node:crypto'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -366,7 +366,7 @@ describe(`master-key rotate (${MODE})`, () => {
     await ok(cli(env, ['account', 'list']))
   })
 
-  test('a development key file that holds no key is a settings problem, named as it is', async () => {
+  test('a development key file that holds no key is a settings problem, named as it is, before any database is opened', async () => {
     const env = unopened('')
     // Digits in the path: the CLI prints its own messages without the log's scrubbing.
     const dataDir = join(env.DATA_DIR ?? '', 'data-2026-11-24-0930')
@@ -375,6 +375,11 @@ describe(`master-key rotate (${MODE})`, () => {
     const run = await cli({ ...env, DATA_DIR: dataDir }, ['account', 'list'])
     expect(run.code, run.stdout).toBe(2)
     expect(run.stderr).toBe(`error: ${join(dataDir, 'master.key')} does not hold a 32-byte hex key\n`)
+    const server = await runToExit(['src/main.ts'], { ...env, DATA_DIR: dataDir, PORT: '0' })
+    expect(server.code, server.stdout).toBe(2)
+    expect(server.stderr).toBe(`configuration error: ${join(dataDir, 'master.key')} does not hold a 32-byte hex key\n`)
+    // No embedded database was made in DATA_DIR (nor a shared one migrated) for a start refused anyway.
+    expect(readdirSync(dataDir).filter((name) => name !== 'operator.sock')).toEqual(['master.key'])
   })
 
   test.each([
