@@ -119,8 +119,8 @@ function wellFormedPath(url: string): boolean {
 
 /**
  * Whether a /v1 request was refused before its route's key check (a transform): its body did not parse
- * or passed the bounds parsing checks, or its path did not decode. A body too large or too slow is not:
- * the connection closes unread, and the key is not worth a lookup.
+ * or failed the checks made as it is parsed, or its path did not decode. A body too large or too slow
+ * is not: the connection closes with it unread, and the key is not worth a lookup.
  */
 function refusedBeforeKeyCheck(code: unknown, error: unknown): boolean {
   const errors = [error, (error as Error | undefined)?.cause]

@@ -39,9 +39,6 @@ redis.call('DEL', KEYS[1])
 return redis.call('INCR', KEYS[3])
 `
 
-// KEYS: balance, pending, dirty set, the shard's generation key. ARGV: account, n, the generation the
-// charge was made under. Another generation: the store lost the charge with its data (a restart empty, a
-// failover), so PostgreSQL never had it; given back, its refund would be a credit never paid.
 // KEYS: the heartbeat counter, its shard's generation key. ARGV: the generation the count was made in.
 const UNCOUNT = `
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
@@ -49,6 +46,9 @@ redis.call('DECR', KEYS[1])
 return 1
 `
 
+// KEYS: balance, pending, dirty set, the shard's generation key. ARGV: account, n, the generation the
+// charge was made under. Another generation: the store lost the charge with its data (a restart empty, a
+// failover), so PostgreSQL never had it; given back, its refund would be a credit never paid.
 const REFUND = `
 if redis.call('GET', KEYS[4]) ~= ARGV[3] then return 0 end
 -- Held at the ceiling a top-up may reach (accounts/service.ts).
