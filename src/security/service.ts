@@ -86,19 +86,27 @@ export async function putSecurity(
     if (values !== undefined) set[name] = normalizeList(name, values)
   }
   const app = await requireOwnedApp(ctx, accountId, appId)
-  for (const name of LIST_NAMES)
-    if (input[name]?.some((value) => shortIp(ENTRY_TYPES[name], value) && !app[name].includes(value))) throw ipLength()
   if (Object.keys(set).length === 0) return getSecurity(ctx, accountId, app.id)
-  const [row] = await ctx.actors.write(
+  const row = await ctx.actors.write(
     app.id,
-    (tx) =>
-      tx
+    async (tx) => {
+      // A short IP is checked against the lists under the row's lock: checked against a read before it,
+      // an entry another instance removed in between was put back, and its DELETE answered 200 undone.
+      const [locked] = await tx.select(selection).from(apps).where(eq(apps.id, app.id)).for('update')
+      if (!locked) return null
+      if (LIST_NAMES.some((name) => input[name]?.some((value) => shortIp(ENTRY_TYPES[name], value) && !locked[name].includes(value)))) {
+        return 'short'
+      }
+      const [updated] = await tx
         .update(apps)
         .set(set)
         .where(and(eq(apps.id, app.id), eq(apps.accountId, accountId)))
-        .returning(selection),
-    ([updated]) => ({ app: updated !== undefined }),
+        .returning(selection)
+      return updated ?? null
+    },
+    (updated) => ({ app: typeof updated === 'object' && updated !== null }),
   )
+  if (row === 'short') throw ipLength()
   if (!row) throw new Error('owned app vanished during update')
   return row
 }

@@ -240,6 +240,21 @@ describe('POST and DELETE /v1/apps/:appId/security/{blacklist,whitelist}', () =>
     expect((await security(s)).body).toEqual(empty)
   })
 
+  test('a PUT that keeps a short IP, beside a DELETE of it from another process, ends as one of the two in turn', async () => {
+    // Either the PUT went first (the DELETE then removed the entry) or the DELETE did (the PUT is then a
+    // 400: nothing new under 7 characters); never both 200 with the entry back in the list.
+    const other = await makeTestApp()
+    for (let round = 0; round < 20; round++) {
+      const s = await t.seed()
+      expect((await put(s, { ipBlacklist: ['0:0:0:0:0:0:0:1', '1.2.3.4'] })).body.ipBlacklist).toEqual(['::1', '1.2.3.4'])
+      const remove = () => other.req('DELETE', `/v1/apps/${s.appId}/security/blacklist`, { apiKey: s.apiKey, body: { type: 'ip', value: '::1' } })
+      const keep = () => put(s, { ipBlacklist: ['::1', '1.2.3.4'] })
+      const [kept, removed] = round % 2 ? await Promise.all([keep(), remove()]) : (await Promise.all([remove(), keep()])).reverse()
+      const outcome = `PUT ${kept!.status}, DELETE ${removed!.status}, ${JSON.stringify((await security(s)).body.ipBlacklist)}`
+      expect(['PUT 200, DELETE 200, ["1.2.3.4"]', 'PUT 400, DELETE 200, ["1.2.3.4"]']).toContain(outcome)
+    }
+  })
+
   describe.each([
     ['an empty hwid', { type: 'hwid', value: '' }],
     ['an hwid of 129 characters', { type: 'hwid', value: 'h'.repeat(129) }],
