@@ -139,6 +139,11 @@ export function resolveMasterKey(settings: KeySettings, stored: string | null): 
   if (existsSync(pendingKeyPath(path))) {
     throw new ConfigError(`${path} is missing and ${pendingKeyPath(path)} does not match the database: set MASTER_KEY`)
   }
+  // Sealed already, the database was sealed with MASTER_KEY (or a file since removed): a key generated
+  // now opens none of it, and its file, left behind by the refused start, would pass for the database's.
+  if (stored !== null) {
+    throw new ConfigError(`MASTER_KEY is not set and ${path} does not exist, but this database's secrets are sealed with a key: set MASTER_KEY to it`)
+  }
   makeDataDir(settings.dataDir)
   const key = randomBytes(32)
   writeKeyFile(path, key)

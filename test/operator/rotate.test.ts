@@ -366,6 +366,23 @@ describe(`master-key rotate (${MODE})`, () => {
     await ok(cli(env, ['account', 'list']))
   })
 
+  test.if(MODE === 'embedded')('without MASTER_KEY, a database sealed with one is refused, and no development key is generated beside it', async () => {
+    const env = await settings(hexKey())
+    await ok(cli(env, ['account', 'list']))
+    const keyFile = join(env.DATA_DIR ?? '', 'master.key')
+    const refusal = `MASTER_KEY is not set and ${keyFile} does not exist, but this database's secrets are sealed with a key: set MASTER_KEY to it`
+    const unset = { ...env, MASTER_KEY: '' }
+    const run = await cli(unset, ['account', 'list'])
+    expect(run.code, run.stdout).toBe(2)
+    expect(run.stderr).toBe(`error: ${refusal}\n`)
+    const server = await runToExit(['src/main.ts'], { ...unset, PORT: '0' })
+    expect(server.code, server.stdout).toBe(2)
+    expect(server.stderr).toBe(`configuration error: ${refusal}\n`)
+    // A key file left by the refusals would pass for the database's key (a rotation's, a backup's).
+    expect(existsSync(keyFile)).toBe(false)
+    await ok(cli(env, ['account', 'list']))
+  })
+
   test('a development key file that holds no key is a settings problem, named as it is, before any database is opened', async () => {
     const env = unopened('')
     // Digits in the path: the CLI prints its own messages without the log's scrubbing.
