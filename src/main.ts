@@ -164,7 +164,11 @@ async function main(): Promise<void> {
   }
   const onStartSignal = { SIGINT: () => stopStarting('SIGINT'), SIGTERM: () => stopStarting('SIGTERM') }
   for (const [signal, handler] of Object.entries(onStartSignal)) process.on(signal, handler)
-  const ctx = await contextReady
+  // A start that fails answers the commands waiting on the socket (they did not run) and removes it.
+  const ctx = await contextReady.catch(async (err: unknown) => {
+    await operatorSocket?.stop()
+    throw err
+  })
   for (const [signal, handler] of Object.entries(onStartSignal)) process.off(signal, handler)
   if (startStopped) return
   const index = serverProcessIndex()

@@ -35,10 +35,12 @@ export const settingsDigest = (config: Pick<Config, 'databaseUrl' | 'redisUrl' |
     .update(JSON.stringify([config.databaseUrl, config.redisUrl, config.masterKey?.toString('hex') ?? null]))
     .digest('hex')
 
+const START_FAILED = 'the server on this DATA_DIR failed to start (its log says why): the command did not run'
+
 const OTHER_SETTINGS =
   'the server on this DATA_DIR runs with another DATABASE_URL, REDIS_URL or MASTER_KEY than this CLI: run the CLI with the server\'s settings'
 
-/** The socket's one request: POST /run with `{ argv, settings }` (settingsDigest); 200 `{ result }`, 400 or 500 `{ error }`. */
+/** The socket's one request: POST /run with `{ argv, settings }` (settingsDigest); 200 `{ result }`, 400, 500 or 503 `{ error }`. */
 export interface OperatorReply {
   result?: Record<string, unknown>
   error?: string
@@ -67,7 +69,11 @@ async function handle(contextReady: Promise<Context>, settings: string, request:
     if (command.kind === 'master-key rotate') throw new OperatorError('master-key rotate runs with the server stopped')
     // The command's name only: its flags carry names and keys that have no place in a log.
     log.info('operator command', { command: command.kind })
-    const result = await runCommand(await contextReady, command)
+    const ctx = await contextReady.catch(() => null)
+    // The start failed (the server exits with its reason): the command never ran, and the CLI must not
+    // tell the operator it may have.
+    if (!ctx) return Response.json({ error: START_FAILED } satisfies OperatorReply, { status: 503 })
+    const result = await runCommand(ctx, command)
     return Response.json({ result } satisfies OperatorReply)
   } catch (err) {
     if (err instanceof OperatorError)

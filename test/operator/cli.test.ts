@@ -373,6 +373,31 @@ describe('operator CLI beside a running server', () => {
   }, 120_000)
 
 
+  test.skipIf(MODE !== 'embedded')('a command sent to a server whose start then fails is told it did not run, and the socket goes', async () => {
+    const dataDir = await migratedDir()
+    expectOk(await cli(dataDir, ['account', 'list']))
+    // Without MASTER_KEY the server finds the database sealed with one only once it is open: exit 2.
+    const env = { ...settings(dataDir), MASTER_KEY: '' }
+    const proc = Bun.spawn([process.execPath, 'src/main.ts'], {
+      cwd: ROOT,
+      env: { ...process.env, ...env, HOST: '127.0.0.1', PORT: '0' },
+      stdout: 'ignore',
+      stderr: 'pipe',
+    })
+    const log = new Response(proc.stderr).text()
+    const socket = join(dataDir, 'operator.sock')
+    while (!existsSync(socket) && proc.exitCode === null) await Bun.sleep(10)
+    const run = await runToExit(['src/operator/cli.ts', 'account', 'create', '--name', 'Early'], env)
+    expect(await proc.exited).toBe(2)
+    expect(await log).toContain('configuration error: MASTER_KEY is not set')
+    // Answered by the failing server, or refused by the CLI itself once it was gone: never "may have run".
+    expect(run.code).not.toBe(0)
+    expect(run.stderr).not.toContain('may have taken effect')
+    expect(run.stderr.trimEnd().split('\n')).toHaveLength(1)
+    expect(existsSync(socket)).toBe(false)
+    expect(expectOk(await cli(dataDir, ['account', 'list']))).toEqual({ accounts: [], more: false })
+  }, 120_000)
+
   test.skipIf(MODE !== 'embedded')('a CLI naming other storage or another key than the server on its DATA_DIR is refused, and nothing runs', async () => {
     const dataDir = await migratedDir()
     const server = await startServer(settings(dataDir))
