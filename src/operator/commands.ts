@@ -1,6 +1,6 @@
 import type { Context } from '../context'
 import { ApiError } from '../lib/errors'
-import { characters } from '../lib/model'
+import { characters, STORABLE } from '../lib/model'
 import { addCredits, createAccount, createApiKey, revokeApiKey } from '../accounts/service'
 import { createApplication, UUID } from '../apps/service'
 import { type CommandName, OperatorError, parseInvocation, quoted, UsageError } from './args'
@@ -48,6 +48,8 @@ function integer(command: CommandName, flag: string, text: string, min: number, 
 
 function name(command: CommandName, text: string): string {
   const trimmed = text.trim()
+  // No command line carries these; a request made by hand on the operator socket can.
+  if (!STORABLE.test(trimmed)) throw new UsageError('--name must not contain NUL characters or unpaired surrogates', command)
   const length = characters(trimmed)
   if (length < 1 || length > 128) throw new UsageError('--name must be 1 to 128 characters', command)
   return trimmed

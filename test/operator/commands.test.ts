@@ -59,6 +59,13 @@ describe('operator commands: what an error quotes back', () => {
     expect(problem(['account', 'create', '--name', emoji(129)])).toContain('--name must be 1 to 128 characters')
   })
 
+  test('a name PostgreSQL cannot store (NUL, an unpaired surrogate: only a request made by hand on the socket has one) is bad input', () => {
+    for (const name of ['a\u0000b', 'lone\ud800', '\udc00x']) {
+      expect(problem(['account', 'create', '--name', name])).toContain('--name must not contain NUL characters or unpaired surrogates')
+      expect(problem(['app', 'create', '--account', '00000000-0000-4000-8000-000000000000', '--name', name])).toContain('--name must not contain NUL')
+    }
+  })
+
   test("a flag named like an object's inherited member is as unknown as any other", () => {
     for (const flag of ['--constructor=oops', '--__proto__=x', '--hasOwnProperty=x', '--toString']) {
       expect(problem(['account', 'list', '--limit', '1', flag])).toContain(`unknown flag ${flag.split('=')[0]} for "account list"`)
