@@ -3,14 +3,13 @@
  * exits 0, or help text for `--help`; a problem is one line on stderr and a non-zero exit (2 for bad
  * input or settings). Same settings as the server.
  */
-import { existsSync } from 'node:fs'
 import { buildContext } from '../boot'
 import { ConfigError, loadConfig } from '../config'
 import { describeHolder, isLock, LOCK_WAIT_MS, lockDataDir } from '../db/data-dir-lock'
 import { type DataCommand, OperatorError, parseCommand, runCommand } from './commands'
 import { type OperatorReply, settingsDigest, usesOperatorSocket } from './socket'
 import { rotateMasterKey } from './rotate'
-import { NO_SERVER, operatorSocketPath } from '../db/operator-socket'
+import { NO_SERVER, operatorSocketPath, PROBE_MS, probeOperatorSocket } from '../db/operator-socket'
 import { Refused } from './args'
 import { errorFields, logLibraryOutput, setLogLevel } from '../lib/log'
 import { ResealRefused } from '../signing/reseal'
@@ -35,7 +34,11 @@ const LOST_WITH_A_STATEMENT = new Set(['CONNECTION_CLOSED', 'CONNECTION_DESTROYE
 
 /** The running server's answer, or null when no server listens on the socket. */
 async function viaServer(socket: string, argv: string[], settings: string): Promise<Record<string, unknown> | null> {
-  if (!existsSync(socket)) return null
+  const probe = await probeOperatorSocket(socket)
+  if (probe === 'none') return null
+  // A server stopped or hung still accepts connections: a command sent there would wait on it for ever,
+  // and the storage is still its own.
+  if (probe === 'silent') throw new Refused(`a server holds ${socket} but has not answered in ${PROBE_MS / 1000} s: the command did not run`)
   let res: Response
   try {
     res = await fetch('http://localhost/run', {

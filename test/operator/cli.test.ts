@@ -373,6 +373,22 @@ describe('operator CLI beside a running server', () => {
   }, 120_000)
 
 
+  test.skipIf(MODE !== 'embedded')('a server that holds its socket but does not answer (stopped) fails the command in seconds, unsent', async () => {
+    const dataDir = await migratedDir()
+    const server = await startServer(settings(dataDir))
+    try {
+      process.kill(server.pid, 'SIGSTOP')
+      const started = Date.now()
+      const run = await cli(dataDir, ['account', 'create', '--name', 'Unsent'])
+      expect(Date.now() - started).toBeLessThan(15_000)
+      expect([run.code, run.stderr]).toEqual([1, `error: a server holds ${join(dataDir, 'operator.sock')} but has not answered in 5 s: the command did not run\n`])
+    } finally {
+      process.kill(server.pid, 'SIGCONT')
+      expect(await server.stop()).toBe(0)
+    }
+    expect(expectOk(await cli(dataDir, ['account', 'list']))).toEqual({ accounts: [], more: false })
+  }, 120_000)
+
   test.skipIf(MODE !== 'embedded')('a command sent to a server whose start then fails is told it did not run, and the socket goes', async () => {
     const dataDir = await migratedDir()
     expectOk(await cli(dataDir, ['account', 'list']))
