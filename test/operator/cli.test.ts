@@ -41,6 +41,17 @@ function settings(dataDir: string): Record<string, string> {
   }
 }
 
+/** `bun src/main.ts` on a port of the kernel's choosing, not waited for: its process, and all it writes to stderr. */
+function launchServer(env: Record<string, string>) {
+  const proc = Bun.spawn([process.execPath, 'src/main.ts'], {
+    cwd: ROOT,
+    env: { ...process.env, ...env, HOST: '127.0.0.1', PORT: '0' },
+    stdout: 'ignore',
+    stderr: 'pipe',
+  })
+  return { proc, log: new Response(proc.stderr).text() }
+}
+
 interface CliRun {
   code: number
   stdout: string
@@ -394,13 +405,7 @@ describe('operator CLI beside a running server', () => {
     expectOk(await cli(dataDir, ['account', 'list']))
     // Without MASTER_KEY the server finds the database sealed with one only once it is open: exit 2.
     const env = { ...settings(dataDir), MASTER_KEY: '' }
-    const proc = Bun.spawn([process.execPath, 'src/main.ts'], {
-      cwd: ROOT,
-      env: { ...process.env, ...env, HOST: '127.0.0.1', PORT: '0' },
-      stdout: 'ignore',
-      stderr: 'pipe',
-    })
-    const log = new Response(proc.stderr).text()
+    const { proc, log } = launchServer(env)
     const socket = join(dataDir, 'operator.sock')
     while (!existsSync(socket) && proc.exitCode === null) await Bun.sleep(10)
     const run = await runToExit(['src/operator/cli.ts', 'account', 'create', '--name', 'Early'], env)
@@ -498,13 +503,7 @@ describe('operator CLI beside a running server', () => {
 
   test('a command sent while the server is still opening its database waits for that server', async () => {
     const dataDir = tempDir()
-    const proc = Bun.spawn([process.execPath, 'src/main.ts'], {
-      cwd: ROOT,
-      env: { ...process.env, ...settings(dataDir), HOST: '127.0.0.1', PORT: '0' },
-      stdout: 'ignore',
-      stderr: 'pipe',
-    })
-    const log = new Response(proc.stderr).text()
+    const { proc, log } = launchServer(settings(dataDir))
     try {
       const socket = join(dataDir, 'operator.sock')
       // The socket appears at once; a fresh embedded database then takes seconds to create and migrate.
