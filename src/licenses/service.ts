@@ -143,7 +143,8 @@ export async function requireOwnedLicense(
   accountId: string,
   licenseKey: string,
 ): Promise<LicenseRow> {
-  if (!KEY_SHAPE.test(licenseKey)) throw notFound(`No license ${licenseKey}`)
+  // Not echoed: it is any text of the URL, control characters and kilobytes of it included.
+  if (!KEY_SHAPE.test(licenseKey)) throw notFound('No license: that is not a license key (XXXX-XXXX-XXXX-XXXX)')
   const [found] = await ctx.database.db
     .select({ license: licenses, accountId: apps.accountId })
     .from(licenses)

@@ -551,6 +551,16 @@ describe('PUT /v1/licenses/:licenseKey', () => {
     expect(get.body.status).toBe('active')
   })
 
+  test('a path that is not a key is not echoed in the 404: it may be kilobytes and control characters', async () => {
+    const s = await t.seed()
+    const hostile = `%1B%5B2J${'A'.repeat(4000)}`
+    const res = await t.req('GET', `/v1/licenses/${hostile}`, { apiKey: s.apiKey })
+    expect(res.status).toBe(404)
+    expect(res.body).toEqual(errorBody('not_found'))
+    expect(res.body.message).not.toContain('AAAA')
+    expect(res.body.message).not.toContain('\u001b')
+  })
+
   test('concurrent revoke and activate leave one consistent state and one event per real change', async () => {
     const s = await t.seed()
     const { licenseKey } = await createOne(s)
