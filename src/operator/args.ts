@@ -30,8 +30,18 @@ const SECRET_SHAPED = /svc_live_|whsec_|[A-Za-z0-9+/_-]{32,}/i
 
 const looksSecret = (text: string) => SECRET_SHAPED.test(text.replace(UUID_ANYWHERE, ' '))
 
-/** The user's text as an error message shows it: in quotes, or not at all when it looks like a secret. */
-export const quoted = (text: string): string => (looksSecret(text) ? 'a value shaped like a key or secret (not shown)' : `"${text}"`)
+const SHOWN_CHARS = 64
+
+/**
+ * The user's text as an error message shows it: not at all when it looks like a secret, else as a JSON
+ * string, so a control character (an escape sequence pasted or piped in) is shown, not run by the
+ * terminal, and cut to its first characters: the line stays one line.
+ */
+export const quoted = (text: string): string => {
+  if (looksSecret(text)) return 'a value shaped like a key or secret (not shown)'
+  const chars = [...text]
+  return JSON.stringify(chars.length > SHOWN_CHARS ? `${chars.slice(0, SHOWN_CHARS).join('')}…` : text)
+}
 
 interface ValueFlag {
   type: 'string'
@@ -253,7 +263,7 @@ export function parseInvocation(argv: readonly string[]): Invocation {
     if (token.kind === 'option-terminator') continue
     // Own names only: `--constructor` is no flag of any command.
     const flag = Object.hasOwn(known, token.name) ? known[token.name] : undefined
-    if (!flag) throw new UsageError(`unknown flag ${token.rawName} for "${name}"`, name)
+    if (!flag) throw new UsageError(`unknown flag ${quoted(token.rawName)} for "${name}"`, name)
     if (flags.has(token.name)) throw new UsageError(`--${token.name} is given twice`, name)
     if (flag.type === 'boolean') {
       if (token.value !== undefined) throw new UsageError(`--${token.name} takes no value`, name)

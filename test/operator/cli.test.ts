@@ -162,7 +162,7 @@ describe('operator CLI: bad input', () => {
     [['account', 'credits', '--account', 'nope', '--add', '1'], /--account must be an account id/],
     [['apikey', 'create'], /--account is required/],
     [['apikey', 'revoke', '--key', 'not-a-key'], /--key must be an API key/],
-    [['app', 'create', '--account', SOME_UUID, '--name', 'x', '--bogus'], /unknown flag --bogus/],
+    [['app', 'create', '--account', SOME_UUID, '--name', 'x', '--bogus'], /unknown flag "--bogus"/],
     [
       ['app', 'create', '--account', SOME_UUID, '--name', 'x', '--sandbox=yes'],
       /--sandbox takes no value/,
@@ -170,12 +170,12 @@ describe('operator CLI: bad input', () => {
     [['app', 'create', '--account', SOME_UUID, 'stray'], /unexpected argument "stray"/],
     [['app', 'create', '--account', SOME_UUID, '--name', 'x', '--', '--sandbox'], /unexpected argument "--sandbox"/],
     [['account', 'create', '--name', '--credits', '5'], /--name needs a value/],
-    [['account', 'create', '-n', 'x'], /unknown flag -n for "account create"/],
+    [['account', 'create', '-n', 'x'], /unknown flag "-n" for "account create"/],
     [['account', 'list', '--limit', '0'], /--limit must be a whole number from 1 to 10000/],
     [['account', 'list', '--limit', '10001'], /--limit must be a whole number from 1 to 10000/],
-    [['account', 'list', '--account', SOME_UUID], /unknown flag --account for "account list"/],
+    [['account', 'list', '--account', SOME_UUID], /unknown flag "--account" for "account list"/],
     [['app', 'list', '--account', 'nope'], /--account must be an account id/],
-    [['master-key', 'rotate', '--key', 'abc'], /unknown flag --key for "master-key rotate"/],
+    [['master-key', 'rotate', '--key', 'abc'], /unknown flag "--key" for "master-key rotate"/],
   ] as const)('%j exits 2 with one stderr line', async (args, mentions) => {
     const run = await cli(tempDir(), [...args])
     expectUsageError(run, mentions, `${args[0]} ${args[1]}`)

@@ -68,7 +68,7 @@ describe('operator commands: what an error quotes back', () => {
 
   test("a flag named like an object's inherited member is as unknown as any other", () => {
     for (const flag of ['--constructor=oops', '--__proto__=x', '--hasOwnProperty=x', '--toString']) {
-      expect(problem(['account', 'list', '--limit', '1', flag])).toContain(`unknown flag ${flag.split('=')[0]} for "account list"`)
+      expect(problem(['account', 'list', '--limit', '1', flag])).toContain(`unknown flag "${flag.split('=')[0]}" for "account list"`)
     }
   })
 
@@ -78,6 +78,18 @@ describe('operator commands: what an error quotes back', () => {
     const almostUuid = `${SOME_UUID}0`
     expect(problem(['app', 'list', '--account', almostUuid])).toContain(`got "${almostUuid}"`)
     expect(problem(['app', 'create', '--account', SOME_UUID, SOME_UUID])).toContain(`unexpected argument "${SOME_UUID}"`)
+  })
+
+  test('quoted text cannot drive the terminal or run past one line: control characters escaped, long text cut', () => {
+    const clear = '\u001b[2J\u001b[H'
+    for (const args of [['frob', clear], ['account', 'list', '--limit', clear], ['account', 'list', `--x${clear}`]]) {
+      const line = problem(args)
+      expect(line).not.toMatch(/[\u0000-\u001f\u007f]/)
+      expect(line).toContain('\\u001b[2J')
+    }
+    const long = problem(['account', 'list', '--limit', `${'9 '.repeat(200)}`])
+    expect(long).toContain(`got "${'9 '.repeat(32)}…"`)
+    expect(long.length).toBeLessThan(200)
   })
 })
 
