@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto'
-import { chmodSync, rmSync, statSync } from 'node:fs'
-import type { Config } from '../config'
+import { chmodSync, lstatSync, rmSync, statSync } from 'node:fs'
+import { type Config, ConfigError } from '../config'
 import { OperatorError, parseCommand, runCommand } from './commands'
 import type { Context } from '../context'
 import { errorFields, log } from '../lib/log'
@@ -99,7 +99,12 @@ export function startOperatorSocket(config: Readonly<Config>, contextReady: Prom
   const path = operatorSocketPath(config.dataDir)
   const settings = settingsDigest(config)
   makeDataDir(config.dataDir)
-  // The caller holds the DATA_DIR lock, so a file here is a dead server's, and cannot be listened on.
+  // The caller holds the DATA_DIR lock, so a socket here is a dead server's, and cannot be listened on.
+  // Anything else there is someone's file or directory: not ours to delete.
+  const found = lstatSync(path, { throwIfNoEntry: false })
+  if (found && !found.isSocket()) {
+    throw new ConfigError(`${path} is a ${found.isDirectory() ? 'directory' : 'file'}, not a socket: move it out of DATA_DIR`)
+  }
   rmSync(path, { force: true })
   // The umask makes the socket 0600 from its first instant; the chmod states it for the record.
   const previous = process.umask(0o177)
