@@ -43,6 +43,18 @@ export interface ContextOverrides {
 /** Opens storage (applying migrations) and builds the dependencies the server, the CLI and the tests share. */
 export async function buildContext(config: Readonly<Config>, overrides: ContextOverrides = {}): Promise<Context> {
   if (!overrides.masterKey) requireKeySource(config)
+  // Redis first: a database number or credentials it refuses are a setting, refused before an embedded
+  // database is created or a development key generated for a start that cannot run.
+  const store = overrides.store ?? (await openStore(config.redisUrl, config.redisClusterShards))
+  try {
+    return await withStorage(config, overrides, store)
+  } catch (err) {
+    if (!overrides.store) await store.close()
+    throw err
+  }
+}
+
+async function withStorage(config: Readonly<Config>, overrides: ContextOverrides, store: Store): Promise<Context> {
   const database =
     overrides.database ??
     (await openDb({
@@ -63,7 +75,6 @@ export async function buildContext(config: Readonly<Config>, overrides: ContextO
     if (!overrides.database) await database.close()
     throw err
   }
-  const store = overrides.store ?? (await openStore(config.redisUrl, config.redisClusterShards))
   const embedded = overrides.embedded ?? false
   return assembleContext({
     config,

@@ -3,11 +3,18 @@
  * count the store's keys were written with then, so it reads it once Redis answers, and works only if
  * that count is its own (a nonce or a balance under two counts would live under two keys).
  */
-import { expect, test } from 'bun:test'
+import { expect, setSystemTime, test } from 'bun:test'
 import Redis from 'ioredis'
 import { openStore, type RedisStore } from '../../src/store/redis'
 import { keys } from '../../src/store/store'
 import { ownRedis, until } from '../support/servers'
+import { loggedBy } from '../support/log-capture'
+import { REPEAT_EVERY_MS } from '../../src/lib/log'
+import { buildContext } from '../../src/boot'
+import { ConfigError, loadConfig } from '../../src/config'
+import { mkdtempSync, readdirSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
 
 /** What a store operation answers: 'ok', or the message it failed with. */
 const attempt = (store: RedisStore) =>
@@ -99,8 +106,14 @@ test('a database Redis refuses (past its `databases` setting) stops the start, w
   const redis = await ownRedis()
   const db0 = new Redis(redis.url)
   try {
-    // ioredis goes on in database 0 when its SELECT is refused, where other data lives.
-    await expect(openStore(`${redis.url}/99`)).rejects.toThrow('REDIS_URL names database 99, which this Redis refuses')
+    // ioredis goes on in database 0 when its SELECT is refused, where other data lives. The refusal is
+    // one setting line: the connection's own report of it is not logged beside it. (The clock is moved
+    // past REPEAT_EVERY_MS: that line, logged by an earlier test, would be held back anyway.)
+    setSystemTime(Date.now() + 2 * REPEAT_EVERY_MS)
+    const logged = await loggedBy(() =>
+      expect(openStore(`${redis.url}/99`)).rejects.toThrow('REDIS_URL names database 99, which this Redis refuses'),
+    ).finally(() => setSystemTime())
+    expect(logged.map((entry) => entry.msg)).not.toContain('redis connection error')
     expect(await db0.dbsize()).toBe(0)
     const store = (await openStore(`${redis.url}/5`)) as RedisStore
     try {
@@ -111,6 +124,18 @@ test('a database Redis refuses (past its `databases` setting) stops the start, w
     }
   } finally {
     db0.disconnect()
+    await redis.stop()
+  }
+})
+
+test('a database Redis refuses stops an embedded start before it creates a database or generates a key', async () => {
+  const redis = await ownRedis()
+  const dataDir = mkdtempSync(join(tmpdir(), 'ls-refused-db-'))
+  try {
+    const start = buildContext(loadConfig({ DATA_DIR: dataDir, REDIS_URL: `${redis.url}/99` }))
+    await expect(start).rejects.toBeInstanceOf(ConfigError)
+    expect(readdirSync(dataDir)).toEqual([])
+  } finally {
     await redis.stop()
   }
 })

@@ -1,5 +1,5 @@
 import calculateSlot from 'cluster-key-slot'
-import { Cluster, Redis, type RedisOptions } from 'ioredis'
+import { Cluster, Redis, type RedisOptions, ReplyError } from 'ioredis'
 import { errorFields, log, logEvery } from '../../lib/log'
 import { DeadlineExceeded, withDeadline, withTimeout } from '../../lib/with-timeout'
 import { storeErrors } from '../../lib/metrics'
@@ -67,6 +67,11 @@ export class Connection<Commands extends object = object> {
   readonly callTimeoutMs: number
   /** Snapshot.generation: this process's name for the store contents its callers' epochs were read from. */
   #generation = 1
+  /**
+   * Whether the start's access check (RedisStore.requireAccess) has run: until then a reply refusing the
+   * connection's handshake (a database number, credentials) is the check's to report, as one setting line.
+   */
+  accessChecked = false
   /** Each shard's generation value (keys.generation) read under #generation; a shard is missing until read on the current connections. */
   readonly #seen = new Map<Shard, string>()
   /**
@@ -131,6 +136,7 @@ export class Connection<Commands extends object = object> {
       : new Redis(url, { ...common, retryStrategy: (times) => Math.min(times * 200, 2000) })
     redis.on('error', (err: Error) => {
       storeErrors.add('connection')
+      if (!this.accessChecked && err instanceof ReplyError) return
       // What is wrong (refused, unknown host, credentials), once every 10 s: the failures it causes say only that Redis is unreachable.
       logEvery('warn', 'redis connection error', () => errorFields(err))
     })

@@ -162,6 +162,14 @@ export class RedisStore implements Store {
    * answer within `waitMs` is left to the outage handling, as at start.
    */
   async requireAccess(waitMs: number): Promise<void> {
+    try {
+      await this.#requireAccess(waitMs)
+    } finally {
+      this.#conn.accessChecked = true
+    }
+  }
+
+  async #requireAccess(waitMs: number): Promise<void> {
     const redis = this.#conn.redis
     if (redis instanceof Cluster) return this.#requireClusterAccess(waitMs)
     const db = redis.options.db ?? 0
