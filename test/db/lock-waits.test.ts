@@ -37,9 +37,11 @@ if (MODE === 'postgres') describe('locks held by another session', async () => {
     const locked = await insertLicense(t.ctx, s.appId, { maxHwidSlots: 3 })
     const free = await insertLicense(t.ctx, s.appId, { maxHwidSlots: 3 })
     const { done } = await holding((tx) => tx`SELECT 1 FROM licenses WHERE key = ${locked} FOR UPDATE`, 6_000)
-    const started = Date.now()
-    const [onLocked, onFree] = await Promise.all([validate(s, locked, 'device-a'), validate(s, free, 'device-a')])
-    expect(Date.now() - started).toBeLessThan(4_500)
+    const logins = Promise.all([validate(s, locked, 'device-a'), validate(s, free, 'device-a')])
+    // Answered while the lock is still held (its 2 s wait, not the holder's 6 s): a bound on the time
+    // itself failed on a busy host by milliseconds.
+    expect(await Promise.race([logins.then(() => 'answered'), done.then(() => 'the lock was let go first')])).toBe('answered')
+    const [onLocked, onFree] = await logins
     expect(onLocked.body).toEqual({ status: 'failed', error: 'system_error' })
     expect(onFree.status, JSON.stringify(onFree.body)).toBe(200)
     await done
