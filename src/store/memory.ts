@@ -27,15 +27,17 @@ const LICENSE_EPOCH = keys.licenseEpoch(ONE_SHARD, '')
 
 /**
  * A bucket's time as of `now` (GCRA: its theoretical arrival time): the stored one, or `now` when that is
- * past or missing. One further ahead than a bucket emptied now (its capacity's intervals) can only have
- * been written by a clock ahead of this one: a clock stepped back, or another instance's ahead of this
- * one's. Read as it is, it refused every request for as long as the difference; it is read as a bucket
- * with one token left. (The scripts' bucket_time, redis/wire.ts.)
+ * past or missing. One further ahead than a bucket emptied now (its capacity's intervals) was written by
+ * a clock ahead of this one. Another instance's, a little ahead, is kept: read as now, the instance behind
+ * took a token on every call and the one ahead found the difference's worth refilled, so two instances
+ * 250 ms apart admitted four times the limit. A lead past CLOCK_STEP_MS is this clock stepped back (read
+ * as it is, it refused every request for as long as the step): read as a bucket with one token left, as
+ * takeBucket does. (The scripts' bucket_time, redis/wire.ts.)
  */
 function bucketTime(stored: number | undefined, now: number, b: Pick<Admission, 'capacity' | 'refillPerSecond'>): number {
   if (stored === undefined || stored < now) return now
   const t = 1000 / b.refillPerSecond
-  return stored > now + b.capacity * t + BUCKET_SLACK_MS ? now + (b.capacity - 1) * t : stored
+  return stored > now + b.capacity * t + CLOCK_STEP_MS ? now + (b.capacity - 1) * t : stored
 }
 
 interface Entry {

@@ -162,6 +162,28 @@ describe('a clock behind the one that took the last tokens', () => {
     expect((await validateOn(ahead)).status).toBe(200)
     expect((await validateOn(behind)).status).toBe(200)
   })
+
+  test('two instances whose clocks are 250 ms apart share one limit: a load balanced over both gets no more than it', async () => {
+    // 300 a minute: a token each 200 ms, less than the lead. Read as a clock step by the instance
+    // behind, the lead gave it a token on every call and the instance ahead the lead's worth back.
+    const clock = manualClock(start)
+    const limits = { ...env, VALIDATE_LIMIT_PER_IP: '300' }
+    const ahead = await makeTestApp({ clock: () => clock.now() + 250, env: limits })
+    const behind = await makeTestApp({ clock: clock.now, env: limits })
+    const s = await ahead.seed()
+    const licenseKey = await insertLicense(ahead.ctx, s.appId, { unlimitedHwidSlots: true })
+    const headers = { 'x-forwarded-for': '198.51.100.79' }
+    let admitted = 0
+    for (let i = 0; i < 600; i++) {
+      const instance = i % 2 === 0 ? ahead : behind
+      const body = { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: hwid(), nonce: nonce() }
+      if ((await instance.req('POST', '/auth/validate', { body, headers })).status === 200) admitted++
+      clock.advance(1)
+    }
+    // The burst, and what 600 ms refill: 3 tokens.
+    expect(admitted).toBeGreaterThanOrEqual(300)
+    expect(admitted).toBeLessThanOrEqual(304)
+  })
 })
 
 describe('sandbox daily ceiling', async () => {

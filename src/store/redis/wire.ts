@@ -1,4 +1,4 @@
-import { type AuthorizeInput, type AuthorizeResult, BUCKET_SLACK_MS, EPOCH_TTL_MS, keys, type Shard, shardPrefix } from '../store'
+import { type AuthorizeInput, type AuthorizeResult, CLOCK_STEP_MS, EPOCH_TTL_MS, keys, type Shard, shardPrefix } from '../store'
 
 /**
  * The authorize script's wire format, defined once: the TypeScript packing below writes each number
@@ -97,13 +97,13 @@ export const luaConstants = [
 
 /**
  * Lua: a bucket's time (GCRA, memory.ts's bucketTime) as of `now`, its interval `t` and capacity `cap`:
- * the stored time, or `now` when that is past or missing; one further ahead than a bucket emptied now
- * is read as a bucket with one token left.
+ * the stored time, or `now` when that is past or missing; one more than CLOCK_STEP_MS further ahead than
+ * a bucket emptied now is read as a bucket with one token left.
  */
 export const luaBucketTime = `
 local function bucket_time(tat, now, t, cap)
   if not tat or tat < now then return now end
-  if tat > now + cap * t + ${BUCKET_SLACK_MS} then return now + (cap - 1) * t end
+  if tat > now + cap * t + ${CLOCK_STEP_MS} then return now + (cap - 1) * t end
   return tat
 end
 `
