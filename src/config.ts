@@ -92,6 +92,13 @@ function url(env: Env, name: string, protocols: string[]): string | null {
   if (!protocols.includes(parsed.protocol)) {
     throw new ConfigError(`${name} must start with ${protocols.map((p) => `${p}//`).join(' or ')}`)
   }
+  // The drivers decode them at connect time, where a URIError stopped the start with a stack trace.
+  try {
+    decodeURIComponent(parsed.username)
+    decodeURIComponent(parsed.password)
+  } catch {
+    throw new ConfigError(`${name}'s user name or password has a "%" that is not an escape: write "%" as %25`)
+  }
   return raw
 }
 

@@ -251,6 +251,18 @@ describe('a bad value is a ConfigError naming the setting', () => {
     }
   })
 
+  test('a "%" in a URL\'s credentials that is no escape is a setting, named, the credentials not printed', () => {
+    for (const env of [
+      { REDIS_URL: 'redis://:p%zzPLANTED@cache:6379' },
+      { REDIS_CLUSTER: 'true', REDIS_URL: 'redis://a:7000,redis://user%:PLANTED@b:7001' },
+      { DATABASE_URL: 'postgres://app:100%PLANTED@db/ls' },
+    ]) {
+      const name = Object.keys(env).at(-1)!
+      expect(() => loadConfig(env)).toThrow(new ConfigError(`${name}'s user name or password has a "%" that is not an escape: write "%" as %25`))
+    }
+    expect(loadConfig({ REDIS_URL: 'redis://:100%25@cache:6379' }).redisUrl).toBe('redis://:100%25@cache:6379')
+  })
+
   test('TLS_CERT_FILE without TLS_KEY_FILE', () => {
     expect(() => loadConfig({ TLS_CERT_FILE: certFile })).toThrow(/TLS_CERT_FILE and TLS_KEY_FILE/)
   })
