@@ -8,6 +8,7 @@ import { eq } from 'drizzle-orm'
 import type { Redis } from 'ioredis'
 import { accounts, licenses } from '../../src/db/schema'
 import { openStore, RedisStore } from '../../src/store/redis'
+import { clusterSeeds } from '../../src/store/redis/connection'
 import { allShards, keys, shardOfKey, type Store } from '../../src/store/store'
 import { decode, hwid, insertLicense, nonce } from '../support/client'
 import { makeTestApp, MODE, type TestApp } from '../support/helpers'
@@ -29,6 +30,14 @@ async function moveSlotOf(cluster: OwnRedisCluster, slot: number, from: Redis, t
   }
   for (const node of [to, from, ...cluster.nodes.filter((n) => n !== to && n !== from)]) await node.cluster('SETSLOT', slot, 'NODE', toId)
 }
+
+test('seed nodes are read as ioredis connects to them: an IPv6 address without its brackets', () => {
+  expect(clusterSeeds('redis://[::1]:7000, rediss://user:pw@[2001:db8::5],redis://node-a:7001')).toEqual([
+    { host: '::1', port: 7000 },
+    { host: '2001:db8::5', port: 6379 },
+    { host: 'node-a', port: 7001 },
+  ])
+})
 
 const body = (s: { appId: string; appSecret: string }, licenseKey: string, h = hwid()) => ({
   appId: s.appId,

@@ -24,12 +24,21 @@ export interface RedisStoreOptions {
 }
 
 /** Cluster seed nodes: one or more comma-separated URLs; credentials and TLS from the first. */
+/**
+ * The seed nodes of a cluster's REDIS_URL as ioredis takes them: a URL's hostname keeps an IPv6
+ * address's brackets, which ioredis looked up as a host name (ENOTFOUND) for ever.
+ */
+export const clusterSeeds = (urls: string) =>
+  urls.split(',').map((u) => {
+    const { hostname, port } = new URL(u.trim())
+    return { host: hostname.replace(/^\[(.*)\]$/, '$1'), port: Number(port || 6379) }
+  })
+
 function clusterClient(urls: string, options: RedisOptions & { enableAutoPipelining: boolean; autoPipeliningIgnoredCommands: string[] }) {
-  const seeds = urls.split(',').map((u) => new URL(u.trim()))
-  const first = seeds[0] as URL
+  const first = new URL(urls.split(',')[0]!.trim())
   const { enableAutoPipelining, autoPipeliningIgnoredCommands, ...redisOptions } = options
   return new Cluster(
-    seeds.map((u) => ({ host: u.hostname, port: Number(u.port || 6379) })),
+    clusterSeeds(urls),
     {
       enableAutoPipelining,
       autoPipeliningIgnoredCommands,
