@@ -373,10 +373,48 @@ if (MODE === 'postgres') {
           answers[name].push(`${res.status} ${res.body.error ?? ''}`.trim())
         }
       }
-      await Promise.all([traffic('up', up), traffic('up', up), traffic('down', down)])
+      // Readiness holds on every instance alike: out of a load balancer they would fail the others too.
+      const readiness: number[] = []
+      const probes = async () => {
+        while (Date.now() < end) {
+          readiness.push((await t.req('GET', '/readyz')).status)
+          await Bun.sleep(20)
+        }
+      }
+      await Promise.all([traffic('up', up), traffic('up', up), traffic('down', down), probes()])
       expect(answers.down.some((answer) => answer !== '200')).toBe(true)
       expect(answers.up.length).toBeGreaterThan(20)
       expect(new Set(answers.up)).toEqual(new Set(['200']))
+      expect(readiness.length).toBeGreaterThan(20)
+      expect(new Set(readiness)).toEqual(new Set([200]))
+    })
+  })
+
+  // A cluster of its own, as Redis sets one up by default: a master down makes the whole cluster refuse.
+  describe('a master down in a cluster that requires full coverage', async () => {
+    const cluster = await ownRedisCluster()
+    const store = new RedisStore(cluster.url, { cluster: { shards: SHARDS } })
+    const t = await makeTestApp({ store })
+    afterAll(async () => {
+      await store.close()
+      await cluster.stop()
+    })
+
+    test('readiness says the store failed once the cluster refuses every key, and ok again when it serves', async () => {
+      expect(await store.checkShardCount(3_000)).toBe(true)
+      expect((await t.req('GET', '/readyz')).status).toBe(200)
+      for (const node of cluster.nodes) await node.config('SET', 'cluster-node-timeout', '500')
+      process.kill(cluster.pids[0]!, 'SIGSTOP')
+      try {
+        const survivor = cluster.nodes[1]!
+        await until(() => survivor.cluster('INFO'), (info) => String(info).includes('cluster_state:fail'), 10_000)
+        const res = await t.req('GET', '/readyz')
+        expect([res.status, res.body.store]).toEqual([503, 'failed'])
+      } finally {
+        process.kill(cluster.pids[0]!, 'SIGCONT')
+      }
+      const back = await until(() => t.req('GET', '/readyz'), (r) => r.status === 200, 10_000)
+      expect(back.status).toBe(200)
     })
   })
 

@@ -202,8 +202,9 @@ export class RedisStore implements Store {
 
   async ping(): Promise<boolean> {
     if (!this.#conn.shardCountAllows) return false
+    const redis = this.#conn.redis
     try {
-      return (await this.#conn.redis.ping()) === 'PONG'
+      return redis instanceof Cluster ? await clusterServes(redis) : (await redis.ping()) === 'PONG'
     } catch {
       return false
     }
@@ -212,6 +213,23 @@ export class RedisStore implements Store {
   async close(): Promise<void> {
     this.#conn.redis.disconnect()
   }
+}
+
+/**
+ * Whether a cluster serves: some master answers that its state is ok. A PING went to one node picked at
+ * random: with a master down it failed readiness now and then on every instance alike (taking them out of
+ * a load balancer fails the other masters' tenants too), and it passed while the cluster refused all
+ * keys (cluster_state:fail, once a down master's slots count as uncovered).
+ */
+async function clusterServes(cluster: Cluster): Promise<boolean> {
+  const masters = cluster.nodes('master')
+  if (masters.length === 0) return false
+  return Promise.any(
+    masters.map(async (node) => {
+      if (!/^cluster_state:ok\r?$/m.test(String(await node.cluster('INFO')))) throw new Error('cluster_state is not ok')
+      return true
+    }),
+  ).catch(() => false)
 }
 
 /**
