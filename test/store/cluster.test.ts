@@ -13,7 +13,7 @@ import { allShards, keys, shardOfKey, type Store } from '../../src/store/store'
 import { decode, hwid, insertLicense, nonce } from '../support/client'
 import { makeTestApp, MODE, type TestApp } from '../support/helpers'
 import { type OwnRedisCluster, ownRedisCluster } from '../support/redis-cluster'
-import { until } from '../support/servers'
+import { freePort, ownRedis, until } from '../support/servers'
 
 const SHARDS = 64
 
@@ -283,11 +283,26 @@ if (MODE === 'postgres') {
       const seeds = (auth: string) => cluster.ports.map((port) => `redis://${auth}127.0.0.1:${port}`).join(',')
       for (const auth of [':wrong@', '']) {
         await expect(openStore(seeds(auth), SHARDS, 3_000)).rejects.toThrow("this Redis Cluster refuses REDIS_URL's credentials")
+        // The first seed down: another one answers for it (its credentials are the first URL's).
+        const unheard = `redis://${auth}127.0.0.1:${await freePort()},${seeds('')}`
+        await expect(openStore(unheard, SHARDS, 3_000)).rejects.toThrow("this Redis Cluster refuses REDIS_URL's credentials")
       }
       const store = await openStore(seeds(':s3cret@'), SHARDS, 3_000)
       expect(await store.ping()).toBe(true)
       await store.close()
     } finally {
+      await cluster.stop()
+    }
+  }, 60_000)
+
+  test('a cluster node named as one Redis, or one Redis named as a cluster, stops the start, naming the setting', async () => {
+    const cluster = await ownRedisCluster()
+    const single = await ownRedis()
+    try {
+      await expect(openStore(cluster.url.split(',')[0]!, null, 3_000)).rejects.toThrow('REDIS_URL names a node of a Redis Cluster: set REDIS_CLUSTER=true')
+      await expect(openStore(single.url, SHARDS, 3_000)).rejects.toThrow('REDIS_CLUSTER=true, but REDIS_URL names a Redis that is not in cluster mode')
+    } finally {
+      await single.stop()
       await cluster.stop()
     }
   }, 60_000)

@@ -23,10 +23,10 @@ export interface RedisStoreOptions {
   cluster?: { shards: number } | null
 }
 
-/** Cluster seed nodes: one or more comma-separated URLs; credentials and TLS from the first. */
 /**
- * The seed nodes of a cluster's REDIS_URL as ioredis takes them: a URL's hostname keeps an IPv6
- * address's brackets, which ioredis looked up as a host name (ENOTFOUND) for ever.
+ * The seed nodes of a cluster's REDIS_URL (one or more comma-separated URLs) as ioredis takes them: a
+ * URL's hostname keeps an IPv6 address's brackets, which ioredis looked up as a host name (ENOTFOUND)
+ * for ever.
  */
 export const clusterSeeds = (urls: string) =>
   urls.split(',').map((u) => {
@@ -34,8 +34,17 @@ export const clusterSeeds = (urls: string) =>
     return { host: hostname.replace(/^\[(.*)\]$/, '$1'), port: Number(port || 6379) }
   })
 
-function clusterClient(urls: string, options: RedisOptions & { enableAutoPipelining: boolean; autoPipeliningIgnoredCommands: string[] }) {
+/** What every node of a cluster is reached with: the first seed URL's credentials and TLS. */
+export function clusterNodeOptions(urls: string): Pick<RedisOptions, 'username' | 'password' | 'tls'> {
   const first = new URL(urls.split(',')[0]!.trim())
+  return {
+    username: decodeURIComponent(first.username) || undefined,
+    password: decodeURIComponent(first.password) || undefined,
+    tls: first.protocol === 'rediss:' ? {} : undefined,
+  }
+}
+
+function clusterClient(urls: string, options: RedisOptions & { enableAutoPipelining: boolean; autoPipeliningIgnoredCommands: string[] }) {
   const { enableAutoPipelining, autoPipeliningIgnoredCommands, ...redisOptions } = options
   return new Cluster(
     clusterSeeds(urls),
@@ -44,12 +53,7 @@ function clusterClient(urls: string, options: RedisOptions & { enableAutoPipelin
       autoPipeliningIgnoredCommands,
       // Every read from the masters: a replica may lag behind an epoch bump or a charge.
       scaleReads: 'master',
-      redisOptions: {
-        ...redisOptions,
-        username: decodeURIComponent(first.username) || undefined,
-        password: decodeURIComponent(first.password) || undefined,
-        tls: first.protocol === 'rediss:' ? {} : undefined,
-      },
+      redisOptions: { ...redisOptions, ...clusterNodeOptions(urls) },
       clusterRetryStrategy: (times) => Math.min(times * 200, 2000),
       // A node's connection that drops fails the calls on it; by default they were sent again once the
       // slots were read anew, as a lone connection would resend them (see autoResendUnfulfilledCommands).

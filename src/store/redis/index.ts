@@ -5,7 +5,7 @@ import { withDeadline } from '../../lib/with-timeout'
 import { log } from '../../lib/log'
 import { type AuthorizeInput, type AuthorizeResult, type BegunFlush, type CreditCharges, type CreditState, type EpochRead, type Shard, type Snapshot, type Snapshots, type Store, type TakeResult } from '../store'
 import { type AuthorizeCommands, authorizeScripts, RedisAuthorizer } from './authorize'
-import { Connection, type RedisStoreOptions } from './connection'
+import { clusterNodeOptions, clusterSeeds, Connection, type RedisStoreOptions } from './connection'
 import { type CreditCommands, creditScripts, RedisCredits } from './credits'
 import { type EpochCommands, epochScripts, RedisEpochs } from './epochs'
 import { type LimiterCommands, limiterScripts, RedisLimiter } from './limiter'
@@ -157,8 +157,9 @@ export class RedisStore implements Store {
 
   /**
    * Throws a ConfigError when Redis refuses REDIS_URL's credentials, or the database it names (an index
-   * past its `databases` setting): ioredis goes on after either, refused every command (a server that
-   * started and failed every request) or in database 0, where other data lives. A Redis that does not
+   * past its `databases` setting), or is a cluster node where REDIS_CLUSTER says one Redis (or the other
+   * way round): ioredis goes on after each, refused every command (a server that started and failed
+   * every request) or in database 0, where other data lives. A Redis that does not
    * answer within `waitMs` is left to the outage handling, as at start.
    */
   async requireAccess(waitMs: number): Promise<void> {
@@ -173,31 +174,52 @@ export class RedisStore implements Store {
     const redis = this.#conn.redis
     if (redis instanceof Cluster) return this.#requireClusterAccess(waitMs)
     const db = redis.options.db ?? 0
+    let info: string
     try {
-      await withDeadline(db === 0 ? redis.ping() : redis.select(db), waitMs, 'reaching the database of REDIS_URL')
+      info = await withDeadline(
+        (db === 0 ? redis.ping() : redis.select(db)).then(() => redis.info('cluster').catch(() => '')),
+        waitMs,
+        'reaching the database of REDIS_URL',
+      )
     } catch (err) {
       if (!(err instanceof ReplyError)) return
       const { message } = err as Error
       if (REFUSED_CREDENTIALS.test(message)) throw new ConfigError(`this Redis refuses REDIS_URL's credentials (${message})`)
       throw new ConfigError(`REDIS_URL names database ${db}, which this Redis refuses (${message})`)
     }
+    // Its keys would be refused (MOVED) but for the slots this node serves.
+    if (CLUSTER_ENABLED.test(info)) throw new ConfigError('REDIS_URL names a node of a Redis Cluster: set REDIS_CLUSTER=true')
   }
 
   /**
-   * A cluster client that is refused its credentials reports only that no seed node is available: the
-   * first seed node (whose credentials every node is sent) is asked on a connection of its own.
+   * Asks the seed nodes on connections of their own, the first to answer deciding: a cluster client
+   * refused its credentials reports only that no seed node is available, and one given a Redis without
+   * cluster mode that it cannot read the slots; either started a server that failed every call.
    */
   async #requireClusterAccess(waitMs: number): Promise<void> {
-    const seed = new Redis(this.#url.split(',')[0]!.trim(), { lazyConnect: true, connectTimeout: waitMs, maxRetriesPerRequest: 0, retryStrategy: () => null })
-    seed.on('error', () => {})
+    const node = clusterNodeOptions(this.#url)
+    const seeds = clusterSeeds(this.#url).map(({ host, port }) => {
+      const seed = new Redis(port, host, { ...node, lazyConnect: true, connectTimeout: waitMs, maxRetriesPerRequest: 0, retryStrategy: () => null })
+      seed.on('error', () => {})
+      return seed
+    })
+    const answer = (seed: Redis) =>
+      seed.cluster('INFO').then(
+        () => null,
+        (err: unknown) => (err instanceof ReplyError ? (err as Error).message : Promise.reject(err)),
+      )
+    let refusal: string | null
     try {
-      await withDeadline(seed.ping(), waitMs, 'reaching the first node of REDIS_URL')
-    } catch (err) {
-      const { message } = err as Error
-      if (err instanceof ReplyError && REFUSED_CREDENTIALS.test(message)) throw new ConfigError(`this Redis Cluster refuses REDIS_URL's credentials (${message})`)
+      refusal = await withDeadline(Promise.any(seeds.map(answer)), waitMs, 'reaching a node of REDIS_URL')
+    } catch {
+      // None answered: left to the outage handling, as at start.
+      return
     } finally {
-      seed.disconnect()
+      for (const seed of seeds) seed.disconnect()
     }
+    if (refusal === null) return
+    if (REFUSED_CREDENTIALS.test(refusal)) throw new ConfigError(`this Redis Cluster refuses REDIS_URL's credentials (${refusal})`)
+    if (CLUSTER_DISABLED.test(refusal)) throw new ConfigError('REDIS_CLUSTER=true, but REDIS_URL names a Redis that is not in cluster mode: name a cluster\'s nodes, or unset REDIS_CLUSTER')
   }
 
   async ping(): Promise<boolean> {
@@ -240,6 +262,9 @@ const SHARD_COUNT_WAIT_MS = 5000
 
 /** Redis's answers to a connection without a password it requires, or with a wrong one. */
 const REFUSED_CREDENTIALS = /^(NOAUTH|WRONGPASS)\b/
+/** INFO cluster of a node of a Redis Cluster; CLUSTER INFO's refusal by a Redis without cluster mode. */
+const CLUSTER_ENABLED = /^cluster_enabled:1\r?$/m
+const CLUSTER_DISABLED = /cluster support disabled/i
 
 /**
  * The store the settings name: Redis, a Redis Cluster (`clusterShards`), or the in-process twin without
