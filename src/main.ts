@@ -169,7 +169,6 @@ async function main(): Promise<void> {
     await operatorSocket?.stop()
     throw err
   })
-  for (const [signal, handler] of Object.entries(onStartSignal)) process.off(signal, handler)
   if (startStopped) return
   const index = serverProcessIndex()
   const role: ProcessRole =
@@ -229,6 +228,9 @@ async function main(): Promise<void> {
   }
   process.on('SIGINT', () => void shutdown('SIGINT'))
   process.on('SIGTERM', () => void shutdown('SIGTERM'))
+  // Only now, in the same turn: a signal without a listener gets Bun's default action, which kills (the
+  // lock, the socket and the embedded database left as by kill -9) for the ~80 ms the app took to start.
+  for (const [signal, handler] of Object.entries(onStartSignal)) process.off(signal, handler)
   // Instances share PostgreSQL: a master-key rotation can commit while this one runs (the rotation
   // refuses while it sees a server connected, and it may have seen none). Exit 2, as a start with
   // the old key would: a supervisor that restarts it shows why it does not start.

@@ -106,6 +106,45 @@ test.skipIf(MODE !== 'embedded')('SIGTERM while the embedded database is first m
   }
 }, 120_000)
 
+/** Whether `pid` catches SIGTERM now (its caught-signals mask in /proc), or null once it is gone. */
+function catchesSigterm(pid: number): boolean | null {
+  try {
+    const mask = /^SigCgt:\s*([0-9a-f]+)$/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1]
+    return mask === undefined ? null : (BigInt(`0x${mask}`) & (1n << 14n)) !== 0n
+  } catch {
+    return null
+  }
+}
+
+test.skipIf(MODE !== 'embedded')('SIGTERM is caught from the start-up handlers on: never a moment of the default action, which kills', async () => {
+  const dataDir = await newDataDir('ls-signal-window-', { embedded: true })
+  const proc = Bun.spawn([process.execPath, 'src/main.ts'], {
+    cwd: join(import.meta.dir, '..'),
+    env: { ...process.env, DATA_DIR: dataDir, DATABASE_URL: '', REDIS_URL: '', MASTER_KEY: TEST_MASTER_KEY.toString('hex'), HOST: '127.0.0.1', PORT: '0', LOG_LEVEL: 'info' },
+    stdout: 'ignore',
+    stderr: 'pipe',
+  })
+  let log = ''
+  const reading = (async () => {
+    for await (const chunk of proc.stderr.pipeThrough(new TextDecoderStream())) log += chunk
+  })()
+  // Polled from the moment the start-up handlers catch it until the server listens (and the handlers
+  // that stop it took over): once the last listener of a signal is removed, Bun restores its default.
+  let caught = false
+  let uncaughtAfter = false
+  while (!log.includes('"listening"') && proc.exitCode === null) {
+    const now = catchesSigterm(proc.pid)
+    if (now === true) caught = true
+    if (now === false && caught) uncaughtAfter = true
+    await Bun.sleep(0)
+  }
+  proc.kill('SIGTERM')
+  expect(await proc.exited).toBe(0)
+  await reading
+  expect(caught).toBe(true)
+  expect(uncaughtAfter).toBe(false)
+})
+
 // An embedded server in either pass: run once.
 test.skipIf(MODE !== 'embedded')('SIGTERM while a request body is still on its way: the server stops within seconds, not at its deadline', async () => {
   const server = await startServer({ DATABASE_URL: '', REDIS_URL: '' })
