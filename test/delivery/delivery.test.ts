@@ -1,5 +1,5 @@
 import { describe, expect, test } from 'bun:test'
-import { randomUUID } from 'node:crypto'
+import { createHmac, randomUUID } from 'node:crypto'
 import { existsSync } from 'node:fs'
 import { and, eq, inArray, sql } from 'drizzle-orm'
 import { type DomainEvent, EVENT_NAMES, type EventName, recordEvents } from '../../src/delivery/outbox'
@@ -110,6 +110,10 @@ describe('webhook delivery', () => {
       expect(r.headers['x-service-event']).toBe(r.body.event)
       expect(r.headers['x-service-timestamp']).toBe(occurredAt.toISOString())
       expect(r.headers['x-service-signature']).toMatch(/^sha256=[0-9a-f]{64}$/)
+      // A receiver written from AuthForge's documentation: its headers, the HMAC of the raw body in bare hex.
+      expect(r.headers['x-authforge-event']).toBe(r.body.event)
+      expect(r.headers['x-authforge-timestamp']).toBe(occurredAt.toISOString())
+      expect(r.headers['x-authforge-signature']).toBe(createHmac('sha256', hook.secret).update(r.raw).digest('hex'))
       expect(Object.keys(r.body)).toEqual(['event', 'timestamp', 'data'])
       expect(r.body.timestamp).toBe(occurredAt.toISOString())
       expect(r.body.data).toMatchObject({ licenseKey, appId: s.appId })
