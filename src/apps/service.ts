@@ -1,4 +1,4 @@
-import { and, desc, eq, max } from 'drizzle-orm'
+import { and, desc, eq, lt, max } from 'drizzle-orm'
 import type { DbOrTx, Tx } from '../db/client'
 import { transactionKnown } from '../db/commit-outcome'
 import { apps, signingKeys } from '../db/schema'
@@ -7,15 +7,8 @@ import { ApiError } from '../lib/errors'
 import { generateAppSecret, generateKeyId, generateSigningKey, sha256Hex } from '../lib/crypto'
 import { requireAccount } from '../accounts/service'
 import { requireSealingKey } from '../signing/key-check'
-import type {
-  AppListResponse,
-  AppSecretResponse,
-  AppSummary,
-  CreatedAppResponse,
-  RotatedKeyResponse,
-  SigningKeyListResponse,
-  UpdateAppBody,
-} from './model'
+import { olderThan, ROWS_PER_READ, streamedList } from '../http/streamed-list'
+import type { AppSecretResponse, AppSummary, CreatedAppResponse, RotatedKeyResponse, SigningKeyListResponse, UpdateAppBody } from './model'
 
 /** Apps and their signing keys: created by the operator CLI and the Developer API, owned by one account. */
 
@@ -77,18 +70,22 @@ export async function rotateSigningKey(ctx: Context, appId: string): Promise<typ
   return ctx.actors.write(appId, rotate, () => ({ app: true }))
 }
 
-export async function listSigningKeys(ctx: Context, appId: string): Promise<typeof SigningKeyListResponse.static> {
-  const rows = await ctx.database.db
-    .select({
-      keyId: signingKeys.id,
-      publicKey: signingKeys.publicKey,
-      active: signingKeys.active,
-      createdAt: signingKeys.createdAt,
-    })
-    .from(signingKeys)
-    .where(eq(signingKeys.appId, appId))
-    .orderBy(desc(signingKeys.version))
-  return { keys: rows.map((k) => ({ ...k, createdAt: k.createdAt.toISOString() })) }
+type SigningKeyRow = Pick<typeof signingKeys.$inferSelect, 'id' | 'publicKey' | 'active' | 'createdAt' | 'version'>
+
+/** The app's signing keys, newest first (keyset on version), streamed: rotations have no bound. */
+export function listSigningKeys(ctx: Context, appId: string): Response {
+  const db = ctx.database.db
+  return streamedList(
+    'keys',
+    (after: SigningKeyRow | null) =>
+      db
+        .select({ id: signingKeys.id, publicKey: signingKeys.publicKey, active: signingKeys.active, createdAt: signingKeys.createdAt, version: signingKeys.version })
+        .from(signingKeys)
+        .where(and(eq(signingKeys.appId, appId), after ? lt(signingKeys.version, after.version) : undefined))
+        .orderBy(desc(signingKeys.version))
+        .limit(ROWS_PER_READ),
+    (k): (typeof SigningKeyListResponse.static)['keys'][number] => ({ keyId: k.id, publicKey: k.publicKey, active: k.active, createdAt: k.createdAt.toISOString() }),
+  )
 }
 
 /** Throws 403 unless the app exists and belongs to the account (an absent app looks the same). */
@@ -115,14 +112,23 @@ const appSummary = (row: AppRow): typeof AppSummary.static => ({
   createdAt: row.createdAt.toISOString(),
 })
 
-/** The account's apps, newest first; secrets and keys stay out of the listing. */
-export async function listApps(ctx: Context, accountId: string): Promise<typeof AppListResponse.static> {
-  const rows = await ctx.database.db
-    .select()
-    .from(apps)
-    .where(eq(apps.accountId, accountId))
-    .orderBy(desc(apps.createdAt), desc(apps.id))
-  return { apps: rows.map(appSummary) }
+/**
+ * The account's apps, newest first (keyset on createdAt, id), streamed: an account's apps have no bound.
+ * Secrets and keys stay out of the listing.
+ */
+export function listApps(ctx: Context, accountId: string): Response {
+  const db = ctx.database.db
+  return streamedList(
+    'apps',
+    (after: AppRow | null) =>
+      db
+        .select()
+        .from(apps)
+        .where(and(eq(apps.accountId, accountId), olderThan(apps.createdAt, apps.id, after && { time: after.createdAt, id: after.id })))
+        .orderBy(desc(apps.createdAt), desc(apps.id))
+        .limit(ROWS_PER_READ),
+    appSummary,
+  )
 }
 
 /**

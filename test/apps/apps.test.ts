@@ -1,7 +1,9 @@
 import { beforeAll, describe, expect, test } from 'bun:test'
 import { eq } from 'drizzle-orm'
 import { createApiKey, revokeApiKey } from '../../src/accounts/service'
-import { apps } from '../../src/db/schema'
+import { randomUUID } from 'node:crypto'
+import { apps, signingKeys } from '../../src/db/schema'
+import { ROWS_PER_READ } from '../../src/http/streamed-list'
 import { makeTestApp, type TestApp } from '../support/helpers'
 import { appEpochKey } from '../support/client'
 
@@ -97,6 +99,53 @@ describe('GET /v1/apps', () => {
     expect(res.body.apps.map((a: any) => a.appId)).toEqual([second.body.appId, s.appId])
     for (const app of res.body.apps)
       expect(Object.keys(app).sort()).toEqual(['appId', 'createdAt', 'disabled', 'name', 'sandbox'])
+  })
+})
+
+/** How many pieces a listing's response body arrives in: one per read, never all rows at once. */
+async function piecesOf(path: string, apiKey: string): Promise<number> {
+  const streamed = await t.app.handle(new Request(`http://localhost${path}`, { headers: { authorization: `Bearer ${apiKey}` } }))
+  let pieces = 0
+  for await (const _ of streamed.body!) pieces++
+  return pieces
+}
+
+/** Two reads and a half of rows; many share a millisecond, across the reads' bounds too. */
+const MANY = ROWS_PER_READ * 2 + ROWS_PER_READ / 2
+
+describe('listings with more rows than one read takes', () => {
+  test('GET /v1/apps: every app, once, newest first, ties in time by id, read a piece at a time', async () => {
+    const s = await t.seed()
+    const [own] = await t.ctx.database.db.select().from(apps).where(eq(apps.id, s.appId))
+    const rows = Array.from({ length: MANY }, (_, i) => ({
+      id: randomUUID(),
+      accountId: s.accountId,
+      name: `App ${i}`,
+      secretHash: own!.secretHash,
+      createdAt: new Date(Date.UTC(2030, 0, 1) + Math.floor(i / 7)),
+    }))
+    for (let i = 0; i < rows.length; i += 500) await t.ctx.database.db.insert(apps).values(rows.slice(i, i + 500))
+    const res = await t.req('GET', '/v1/apps', { apiKey: s.apiKey })
+    expect(res.status).toBe(200)
+    const newestFirst = rows.toSorted((a, b) => b.createdAt.getTime() - a.createdAt.getTime() || (a.id < b.id ? 1 : -1))
+    expect(res.body.apps.map((a: { appId: string }) => a.appId)).toEqual([...newestFirst.map((r) => r.id), s.appId])
+    expect(res.body.apps[0]).toEqual({ appId: newestFirst[0]!.id, name: newestFirst[0]!.name, sandbox: false, disabled: false, createdAt: newestFirst[0]!.createdAt.toISOString() })
+    expect(res.headers.get('content-type')).toStartWith('application/json')
+    expect(res.headers.get('ratelimit-limit')).toEqual(expect.any(String))
+    expect(await piecesOf('/v1/apps', s.apiKey)).toBe(3)
+  })
+
+  test('GET /v1/apps/:appId/signing-keys: every key, once, newest first, read a piece at a time', async () => {
+    const s = await t.seed()
+    const [first] = await t.ctx.database.db.select().from(signingKeys).where(eq(signingKeys.appId, s.appId))
+    const rows = Array.from({ length: MANY }, (_, i) => ({ ...first!, id: `k${i}-${randomUUID()}`, version: first!.version + 1 + i, active: false }))
+    for (let i = 0; i < rows.length; i += 500) await t.ctx.database.db.insert(signingKeys).values(rows.slice(i, i + 500))
+    const path = `/v1/apps/${s.appId}/signing-keys`
+    const res = await t.req('GET', path, { apiKey: s.apiKey })
+    expect(res.status).toBe(200)
+    expect(res.body.keys.map((k: { keyId: string }) => k.keyId)).toEqual([...rows.map((r) => r.id).reverse(), first!.id])
+    expect(res.body.keys.at(-1)).toEqual({ keyId: first!.id, publicKey: first!.publicKey, active: true, createdAt: first!.createdAt.toISOString() })
+    expect(await piecesOf(path, s.apiKey)).toBe(3)
   })
 })
 

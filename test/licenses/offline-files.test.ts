@@ -1,6 +1,6 @@
 import { beforeAll, describe, expect, spyOn, test } from 'bun:test'
 import { randomUUID } from 'node:crypto'
-import { FILES_PER_READ } from '../../src/licenses/offline/service'
+import { ROWS_PER_READ } from '../../src/http/streamed-list'
 import { and, eq } from 'drizzle-orm'
 import { events, licenses, offlineFiles, signingKeys } from '../../src/db/schema'
 import { makeTestApp, type TestApp } from '../support/helpers'
@@ -490,7 +490,7 @@ describe('GET /v1/licenses/:licenseKey/offline-files', () => {
     const [active] = await t.ctx.database.db.select({ keyId: signingKeys.id }).from(signingKeys).where(eq(signingKeys.appId, s.appId))
     const keyId = active!.keyId
     // Two reads and a half; many files share a millisecond, across the reads' bounds too.
-    const count = FILES_PER_READ * 2 + FILES_PER_READ / 2
+    const count = ROWS_PER_READ * 2 + ROWS_PER_READ / 2
     const rows = Array.from({ length: count }, (_, i) => ({
       id: randomUUID(),
       licenseKey,

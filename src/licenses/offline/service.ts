@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto'
-import { and, desc, eq, lt, lte, or, sql } from 'drizzle-orm'
+import { and, desc, eq, sql } from 'drizzle-orm'
 import type { Tx } from '../../db/client'
 import { apps, licenses, offlineFiles, type OfflineHwid } from '../../db/schema'
 import type { Context } from '../../context'
@@ -8,6 +8,7 @@ import { type DomainEvent, recordEvents } from '../../delivery/outbox'
 import { hwidListsAllow } from '../../actors/list-append'
 import { expiryFrom, lockLicense, type LicenseRow, requireOwnedLicense } from '../service'
 import { armor, encodePayload, type OfflinePayload } from './armor'
+import { olderThan, ROWS_PER_READ, streamedList } from '../../http/streamed-list'
 import type { MintOfflineFileBody, OfflineFile, OfflineFileSummary } from './model'
 
 type AppRow = typeof apps.$inferSelect
@@ -204,13 +205,6 @@ export async function mintOfflineFile(
   }
 }
 
-/**
- * How many files each read of a listing takes. A license's files are never purged (a volume license
- * gets one per machine, again at each short expiry): read and encoded at once, a million took seconds
- * of the process's time and gigabytes, while every other request of the process waited.
- */
-export const FILES_PER_READ = 1_000
-
 const summaryOf = (row: typeof offlineFiles.$inferSelect): OfflineFileSummary => ({
   fileId: row.id,
   keyId: row.keyId,
@@ -220,46 +214,21 @@ const summaryOf = (row: typeof offlineFiles.$inferSelect): OfflineFileSummary =>
 })
 
 /**
- * The license's minted files, newest first, as `{ files }` sent in pieces of FILES_PER_READ, each read
- * after the last went (keyset on issuedAt, id), so other requests are served in between. A read that
- * fails ends the response unfinished: its JSON does not parse.
+ * The license's minted files, newest first (keyset on issuedAt, id), streamed: a license's files are
+ * never purged (a volume license gets one per machine, again at each short expiry).
  */
 export async function listOfflineFiles(ctx: Context, accountId: string, licenseKey: string): Promise<Response> {
   await requireOwnedLicense(ctx, accountId, licenseKey)
   const db = ctx.database.db
-  const text = new TextEncoder()
-  let last: { issuedAt: Date; id: string } | null = null
-  let sent = 0
-  const body = new ReadableStream<Uint8Array>({
-    async pull(out) {
-      const after = last
-      const rows = await db
+  return streamedList(
+    'files',
+    (after: typeof offlineFiles.$inferSelect | null) =>
+      db
         .select()
         .from(offlineFiles)
-        .where(
-          and(
-            eq(offlineFiles.licenseKey, licenseKey),
-            // The bound on issuedAt alone is what the index (license_key, issued_at) can start from: with
-            // the OR only, each read walked the index from the newest file (a million files: quadratic).
-            after ? lte(offlineFiles.issuedAt, after.issuedAt) : undefined,
-            after
-              ? or(lt(offlineFiles.issuedAt, after.issuedAt), and(eq(offlineFiles.issuedAt, after.issuedAt), lt(offlineFiles.id, after.id)))
-              : undefined,
-          ),
-        )
+        .where(and(eq(offlineFiles.licenseKey, licenseKey), olderThan(offlineFiles.issuedAt, offlineFiles.id, after && { time: after.issuedAt, id: after.id })))
         .orderBy(desc(offlineFiles.issuedAt), desc(offlineFiles.id))
-        .limit(FILES_PER_READ)
-      let piece = after === null ? '{"files":[' : ''
-      for (const row of rows) piece += (sent++ === 0 ? '' : ',') + JSON.stringify(summaryOf(row))
-      const end = rows.at(-1)
-      if (rows.length < FILES_PER_READ || !end) {
-        out.enqueue(text.encode(`${piece}]}`))
-        out.close()
-        return
-      }
-      last = { issuedAt: end.issuedAt, id: end.id }
-      out.enqueue(text.encode(piece))
-    },
-  })
-  return new Response(body, { headers: { 'content-type': 'application/json' } })
+        .limit(ROWS_PER_READ),
+    summaryOf,
+  )
 }
