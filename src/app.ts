@@ -171,7 +171,11 @@ async function parseBody(request: Request, path: string): Promise<unknown> {
     }
     if (text === '') sentEmptyBody(request)
     if (isPlainText(request)) return text
-    return text === '' ? null : checked(parsed(text))
+    if (text === '') return null
+    const body = parsed(text)
+    // A JSON string passed the activation-request route's schema as if it were its text/plain body.
+    if (typeof body === 'string') throw new RefusedBody('The body must be a JSON object')
+    return checked(body)
   }
   // A declared length bounds the body already; Bun's own JSON read is ~1 µs cheaper than the copy below.
   if (declared > 0) {

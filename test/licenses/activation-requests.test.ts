@@ -361,6 +361,20 @@ describe('the body parser', () => {
     expect(res.body.message).toBe('The body must be a JSON object')
   })
 
+  test('the request text as a JSON string (not text/plain, not { request }) is refused, and nothing is minted', async () => {
+    const s = await t.seed()
+    const licenseKey = await insertLicense(t.ctx, s.appId, { maxHwidSlots: 2 })
+    const res = await t.req('POST', path(s.appId), {
+      apiKey: s.apiKey,
+      body: JSON.stringify(buildRequest(requestFields(s.appId, 'm1', licenseKey))),
+      headers: { 'content-type': 'application/json' },
+    })
+    expect(res.status).toBe(400)
+    expect(res.body).toEqual(errorBody('bad_request'))
+    expect(res.body.message).toBe('The body must be a JSON object')
+    expect((await row(licenseKey)).hwids).toEqual([])
+  })
+
   test('a text/plain body over the /v1 limit is 413', async () => {
     const s = await t.seed()
     const res = await post(s, 'x'.repeat(1024 * 1024 + 1))
