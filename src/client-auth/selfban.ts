@@ -40,8 +40,7 @@ async function reportTampering(ctx: Context, input: SelfbanInput, ip: string, re
       ceiling: app ? ceiling(ctx.config, app, shard, nowMs) : null,
       ipBucket,
       buckets: !ipBucket ? [] : secretOk && licenseKey ? [ipBucket, bucket(shard, 's:lic', app!.id, licenseKey, perLicense)] : [ipBucket],
-      // As on validate: only a selfban that goes through claims its nonce.
-      nonce: !post && outcome.ok ? { key: keys.nonce(shard, appId, input.nonce!), ttlSeconds: NONCE_TTL_SECONDS } : null,
+      nonce: !post && secretOk ? { key: keys.nonce(shard, appId, input.nonce!), ttlSeconds: NONCE_TTL_SECONDS } : null,
       charge: null,
     }
   })

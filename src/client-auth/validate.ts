@@ -53,11 +53,8 @@ async function validateAndSign(ctx: Context, input: ValidateInput, ip: string, r
         : secretOk
           ? [ipBucket, bucket(shard, 'v:lic', app!.id, licenseKey, sandbox ? SANDBOX.validateLicense : ctx.config.validateLimitPerLicense)]
           : [ipBucket],
-      // Claimed by a validate that would succeed, as its charge is: each is kept 7 days, and refused ones
-      // (made-up keys, a full license, a revoked one) cost nothing else, so a flood of them by anyone
-      // holding the secret that ships in the client filled the Redis every tenant shares. A refused
-      // request sent again is refused again; the nonce protects the signed success.
-      nonce: outcome.ok ? { key: keys.nonce(shard, appId, input.nonce), ttlSeconds: NONCE_TTL_SECONDS } : null,
+      // A nonce is consumed by any validate that passes app authentication (the contract).
+      nonce: secretOk ? { key: keys.nonce(shard, appId, input.nonce), ttlSeconds: NONCE_TTL_SECONDS } : null,
       charge: outcome.ok && !sandbox && app ? { accountId: app.accountId, cost: 1, counter: null } : null,
     }
   })

@@ -189,8 +189,6 @@ export class MemoryStore implements Store {
       const balance = this.#num(balanceKey, now)
       if (balance < cost) {
         if (counter) this.set(counter.key, this.#num(counter.key, now) - 1, Infinity, now)
-        // Refused: it claims no nonce, as the script's DEL (redis/authorize-script.ts).
-        if (a.nonce) this.#nonces.release(a.nonce.key, a.nonce.ttlSeconds * 1000, now)
         this.#dirty(now).add(a.charge.accountId)
         return { kind: 'no_credits' }
       }

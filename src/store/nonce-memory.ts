@@ -11,10 +11,6 @@ export const MAX_REMEMBERED_NONCES = 5_000_000
 /** The claims of one span of time: their keys' hashes, as numbers (no string or object per claim). */
 type Generation = Set<number>
 
-const hashOf = (key: string) => Number(Bun.hash.wyhash(key) & 0x1f_ffff_ffff_ffffn)
-/** The generation a claim of `ttlMs` made at `now` goes in: time ÷ the TTL's span. */
-const generationOf = (ttlMs: number, now: number) => Math.floor(now / Math.max(1, Math.ceil(ttlMs / SPANS)))
-
 /**
  * The nonces the in-process store has seen, each for at least its TTL. One entry per key in a generic
  * map cost about 375 bytes a nonce, kept 7 days, and a minute's sweep walked them all on the request
@@ -40,7 +36,8 @@ export class NonceMemory {
 
   /** Claims `key` for at least `ttlMs` from `now`: false when it is claimed already. */
   claim(key: string, ttlMs: number, now: number): boolean {
-    const current = generationOf(ttlMs, now)
+    const span = Math.max(1, Math.ceil(ttlMs / SPANS))
+    const current = Math.floor(now / span)
     let ring = this.#rings.get(ttlMs)
     if (!ring) this.#rings.set(ttlMs, (ring = new Map()))
     for (const [index, generation] of ring) {
@@ -49,7 +46,7 @@ export class NonceMemory {
         this.#remembered -= generation.size
       }
     }
-    const hash = hashOf(key)
+    const hash = Number(Bun.hash.wyhash(key) & 0x1f_ffff_ffff_ffffn)
     for (const generation of ring.values()) if (generation.has(hash)) return false
     if (this.#remembered >= this.maxRemembered) this.#forgetOldest()
     let generation = ring.get(current)
@@ -57,11 +54,6 @@ export class NonceMemory {
     generation.add(hash)
     this.#remembered++
     return true
-  }
-
-  /** Gives back the claim of `key` that `claim` made at `now`: its request was refused after all. */
-  release(key: string, ttlMs: number, now: number): void {
-    if (this.#rings.get(ttlMs)?.get(generationOf(ttlMs, now))?.delete(hashOf(key))) this.#remembered--
   }
 
   clear(): void {

@@ -74,17 +74,6 @@ describe('credits on the client endpoints', async () => {
     expect(await live(s)).toBe(1)
   })
 
-  test('a validate refused for no_credits claims no nonce: sent again after a top-up, it succeeds', async () => {
-    const s = await t.seed({ credits: 0 })
-    const key = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
-    const sent = { appId: s.appId, appSecret: s.appSecret, licenseKey: key, hwid: 'device', nonce: nonce() }
-    expect((await t.req('POST', '/auth/validate', { body: sent })).body.error).toBe('no_credits')
-    await addCredits(t.ctx, s.accountId, 2)
-    expect((await t.req('POST', '/auth/validate', { body: sent })).status).toBe(200)
-    expect((await t.req('POST', '/auth/validate', { body: sent })).body.error).toBe('replay_detected')
-    expect(await live(s)).toBe(1)
-  })
-
   test('credits added while a balance is being seeded count once', async () => {
     const s = await t.seed({ credits: 0 })
     const { store } = t.ctx

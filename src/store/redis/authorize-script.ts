@@ -144,8 +144,6 @@ for _, h in ipairs(reqs) do
       if cost > 0 then
         if val[bal] < cost then
           if ctr > 0 then redis.call('DECR', names[ctr]) end
-          -- Refused: the nonce it claimed above is given back (only a success keeps one for its 7 days).
-          if nonce > 0 then redis.call('DEL', names[nonce]) end
           redis.call('SADD', names[h[F_DIRTY_KEY]], names[h[F_ACCOUNT]])
           n = n + 1
           out[n] = R_NO_CREDITS
