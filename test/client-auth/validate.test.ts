@@ -103,6 +103,18 @@ describe('POST /auth/validate', async () => {
     expect(again.body).toEqual({ status: 'failed', error: 'replay_detected' })
   })
 
+  test('a validate refused after app authentication consumes its nonce all the same (the contract)', async () => {
+    const key = await insertLicense(t.ctx, s.appId, { maxHwidSlots: 1, hwids: ['taken'] })
+    const sent = body(key, hwid())
+    expect((await t.req('POST', '/auth/validate', { body: sent })).body.error).toBe('hwid_mismatch')
+    await updateLicense(t.ctx, key, { hwids: [] })
+    expect((await t.req('POST', '/auth/validate', { body: sent })).body.error).toBe('replay_detected')
+    // A wrong secret is no app authentication: its nonce stays free.
+    const wrong = { ...body(key, hwid()), appSecret: 'not-the-secret' }
+    expect((await t.req('POST', '/auth/validate', { body: wrong })).body.error).toBe('invalid_app')
+    expect((await t.req('POST', '/auth/validate', { body: { ...wrong, appSecret: s.appSecret } })).status).toBe(200)
+  })
+
   test('ttlSeconds is clamped to [3600, 604800]', async () => {
     const key = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
     const now = Math.floor(Date.now() / 1000)
