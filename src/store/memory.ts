@@ -144,7 +144,13 @@ export class MemoryStore implements Store {
    */
   #takeBuckets(buckets: readonly Omit<Admission, 'nowMs'>[], now: number): number {
     if (buckets.length === 0) return 0
-    const tats = buckets.map((b) => bucketTime(this.get(b.key, now) as number | undefined, now, b) + 1000 / b.refillPerSecond)
+    const tats = buckets.map((b) => {
+      const stored = this.get(b.key, now) as number | undefined
+      const tat = bucketTime(stored, now, b)
+      // Read as a clock stepped back: kept so whatever the other buckets answer, as the script does.
+      if (stored !== undefined && stored > tat) this.set(b.key, tat, Math.ceil(tat - now) + 1000, now)
+      return tat + 1000 / b.refillPerSecond
+    })
     let short = 0
     buckets.forEach((b, i) => {
       const over = (tats[i] ?? now) - now - b.capacity * (1000 / b.refillPerSecond)

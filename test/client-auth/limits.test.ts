@@ -152,6 +152,23 @@ describe('a clock behind the one that took the last tokens', () => {
     expect((await validate()).status).toBe(200)
   })
 
+  test.each([61, 100])('a clock stepped back %i s: the client is let by when Retry-After says, though its other bucket held it first', async (stepSeconds) => {
+    const clock = manualClock(start)
+    // 5 a minute per IP, emptied: read after the step as a clock stepped back. 300 a minute per license,
+    // one token taken: its smaller lead is kept, and refuses the first request after the step.
+    const t = await makeTestApp({ clock: clock.now, env: { ...env, VALIDATE_LIMIT_PER_IP: '5' } })
+    const s = await t.seed()
+    const licenseKey = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
+    const validate = () =>
+      t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: hwid(), nonce: nonce() }, headers: ip })
+    for (let i = 0; i < 5; i++) expect((await validate()).status).toBe(200)
+    clock.advance(-stepSeconds * 1000)
+    const first = await validate()
+    expect(first.status).toBe(429)
+    clock.advance(Number(first.headers.get('retry-after')) * 1000)
+    expect((await validate()).status).toBe(200)
+  })
+
   test("an instance whose clock is behind another's serves the clients the other served", async () => {
     const ahead = await makeTestApp({ clock: () => start + 120_000, env: { ...env, VALIDATE_LIMIT_PER_IP: '5' } })
     const behind = await makeTestApp({ clock: () => start, env: { ...env, VALIDATE_LIMIT_PER_IP: '5' } })

@@ -101,8 +101,15 @@ for _, h in ipairs(reqs) do
       local last = b + BUCKET_WIDTH * nb - 1
       local short = 0
       for j = b, last, BUCKET_WIDTH do
+        local k = h[j + BUCKET_KEY]
         local t = 1000 / h[j + BUCKET_REFILL_PER_SECOND]
-        local tat = bucket_time(val[h[j + BUCKET_KEY]], now, t, h[j + BUCKET_CAPACITY])
+        local tat = bucket_time(val[k], now, t, h[j + BUCKET_CAPACITY])
+        if val[k] and val[k] > tat then
+          -- Read as a clock stepped back: kept so, whatever the other buckets answer. Left as it was by a
+          -- request another bucket refused, it was held again by the time that one let the client by.
+          val[k] = tat
+          bucket_ex[k] = math.ceil((tat - now) / 1000) + 1
+        end
         local over = tat + t - now - h[j + BUCKET_CAPACITY] * t
         if over > ${BUCKET_SLACK_MS} then
           over = math.ceil(over)
