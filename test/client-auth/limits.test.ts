@@ -135,13 +135,19 @@ describe('a clock behind the one that took the last tokens', () => {
   const start = Date.parse('2031-05-04T13:00:00.000Z')
   const ip = { 'x-forwarded-for': '198.51.100.78' }
 
-  test('a clock stepped back an hour does not hold the buckets for that hour: a bucket it finds that far ahead has one token left', async () => {
+  /** An instance on a clock the test moves, 5 validates a minute per IP, and one client's validate. */
+  async function clientOnManualClock() {
     const clock = manualClock(start)
     const t = await makeTestApp({ clock: clock.now, env: { ...env, VALIDATE_LIMIT_PER_IP: '5' } })
     const s = await t.seed()
     const licenseKey = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
     const validate = () =>
       t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: hwid(), nonce: nonce() }, headers: ip })
+    return { clock, validate }
+  }
+
+  test('a clock stepped back an hour does not hold the buckets for that hour: a bucket it finds that far ahead has one token left', async () => {
+    const { clock, validate } = await clientOnManualClock()
     expect((await validate()).status).toBe(200)
     clock.advance(-3_600_000)
     expect((await validate()).status).toBe(200)
@@ -153,14 +159,9 @@ describe('a clock behind the one that took the last tokens', () => {
   })
 
   test.each([61, 100])('a clock stepped back %i s: the client is let by when Retry-After says, though its other bucket held it first', async (stepSeconds) => {
-    const clock = manualClock(start)
     // 5 a minute per IP, emptied: read after the step as a clock stepped back. 300 a minute per license,
-    // one token taken: its smaller lead is kept, and refuses the first request after the step.
-    const t = await makeTestApp({ clock: clock.now, env: { ...env, VALIDATE_LIMIT_PER_IP: '5' } })
-    const s = await t.seed()
-    const licenseKey = await insertLicense(t.ctx, s.appId, { unlimitedHwidSlots: true })
-    const validate = () =>
-      t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey, hwid: hwid(), nonce: nonce() }, headers: ip })
+    // five tokens taken: its smaller lead is kept, and refuses the first request after the step.
+    const { clock, validate } = await clientOnManualClock()
     for (let i = 0; i < 5; i++) expect((await validate()).status).toBe(200)
     clock.advance(-stepSeconds * 1000)
     const first = await validate()
