@@ -21,6 +21,9 @@ export class UsageError extends OperatorError {
 
 export const PROGRAM = 'bun run cli'
 
+/** The most a command line may hold, as JSON: far more than any command takes. */
+export const MAX_COMMAND_LINE_BYTES = 32 * 1024
+
 // A key or secret pasted into the wrong place must not land in scrollback or a CI log: API keys and
 // webhook secrets by their prefix, app secrets and bare keys (hex, base64url, or base64 as a master key
 // may be written) as a long run of their alphabet. UUIDs are blanked first: they are ids, not secrets,
@@ -225,6 +228,11 @@ export type Invocation = { help: string } | { command: CommandName; flags: Reado
  * here against the command's own flags instead, with messages naming the flag.
  */
 export function parseInvocation(argv: readonly string[]): Invocation {
+  // Whichever way the command then runs: through a server's socket (whose body bound it stays within
+  // as JSON) it was refused as too long, run directly it went through.
+  if (Buffer.byteLength(JSON.stringify(argv)) > MAX_COMMAND_LINE_BYTES) {
+    throw new UsageError(`the command line is longer than ${MAX_COMMAND_LINE_BYTES / 1024} KB`)
+  }
   const { tokens } = parseArgs({ args: [...argv], options: PARSE_OPTIONS, strict: false, allowPositionals: true, tokens: true })
   const words = tokens.flatMap((t) => (t.kind === 'positional' ? [t.value] : []))
   const name = words.slice(0, 2).join(' ')

@@ -2,6 +2,7 @@ import { createHash } from 'node:crypto'
 import { chmodSync, lstatSync, rmSync, statSync } from 'node:fs'
 import { type Config, ConfigError } from '../config'
 import { OperatorError, parseCommand, runCommand } from './commands'
+import { MAX_COMMAND_LINE_BYTES } from './args'
 import type { Context } from '../context'
 import { errorFields, log } from '../lib/log'
 import { withTimeout } from '../lib/with-timeout'
@@ -21,8 +22,8 @@ const STOP_WAIT_MS = 5000
 
 const BODY_SHAPE = 'body must be JSON { argv: string[], settings: string }'
 
-/** The most a command's request body may be: far more than any command line. */
-const COMMAND_BYTES = 64 * 1024
+/** The most a command's request body may be: a command line the CLI accepts, and room to spare. */
+const COMMAND_BYTES = 2 * MAX_COMMAND_LINE_BYTES
 
 /**
  * What the CLI and the server it reaches must agree on: the storage a command works on, and the key

@@ -80,6 +80,12 @@ describe('operator commands: what an error quotes back', () => {
     expect(problem(['app', 'create', '--account', SOME_UUID, SOME_UUID])).toContain(`unexpected argument "${SOME_UUID}"`)
   })
 
+  test('a command line past 32 KB is bad input, however it would run (the server takes it in a body of 64 KB)', () => {
+    const padded = `${' '.repeat(35_000)}Name${' '.repeat(35_000)}`
+    expect(problem(['account', 'create', '--name', padded])).toContain('the command line is longer than 32 KB')
+    expect(problem(['account', 'create', '--name', '\u0001'.repeat(6_000)])).toContain('the command line is longer than 32 KB')
+  })
+
   test('quoted text cannot drive the terminal or run past one line: control characters escaped, long text cut', () => {
     const clear = '\u001b[2J\u001b[H'
     for (const args of [['frob', clear], ['account', 'list', '--limit', clear], ['account', 'list', `--x${clear}`]]) {
