@@ -122,14 +122,15 @@ describe('listings with more rows than one read takes', () => {
       accountId: s.accountId,
       name: `App ${i}`,
       secretHash: own!.secretHash,
-      createdAt: new Date(Date.UTC(2030, 0, 1) + Math.floor(i / 7)),
+      // Older than the seeded app (and than anything else a listing of every account shows first).
+      createdAt: new Date(Date.UTC(2020, 0, 1) + Math.floor(i / 7)),
     }))
     for (let i = 0; i < rows.length; i += 500) await t.ctx.database.db.insert(apps).values(rows.slice(i, i + 500))
     const res = await t.req('GET', '/v1/apps', { apiKey: s.apiKey })
     expect(res.status).toBe(200)
     const newestFirst = rows.toSorted((a, b) => b.createdAt.getTime() - a.createdAt.getTime() || (a.id < b.id ? 1 : -1))
-    expect(res.body.apps.map((a: { appId: string }) => a.appId)).toEqual([...newestFirst.map((r) => r.id), s.appId])
-    expect(res.body.apps[0]).toEqual({ appId: newestFirst[0]!.id, name: newestFirst[0]!.name, sandbox: false, disabled: false, createdAt: newestFirst[0]!.createdAt.toISOString() })
+    expect(res.body.apps.map((a: { appId: string }) => a.appId)).toEqual([s.appId, ...newestFirst.map((r) => r.id)])
+    expect(res.body.apps[1]).toEqual({ appId: newestFirst[0]!.id, name: newestFirst[0]!.name, sandbox: false, disabled: false, createdAt: newestFirst[0]!.createdAt.toISOString() })
     expect(res.headers.get('content-type')).toStartWith('application/json')
     expect(res.headers.get('ratelimit-limit')).toEqual(expect.any(String))
     expect(await piecesOf('/v1/apps', s.apiKey)).toBe(3)
