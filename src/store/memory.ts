@@ -8,6 +8,7 @@ import {
   type CreditCharges,
   type CreditState,
   type EpochRead,
+  HEARTBEAT_COUNT_TTL_SECONDS,
   keys,
   type Shard,
   shardOf,
@@ -187,14 +188,14 @@ export class MemoryStore implements Store {
     const counter = a.charge.counter
     if (counter) {
       const n = this.#num(counter.key, now) + 1
-      this.set(counter.key, n, Infinity, now)
+      this.set(counter.key, n, HEARTBEAT_COUNT_TTL_SECONDS * 1000, now)
       if (n % counter.every !== 0) cost = 0
     }
     if (cost > 0) {
       const balanceKey = keys.balance(a.shard, a.charge.accountId)
       const balance = this.#num(balanceKey, now)
       if (balance < cost) {
-        if (counter) this.set(counter.key, this.#num(counter.key, now) - 1, Infinity, now)
+        if (counter) this.set(counter.key, this.#num(counter.key, now) - 1, HEARTBEAT_COUNT_TTL_SECONDS * 1000, now)
         this.#dirty(now).add(a.charge.accountId)
         return { kind: 'no_credits' }
       }
@@ -281,7 +282,9 @@ export class MemoryStore implements Store {
 
   // This store's data goes only with the process, and the count with it: no mark to check.
   async uncount(counterKey: string, _countedUnder: string): Promise<void> {
-    this.set(counterKey, this.#num(counterKey) - 1)
+    const now = this.clock()
+    // A counter gone meanwhile stays gone, as in the Redis store.
+    if (this.get(counterKey, now) !== undefined) this.set(counterKey, this.#num(counterKey, now) - 1, this.#ttl(counterKey, now), now)
   }
 
   async dirtyAccounts(shard: Shard): Promise<string[]> {

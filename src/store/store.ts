@@ -258,6 +258,14 @@ export function shardOf(accountId: string, shards: number): Shard {
 export const allShards = (shards: number): Shard[] => (shards === 1 ? [''] : Array.from({ length: shards }, (_, i) => `{s${i}}`))
 
 /**
+ * How long a license's count of unbilled heartbeats outlives its last heartbeat. Without an end, every
+ * license ever heartbeated (deleted ones too) kept a key in Redis for good; past it a license's next
+ * heartbeat starts the count afresh, at most HEARTBEATS_PER_CREDIT - 1 heartbeats unbilled, and only after
+ * a month with none (longer than any session lives without one).
+ */
+export const HEARTBEAT_COUNT_TTL_SECONDS = 30 * 86_400
+
+/**
  * Key names, in one place so both implementations and every caller agree. Each one a client request
  * touches starts with its shard's prefix (`ls:{s12}:` on a cluster, `ls:` on one Redis), the tag ahead of anything a caller supplies, so no nonce or key
  * can move it to another slot; the Developer API limiter's keys stand alone (single-key scripts).
@@ -272,6 +280,7 @@ export const keys = {
   nonce: (shard: Shard, appId: string, nonce: string) => `${shardPrefix(shard)}nonce:${appId}:${nonce}`,
   /** Sandbox daily ceiling counter; `day` is YYYY-MM-DD in UTC. */
   daily: (shard: Shard, appId: string, day: string) => `${shardPrefix(shard)}day:${appId}:${day}`,
+  /** A license's heartbeats not billed yet; lives HEARTBEAT_COUNT_TTL_SECONDS past the last one. */
   heartbeats: (shard: Shard, licenseKey: string) => `${shardPrefix(shard)}hb:${licenseKey}`,
   /** Live credit balance of an account while loaded. */
   balance: (shard: Shard, accountId: string) => `${shardPrefix(shard)}cr:${accountId}`,

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, test } from 'bun:test'
 import { randomUUID } from 'node:crypto'
 import { MemoryStore } from '../../src/store/memory'
 import { RedisStore } from '../../src/store/redis'
-import { type AuthorizeInput, keys, type Store } from '../../src/store/store'
+import { type AuthorizeInput, HEARTBEAT_COUNT_TTL_SECONDS, keys, type Store } from '../../src/store/store'
 import { TEST_REDIS_URL } from '../support/helpers'
 import { until } from '../support/servers'
 import { request } from './request'
@@ -336,6 +336,60 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: expiries', () => {
       const nonceTtls = await Promise.all(nonceKeys.map((key) => store.redis.ttl(key)))
       // Each its own, though all three went in one call (one text per distinct value).
       expect(nonceTtls.map((ttl, i) => 60 + i - ttl).every((lag) => lag >= 0 && lag <= 1)).toBe(true)
+    } finally {
+      await store.close()
+    }
+  })
+})
+
+describe('heartbeat counters end a month after their last count', () => {
+  const DAY_MS = 86_400_000
+
+  test('redis: each count gives the counter its month again, and an uncount after it ended leaves no counter', async () => {
+    if (!TEST_REDIS_URL) return
+    const store = new RedisStore(TEST_REDIS_URL)
+    try {
+      const acct = randomUUID()
+      await store.loadBalance(acct, { epoch: 0, flushId: null, seq: 0 }, 5, false)
+      const { generation } = await store.snapshot([PROBE])
+      const counter = { key: `ls:test:hb:${randomUUID()}`, every: 3 }
+      const heartbeat = () => store.authorize(request(generation, Date.now(), { charge: { accountId: acct, cost: 1, counter } }))
+      const first = await heartbeat()
+      expect(first).toEqual(charged(0))
+      await store.redis.expire(counter.key, 60)
+      expect(await heartbeat()).toEqual(charged(0))
+      const ttl = await store.redis.ttl(counter.key)
+      expect(HEARTBEAT_COUNT_TTL_SECONDS - ttl).toBeGreaterThanOrEqual(0)
+      expect(HEARTBEAT_COUNT_TTL_SECONDS - ttl).toBeLessThanOrEqual(2)
+      // The month ends (the key expires), then the first heartbeat's failure is taken back.
+      await store.redis.del(counter.key)
+      await store.uncount(counter.key, (first as { chargedUnder: string }).chargedUnder)
+      expect(await store.redis.exists(counter.key)).toBe(0)
+    } finally {
+      await store.close()
+    }
+  })
+
+  test('in process: each count gives the counter its month again; past it the count starts afresh, and an uncount then sets none', async () => {
+    const store = new MemoryStore()
+    try {
+      const acct = randomUUID()
+      await store.loadBalance(acct, { epoch: 0, flushId: null, seq: 0 }, 5, false)
+      const { generation } = await store.snapshot([PROBE])
+      const counter = { key: `ls:test:hb:${randomUUID()}`, every: 3 }
+      const heartbeat = (nowMs: number) => store.authorize(request(generation, nowMs, { charge: { accountId: acct, cost: 1, counter } }))
+      const month = HEARTBEAT_COUNT_TTL_SECONDS * 1000
+      const start = Date.now() - 3 * month
+      expect(await heartbeat(start)).toEqual(charged(0))
+      // Twenty days apart, so each count outlives the last one's month by counting anew.
+      expect(await heartbeat(start + 20 * DAY_MS)).toEqual(charged(0))
+      expect(await heartbeat(start + 40 * DAY_MS)).toEqual(charged(1))
+      // Its month ended 20 days ago, before this uncount of the last heartbeat.
+      await store.uncount(counter.key, '')
+      // The count starts afresh: the third heartbeat from now is the charged one.
+      const kinds = []
+      for (let i = 0; i < 3; i++) kinds.push((await heartbeat(Date.now())) as { charged: number })
+      expect(kinds.map((r) => r.charged)).toEqual([0, 0, 1])
     } finally {
       await store.close()
     }

@@ -1,4 +1,4 @@
-import { BUCKET_SLACK_MS } from '../store'
+import { BUCKET_SLACK_MS, HEARTBEAT_COUNT_TTL_SECONDS } from '../store'
 import { luaBucketTime, luaConstants, luaNewEpoch, luaUnpack } from './wire'
 
 // The public requests of one call (see authorize.ts), each checked in order (AuthorizeInput in
@@ -147,7 +147,11 @@ for _, h in ipairs(reqs) do
     if bal > 0 then
       cost = h[F_COST]
       local ctr = h[F_COUNTER_KEY]
-      if ctr > 0 and redis.call('INCR', names[ctr]) % h[F_COUNTER_EVERY] ~= 0 then cost = 0 end
+      if ctr > 0 then
+        local count = redis.call('INCR', names[ctr])
+        redis.call('EXPIRE', names[ctr], '${HEARTBEAT_COUNT_TTL_SECONDS}')
+        if count % h[F_COUNTER_EVERY] ~= 0 then cost = 0 end
+      end
       if cost > 0 then
         if val[bal] < cost then
           if ctr > 0 then redis.call('DECR', names[ctr]) end

@@ -40,8 +40,10 @@ return redis.call('INCR', KEYS[3])
 `
 
 // KEYS: the heartbeat counter, its shard's generation key. ARGV: the generation the count was made in.
+// A counter gone meanwhile (its month without heartbeats ended) stays gone: DECR would make it -1 with
+// no expiry.
 const UNCOUNT = `
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+if redis.call('GET', KEYS[2]) ~= ARGV[1] or redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('DECR', KEYS[1])
 return 1
 `
