@@ -1,6 +1,7 @@
 import { lookup } from 'node:dns/promises'
 import { isIP } from 'node:net'
 import { canonicalIp, IpRanges } from '../lib/ip'
+import { Deadline } from '../lib/with-timeout'
 
 /**
  * Where a webhook may point. Shared by the API (create/update) and the delivery worker, which checks
@@ -89,9 +90,9 @@ export async function resolvePublicTarget(url: URL, timeoutMs = 5_000): Promise<
   if (isIP(host)) {
     addresses = [host]
   } else {
-    let timer: ReturnType<typeof setTimeout> | undefined
+    let deadline: Deadline | undefined
     const timeout = new Promise<never>((_, reject) => {
-      timer = setTimeout(() => reject(new TargetError(`url host ${host} did not resolve in time`)), timeoutMs)
+      deadline = new Deadline(() => reject(new TargetError(`url host ${host} did not resolve in time`)), timeoutMs)
     })
     try {
       const found = await Promise.race([lookup(host, { all: true, verbatim: true }), timeout])
@@ -100,7 +101,7 @@ export async function resolvePublicTarget(url: URL, timeoutMs = 5_000): Promise<
       if (err instanceof TargetError) throw err
       throw new TargetError(`url host ${host} does not resolve`)
     } finally {
-      clearTimeout(timer)
+      deadline?.clear()
     }
   }
   if (addresses.length === 0) throw new TargetError(`url host ${host} does not resolve`)

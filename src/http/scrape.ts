@@ -6,7 +6,7 @@ import { errorFields, log } from '../lib/log'
 import { type Family, labelled, render } from '../lib/metrics'
 import { processFamilies } from '../lib/process-metrics'
 import { SingleFlight } from '../lib/single-flight'
-import { withTimeout } from '../lib/with-timeout'
+import { Deadline, withTimeout } from '../lib/with-timeout'
 
 /**
  * A scrape across server processes, over the IPC channel each process has with the first:
@@ -118,9 +118,9 @@ export class ServerMetrics {
   #ask(send: (id: number) => boolean, ms: number): Promise<Family[] | null> {
     const id = ++this.#seq
     return new Promise((resolve) => {
-      const timer = setTimeout(() => done(null), ms)
+      const deadline = new Deadline(() => done(null), ms)
       const done = (families: Family[] | null) => {
-        clearTimeout(timer)
+        deadline.clear()
         this.#waiting.delete(id)
         resolve(families)
       }

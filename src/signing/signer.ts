@@ -2,6 +2,7 @@ import type { KeyObject } from 'node:crypto'
 import { errorFields, log } from '../lib/log'
 import { signText } from '../lib/crypto'
 import { TurnBatcher } from '../lib/batcher'
+import { Deadline } from '../lib/with-timeout'
 
 /** Messages to the signing worker; it answers each 'sign' message with one signature (or null) per text. */
 export type SignerMessage =
@@ -149,14 +150,13 @@ export class Signer {
 
   /** Gives the worker's oldest batch, if any, the deadline to be answered by. */
   #watch(signing: SigningWorker): void {
-    if (signing.watchdog) clearTimeout(signing.watchdog)
+    signing.watchdog?.clear()
     const oldest = signing.posted[0]
     signing.watchdog = null
     if (!oldest) return
-    signing.watchdog = setTimeout(() => {
+    signing.watchdog = new Deadline(() => {
       if (signing.posted[0] === oldest) this.#retire(signing, new Error(`the signing worker left a batch unanswered for ${this.#answerDeadlineMs} ms`))
-    }, this.#answerDeadlineMs)
-    signing.watchdog.unref()
+    }, this.#answerDeadlineMs).unref()
   }
 
   /** A worker that failed: what it was asked to sign is signed here, and the next batch starts a new one. */
@@ -171,7 +171,7 @@ export class Signer {
     }
     if (!signing) return
     signing.retired = true
-    if (signing.watchdog) clearTimeout(signing.watchdog)
+    signing.watchdog?.clear()
     if (this.#worker === signing) this.#worker = null
     for (const batch of signing.posted.splice(0)) for (const job of batch) job.resolve(signText(job.text, job.key))
     signing.worker.terminate()
@@ -184,6 +184,6 @@ interface SigningWorker {
   known: Set<string>
   posted: Job[][]
   /** Set while a batch is out: fires when the oldest goes unanswered past the deadline. */
-  watchdog: ReturnType<typeof setTimeout> | null
+  watchdog: Deadline | null
   retired: boolean
 }

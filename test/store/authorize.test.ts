@@ -519,6 +519,32 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: one authorize call in flight', ()
     }
   })
 
+  test('an answer that came while the event loop stalled past the deadline is taken: the call is not overdue', async () => {
+    const store = new RedisStore(TEST_REDIS_URL as string, { callTimeoutMs: 300 })
+    try {
+      const read = await store.snapshot([PROBE])
+      const nonce = { key: `ls:test:n:${randomUUID()}`, ttlSeconds: 60 }
+      const send = store.redis.lsAuthorize.bind(store.redis)
+      store.redis.lsAuthorize = (...args: Parameters<typeof send>) => {
+        const call = send(...args)
+        // Once the call is sent and its deadline set, the loop is held as a long collection or a paused
+        // host holds it, while Redis answers.
+        queueMicrotask(() => {
+          const until = performance.now() + 1000
+          while (performance.now() < until) {}
+        })
+        return call
+      }
+      const answer = store.authorize(request(read.generation, Date.now(), { shard: S, nonce }))
+      expect(await answer).toEqual(charged(0))
+      store.redis.lsAuthorize = send
+      // Nothing failed the shard's next request meanwhile either.
+      expect(await store.authorize(request(read.generation, Date.now(), { shard: S }))).toEqual(charged(0))
+    } finally {
+      await store.close()
+    }
+  })
+
   test('a heartbeat answered as failed for want of a reply is uncounted too, so its repeat pays the charge it gave back', async () => {
     const store = new RedisStore(TEST_REDIS_URL as string, { callTimeoutMs: 300 })
     try {

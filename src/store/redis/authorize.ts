@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto'
 import { TurnBatcher } from '../../lib/batcher'
 import { errorFields, log } from '../../lib/log'
+import { Deadline } from '../../lib/with-timeout'
 import { type AuthorizeInput, type AuthorizeResult, type Authorizer, type Credits, keys, type Shard } from '../store'
 import { AUTHORIZE } from './authorize-script'
 import type { Connection, Script } from './connection'
@@ -116,7 +117,7 @@ export class RedisAuthorizer implements Authorizer {
     // new connection, and fails it when the reconnect does).
     let gaveUp = false
     return new Promise<void>((callOver) => {
-      const deadline = setTimeout(() => {
+      const deadline = new Deadline(() => {
         gaveUp = true
         this.#overdue.add(shard)
         this.conn.overdue(reply)
@@ -125,7 +126,7 @@ export class RedisAuthorizer implements Authorizer {
         callOver()
       }, this.conn.callTimeoutMs)
       const settled = (replies: Reply | null, err: unknown) => {
-        clearTimeout(deadline)
+        deadline.clear()
         try {
           if (gaveUp) {
             this.#overdue.delete(shard)
