@@ -61,8 +61,12 @@ export const COMMAND_SHARED_BUFFERS_MB = 16
  */
 export const LOCK_WAIT = '2s'
 
-/** The session settings of a connection `Database.aside` opens. */
-const ASIDE_LIMITS = `SELECT set_config('statement_timeout', '5s', false), set_config('lock_timeout', '${LOCK_WAIT}', false)`
+/**
+ * The settings of the transaction `Database.aside` asks in: the transaction's own (set_config's `true`),
+ * as a session's setting outlives the client behind a pooler in transaction mode (PgBouncer): the server
+ * connection it stayed on gave every client after it a 5 s statement timeout.
+ */
+const ASIDE_LIMITS = `SELECT set_config('statement_timeout', '5s', true), set_config('lock_timeout', '${LOCK_WAIT}', true)`
 
 /** The request pool of a server: shared out among its processes, so the server holds about as many. */
 export const REQUEST_POOL_SIZE = 16
@@ -115,17 +119,14 @@ export async function openDb(options: OpenDbOptions): Promise<Database> {
   if (options.databaseUrl) {
     const { default: postgres } = await import('postgres')
     const { drizzle } = await import('drizzle-orm/postgres-js')
-    const { migrate } = await import('drizzle-orm/postgres-js/migrator')
     const client = postgres(options.databaseUrl, {
       ...poolOptions(postgres, options.databaseUrl, options.stallSeconds),
       max: options.poolSize ?? REQUEST_POOL_SIZE,
     })
     const db = drizzle({ client, schema })
-    // Two processes starting at once must not both run a migration: a session lock on one connection.
     const lockConn = postgres(options.databaseUrl, { max: 1, onnotice: () => {} })
     try {
-      await lockConn.unsafe(`SELECT pg_advisory_lock(${MIGRATION_LOCK})`)
-      await migrate(drizzle({ client: lockConn }), { migrationsFolder })
+      await migrateUnderLock(lockConn)
     } finally {
       await lockConn.end({ timeout: 5 })
     }
@@ -136,10 +137,12 @@ export async function openDb(options: OpenDbOptions): Promise<Database> {
       aside: async (questions) => {
         const side = postgres(options.databaseUrl!, { ...CONNECTION_OPTIONS, max: 1 })
         try {
-          // Bounded, as a question must be: behind a lock another session holds, or a statement that
-          // does not end, it fails instead (a connect gets connect_timeout).
-          await side.unsafe(ASIDE_LIMITS)
-          return await questions(async (text, params) => [...(await side.unsafe(text, params as postgres.ParameterOrJSON<never>[]))])
+          return await side.begin(async (tx) => {
+            // Bounded, as a question must be: behind a lock another session holds, or a statement that
+            // does not end, it fails instead (a connect gets connect_timeout).
+            await tx.unsafe(ASIDE_LIMITS)
+            return questions(async (text, params) => [...(await tx.unsafe(text, params as postgres.ParameterOrJSON<never>[]))])
+          }) as Awaited<ReturnType<typeof questions>>
         } finally {
           side.end({ timeout: 0 }).catch(() => {})
         }
@@ -164,6 +167,29 @@ export async function openDb(options: OpenDbOptions): Promise<Database> {
     ping: () => pingWith(db as unknown as Db),
     close: () => client.close(),
   }
+}
+
+/**
+ * Applies the pending migrations in one transaction that first takes MIGRATION_LOCK: of processes
+ * starting at once one migrates and the others wait, then find nothing left to do. The transaction's
+ * lock, not a session's: behind a pooler in transaction mode (PgBouncer) a session's lock stayed with
+ * the server connection that took it, held after the process had gone, and each later start waited on
+ * it for good. The record of what ran is drizzle-kit's, kept as its migrator keeps it.
+ */
+async function migrateUnderLock(connection: postgres.Sql): Promise<void> {
+  const { readMigrationFiles } = await import('drizzle-orm/migrator')
+  const migrations = readMigrationFiles({ migrationsFolder })
+  await connection.begin(async (tx) => {
+    await tx.unsafe(`SELECT pg_advisory_xact_lock(${MIGRATION_LOCK})`)
+    await tx.unsafe('CREATE SCHEMA IF NOT EXISTS drizzle')
+    await tx.unsafe('CREATE TABLE IF NOT EXISTS drizzle.__drizzle_migrations (id SERIAL PRIMARY KEY, hash text NOT NULL, created_at bigint)')
+    const [last] = await tx.unsafe('SELECT created_at FROM drizzle.__drizzle_migrations ORDER BY created_at DESC LIMIT 1')
+    for (const migration of migrations) {
+      if (last && Number(last.created_at) >= migration.folderMillis) continue
+      for (const statement of migration.sql) await tx.unsafe(statement)
+      await tx.unsafe('INSERT INTO drizzle.__drizzle_migrations (hash, created_at) VALUES ($1, $2)', [migration.hash, migration.folderMillis])
+    }
+  })
 }
 
 async function pingWith(db: Db): Promise<boolean> {
