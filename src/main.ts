@@ -140,7 +140,7 @@ async function main(): Promise<void> {
     // Another server of this namespace never lets go.
     const lock = await lockDataDir(config.dataDir, 'server', LOCK_WAIT_MS, mayLetGo)
     if (!isLock(lock)) {
-      process.stderr.write(`error: ${describeHolder(config.dataDir, lock)}; one server per DATA_DIR\n`)
+      process.stderr.write(`error: ${describeHolder(config.dataDir, lock)}${lock.owner === 'server' ? '; one server per DATA_DIR' : ''}\n`)
       process.exit(1)
     }
   }

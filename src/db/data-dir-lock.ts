@@ -213,9 +213,14 @@ export async function tryLockDataDir(dataDir: string, owner: LockOwner): Promise
 
 export const isLock = (result: DataDirLock | LockHolder): result is DataDirLock => 'release' in result
 
-/** The one line a process prints when it cannot have the DATA_DIR. */
+/**
+ * The one line a process prints when it cannot have the DATA_DIR: a server that holds it does not let go,
+ * a CLI that held it past LOCK_WAIT_MS is stuck or running long.
+ */
 export const describeHolder = (dataDir: string, holder: LockHolder) =>
-  `DATA_DIR ${dataDir} is in use by a running ${holder.owner === 'server' ? 'server' : 'operator CLI'} (pid ${holder.pid})`
+  holder.owner === 'server'
+    ? `DATA_DIR ${dataDir} is in use by a running server (pid ${holder.pid})`
+    : `DATA_DIR ${dataDir} has been in use by a running operator CLI (pid ${holder.pid}) for more than ${LOCK_WAIT_MS / 1000} s`
 
 /**
  * Whether a live-looking holder is worth waiting for: a CLI in direct mode lets go within seconds, and
@@ -223,8 +228,12 @@ export const describeHolder = (dataDir: string, holder: LockHolder) =>
  */
 export const mayLetGo = async (holder: LockHolder) => holder.owner === 'cli' || isForeign(holder)
 
-/** Long enough for a CLI command in direct mode to open, migrate and close the embedded database. */
-export const LOCK_WAIT_MS = 10_000
+/**
+ * Long enough for a CLI command in direct mode to open, migrate and close the embedded database, the
+ * first of which creates it: PGlite's initdb took 8-20 s on a busy 2-core host, and at 10 s a second
+ * CLI, or a server started meanwhile, gave up on a first command that was about to finish.
+ */
+export const LOCK_WAIT_MS = 60_000
 
 /**
  * Takes the lock, retrying every 100 ms while the holder is one `keepWaiting` says will let go (and

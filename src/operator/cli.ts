@@ -5,7 +5,7 @@
  */
 import { buildContext } from '../boot'
 import { ConfigError, loadConfig } from '../config'
-import { describeHolder, isLock, LOCK_WAIT_MS, lockDataDir } from '../db/data-dir-lock'
+import { describeHolder, isLock, LOCK_WAIT_MS, lockDataDir, mayLetGo } from '../db/data-dir-lock'
 import { type DataCommand, OperatorError, parseCommand, runCommand } from './commands'
 import { type OperatorReply, settingsDigest, usesOperatorSocket } from './socket'
 import { rotateMasterKey } from './rotate'
@@ -62,6 +62,12 @@ async function viaServer(socket: string, argv: string[], settings: string): Prom
   return reply.result
 }
 
+/**
+ * How long a server of this namespace holding the DATA_DIR may take to answer on its socket: it listens
+ * a moment after it takes the lock, so one silent this long never will.
+ */
+const SOCKET_WAIT_MS = 10_000
+
 /** The storage did not open (or migrate): no command ran, whatever the connection's failure says. */
 class StorageNotOpened extends Error {
   constructor(override readonly cause: unknown) {
@@ -84,20 +90,25 @@ async function direct(config: ReturnType<typeof loadConfig>, command: DataComman
 
 /**
  * Through the running server when one answers on the socket; otherwise directly, holding the
- * DATA_DIR lock so no server starts on the database meanwhile. A lock holder that does not answer
- * (another CLI, a server still starting) is waited for, briefly.
+ * DATA_DIR lock so no server starts on the database meanwhile. A lock holder that does not answer is
+ * waited for: another CLI until it is done (LOCK_WAIT_MS at most), a server of this namespace while it
+ * may still be starting its socket.
  */
 async function viaServerOrLocked(config: ReturnType<typeof loadConfig>, command: DataCommand, argv: string[]) {
   const socket = operatorSocketPath(config.dataDir)
   const settings = settingsDigest(config)
   let answer = await viaServer(socket, argv, settings)
   if (answer) return answer
-  const lock = await lockDataDir(config.dataDir, 'cli', LOCK_WAIT_MS, async () => {
+  const since = Date.now()
+  const lock = await lockDataDir(config.dataDir, 'cli', LOCK_WAIT_MS, async (holder) => {
     answer = await viaServer(socket, argv, settings)
-    return answer === null
+    return answer === null && ((await mayLetGo(holder)) || Date.now() - since < SOCKET_WAIT_MS)
   })
   if (answer) return answer
-  if (!isLock(lock)) throw new Refused(`${describeHolder(config.dataDir, lock)} and its operator socket does not answer`)
+  if (!isLock(lock)) {
+    // A CLI serves no socket: only a server's silence is worth naming.
+    throw new Refused(`${describeHolder(config.dataDir, lock)}${lock.owner === 'server' ? ' and its operator socket does not answer' : ''}`)
+  }
   try {
     return await direct(config, command)
   } finally {
