@@ -133,8 +133,11 @@ export function generateSigningKey(): NewSigningKey {
 }
 
 /** A KeyObject made once: signing with it avoids re-parsing the key on every request. */
+/** An app's Ed25519 signing key from its PKCS#8 DER; a key of another type is refused here, not at its first signature. */
 export function privateKeyFromPkcs8(der: Buffer): KeyObject {
-  return createPrivateKey({ key: der, format: 'der', type: 'pkcs8' })
+  const key = createPrivateKey({ key: der, format: 'der', type: 'pkcs8' })
+  if (key.asymmetricKeyType !== 'ed25519') throw new Error(`a signing key must be Ed25519, not ${key.asymmetricKeyType}`)
+  return key
 }
 
 /** Ed25519 over the UTF-8 bytes of the text as sent; base64, 88 characters. */

@@ -12,7 +12,13 @@ self.onmessage = (event: MessageEvent<SignerMessage>) => {
   const msg = event.data
   switch (msg.type) {
     case 'key':
-      keys.set(msg.keyId, privateKeyFromPkcs8(Buffer.from(msg.pkcs8)))
+      // A key that does not open is not kept: its texts are answered null, and signed (or failed) by the
+      // main thread, each alone; thrown here, it ended the worker and every batch it held.
+      try {
+        keys.set(msg.keyId, privateKeyFromPkcs8(Buffer.from(msg.pkcs8)))
+      } catch {
+        keys.delete(msg.keyId)
+      }
       return
     case 'forget':
       keys.clear()
@@ -20,7 +26,11 @@ self.onmessage = (event: MessageEvent<SignerMessage>) => {
     case 'sign': {
       const signatures = msg.texts.map((text, i) => {
         const key = keys.get(msg.keyIds[i] as string)
-        return key ? signText(text, key) : null
+        try {
+          return key ? signText(text, key) : null
+        } catch {
+          return null
+        }
       })
       self.postMessage(signatures)
     }

@@ -15,6 +15,20 @@ interface Job {
   key: KeyObject
   text: string
   resolve(signature: string): void
+  reject(err: unknown): void
+}
+
+/**
+ * Signs a job on this thread. A key that cannot sign fails its own request alone: thrown from a loop
+ * over a batch, it left the jobs after it waiting for ever, and from a worker's handler it ended the
+ * process.
+ */
+function signHere(job: Job): void {
+  try {
+    job.resolve(signText(job.text, job.key))
+  } catch (err) {
+    job.reject(err)
+  }
 }
 
 /** Keys the worker may hold at once; past this it forgets them all and is sent those in use again. */
@@ -66,8 +80,11 @@ export class Signer {
   }
 
   sign(keyId: string, key: KeyObject, text: string): Promise<string> {
-    if (this.#onCallerThread) return Promise.resolve(signText(text, key))
-    return new Promise((resolve) => this.#queue.add({ keyId, key, text, resolve }))
+    return new Promise((resolve, reject) => {
+      const job = { keyId, key, text, resolve, reject }
+      if (this.#onCallerThread) signHere(job)
+      else this.#queue.add(job)
+    })
   }
 
   /**
@@ -81,7 +98,7 @@ export class Signer {
 
   #post(batch: Job[]): void {
     if (!this.#worker && this.#now() < this.#nextStartAt) {
-      for (const job of batch) job.resolve(signText(job.text, job.key))
+      for (const job of batch) signHere(job)
       return
     }
     let current: SigningWorker | null = null
@@ -114,7 +131,7 @@ export class Signer {
       // here; left unanswered, each of its requests would hang with its credit charged.
       const retired = current?.posted.includes(batch) ?? false
       this.#retire(current, err)
-      if (!retired) for (const job of batch) job.resolve(signText(job.text, job.key))
+      if (!retired) for (const job of batch) signHere(job)
     }
   }
 
@@ -137,7 +154,9 @@ export class Signer {
       this.#watch(signing)
       for (let i = 0; i < batch.length; i++) {
         const job = batch[i] as Job
-        job.resolve((signatures[i] as string | null) ?? signText(job.text, job.key))
+        const signature = signatures[i] as string | null
+        if (signature === null) signHere(job)
+        else job.resolve(signature)
       }
     }
     worker.onerror = (event) => this.#retire(signing, event.error ?? event.message)
@@ -173,7 +192,7 @@ export class Signer {
     signing.retired = true
     signing.watchdog?.clear()
     if (this.#worker === signing) this.#worker = null
-    for (const batch of signing.posted.splice(0)) for (const job of batch) job.resolve(signText(job.text, job.key))
+    for (const batch of signing.posted.splice(0)) for (const job of batch) signHere(job)
     signing.worker.terminate()
   }
 }

@@ -1,9 +1,11 @@
 import { describe, expect, test } from 'bun:test'
 import { eq } from 'drizzle-orm'
 import { rotateSigningKey } from '../../src/apps/service'
-import { licenses } from '../../src/db/schema'
+import { generateKeyPairSync } from 'node:crypto'
+import { licenses, signingKeys } from '../../src/db/schema'
+import { Sealer } from '../../src/lib/crypto'
 import type { AuthorizeInput } from '../../src/store/store'
-import { makeTestApp } from '../support/helpers'
+import { makeTestApp, TEST_MASTER_KEY } from '../support/helpers'
 import { withOverrides } from '../support/overrides'
 import { decode, hwid, insertLicense, nonce, tokenExp, updateLicense, verifySigned } from '../support/client'
 
@@ -256,4 +258,23 @@ test("an app written to faster than its entries reload: the request reads its ro
   // Read afresh, a revoke made a moment ago holds.
   await updateLicense(t.ctx, key, { status: 'revoked' })
   expect((await validate()).body).toEqual({ status: 'failed', error: 'revoked' })
+})
+
+test("an app whose stored signing key is not Ed25519 fails its own validates alone, another app's in the same turn pass", async () => {
+  const t = await makeTestApp()
+  const [broken, other] = [await t.seed({ name: 'Broken key' }), await t.seed({ name: 'Other' })]
+  // Sealed under the right master key, so it opens; it only cannot sign.
+  const x25519 = generateKeyPairSync('x25519').privateKey.export({ format: 'der', type: 'pkcs8' })
+  await t.ctx.database.db.update(signingKeys).set({ privateKeyEnc: new Sealer(TEST_MASTER_KEY).seal(x25519) }).where(eq(signingKeys.appId, broken.appId))
+  const validate = async (s: typeof broken) => {
+    const key = await insertLicense(t.ctx, s.appId)
+    return t.req('POST', '/auth/validate', { body: { appId: s.appId, appSecret: s.appSecret, licenseKey: key, hwid: hwid(), nonce: nonce() } })
+  }
+  const answers = await Promise.all([validate(broken), validate(other), validate(other)])
+  expect(answers.map((res) => [res.status, res.body.status ?? res.body.error])).toEqual([
+    [500, 'failed'],
+    [200, 'success'],
+    [200, 'success'],
+  ])
+  expect(answers[0]!.body.error).toBe('system_error')
 })

@@ -1,5 +1,5 @@
 import { describe, expect, test } from 'bun:test'
-import { generateKeyPairSync, randomUUID, verify } from 'node:crypto'
+import { generateKeyPairSync, type KeyObject, randomUUID, verify } from 'node:crypto'
 import { Signer } from '../../src/signing/signer'
 
 const signer = new Signer()
@@ -222,4 +222,33 @@ test('a worker that answers ends the waits: its own failure later is retried wit
   expect(workers).toHaveLength(2)
   workers[1]!.onmessage!({ data: [null] })
   expect(valid('next', await next, pair.publicKey)).toBe(true)
+})
+
+describe('a key that cannot sign (not Ed25519) fails its own signature alone', () => {
+  const good = keyPair()
+  const bad = { keyId: randomUUID(), ...generateKeyPairSync('x25519') }
+  const outcomes = (signer: Signer, keys: { keyId: string; privateKey: KeyObject }[]) =>
+    Promise.allSettled(keys.map((k) => signer.sign(k.keyId, k.privateKey, k.keyId))).then((all) => all.map((r) => r.status))
+
+  test('on the worker', async () => {
+    const own = new Signer()
+    own.start({ worker: true })
+    expect(await outcomes(own, [good, bad, good])).toEqual(['fulfilled', 'rejected', 'fulfilled'])
+    // The worker lives on: the next batch is its answer.
+    expect(valid('next', await own.sign(good.keyId, good.privateKey, 'next'), good.publicKey)).toBe(true)
+  })
+
+  test('on the calling thread', async () => {
+    const own = new Signer()
+    own.start({ worker: false })
+    expect(await outcomes(own, [good, bad, good])).toEqual(['fulfilled', 'rejected', 'fulfilled'])
+  })
+
+  test("in a failed worker's batches, signed here", async () => {
+    const { own, workers } = fakeSigner()
+    const settled = outcomes(own, [good, bad, good])
+    await Bun.sleep(0)
+    workers[0]!.exit()
+    expect(await settled).toEqual(['fulfilled', 'rejected', 'fulfilled'])
+  })
 })
