@@ -17,7 +17,9 @@ export function checkQuery(url: string, integers: Record<string, IntegerRange>):
   for (const [name, value] of new URLSearchParams(url.slice(start + 1))) {
     if (seen.has(name)) throw badRequest(`${JSON.stringify(name)} is given more than once`)
     seen.add(name)
-    const range = integers[name]
+    // Its own properties only: `constructor` or `__proto__` found Object.prototype's and was checked as
+    // an integer of undefined range, not refused as the unknown field it is.
+    const range = Object.hasOwn(integers, name) ? integers[name] : undefined
     if (range && !(/^[0-9]{1,16}$/.test(value) && Number(value) >= range.minimum && Number(value) <= range.maximum)) {
       throw badRequest(`${name} must be an integer from ${range.minimum} to ${range.maximum}`)
     }

@@ -353,6 +353,10 @@ describe('GET /v1/licenses', () => {
     ['limit after a space', '&limit=%201'],
     ['limit given twice', '&limit=1&limit=2'],
     ['appId given twice', '&appId=00000000-0000-4000-8000-000000000000'],
+    ['an unknown parameter', '&zz=1'],
+    // Names of Object.prototype's own properties, unknown all the same.
+    ['an unknown parameter named constructor', '&constructor=1'],
+    ['an unknown parameter named __proto__', '&__proto__=1'],
     ['cursor not base64url', '&cursor=***'],
     ['cursor of garbage', `&cursor=${Buffer.from('hello').toString('base64url')}`],
     [
@@ -373,6 +377,7 @@ describe('GET /v1/licenses', () => {
       expect(res.body).toEqual(errorBody('bad_request'))
       // The message names the parameter.
       if (suffix.startsWith('&limit')) expect(res.body.message).toContain('limit')
+      if (name.startsWith('an unknown')) expect(res.body.message).toBe(`Unknown field "${suffix.slice(1, suffix.indexOf('='))}"`)
       // The key was checked first: its bucket's headers are there, and without a key the answer is 401.
       expect(res.headers.get('ratelimit-limit')).toEqual(expect.any(String))
       const keyless = await t.req('GET', path)
