@@ -48,7 +48,8 @@ export interface Held extends Entry<unknown> {
  * Entries oldest first. An array, not a Set or Map: taking the oldest of a Set from which many were
  * deleted walks past every deleted slot until the table is rebuilt (measured at ~12 µs per eviction
  * with 10^4 entries churning). Gone entries are skipped when reached, and swept out once they
- * outnumber the live ones, so the array stays within twice the live entries.
+ * outnumber the live ones; the slots taken from the front are cut off once they are half the array.
+ * So the array stays within about twice the live entries.
  */
 class Queue {
   #items: (Held | undefined)[] = []
@@ -64,16 +65,24 @@ class Queue {
 
   /** The oldest entry not gone, taken out; undefined when none is left. */
   shift(): Held | undefined {
+    let taken: Held | undefined
     while (this.#head < this.#items.length) {
       const held = this.#items[this.#head]
       this.#items[this.#head++] = undefined
       if (held && !held.gone) {
         this.size--
-        return held
+        taken = held
+        break
       }
       this.#gone--
     }
-    return undefined
+    // Left in place, one slot stayed for every entry ever evicted: a cache churning at its bound grew
+    // the array without end.
+    if (this.#head > 1024 && this.#head * 2 > this.#items.length) {
+      this.#items = this.#items.slice(this.#head)
+      this.#head = 0
+    }
+    return taken
   }
 
   /** One entry still queued is gone (released by its holder): the sweep counts it. */

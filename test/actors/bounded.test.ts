@@ -1,4 +1,5 @@
 import { expect, test } from 'bun:test'
+import { heapStats } from 'bun:jsc'
 import { type Entry, type Held, type Holder, SharedBound } from '../../src/actors/bounded'
 
 /** A holder as the actors are one: a Map of entries the bound may empty. */
@@ -68,4 +69,20 @@ test('entries replaced again and again keep the count and the order right: the o
   expect(h.entries.has('k4')).toBe(true)
   expect(h.entries.size).toBe(10)
   expect(bound.bytes).toBe(1_000)
+})
+
+test('entries evicted at the bound leave nothing behind: a cache churning at it for millions of entries stays small', () => {
+  const bound = new SharedBound(1_000, 10)
+  const h = holder()
+  const heap = () => {
+    Bun.gc(true)
+    return heapStats().heapSize
+  }
+  put(bound, h, 'warm', 'x', 600)
+  const before = heap()
+  // Each entry pushes the one before it out.
+  for (let i = 0; i < 3_000_000; i++) put(bound, h, String(i % 100), 'x', 600)
+  // One slot a churned entry (8 bytes each) would be 24 MB.
+  expect(heap() - before).toBeLessThan(8 * 2 ** 20)
+  expect(bound.size).toBe(1)
 })
