@@ -188,14 +188,14 @@ export class MemoryStore implements Store {
     const counter = a.charge.counter
     if (counter) {
       const n = this.#num(counter.key, now) + 1
-      this.set(counter.key, n, HEARTBEAT_COUNT_TTL_SECONDS * 1000, now)
+      this.set(counter.key, n, (n - 1) % counter.every === 0 ? HEARTBEAT_COUNT_TTL_SECONDS * 1000 : this.#ttl(counter.key, now), now)
       if (n % counter.every !== 0) cost = 0
     }
     if (cost > 0) {
       const balanceKey = keys.balance(a.shard, a.charge.accountId)
       const balance = this.#num(balanceKey, now)
       if (balance < cost) {
-        if (counter) this.set(counter.key, this.#num(counter.key, now) - 1, HEARTBEAT_COUNT_TTL_SECONDS * 1000, now)
+        if (counter) this.set(counter.key, this.#num(counter.key, now) - 1, this.#ttl(counter.key, now), now)
         this.#dirty(now).add(a.charge.accountId)
         return { kind: 'no_credits' }
       }

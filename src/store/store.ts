@@ -258,12 +258,13 @@ export function shardOf(accountId: string, shards: number): Shard {
 export const allShards = (shards: number): Shard[] => (shards === 1 ? [''] : Array.from({ length: shards }, (_, i) => `{s${i}}`))
 
 /**
- * How long a license's count of unbilled heartbeats outlives its last heartbeat. Without an end, every
- * license ever heartbeated (deleted ones too) kept a key in Redis for good; past it a license's next
- * heartbeat starts the count afresh, at most HEARTBEATS_PER_CREDIT - 1 heartbeats unbilled, and only after
- * a month with none (longer than any session lives without one).
+ * How long a license's count of unbilled heartbeats lives from the first heartbeat of each ten (the
+ * count's cycle). Without an end, every license ever heartbeated (deleted ones too) kept a key in Redis
+ * for good. Ten heartbeats a week apart (a session of the longest lifetime, refreshed as late as it
+ * can be) take 70 days, so a cycle always ends within this; past it a license's next heartbeat starts
+ * the count afresh, at most HEARTBEATS_PER_CREDIT - 1 heartbeats unbilled.
  */
-export const HEARTBEAT_COUNT_TTL_SECONDS = 30 * 86_400
+export const HEARTBEAT_COUNT_TTL_SECONDS = 90 * 86_400
 
 /**
  * Key names, in one place so both implementations and every caller agree. Each one a client request
@@ -280,7 +281,7 @@ export const keys = {
   nonce: (shard: Shard, appId: string, nonce: string) => `${shardPrefix(shard)}nonce:${appId}:${nonce}`,
   /** Sandbox daily ceiling counter; `day` is YYYY-MM-DD in UTC. */
   daily: (shard: Shard, appId: string, day: string) => `${shardPrefix(shard)}day:${appId}:${day}`,
-  /** A license's heartbeats not billed yet; lives HEARTBEAT_COUNT_TTL_SECONDS past the last one. */
+  /** A license's heartbeats not billed yet; lives HEARTBEAT_COUNT_TTL_SECONDS from its cycle's first. */
   heartbeats: (shard: Shard, licenseKey: string) => `${shardPrefix(shard)}hb:${licenseKey}`,
   /** Live credit balance of an account while loaded. */
   balance: (shard: Shard, accountId: string) => `${shardPrefix(shard)}cr:${accountId}`,

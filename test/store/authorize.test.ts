@@ -342,10 +342,10 @@ describe.skipIf(!TEST_REDIS_URL)('redis store: expiries', () => {
   })
 })
 
-describe('heartbeat counters end a month after their last count', () => {
+describe("heartbeat counters end HEARTBEAT_COUNT_TTL_SECONDS after their cycle's first count", () => {
   const DAY_MS = 86_400_000
 
-  test('redis: each count gives the counter its month again, and an uncount after it ended leaves no counter', async () => {
+  test("redis: a cycle's first count gives the counter its lifetime, the others leave it; an uncount after it ended leaves no counter", async () => {
     if (!TEST_REDIS_URL) return
     const store = new RedisStore(TEST_REDIS_URL)
     try {
@@ -354,14 +354,18 @@ describe('heartbeat counters end a month after their last count', () => {
       const { generation } = await store.snapshot([PROBE])
       const counter = { key: `ls:test:hb:${randomUUID()}`, every: 3 }
       const heartbeat = () => store.authorize(request(generation, Date.now(), { charge: { accountId: acct, cost: 1, counter } }))
+      const lifetimeGiven = async () => HEARTBEAT_COUNT_TTL_SECONDS - (await store.redis.ttl(counter.key))
       const first = await heartbeat()
       expect(first).toEqual(charged(0))
+      expect(await lifetimeGiven()).toBeWithin(0, 3)
       await store.redis.expire(counter.key, 60)
       expect(await heartbeat()).toEqual(charged(0))
-      const ttl = await store.redis.ttl(counter.key)
-      expect(HEARTBEAT_COUNT_TTL_SECONDS - ttl).toBeGreaterThanOrEqual(0)
-      expect(HEARTBEAT_COUNT_TTL_SECONDS - ttl).toBeLessThanOrEqual(2)
-      // The month ends (the key expires), then the first heartbeat's failure is taken back.
+      expect(await heartbeat()).toEqual(charged(1))
+      expect(await store.redis.ttl(counter.key)).toBeLessThanOrEqual(60)
+      // The fourth starts the next cycle.
+      expect(await heartbeat()).toEqual(charged(0))
+      expect(await lifetimeGiven()).toBeWithin(0, 3)
+      // The lifetime ends (the key expires), then the first heartbeat's failure is taken back.
       await store.redis.del(counter.key)
       await store.uncount(counter.key, (first as { chargedUnder: string }).chargedUnder)
       expect(await store.redis.exists(counter.key)).toBe(0)
@@ -370,7 +374,7 @@ describe('heartbeat counters end a month after their last count', () => {
     }
   })
 
-  test('in process: each count gives the counter its month again; past it the count starts afresh, and an uncount then sets none', async () => {
+  test("in process: a cycle not done within the lifetime starts afresh, and an uncount after it ended sets no count", async () => {
     const store = new MemoryStore()
     try {
       const acct = randomUUID()
@@ -378,13 +382,16 @@ describe('heartbeat counters end a month after their last count', () => {
       const { generation } = await store.snapshot([PROBE])
       const counter = { key: `ls:test:hb:${randomUUID()}`, every: 3 }
       const heartbeat = (nowMs: number) => store.authorize(request(generation, nowMs, { charge: { accountId: acct, cost: 1, counter } }))
-      const month = HEARTBEAT_COUNT_TTL_SECONDS * 1000
-      const start = Date.now() - 3 * month
+      const lifetime = HEARTBEAT_COUNT_TTL_SECONDS * 1000
+      const start = Date.now() - 3 * lifetime
       expect(await heartbeat(start)).toEqual(charged(0))
-      // Twenty days apart, so each count outlives the last one's month by counting anew.
-      expect(await heartbeat(start + 20 * DAY_MS)).toEqual(charged(0))
-      expect(await heartbeat(start + 40 * DAY_MS)).toEqual(charged(1))
-      // Its month ended 20 days ago, before this uncount of the last heartbeat.
+      expect(await heartbeat(start + lifetime - DAY_MS)).toEqual(charged(0))
+      // The cycle's lifetime ran out before its third count: it starts again.
+      expect(await heartbeat(start + lifetime + DAY_MS)).toEqual(charged(0))
+      expect(await heartbeat(start + lifetime + 2 * DAY_MS)).toEqual(charged(0))
+      expect(await heartbeat(start + lifetime + 3 * DAY_MS)).toEqual(charged(1))
+      // A cycle started twice the lifetime ago has ended before this uncount of its heartbeat.
+      expect(await heartbeat(start + lifetime + 4 * DAY_MS)).toEqual(charged(0))
       await store.uncount(counter.key, '')
       // The count starts afresh: the third heartbeat from now is the charged one.
       const kinds = []

@@ -6,7 +6,7 @@ import { luaBucketTime, luaConstants, luaNewEpoch, luaUnpack } from './wire'
 // The script works on the batch, not on each request: every key it reads is read once by one MGET, each
 // request sees the changes of those before it in a Lua table, and each bucket or balance is written
 // once at the end, so the ones many requests share (the caller's IP, the account) cost one write per
-// call, as are the heartbeat counters; nonces and ceilings are written as each request goes.
+// call; nonces, counters and ceilings are written as each request goes.
 // KEYS[1] is the generation key of the call's shard, the one key declared: a cluster runs the call on
 // its slot, and every key in ARGV[1] carries the same shard tag (wire.ts checks it; Redis refuses a
 // script that reaches another slot). First of all the script checks that generation against ARGV[2],
@@ -27,7 +27,6 @@ ${luaBucketTime}
 ${luaNewEpoch}
 local val = {}
 local bucket_ex = {}
-local counted = {}
 local spent = {}
 local charged_by = {}
 -- Redis turns a number argument of redis.call into text with a full-precision conversion, ~2,500
@@ -149,14 +148,14 @@ for _, h in ipairs(reqs) do
       cost = h[F_COST]
       local ctr = h[F_COUNTER_KEY]
       if ctr > 0 then
-        local count = (val[ctr] or 0) + 1
-        val[ctr] = count
-        counted[ctr] = true
+        local count = redis.call('INCR', names[ctr])
+        -- Its lifetime starts with each cycle's first count: an EXPIRE a count cost ~2 µs a heartbeat.
+        if (count - 1) % h[F_COUNTER_EVERY] == 0 then redis.call('EXPIRE', names[ctr], '${HEARTBEAT_COUNT_TTL_SECONDS}') end
         if count % h[F_COUNTER_EVERY] ~= 0 then cost = 0 end
       end
       if cost > 0 then
         if val[bal] < cost then
-          if ctr > 0 then val[ctr] = val[ctr] - 1 end
+          if ctr > 0 then redis.call('DECR', names[ctr]) end
           redis.call('SADD', names[h[F_DIRTY_KEY]], names[h[F_ACCOUNT]])
           n = n + 1
           out[n] = R_NO_CREDITS
@@ -175,10 +174,6 @@ end
 
 for k, ex in pairs(bucket_ex) do
   redis.call('SET', names[k], val[k], 'EX', as_text(ex))
-end
--- Each count gives its counter the whole of HEARTBEAT_COUNT_TTL_SECONDS again.
-for k in pairs(counted) do
-  redis.call('SET', names[k], string.format('%d', val[k]), 'EX', '${HEARTBEAT_COUNT_TTL_SECONDS}')
 end
 for bal, amount in pairs(spent) do
   local h = charged_by[bal]

@@ -242,7 +242,7 @@ export class AuthorizeArgs {
     this.#key(at + F.pendingKey, charge ? keys.pendingCharges(shard, charge.accountId) : undefined, 'written')
     this.#key(at + F.dirtyKey, charge ? keys.dirtyAccounts(shard) : undefined, 'written')
     n[at + F.cost] = charge ? charge.cost : 0
-    this.#key(at + F.counterKey, counter?.key, 'read')
+    this.#key(at + F.counterKey, counter?.key, 'written')
     n[at + F.counterEvery] = counter ? counter.every : 0
     let group = at + HEAD.length + 1
     for (const e of a.epochs) {
