@@ -20,7 +20,8 @@ const PGBOUNCER = '/usr/sbin/pgbouncer'
 const hasPgbouncer = existsSync(PGBOUNCER)
 if (MODE === 'postgres' && !hasPgbouncer) console.warn('SKIPPED: pgbouncer is missing; apt-get install pgbouncer to run the tests behind a pooler in transaction mode')
 
-describe.skipIf(MODE !== 'postgres' || !hasPgbouncer)('behind PgBouncer in transaction mode', async () => {
+// Not describe.skipIf: bun runs a skipped async describe's body all the same.
+if (MODE === 'postgres' && hasPgbouncer) describe('behind PgBouncer in transaction mode', async () => {
   const target = new URL(TEST_DATABASE_URL!)
   const port = await freePort()
   const dir = mkdtempSync(join(tmpdir(), 'ls-pgbouncer-'))
