@@ -132,8 +132,10 @@ export function generateSigningKey(): NewSigningKey {
   }
 }
 
-/** A KeyObject made once: signing with it avoids re-parsing the key on every request. */
-/** An app's Ed25519 signing key from its PKCS#8 DER; a key of another type is refused here, not at its first signature. */
+/**
+ * An app's Ed25519 signing key from its PKCS#8 DER, as a KeyObject made once: signing with it avoids
+ * re-parsing the key on every request. A key of another type is refused here, not at its first signature.
+ */
 export function privateKeyFromPkcs8(der: Buffer): KeyObject {
   const key = createPrivateKey({ key: der, format: 'der', type: 'pkcs8' })
   if (key.asymmetricKeyType !== 'ed25519') throw new Error(`a signing key must be Ed25519, not ${key.asymmetricKeyType}`)
