@@ -78,6 +78,9 @@ const differs = (theirs: string | null, ours: string | null) => theirs !== null 
 /** A holder from another pid namespace or boot, whose pid is not ours to look up. */
 export const isForeign = (holder: LockHolder) => differs(holder.pidNamespace, HERE.pidNamespace) || differs(holder.bootId, HERE.bootId)
 
+/** Whether the holder is stopped (SIGSTOP, a debugger): it answers nothing until someone continues it. */
+export const isStopped = (holder: LockHolder) => !isForeign(holder) && ['T', 't'].includes(procStat(holder.pid)?.[0] ?? '')
+
 /** Whether the lease of the lock file at `path` was renewed within LEASE_MS. */
 function leaseHeld(path: string): boolean {
   const modified = statSync(path, { throwIfNoEntry: false })?.mtimeMs

@@ -5,7 +5,7 @@
  */
 import { buildContext } from '../boot'
 import { ConfigError, loadConfig } from '../config'
-import { describeHolder, isLock, LOCK_WAIT_MS, lockDataDir, mayLetGo } from '../db/data-dir-lock'
+import { describeHolder, isLock, isStopped, LOCK_WAIT_MS, lockDataDir, mayLetGo } from '../db/data-dir-lock'
 import { type DataCommand, OperatorError, parseCommand, runCommand } from './commands'
 import { type OperatorReply, settingsDigest, usesOperatorSocket } from './socket'
 import { rotateMasterKey } from './rotate'
@@ -32,13 +32,13 @@ const MAY_HAVE_RUN = 'the command may have taken effect; check (account list, ap
  */
 const LOST_WITH_A_STATEMENT = new Set(['CONNECTION_CLOSED', 'CONNECTION_DESTROYED', 'CONNECTION_STALLED', 'ECONNRESET', 'EPIPE', 'ETIMEDOUT'])
 
-/** The running server's answer, or null when no server listens on the socket. */
-async function viaServer(socket: string, argv: string[], settings: string): Promise<Record<string, unknown> | null> {
+/**
+ * The running server's answer; 'none' when no server listens on the socket, 'silent' when one accepts
+ * connections but has not answered within PROBE_MS (the command is then not sent).
+ */
+async function viaServer(socket: string, argv: string[], settings: string): Promise<Record<string, unknown> | 'none' | 'silent'> {
   const probe = await probeOperatorSocket(socket)
-  if (probe === 'none') return null
-  // A server stopped or hung still accepts connections: a command sent there would wait on it for ever,
-  // and the storage is still its own.
-  if (probe === 'silent') throw new Refused(`a server holds ${socket} but has not answered in ${PROBE_MS / 1000} s: the command did not run`)
+  if (probe !== 'answers') return probe
   let res: Response
   try {
     res = await fetch('http://localhost/run', {
@@ -49,7 +49,7 @@ async function viaServer(socket: string, argv: string[], settings: string): Prom
     })
   } catch (err) {
     // Only then may the CLI open the database itself.
-    if (NO_SERVER.has((err as { code?: string }).code ?? '')) return null
+    if (NO_SERVER.has((err as { code?: string }).code ?? '')) return 'none'
     throw cutOff(err)
   }
   // Refused unread (the socket's body limit): the command never ran.
@@ -91,21 +91,29 @@ async function direct(config: ReturnType<typeof loadConfig>, command: DataComman
 /**
  * Through the running server when one answers on the socket; otherwise directly, holding the
  * DATA_DIR lock so no server starts on the database meanwhile. A lock holder that does not answer is
- * waited for: another CLI until it is done (LOCK_WAIT_MS at most), a server of this namespace while it
- * may still be starting its socket.
+ * waited for (LOCK_WAIT_MS at most): another CLI until it is done, a server of this namespace while it
+ * may still be starting its socket, and one silent on it while it runs: a server listens before it opens
+ * its database, and the embedded one's first initdb holds its thread for seconds (8-20 s on a busy
+ * 2-core host), so a command typed as `npm start` came up was refused as if sent to a hung server.
  */
 async function viaServerOrLocked(config: ReturnType<typeof loadConfig>, command: DataCommand, argv: string[]) {
   const socket = operatorSocketPath(config.dataDir)
   const settings = settingsDigest(config)
   let answer = await viaServer(socket, argv, settings)
-  if (answer) return answer
+  if (typeof answer === 'object') return answer
   const since = Date.now()
   const lock = await lockDataDir(config.dataDir, 'cli', LOCK_WAIT_MS, async (holder) => {
+    if (isStopped(holder)) return false
     answer = await viaServer(socket, argv, settings)
-    return answer === null && ((await mayLetGo(holder)) || Date.now() - since < SOCKET_WAIT_MS)
+    if (typeof answer === 'object') return false
+    return answer === 'silent' || (await mayLetGo(holder)) || Date.now() - since < SOCKET_WAIT_MS
   })
-  if (answer) return answer
+  if (typeof answer === 'object') return answer
   if (!isLock(lock)) {
+    if (answer === 'silent') {
+      const waited = isStopped(lock) ? PROBE_MS : LOCK_WAIT_MS
+      throw new Refused(`a server holds ${socket} but has not answered in ${waited / 1000} s: the command did not run`)
+    }
     // A CLI serves no socket: only a server's silence is worth naming.
     throw new Refused(`${describeHolder(config.dataDir, lock)}${lock.owner === 'server' ? ' and its operator socket does not answer' : ''}`)
   }

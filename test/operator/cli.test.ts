@@ -400,6 +400,23 @@ describe('operator CLI beside a running server', () => {
     expect(expectOk(await cli(dataDir, ['account', 'list']))).toEqual({ accounts: [], more: false })
   }, 120_000)
 
+  test.skipIf(MODE !== 'embedded')('a server busy opening its database (silent on its socket past the probe) is waited for, and runs the command', async () => {
+    const dataDir = tempDir()
+    const busyMs = 8_000
+    const server = Bun.spawn([process.execPath, join(ROOT, 'test/fixtures/busy-starting-server.ts'), dataDir, String(busyMs)], { stdout: 'pipe', stderr: 'inherit' })
+    try {
+      const reader = server.stdout.getReader()
+      expect(new TextDecoder().decode((await reader.read()).value)).toStartWith('listening')
+      const started = Date.now()
+      const run = await cli(dataDir, ['account', 'create', '--name', 'Early'])
+      expect(run.json, run.stderr).toEqual({ ranBy: 'busy-starting-server' })
+      expect(Date.now() - started).toBeGreaterThan(busyMs - 1_000)
+    } finally {
+      server.kill()
+      await server.exited
+    }
+  }, 120_000)
+
   test.skipIf(MODE !== 'embedded')('a command sent to a server whose start then fails is told it did not run, and the socket goes', async () => {
     const dataDir = await migratedDir()
     expectOk(await cli(dataDir, ['account', 'list']))
