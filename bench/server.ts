@@ -1,3 +1,4 @@
+import type { Subprocess } from 'bun'
 import { existsSync } from 'node:fs'
 import { join } from 'node:path'
 import { procCpu, procMemoryMb } from './proc'
@@ -78,6 +79,15 @@ function childPids(pid: number): string[] {
   }
 }
 
+/**
+ * Servers still running when the process that started them exits (a test that failed before its stop)
+ * are stopped with it: one left behind served on, against a database its test run had dropped.
+ */
+const running = new Set<Subprocess>()
+process.on('exit', () => {
+  for (const proc of running) proc.kill('SIGTERM')
+})
+
 /** Starts `entry` with `env` on a free port and resolves once it logs that it listens. */
 export async function spawnServer(entry: string, env: Record<string, string>, flags: string[] = []): Promise<Server> {
   // A SERVER_PROCESSES or an allocator setting of the shell running the bench must not leak into the
@@ -88,6 +98,8 @@ export async function spawnServer(entry: string, env: Record<string, string>, fl
     stdout: 'ignore',
     stderr: 'pipe',
   })
+  running.add(proc)
+  void proc.exited.then(() => running.delete(proc))
   const reader = proc.stderr.getReader()
   // stream: a multi-byte character split between two chunks is decoded whole, not as two U+FFFD.
   const decoder = new TextDecoder()

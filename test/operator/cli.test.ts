@@ -555,18 +555,20 @@ describe('operator CLI beside a running server', () => {
     const server = await startServer(env)
     const sql = postgres(TEST_DATABASE_URL ?? '', { max: 1, onnotice: () => {} })
     const slow = `slow_${accountId.replaceAll('-', '')}`
+    let stopped: Promise<number> | undefined
     try {
       await sql.unsafe(`CREATE FUNCTION ${slow}() RETURNS trigger AS $$ BEGIN
         IF NEW.id = '${accountId}' THEN PERFORM pg_sleep(${slowMs / 1000}); END IF; RETURN NEW; END $$ LANGUAGE plpgsql`)
       await sql.unsafe(`CREATE TRIGGER ${slow} BEFORE UPDATE ON accounts FOR EACH ROW EXECUTE FUNCTION ${slow}()`)
       const adding = cliRun(['account', 'credits', '--account', accountId, '--add', '5'])
       await server.logged('"operator command"')
-      const stopped = server.stop()
+      stopped = server.stop()
       const run = await adding
       expect(await stopped).toBe(0)
       const [row] = await sql`SELECT credits FROM accounts WHERE id = ${accountId}`
       return { run, accountId, credits: Number(row?.credits) }
     } finally {
+      await (stopped ?? server.stop())
       await sql.unsafe(`DROP TRIGGER IF EXISTS ${slow} ON accounts`)
       await sql.unsafe(`DROP FUNCTION IF EXISTS ${slow}()`)
       await sql.end()
