@@ -177,7 +177,9 @@ export class RedisStore implements Store {
     let info: string
     try {
       info = await withDeadline(
-        (db === 0 ? redis.ping() : redis.select(db)).then(() => redis.info('cluster').catch(() => '')),
+        (db === 0 ? redis.ping() : redis.select(db)).then(() =>
+          Promise.all([redis.info('cluster'), redis.info('memory')]).then((sections) => sections.join('\n'), () => ''),
+        ),
         waitMs,
         'reaching the database of REDIS_URL',
       )
@@ -189,6 +191,12 @@ export class RedisStore implements Store {
     }
     // Its keys would be refused (MOVED) but for the slots this node serves.
     if (CLUSTER_ENABLED.test(info)) throw new ConfigError('REDIS_URL names a node of a Redis Cluster: set REDIS_CLUSTER=true')
+    const policy = MAXMEMORY_POLICY.exec(info)?.[1]
+    if (policy !== undefined && policy !== 'noeviction') {
+      log.warn(
+        `redis evicts keys when it is full (maxmemory-policy ${policy}): evicted nonces let validates be replayed and evicted charges go unbilled; set maxmemory-policy noeviction`,
+      )
+    }
   }
 
   /**
@@ -265,6 +273,8 @@ const REFUSED_CREDENTIALS = /^(NOAUTH|WRONGPASS)\b/
 /** INFO cluster of a node of a Redis Cluster; CLUSTER INFO's refusal by a Redis without cluster mode. */
 const CLUSTER_ENABLED = /^cluster_enabled:1\r?$/m
 const CLUSTER_DISABLED = /cluster support disabled/i
+/** INFO memory's eviction policy (README, "Running Redis in production", asks for noeviction). */
+const MAXMEMORY_POLICY = /^maxmemory_policy:(\S+)\r?$/m
 
 /**
  * The store the settings name: Redis, a Redis Cluster (`clusterShards`), or the in-process twin without
