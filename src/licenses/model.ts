@@ -33,13 +33,16 @@ const LICENSE_EXAMPLE = {
 }
 const WITH_HWIDS_EXAMPLE = { ...LICENSE_EXAMPLE, hwidList: [EXAMPLE.hwid, EXAMPLE.otherHwid] }
 
+/** The seats a license may have (the spec's range); a license record always holds one of them. */
+export const HWID_SLOTS = { minimum: 1, maximum: 16 } as const
+
 /** A license as returned by create: everything but the bound HWIDs. */
 export const License = t.Object({
   licenseKey: t.String(),
   appId: t.String({ format: 'uuid' }),
   status: t.Union([t.Literal('active'), t.Literal('revoked')]),
   expiresAt: t.Nullable(isoDate('Expiry; null means lifetime')),
-  maxHwidSlots: Count({ minimum: 1, maximum: 16 }),
+  maxHwidSlots: Count(HWID_SLOTS),
   unlimitedHwidSlots: t.Boolean({
     description: 'Shared unlimited-seat key: seat enforcement is skipped',
   }),
@@ -71,10 +74,8 @@ export const CreateLicensesBody = StrictBody({
   ),
   maxHwidSlots: t.Optional(
     Count({
-      minimum: 1,
-      maximum: 16,
       default: 1,
-      description: 'Stored as given; not enforced when unlimitedHwidSlots is true',
+      description: `${HWID_SLOTS.minimum} to ${HWID_SLOTS.maximum}; ignored when unlimitedHwidSlots is true (any integer taken, one outside that range recorded as 1)`,
     }),
   ),
   unlimitedHwidSlots: t.Optional(t.Boolean({ default: false })),

@@ -18,6 +18,7 @@ import type {
   UpdateLicenseBody,
   UpdateLicenseResponse,
 } from './model'
+import { HWID_SLOTS } from './model'
 
 export type LicenseRow = typeof licenses.$inferSelect
 
@@ -102,6 +103,18 @@ async function insertLicenses(ctx: Context, tx: Tx, values: NewLicense, quantity
   return created
 }
 
+/**
+ * The seats a new license records. The spec ignores maxHwidSlots on an unlimited-seat license, so any
+ * integer is taken there, and one no license may hold is recorded as the default.
+ */
+function hwidSlotsOf(input: CreateLicensesBody): number {
+  const slots = input.maxHwidSlots ?? 1
+  const valid = slots >= HWID_SLOTS.minimum && slots <= HWID_SLOTS.maximum
+  if (input.unlimitedHwidSlots) return valid ? slots : 1
+  if (!valid) throw badRequest(`maxHwidSlots must be an integer from ${HWID_SLOTS.minimum} to ${HWID_SLOTS.maximum}`)
+  return slots
+}
+
 /** `newKey` is the key source; tests pass one that repeats keys to exercise the clash path. */
 export async function createLicenses(
   ctx: Context,
@@ -110,6 +123,7 @@ export async function createLicenses(
   newKey: () => string = generateLicenseKey,
 ): Promise<License[]> {
   const expiresAt = expiryFrom(input.expiresAt)
+  const maxHwidSlots = hwidSlotsOf(input)
   const app = await requireOwnedApp(ctx, accountId, input.appId)
   // The contract asks for a positive balance and spends nothing; the live balance is the one the client
   // endpoints spend from (the reconciled one trails it).
@@ -124,7 +138,7 @@ export async function createLicenses(
   const values: NewLicense = {
     appId: app.id,
     expiresAt,
-    maxHwidSlots: input.maxHwidSlots ?? 1,
+    maxHwidSlots,
     unlimitedHwidSlots: input.unlimitedHwidSlots ?? false,
     label: input.label ?? null,
   }

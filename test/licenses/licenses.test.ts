@@ -112,6 +112,19 @@ describe('POST /v1/licenses', () => {
     expect(detail.body.unlimitedHwidSlots).toBe(true)
   })
 
+  test('with unlimitedHwidSlots, maxHwidSlots is ignored as the spec says: any integer is taken, one outside 1 to 16 recorded as 1', async () => {
+    const s = await t.seed()
+    for (const maxHwidSlots of [0, 17, -3, 1000]) {
+      const license = await createOne(s, { unlimitedHwidSlots: true, maxHwidSlots })
+      expect([maxHwidSlots, license]).toMatchObject([maxHwidSlots, { unlimitedHwidSlots: true, maxHwidSlots: 1 }])
+    }
+    // Not a whole number is still a mistyped field.
+    const res = await t.req('POST', '/v1/licenses', { apiKey: s.apiKey, body: { appId: s.appId, unlimitedHwidSlots: true, maxHwidSlots: 2.5 } })
+    expect(res.status).toBe(400)
+    const limited = await t.req('POST', '/v1/licenses', { apiKey: s.apiKey, body: { appId: s.appId, unlimitedHwidSlots: false, maxHwidSlots: 17 } })
+    expect([limited.status, limited.body]).toEqual([400, { error: 'bad_request', message: 'maxHwidSlots must be an integer from 1 to 16' }])
+  })
+
   test('expiresAt: null means lifetime; a date alone is midnight UTC; a time without offset is UTC', async () => {
     const s = await t.seed()
     expect((await createOne(s, { expiresAt: null })).expiresAt).toBeNull()
