@@ -14,6 +14,8 @@ import { decode, hwid, insertLicense, nonce } from '../support/client'
 import { makeTestApp, MODE, type TestApp } from '../support/helpers'
 import { type OwnRedisCluster, ownRedisCluster } from '../support/redis-cluster'
 import { freePort, ownRedis, until } from '../support/servers'
+import { loggedBy } from '../support/log-capture'
+import { setLogLevel } from '../../src/lib/log'
 
 const SHARDS = 64
 
@@ -71,6 +73,22 @@ if (MODE === 'postgres') {
       return (slot: number) => cluster.ports.indexOf(ranges.find(([from, to]) => slot >= from && slot <= to)![2][1])
     }
     const nodeOf = async (key: string) => (await slotOwners())(Number(await cluster.nodes[0]!.cluster('KEYSLOT', key)))
+
+    test('a cluster whose masters evict keys when full is warned of at start', async () => {
+      setLogLevel('warn')
+      try {
+        for (const node of cluster.nodes) await node.config('SET', 'maxmemory-policy', 'allkeys-lru')
+        const logged = await loggedBy(async () => (await openStore(cluster.url, SHARDS)).close())
+        expect(logged.filter((entry) => entry.level === 'warn').map((entry) => entry.msg)).toEqual([
+          'redis evicts keys when it is full (maxmemory-policy allkeys-lru): evicted nonces let validates be replayed and evicted charges go unbilled; set maxmemory-policy noeviction',
+        ])
+      } finally {
+        for (const node of cluster.nodes) await node.config('SET', 'maxmemory-policy', 'noeviction')
+        setLogLevel('error')
+      }
+      const logged = await loggedBy(async () => (await openStore(cluster.url, SHARDS)).close())
+      expect(logged.filter((entry) => entry.level === 'warn')).toEqual([])
+    })
 
     test('an instance with another shard count than the store was written with refuses to start', async () => {
       const opened = await openStore(cluster.url, SHARDS)

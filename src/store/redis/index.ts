@@ -191,12 +191,7 @@ export class RedisStore implements Store {
     }
     // Its keys would be refused (MOVED) but for the slots this node serves.
     if (CLUSTER_ENABLED.test(info)) throw new ConfigError('REDIS_URL names a node of a Redis Cluster: set REDIS_CLUSTER=true')
-    const policy = MAXMEMORY_POLICY.exec(info)?.[1]
-    if (policy !== undefined && policy !== 'noeviction') {
-      log.warn(
-        `redis evicts keys when it is full (maxmemory-policy ${policy}): evicted nonces let validates be replayed and evicted charges go unbilled; set maxmemory-policy noeviction`,
-      )
-    }
+    warnIfEvicting(info)
   }
 
   /**
@@ -211,14 +206,17 @@ export class RedisStore implements Store {
       seed.on('error', () => {})
       return seed
     })
+    // The seed that answered, or its refusal.
     const answer = (seed: Redis) =>
       seed.cluster('INFO').then(
-        () => null,
+        () => seed,
         (err: unknown) => (err instanceof ReplyError ? (err as Error).message : Promise.reject(err)),
       )
-    let refusal: string | null
+    let refusal: string | null = null
     try {
-      refusal = await withDeadline(Promise.any(seeds.map(answer)), waitMs, 'reaching a node of REDIS_URL')
+      const first = await withDeadline(Promise.any(seeds.map(answer)), waitMs, 'reaching a node of REDIS_URL')
+      if (typeof first === 'string') refusal = first
+      else warnIfEvicting(await withDeadline(first.info('memory'), waitMs, 'reading INFO memory').catch(() => ''))
     } catch {
       // None answered: left to the outage handling, as at start.
       return
@@ -275,6 +273,15 @@ const CLUSTER_ENABLED = /^cluster_enabled:1\r?$/m
 const CLUSTER_DISABLED = /cluster support disabled/i
 /** INFO memory's eviction policy (README, "Running Redis in production", asks for noeviction). */
 const MAXMEMORY_POLICY = /^maxmemory_policy:(\S+)\r?$/m
+
+/** Logs a Redis that would evict the service's keys when full, as INFO memory (one node's, on a cluster) tells it. */
+function warnIfEvicting(info: string): void {
+  const policy = MAXMEMORY_POLICY.exec(info)?.[1]
+  if (policy === undefined || policy === 'noeviction') return
+  log.warn(
+    `redis evicts keys when it is full (maxmemory-policy ${policy}): evicted nonces let validates be replayed and evicted charges go unbilled; set maxmemory-policy noeviction`,
+  )
+}
 
 /**
  * The store the settings name: Redis, a Redis Cluster (`clusterShards`), or the in-process twin without
