@@ -8,7 +8,7 @@ import { BoundedMap, MissBudget } from './actors/bounded'
 import { ACTOR_LIMITS, AppActors } from './actors/registry'
 import { KNOWN_API_KEYS, UNKNOWN_API_KEYS_PER_MINUTE } from './http/auth'
 import { requireKeySource, resolveMasterKey } from './signing/master-key'
-import { adoptKeyCheck, storedKeyCheck } from './signing/key-check'
+import { adoptKeyCheck, databaseSeal } from './signing/key-check'
 import { COMMAND_SHARED_BUFFERS_MB, type Database, openDb, poolSizePerProcess } from './db/client'
 import { Metrics } from './lib/metrics'
 import { Signer } from './signing/signer'
@@ -68,7 +68,7 @@ async function withStorage(config: Readonly<Config>, overrides: ContextOverrides
   try {
     // The database says which key its secrets are sealed with: a development-key rotation cut short
     // after its commit is finished here, and a wrong key stops the start.
-    masterKey = overrides.masterKey ?? resolveMasterKey(config, await storedKeyCheck(database.db))
+    masterKey = overrides.masterKey ?? resolveMasterKey(config, await databaseSeal(database.db))
     sealer = new Sealer(masterKey)
     await adoptKeyCheck(database, sealer)
   } catch (err) {

@@ -4,6 +4,7 @@ import type { Database, DbOrTx } from '../db/client'
 import { masterKeyCheck, signingKeys, webhooks } from '../db/schema'
 import { SealError, type Sealer } from '../lib/crypto'
 import { log } from '../lib/log'
+import type { DatabaseSeal } from './master-key'
 
 /**
  * The database records which master key its secrets are sealed with (a check value, never the key):
@@ -97,6 +98,15 @@ const NAMED_FAILURES = 5
 export interface SealedRow {
   id: string
   sealed: string
+}
+
+/** What the database says of its key, for resolveMasterKey: a database without a check value may still hold values an earlier version sealed. */
+export async function databaseSeal(db: DbOrTx): Promise<DatabaseSeal> {
+  const check = await storedKeyCheck(db)
+  if (check !== null) return { check, sealed: true }
+  const [key] = await db.select({ id: signingKeys.id }).from(signingKeys).limit(1)
+  const [hook] = key ? [] : await db.select({ id: webhooks.id }).from(webhooks).limit(1)
+  return { check, sealed: key !== undefined || hook !== undefined }
 }
 
 /** Every sealed value in the database, by kind. */

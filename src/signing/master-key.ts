@@ -107,12 +107,21 @@ export function requireKeySource(settings: KeySettings): void {
   throw new ConfigError('MASTER_KEY is not set: with DATABASE_URL every instance needs the same key; set MASTER_KEY')
 }
 
-/** The key to start with; `stored` is the database's check value (null when it has none yet). */
-export function resolveMasterKey(settings: KeySettings, stored: string | null): Buffer {
+/**
+ * What the database says of its key: its check value (null when it has none yet) and whether anything
+ * is sealed in it, which a version from before the check value may have done without writing one.
+ */
+export interface DatabaseSeal {
+  check: string | null
+  sealed: boolean
+}
+
+/** The key to start with. */
+export function resolveMasterKey(settings: KeySettings, database: DatabaseSeal): Buffer {
   if (settings.masterKey) return settings.masterKey
   requireKeySource(settings)
   const path = developmentKeyPath(settings.dataDir)
-  const finished = finishPendingRotation(path, stored)
+  const finished = finishPendingRotation(path, database.check)
   if (finished) return finished
   const existing = readKeyFile(path)
   if (existsSync(pendingKeyPath(path))) {
@@ -122,7 +131,7 @@ export function resolveMasterKey(settings: KeySettings, stored: string | null): 
     // A shared database is never sealed with a file of one host's DATA_DIR (an embedded run's, say): it
     // would need that file on every instance, and lose its secrets with it. One already sealed with it
     // (an earlier version allowed that) goes on, with the warning.
-    if (settings.databaseUrl && stored === null) {
+    if (settings.databaseUrl && !database.sealed) {
       throw new ConfigError(
         'MASTER_KEY is not set: with DATABASE_URL every instance needs the same key; set MASTER_KEY (the development key in DATA_DIR is used only for a database already sealed with it)',
       )
@@ -141,7 +150,7 @@ export function resolveMasterKey(settings: KeySettings, stored: string | null): 
   }
   // Sealed already, the database was sealed with MASTER_KEY (or a file since removed): a key generated
   // now opens none of it, and its file, left behind by the refused start, would pass for the database's.
-  if (stored !== null) {
+  if (database.sealed) {
     throw new ConfigError(`MASTER_KEY is not set and ${path} does not exist, but this database's secrets are sealed with a key: set MASTER_KEY to it`)
   }
   makeDataDir(settings.dataDir)

@@ -366,6 +366,38 @@ describe(`master-key rotate (${MODE})`, () => {
     await ok(cli(env, ['account', 'list']))
   })
 
+  test.skipIf(!TEST_DATABASE_URL)('a shared database an earlier version sealed with the development key file, before the check value, goes on with it', async () => {
+    const env = await settings('')
+    const devKey = hexKey()
+    const sealed = await provision(sealedWith(env, devKey))
+    // What a version from before the key check value left: secrets sealed with the file, no check value.
+    await withDb(env, (db) => db.delete(schema.masterKeyCheck))
+    expect(await cli(env, ['account', 'list'])).toMatchObject({
+      code: 2,
+      stderr: 'error: MASTER_KEY is not set: with DATABASE_URL every instance needs the same key; set MASTER_KEY\n',
+    })
+    developmentKey(env, devKey)
+    const server = await startServer({ ...env, HOST: '127.0.0.1' })
+    try {
+      expect(server.log()).toContain('using the development key in DATA_DIR, which seals this shared database')
+      const created = await call(server, '/v1/licenses', { appId: sealed.appId }, sealed.apiKey)
+      expect(created.status, JSON.stringify(created.body)).toBe(201)
+      const validated = await call(server, '/auth/validate', {
+        appId: sealed.appId,
+        appSecret: sealed.appSecret,
+        licenseKey: created.body.licenses[0].licenseKey,
+        hwid: hwid(),
+        nonce: nonce(),
+      })
+      expect(validated.status, JSON.stringify(validated.body)).toBe(200)
+      expect(verifySigned(validated.body, sealed.publicKey)).toBe(true)
+    } finally {
+      expect(await server.stop()).toBe(0)
+    }
+    // The start wrote the file's check value: the database now says which key it is sealed with.
+    expect(await withDb(env, (db) => db.select().from(schema.masterKeyCheck))).toHaveLength(1)
+  })
+
   test.if(MODE === 'embedded')('without MASTER_KEY, a database sealed with one is refused, and no development key is generated beside it', async () => {
     const env = await settings(hexKey())
     await ok(cli(env, ['account', 'list']))
