@@ -37,6 +37,8 @@ export interface Config {
   /** false skips the per-IP and per-license buckets of /auth/* (benchmark comparison only; the sandbox ceiling stays). */
   publicRateLimits: boolean
   sessionTtlSeconds: number
+  /** STALL_EXIT_SECONDS: a server process whose main thread runs no JavaScript this long ends itself (0: never). */
+  stallExitSeconds: number
   tlsCertFile: string | null
   tlsKeyFile: string | null
   /** 32-byte key that encrypts signing keys and webhook secrets at rest; null: a dev key in dataDir. */
@@ -301,6 +303,7 @@ export function loadConfig(env: Env = process.env): Readonly<Config> {
     cacheMaxMb: Math.min(CACHE_MAX_MB_CEILING, int(env, 'CACHE_MAX_MB', defaultCacheMb(usableMemoryMb(), serverProcesses), 1, 1_048_576)),
     cacheWarmUp: bool(env, 'CACHE_WARM_UP', true),
     sessionTtlSeconds: int(env, 'SESSION_TTL_SECONDS', 86_400, 3600, 604_800),
+    stallExitSeconds: int(env, 'STALL_EXIT_SECONDS', 60, 0, 86_400),
     tlsCertFile,
     tlsKeyFile,
     masterKey: masterKeyFrom(env, 'MASTER_KEY'),

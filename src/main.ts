@@ -20,6 +20,7 @@ import {
 } from './server-processes'
 import { startDispatcher } from './delivery/dispatcher'
 import { watchKeyCheck } from './signing/key-check'
+import { startStallWatchdog } from './lib/stall-watchdog'
 
 /**
  * How long a stopping server waits for its requests in flight before it closes their connections: a
@@ -180,6 +181,8 @@ async function main(): Promise<void> {
   const scrape = new ServerMetrics(ctx, role)
   const app = createApp(ctx, scrape)
   startEventLoopMonitor()
+  // From here on: the start itself may hold the thread for seconds (an embedded database's initdb).
+  startStallWatchdog(config.stallExitSeconds)
   const background = startBackgroundWork(ctx)
   const tls =
     config.tlsCertFile && config.tlsKeyFile

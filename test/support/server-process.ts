@@ -8,14 +8,21 @@ import { LAUNCH_ENV } from '../../src/server-processes'
 
 export type ServerProcess = Server
 
-/** Starts `bun src/main.ts` on a free port (bench/server.ts) and resolves once it logs that it listens. */
-export const startServer = async (env: Record<string, string>): Promise<ServerProcess> =>
-  spawnServer(join(import.meta.dir, '..', '..', 'src', 'main.ts'), {
-    DATA_DIR: env.DATA_DIR ?? (await newDataDir('ls-proc-', { embedded: !(env.DATABASE_URL ?? process.env.DATABASE_URL) })),
-    MASTER_KEY: TEST_MASTER_KEY.toString('hex'),
-    WEBHOOK_ALLOW_PRIVATE_TARGETS: 'true',
-    ...env,
-  })
+/**
+ * Starts `bun src/main.ts` on a free port (bench/server.ts) and resolves once it logs that it listens;
+ * `flags` go to Bun (a `--preload` of a test's).
+ */
+export const startServer = async (env: Record<string, string>, flags: string[] = []): Promise<ServerProcess> =>
+  spawnServer(
+    join(import.meta.dir, '..', '..', 'src', 'main.ts'),
+    {
+      DATA_DIR: env.DATA_DIR ?? (await newDataDir('ls-proc-', { embedded: !(env.DATABASE_URL ?? process.env.DATABASE_URL) })),
+      MASTER_KEY: TEST_MASTER_KEY.toString('hex'),
+      WEBHOOK_ALLOW_PRIVATE_TARGETS: 'true',
+      ...env,
+    },
+    flags,
+  )
 
 /** What a running process's environment says of the LAUNCH_ENV variables (src/server-processes.ts). */
 export function launchSettingsOf(pid: number): Record<string, string> {
