@@ -75,7 +75,7 @@ export class SeatBinder {
       for (const { member, failure } of refused) member.reject(new PublicError(failure === 'data' ? 'bad_request' : 'system_error'))
     }
     if (unwritten.length > 0) {
-      log.warn('database unreachable: seat binding failed', { appId, requests: unwritten.length, code: errorCode(outage) })
+      log.warn('database unavailable: seat binding failed', { appId, requests: unwritten.length, code: errorCode(outage) })
       for (const request of unwritten) request.reject(new PublicError('system_error'))
     }
     const committed = batch.filter((request) => request.bound !== undefined)

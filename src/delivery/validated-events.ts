@@ -115,7 +115,7 @@ export class ValidatedEventBatch {
     if (lost === 0) return
     this.#pending = []
     this.sink.dropped.add('shutdown', lost)
-    log.error('database unreachable at shutdown: license.validated events lost', { events: lost })
+    log.error('database unavailable at shutdown: license.validated events lost', { events: lost })
   }
 
   #clearTimers(): void {
@@ -243,7 +243,7 @@ export class ValidatedEventBatch {
 
   #backOff(outage: unknown): void {
     if (this.#failures === 0) {
-      log.warn('database unreachable: keeping license.validated events in memory and retrying', { code: errorCode(outage) })
+      log.warn('database unavailable: keeping license.validated events in memory and retrying', { code: errorCode(outage) })
     }
     const delay = Math.min(RETRY_MAX_MS, RETRY_FIRST_MS * 2 ** this.#failures)
     this.#failures++
@@ -272,7 +272,7 @@ export class ValidatedEventBatch {
     this.sink.dropped.add('overflow', dropped)
     if (this.#overflowReported) return
     this.#overflowReported = true
-    log.error('database unreachable: license.validated events beyond the in-memory bound dropped, oldest first', {
+    log.error('database unavailable: license.validated events beyond the in-memory bound dropped, oldest first', {
       bound: this.#maxKept,
     })
   }
