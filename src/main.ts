@@ -21,7 +21,7 @@ import {
 import { startDispatcher } from './delivery/dispatcher'
 import { watchKeyCheck } from './signing/key-check'
 import { startStallWatchdog } from './lib/stall-watchdog'
-import { startEmbeddedVacuum } from './db/embedded-vacuum'
+import { startEmbeddedUpkeep } from './db/embedded-upkeep'
 
 /**
  * How long a stopping server waits for its requests in flight before it closes their connections: a
@@ -59,8 +59,8 @@ function startBackgroundWork(ctx: Context): { stopDeliveries(): Promise<void>; s
   ctx.signer.start({ worker: ctx.config.serverProcesses === 1 })
   // Licenses up to most of CACHE_MAX_MB, so first requests do not each read PostgreSQL.
   const warmUp = ctx.config.cacheWarmUp ? ctx.actors.startWarmUp() : null
-  // What autovacuum does on a PostgreSQL server, which embedded PGlite has none of.
-  const vacuum = ctx.database.kind === 'pglite' ? startEmbeddedVacuum(ctx.database.db) : null
+  // What autovacuum and the checkpointer do on a PostgreSQL server, which embedded PGlite has neither of.
+  const upkeep = ctx.database.kind === 'pglite' ? startEmbeddedUpkeep(ctx.database.db) : null
   let deliveriesStopped: Promise<void> | null = null
   const stopDeliveries = () => (deliveriesStopped ??= dispatcher.stop())
   return {
@@ -70,7 +70,7 @@ function startBackgroundWork(ctx: Context): { stopDeliveries(): Promise<void>; s
       // Side by side, each bounded on its own: with the database gone, each waits out its bound, and
       // one after the other they passed a supervisor's grace period. The events still batched are
       // written, the charges moved and the deliveries recorded while the database is open.
-      const stopped = await Promise.allSettled([ctx.validatedEvents.stop(), reconciler.stop(), sweeper.stop(), stopDeliveries(), vacuum?.stop()])
+      const stopped = await Promise.allSettled([ctx.validatedEvents.stop(), reconciler.stop(), sweeper.stop(), stopDeliveries(), upkeep?.stop()])
       await ctx.webhookPool.close()
       const failed = stopped.find((s) => s.status === 'rejected')
       if (failed) throw failed.reason
