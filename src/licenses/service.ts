@@ -8,17 +8,17 @@ import { generateLicenseKey, LICENSE_KEY_PATTERN } from '../lib/crypto'
 import { type DomainEvent, type EventData, type EventName, recordEvents } from '../delivery/outbox'
 import { parseIsoTimestamp } from '../lib/time'
 import { decodeCursor, encodeCursor } from './cursor'
-import type {
-  CreateLicensesBody,
-  License,
-  LicenseDetail,
-  LicenseWithHwids,
-  ListLicensesQuery,
-  ListLicensesResponse,
-  UpdateLicenseBody,
-  UpdateLicenseResponse,
+import {
+  type CreateLicensesBody,
+  HWID_SLOTS,
+  type License,
+  type LicenseDetail,
+  type LicenseWithHwids,
+  type ListLicensesQuery,
+  type ListLicensesResponse,
+  type UpdateLicenseBody,
+  type UpdateLicenseResponse,
 } from './model'
-import { HWID_SLOTS } from './model'
 
 export type LicenseRow = typeof licenses.$inferSelect
 
