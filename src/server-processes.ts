@@ -1,5 +1,6 @@
 import type { Subprocess } from 'bun'
 import { log } from './lib/log'
+import { withTimeout } from './lib/with-timeout'
 
 /** Set by the first server process on each one it starts: that process's index, 1 to n-1. */
 const INDEX_VARIABLE = 'LS_SERVER_PROCESS_INDEX'
@@ -28,12 +29,21 @@ export const LAUNCH_ENV = { MIMALLOC_PURGE_DELAY: '-1', BUN_CONFIG_MAX_HTTP_REQU
 /** How long a process that exited on its own waits before it is started again. */
 const RESTART_DELAY_MS = 1000
 
+/**
+ * How long the first process waits for the others to stop on its SIGTERM before it kills them: each
+ * takes at most the README's 20 s for its deliveries' results plus 5 s to close its connections.
+ */
+export const OTHERS_STOP_MS = 25_000
+
 export interface OtherServerProcesses {
   /** Resolves once each one listens; rejects when one exits before. */
   started: Promise<void>
   /** SIGTERM to each, started or still starting, resolved once all have exited (each finishes its own shutdown first); none is started after. */
   stop(): Promise<void>
-  /** The indexes of the processes running now. */
+  /**
+   * The indexes of the processes it keeps, running or not: one that exited and is being started again is
+   * missing from a scrape, not left out of it.
+   */
   indexes(): number[]
   /** Sends a message to one of them over its IPC channel; false when it is not running (never throws). */
   send(index: number, message: unknown): boolean
@@ -77,11 +87,19 @@ export function startOtherServerProcesses(count: number, port: number, received:
     started: Promise.all(Array.from({ length: count - 1 }, (_, i) => spawnOne(i + 1))).then(() => {}),
     async stop() {
       stopping = true
-      const children = [...running.values()]
-      for (const child of children) child.kill('SIGTERM')
-      await Promise.all(children.map((child) => child.exited))
+      const children = [...running.entries()]
+      for (const [, child] of children) child.kill('SIGTERM')
+      const exited = Promise.all(children.map(([, child]) => child.exited))
+      if ((await withTimeout(exited, OTHERS_STOP_MS)) !== null) return
+      // Stopped (SIGSTOP) or stuck, a process answers no SIGTERM, and the port still hands it connections.
+      for (const [index, child] of children) {
+        if (child.exitCode !== null || child.signalCode !== null) continue
+        log.error('server process did not stop in time: killed', { index, waitedMs: OTHERS_STOP_MS })
+        child.kill('SIGKILL')
+      }
+      await exited
     },
-    indexes: () => [...running.keys()],
+    indexes: () => Array.from({ length: count - 1 }, (_, i) => i + 1),
     send: (index, message) => sendToChild(running.get(index), message),
   }
 }

@@ -7,11 +7,12 @@ import { decode, hwid, insertLicense, nonce, verifySigned } from './support/clie
 import { makeTestApp, MODE, TEST_DATABASE_URL, TEST_MASTER_KEY, TEST_REDIS_URL } from './support/helpers'
 import { launchSettingsOf, runToExit, type ServerProcess, startServer, twoProcessesWithMetricsPort } from './support/server-process'
 import { freePort } from './support/servers'
+import { sample } from './support/metrics-text'
 import { createOwnDatabase } from './support/own-database'
 import { postgresBehindProxy } from './support/tampering-proxy'
 import { newDataDir } from './support/data-dir'
 import { startReceiver, testCertificate } from './support/webhooks-receiver'
-import { LAUNCH_ENV } from '../src/server-processes'
+import { LAUNCH_ENV, OTHERS_STOP_MS } from '../src/server-processes'
 import { LOW_FD_LIMIT } from '../src/lib/process-metrics'
 
 // Each test starts server processes: on a slow 2-core host under the whole suite's load, one start (the
@@ -313,9 +314,14 @@ if (MODE === 'postgres') {
       }
     })
 
-    test('a process that dies is started again and serves', async () => {
+    test('a process that dies is counted missing by scrapes until it is started again, and then serves', async () => {
       const [first] = childrenOf(server.pid)
       process.kill(first!, 'SIGKILL')
+      await until(() => (alive(first!) ? undefined : true))
+      // The first process alone holds the port now; the other is started again a second later.
+      const scrape = await (await fresh('/metrics')).text()
+      expect(sample(scrape, 'server_processes_missing')).toBe(1)
+      expect(scrape).not.toContain('process="1"')
       const next = await until(() => childrenOf(server.pid).find((pid) => pid !== first))
       expect(next).not.toBe(first)
       expect((await labelsSeen((labels) => labels.has('1'))).has('1')).toBe(true)
@@ -343,6 +349,17 @@ if (MODE === 'postgres') {
       for (const pid of others) expect(alive(pid)).toBe(false)
     })
   })
+
+  test('a stop waits OTHERS_STOP_MS at most for a process that answers no SIGTERM (stopped), then kills it', async () => {
+    const server = await startServer({ DATABASE_URL: TEST_DATABASE_URL!, REDIS_URL: TEST_REDIS_URL!, SERVER_PROCESSES: '2' })
+    const [child] = childrenOf(server.pid)
+    process.kill(child!, 'SIGSTOP')
+    const stopping = Date.now()
+    expect(await server.stop()).toBe(0)
+    expect(Date.now() - stopping).toBeLessThan(OTHERS_STOP_MS + 5_000)
+    expect(alive(child!)).toBe(false)
+    expect(server.log()).toContain('"msg":"server process did not stop in time: killed","index":1')
+  }, OTHERS_STOP_MS + 60_000)
 
   test('two servers started at the same moment on one port: one serves, the other refuses to start', async () => {
     const port = await freePort()
