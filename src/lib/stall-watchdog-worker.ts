@@ -2,15 +2,18 @@
 import { writeSync } from 'node:fs'
 import { BEAT_MS } from './stall-watchdog'
 
-/** The watch stall-watchdog.ts starts: the main thread's counter, and how many checks in a row may find it still. */
+/** The watch stall-watchdog.ts starts: the main thread's counter, and how long it may stay still. */
 export interface StallWatch {
   beats: Int32Array
-  checks: number
+  seconds: number
 }
 
 declare var self: Worker
 
-self.onmessage = ({ data: { beats, checks } }: MessageEvent<StallWatch>) => {
+self.onmessage = ({ data: { beats, seconds } }: MessageEvent<StallWatch>) => {
+  // The main thread may have run until up to a beat after the last one it made, so the first check that
+  // finds the counter still proves nothing: `seconds` are proven by the checks after it.
+  const checks = (seconds * 1000) / BEAT_MS + 1
   let last = Atomics.load(beats, 0)
   let still = 0
   // Checks, not the clock: a process stopped (SIGSTOP) and continued finds no time passed between two.
@@ -24,7 +27,7 @@ self.onmessage = ({ data: { beats, checks } }: MessageEvent<StallWatch>) => {
       level: 'fatal',
       time: new Date().toISOString(),
       msg: 'the main thread has not run for a while: ending the process so that it is restarted',
-      seconds: (still * BEAT_MS) / 1000,
+      seconds: ((still - 1) * BEAT_MS) / 1000,
       pid: process.pid,
     }
     writeSync(2, `${JSON.stringify(line)}\n`)

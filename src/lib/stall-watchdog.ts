@@ -4,8 +4,8 @@
  * leaves a process that holds its port and answers nothing, not even /healthz, and logs nothing, and a
  * supervisor that restarts what exits (compose's `restart: unless-stopped`, the first server process
  * for the others) never learns of it. A worker thread, which the main thread's loop does not hold,
- * watches a counter the main thread bumps every second; after `seconds` of its own checks in a row with
- * no bump it writes one line to stderr and kills the process (SIGKILL: a SIGTERM would wait for the main
+ * watches a counter the main thread bumps every second; once its own checks prove `seconds` with no
+ * bump it writes one line to stderr and kills the process (SIGKILL: a SIGTERM would wait for the main
  * thread's handler, which is what no longer runs).
  */
 import type { StallWatch } from './stall-watchdog-worker'
@@ -19,6 +19,6 @@ export function startStallWatchdog(seconds: number): void {
   const beats = new Int32Array(new SharedArrayBuffer(4))
   setInterval(() => Atomics.add(beats, 0, 1), BEAT_MS).unref()
   const worker = new Worker(new URL('./stall-watchdog-worker.ts', import.meta.url).href)
-  worker.postMessage({ beats, checks: seconds * (1000 / BEAT_MS) } satisfies StallWatch)
+  worker.postMessage({ beats, seconds } satisfies StallWatch)
   worker.unref()
 }
