@@ -3,7 +3,7 @@
  * token of the caller's IP limit come before any license lookup, and made-up keys never push real
  * licenses out of the cache.
  */
-import { expect, spyOn, test } from 'bun:test'
+import { afterEach, expect, spyOn, test } from 'bun:test'
 import { randomBytes } from 'node:crypto'
 import { AppActors } from '../../src/actors/registry'
 import { generateLicenseKey } from '../../src/lib/crypto'
@@ -12,7 +12,13 @@ import { makeTestApp } from '../support/helpers'
 
 const PER_IP = 10
 // In-process requests come from 0.0.0.0; trusting it as a proxy lets each test name the caller's IP.
-const t = await makeTestApp({ env: { VALIDATE_LIMIT_PER_IP: String(PER_IP), TRUSTED_PROXIES: '0.0.0.0' } })
+// The budget for absent apps refills a token a second: a test that counts its reads holds the clock still
+// (on a loaded host 100 validates one after another took over a second).
+let heldAt: number | null = null
+afterEach(() => {
+  heldAt = null
+})
+const t = await makeTestApp({ clock: () => heldAt ?? Date.now(), env: { VALIDATE_LIMIT_PER_IP: String(PER_IP), TRUSTED_PROXIES: '0.0.0.0' } })
 
 const validate = (body: { appId: string; appSecret: string; licenseKey: string }, ip: string) =>
   t.req('POST', '/auth/validate', { body: { ...body, hwid: hwid(), nonce: nonce() }, headers: { 'x-forwarded-for': ip } })
@@ -88,6 +94,7 @@ test('absent keys never evict a cached license', async () => {
 
 test('made-up app ids from one IP cost PostgreSQL a bounded number of reads; real apps spend nothing of it', async () => {
   const s = await t.seed()
+  heldAt = Date.now()
   const ip = '203.0.113.9'
   const before = ({ ...t.ctx.actors.loads })
   const codes: string[] = []
@@ -111,6 +118,7 @@ test('made-up app ids from one IP cost PostgreSQL a bounded number of reads; rea
 })
 
 test('made-up app ids sent at once from one IP cost no more reads than sent one after another', async () => {
+  heldAt = Date.now()
   const before = t.ctx.actors.loads.apps
   const answers = await Promise.all(
     Array.from({ length: 200 }, () => validate({ appId: crypto.randomUUID(), appSecret: 'x', licenseKey: generateLicenseKey() }, '203.0.113.12')),
