@@ -1,4 +1,4 @@
-import { and, desc, eq, lt, max } from 'drizzle-orm'
+import { and, desc, eq, lt, max, sql } from 'drizzle-orm'
 import type { DbOrTx, Tx } from '../db/client'
 import { transactionKnown } from '../db/commit-outcome'
 import { apps, signingKeys } from '../db/schema'
@@ -43,6 +43,9 @@ async function insertSigningKey(ctx: Context, tx: DbOrTx, appId: string, version
     publicKey: generated.publicKey,
     privateKeyEnc: ctx.sealer.seal(generated.privatePkcs8),
     active: true,
+    // When the key took over, not when its transaction began: a rotation that began first may get the
+    // app's row second, and the list, newest first by version, would show times out of order.
+    createdAt: sql`clock_timestamp()`,
   })
   return { keyId, publicKey: generated.publicKey }
 }

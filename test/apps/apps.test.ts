@@ -1,5 +1,5 @@
 import { beforeAll, describe, expect, test } from 'bun:test'
-import { eq } from 'drizzle-orm'
+import { eq, sql } from 'drizzle-orm'
 import { createApiKey, revokeApiKey } from '../../src/accounts/service'
 import { randomUUID } from 'node:crypto'
 import { apps, signingKeys } from '../../src/db/schema'
@@ -180,6 +180,27 @@ describe('/v1/apps/:appId/signing-keys', () => {
       [rotated.body.keyId, true],
       [s.keyId, false],
     ])
+  })
+
+  test("a rotation's key is dated when it takes over, after a rotation holding the app ahead of it", async () => {
+    const s = await t.seed()
+    let released = 0
+    // Another instance's rotation, as far as this one can tell: the app's row held a while.
+    const holding = t.ctx.database.db.transaction(async (tx) => {
+      await tx.execute(sql`SELECT id FROM apps WHERE id = ${s.appId} FOR UPDATE`)
+      await Bun.sleep(300)
+      released = Date.now()
+    })
+    await Bun.sleep(20)
+    const rotated = await t.req('POST', `/v1/apps/${s.appId}/signing-keys`, { apiKey: s.apiKey })
+    await holding
+    expect(rotated.status).toBe(201)
+    const listed = await t.req('GET', `/v1/apps/${s.appId}/signing-keys`, { apiKey: s.apiKey })
+    const [newest, retired] = listed.body.keys
+    expect(newest.keyId).toBe(rotated.body.keyId)
+    // Milliseconds as stored: the release's own clock read may fall a millisecond after the commit.
+    expect(Date.parse(newest.createdAt)).toBeGreaterThanOrEqual(released - 1)
+    expect(Date.parse(newest.createdAt)).toBeGreaterThan(Date.parse(retired.createdAt))
   })
 
   test('a rotation rewrites only the key it retires, not every earlier one', async () => {
