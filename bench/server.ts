@@ -137,10 +137,10 @@ export async function spawnServer(entry: string, env: Record<string, string>, fl
       log: () => seen,
       async logged(text, timeoutMs = 300_000) {
         const processes = listening.processes ?? 1
-        const deadline = Date.now() + timeoutMs
+        const deadline = performance.now() + timeoutMs
         while (seen.split('\n').filter((l) => l.includes(text)).length < processes) {
           if (exited) throw new Error(`${entry} exited before each process logged "${text}"`)
-          const left = deadline - Date.now()
+          const left = deadline - performance.now()
           if (left <= 0) throw new Error(`not every process of ${entry} logged "${text}" within ${timeoutMs} ms`)
           await new Promise<void>((wake) => {
             const timer = setTimeout(wake, left)

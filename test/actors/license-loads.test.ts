@@ -170,7 +170,7 @@ test('a batch whose query is held up lets the next batch go after a while, and a
     100,
   )
   const shard = shardOfKey('')
-  const started = Date.now()
+  const started = performance.now()
   let heldAnswered = false
   const held = loads.ensure(s.appId, shard, generateLicenseKey()).then((read) => {
     heldAnswered = true
@@ -178,7 +178,7 @@ test('a batch whose query is held up lets the next batch go after a while, and a
   })
   await Bun.sleep(10)
   expect(await loads.ensure(s.appId, shard, key)).toMatchObject({ kind: 'ok' })
-  expect(Date.now() - started).toBeLessThan(1_000)
+  expect(performance.now() - started).toBeLessThan(1_000)
   expect(heldAnswered).toBe(false)
   release()
   expect(await held).toMatchObject({ kind: 'ok' })

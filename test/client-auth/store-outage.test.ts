@@ -126,13 +126,13 @@ test('Developer API changes during a Redis outage answer at once and are seen wh
   expect((await validate()).status).toBe(200)
 
   await redis.stop()
-  const started = Date.now()
+  const started = performance.now()
   const revoked = await t.req('PUT', `/v1/licenses/${licenseKey}`, { apiKey: s.apiKey, body: { action: 'revoke' } })
   expect(revoked.status).toBe(200)
   expect((await t.req('GET', `/v1/licenses/${licenseKey}`, { apiKey: s.apiKey })).body.status).toBe('revoked')
   expect((await t.req('GET', '/v1/account', { apiKey: s.apiKey })).status).toBe(200)
   // Each would wait for a reconnect attempt (a second or more); none of them does.
-  expect(Date.now() - started).toBeLessThan(1000)
+  expect(performance.now() - started).toBeLessThan(1000)
 
   await redis.start()
   const back = await until(validate, (r) => r.status !== 500)
@@ -213,31 +213,31 @@ test('Redis that stops answering without closing the connection: client requests
     // Redis keeps the connection and reads the commands, but runs none for a while.
     const pausedMs = 5000
     await pause(pausedMs)
-    const pausedAt = Date.now()
+    const pausedAt = performance.now()
     const [closed, open, miss] = await Promise.all([
       validate(),
       app.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken, hwid: h } }),
       validate(uncached),
     ])
-    expect(Date.now() - pausedAt).toBeLessThan(pausedMs - 1500)
+    expect(performance.now() - pausedAt).toBeLessThan(pausedMs - 1500)
     expect(closed.body).toEqual({ status: 'failed', error: 'system_error' })
     expect(open.status, JSON.stringify(open.body)).toBe(200)
     expect(decode(open.body.payload).licenseKey).toBe(licenseKey)
     expect(miss.body).toEqual({ status: 'failed', error: 'system_error' })
     // While those calls are unanswered, the next requests do not wait for their own deadline, a cache
     // miss's epoch read neither (it would be answered after them on the same connection).
-    const again = Date.now()
+    const again = performance.now()
     expect((await app.req('POST', '/auth/heartbeat', { body: { appId: s.appId, sessionToken, hwid: h } })).status).toBe(200)
     expect((await validate()).body).toEqual({ status: 'failed', error: 'system_error' })
     expect((await validate(uncachedToo)).body).toEqual({ status: 'failed', error: 'system_error' })
     // Each would wait out its own second otherwise.
-    expect(Date.now() - again).toBeLessThan(900)
+    expect(performance.now() - again).toBeLessThan(900)
 
     // Once Redis runs the held validate it charges for it; the client was told it failed, so that comes back.
     // Until then the balance read fails at once (a call is overdue) and PostgreSQL's 10 is read instead
     // (this app runs no reconciler).
     expect(await until(credits, (n) => n === 9, 10_000)).toBe(9)
-    expect(Date.now() - pausedAt).toBeGreaterThan(pausedMs - 200)
+    expect(performance.now() - pausedAt).toBeGreaterThan(pausedMs - 200)
     expect((await validate()).status).toBe(200)
     expect(await credits()).toBe(8)
   }), STALLING_TEST_MS)
@@ -257,19 +257,19 @@ test('Redis that stops answering without closing the connection: Developer API r
 
     const pausedMs = 7000
     await pause(pausedMs)
-    const pausedAt = Date.now()
+    const pausedAt = performance.now()
     const during = await account()
     // The limiter waited out its deadline (1 s), not the pause; the balance read behind it failed at once.
-    expect(Date.now() - pausedAt).toBeLessThan(pausedMs - 2500)
+    expect(performance.now() - pausedAt).toBeLessThan(pausedMs - 2500)
     expect(during.status).toBe(200)
     expect(during.headers.get('ratelimit-limit')).toBeNull()
     expect(during.body.credits).toBe(10)
     // That call is still unanswered: the next request's would be answered after it, so they fail at
     // once instead of waiting out their own deadlines.
-    const again = Date.now()
+    const again = performance.now()
     const next = await account()
     // Each of its two calls would wait out a second otherwise.
-    expect(Date.now() - again).toBeLessThan(900)
+    expect(performance.now() - again).toBeLessThan(900)
     expect(next.status).toBe(200)
     expect(next.headers.get('ratelimit-limit')).toBeNull()
     expect(next.body.credits).toBe(10)
@@ -282,9 +282,9 @@ test('Redis that stops answering without closing the connection: adding credits 
   onStallingRedis(async ({ app, s, pause }) => {
     const pausedMs = 5000
     await pause(pausedMs)
-    const pausedAt = Date.now()
+    const pausedAt = performance.now()
     await expect(addCredits(app.ctx, s.accountId, 5)).rejects.toThrow()
-    expect(Date.now() - pausedAt).toBeLessThan(pausedMs - 2500)
+    expect(performance.now() - pausedAt).toBeLessThan(pausedMs - 2500)
     // A flush (FOR UPDATE) or a balance seed could take the row at once: no transaction waits on Redis.
     const [row] = await app.ctx.database.db.select({ credits: accounts.credits }).from(accounts).where(eq(accounts.id, s.accountId)).for('update', { noWait: true })
     expect(row?.credits).toBe(10)

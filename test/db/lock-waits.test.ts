@@ -70,9 +70,9 @@ if (MODE === 'postgres') describe('locks held by another session', async () => {
     const [locked, ...others] = [await t.seed({ credits: 100 }), await t.seed({ credits: 100 }), await t.seed({ credits: 100 })]
     for (const s of [locked!, ...others]) expect((await validate(s, await insertLicense(t.ctx, s.appId, { hwids: ['device'] }), 'device')).status).toBe(200)
     const { done } = await holding((tx) => tx`SELECT 1 FROM accounts WHERE id = ${locked!.accountId} FOR UPDATE`, 6_000)
-    const started = Date.now()
+    const started = performance.now()
     await t.ctx.credits.flush()
-    expect(Date.now() - started).toBeLessThan(4_500)
+    expect(performance.now() - started).toBeLessThan(4_500)
     const credits = async (accountId: string) => (await t.ctx.database.db.select({ c: accounts.credits }).from(accounts).where(eq(accounts.id, accountId)))[0]?.c
     for (const s of others) expect(await credits(s.accountId)).toBe(99)
     await done

@@ -45,9 +45,9 @@ test("a test ping goes at once, past its host's limit and ahead of the deliverie
   // The host's one request is held by a receiver that hangs, and another delivery waits for it.
   const held = deliveries.send(outbox('/hang'))
   const queued = deliveries.send(outbox('/after'))
-  const started = Date.now()
+  const started = performance.now()
   expect(await deliveries.send(job('/ping'))).toEqual({ status: 200 })
-  expect(Date.now() - started).toBeLessThan(2_000)
+  expect(performance.now() - started).toBeLessThan(2_000)
   expect(receiver.at('/after')).toHaveLength(0)
   expect(await held).toEqual({ status: 0, reason: 'timeout' })
   expect(await queued).toEqual({ status: 200 })

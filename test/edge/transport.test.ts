@@ -59,14 +59,14 @@ describe('what is too large, on the real server', () => {
 function trickle(port: number, head: string, drop: string, everyMs: number, giveUpMs: number) {
   return new Promise<{ answer: string; closedAfterMs: number | null }>((resolve) => {
     const socket = connect(port, '127.0.0.1')
-    const started = Date.now()
+    const started = performance.now()
     let answer = ''
     const drip = setInterval(() => socket.writable && socket.write(drop), everyMs)
     const finish = (closed: boolean) => {
       clearInterval(drip)
       clearTimeout(giveUp)
       socket.destroy()
-      resolve({ answer, closedAfterMs: closed ? Date.now() - started : null })
+      resolve({ answer, closedAfterMs: closed ? performance.now() - started : null })
     }
     const giveUp = setTimeout(() => finish(false), giveUpMs)
     socket.on('data', (chunk) => (answer += chunk.toString()))

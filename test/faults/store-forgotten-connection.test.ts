@@ -25,10 +25,10 @@ test('a connection the path forgot is replaced once Redis answers on a new one: 
   release = proxy.holdWrites('open')
   // The call that meets the forgotten connection goes past its deadline; the next ones fail at once.
   expect((await validate()).body).toEqual({ status: 'failed', error: 'system_error' })
-  const forgottenAt = Date.now()
+  const forgottenAt = performance.now()
   const served = await until(() => validate().then((res) => res.status), (status) => status === 200, 10_000)
   expect(served).toBe(200)
-  expect(Date.now() - forgottenAt).toBeLessThan(8_000)
+  expect(performance.now() - forgottenAt).toBeLessThan(8_000)
 }, 30_000)
 
 test('a Redis busy with a long command keeps its connection: a PING aside waits behind the command too', async () => {

@@ -58,9 +58,9 @@ describe('a scrape of several processes', () => {
 
   test('a process that does not answer in time is left out and counted missing', async () => {
     const { first } = await processes(2, [2])
-    const started = Date.now()
+    const started = performance.now()
     const text = await first.exposition()
-    expect(Date.now() - started).toBeGreaterThanOrEqual(PROCESS_ANSWER_MS - 50)
+    expect(performance.now() - started).toBeGreaterThanOrEqual(PROCESS_ANSWER_MS - 50)
     expect(text).toContain('process_start_time_seconds{process="1"}')
     expect(text).not.toContain('process="2"')
     expect(sample(text, 'server_processes_missing')).toBe(1)
@@ -81,9 +81,9 @@ describe('a process whose IPC channel closed mid-scrape', () => {
     const t = await makeTestApp()
     const first = new ServerMetrics(t.ctx, { kind: 'first' })
     first.attach({ indexes: () => [1], send: (_, message) => sendToChild({ killed: false, send: closedChannel }, message) })
-    const started = Date.now()
+    const started = performance.now()
     const text = await first.exposition()
-    expect(Date.now() - started).toBeLessThan(PROCESS_ANSWER_MS)
+    expect(performance.now() - started).toBeLessThan(PROCESS_ANSWER_MS)
     expect(sample(text, 'server_processes_missing')).toBe(1)
   })
 
@@ -98,9 +98,9 @@ describe('a process whose IPC channel closed mid-scrape', () => {
     const t = await makeTestApp()
     t.ctx.metrics.validations.add('success', 2)
     const other = new ServerMetrics(t.ctx, { kind: 'other', index: 1, toFirst: () => false })
-    const started = Date.now()
+    const started = performance.now()
     const text = await other.exposition()
-    expect(Date.now() - started).toBeLessThan(PROCESS_ANSWER_MS)
+    expect(performance.now() - started).toBeLessThan(PROCESS_ANSWER_MS)
     expect(sample(text, 'license_validations_total{result="success",process="1"}')).toBe(2)
   })
 

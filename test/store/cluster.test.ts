@@ -163,9 +163,9 @@ if (MODE === 'postgres') {
         const reconciler = b.ctx.credits.startReconciler(50, 1_000)
         expect(await until(() => reconciled(healthy.accountId), (credits) => credits === 3, 8_000)).toBe(3)
         expect(await reconciled(stalled.accountId)).toBe(5)
-        const stopping = Date.now()
+        const stopping = performance.now()
         await reconciler.stop()
-        expect(Date.now() - stopping).toBeLessThan(3_000)
+        expect(performance.now() - stopping).toBeLessThan(3_000)
       } finally {
         store.dirtyAccounts = dirtyAccounts
         process.kill(cluster.pids[0]!, 'SIGCONT')

@@ -29,10 +29,11 @@ export async function freePort(): Promise<number> {
 
 /** Calls `fn` every 100 ms until `ok` holds or `ms` pass; returns the last value either way. */
 export async function until<T>(fn: () => Promise<T>, ok: (v: T) => boolean, ms = 10_000): Promise<T> {
-  const deadline = Date.now() + ms
+  // The monotonic clock: a wall clock stepped forward (a VM resumed from a pause) would end the wait at once.
+  const deadline = performance.now() + ms
   for (;;) {
     const v = await fn()
-    if (ok(v) || Date.now() > deadline) return v
+    if (ok(v) || performance.now() > deadline) return v
     await Bun.sleep(100)
   }
 }

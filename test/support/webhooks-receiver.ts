@@ -85,9 +85,10 @@ export type Receiver = ReturnType<typeof startReceiver>
 
 /** Polls until `check` holds; the suite's per-test timeout bounds it. */
 export async function until(check: () => boolean | Promise<boolean>, what: string, timeoutMs = 20_000) {
-  const deadline = Date.now() + timeoutMs
+  // The monotonic clock: a wall clock stepped forward (a VM resumed from a pause) would end the wait at once.
+  const deadline = performance.now() + timeoutMs
   while (!(await check())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
+    if (performance.now() > deadline) throw new Error(`timed out waiting for ${what}`)
     await Bun.sleep(20)
   }
 }
