@@ -248,10 +248,11 @@ export async function lockDataDir(
   ms: number,
   keepWaiting: (holder: LockHolder) => Promise<boolean>,
 ): Promise<DataDirLock | LockHolder> {
-  const deadline = Date.now() + ms
+  // The monotonic clock: a wall clock stepped forward (a VM resumed from a pause, an NTP step) would end the wait at once.
+  const deadline = performance.now() + ms
   for (;;) {
     const result = await tryLockDataDir(dataDir, owner)
-    if (isLock(result) || Date.now() >= deadline || !(await keepWaiting(result))) return result
+    if (isLock(result) || performance.now() >= deadline || !(await keepWaiting(result))) return result
     await Bun.sleep(100)
   }
 }

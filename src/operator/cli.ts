@@ -101,12 +101,12 @@ async function viaServerOrLocked(config: ReturnType<typeof loadConfig>, command:
   const settings = settingsDigest(config)
   let answer = await viaServer(socket, argv, settings)
   if (typeof answer === 'object') return answer
-  const since = Date.now()
+  const since = performance.now()
   const lock = await lockDataDir(config.dataDir, 'cli', LOCK_WAIT_MS, async (holder) => {
     if (isStopped(holder)) return false
     answer = await viaServer(socket, argv, settings)
     if (typeof answer === 'object') return false
-    return answer === 'silent' || (await mayLetGo(holder)) || Date.now() - since < SOCKET_WAIT_MS
+    return answer === 'silent' || (await mayLetGo(holder)) || performance.now() - since < SOCKET_WAIT_MS
   })
   if (typeof answer === 'object') return answer
   if (!isLock(lock)) {

@@ -3,11 +3,11 @@
  * one's socket alone, a CLI goes through the running server or waits for the lock, and a lock left by
  * a killed server does not block the next start.
  */
-import { afterAll, describe, expect, setDefaultTimeout, test } from 'bun:test'
+import { afterAll, describe, expect, setDefaultTimeout, setSystemTime, test } from 'bun:test'
 import { existsSync, mkdtempSync, rmSync, statSync, utimesSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { isLock, tryLockDataDir } from '../../src/db/data-dir-lock'
+import { isLock, lockDataDir, tryLockDataDir } from '../../src/db/data-dir-lock'
 import { newDataDir } from '../support/data-dir'
 import { MODE, TEST_MASTER_KEY } from '../support/helpers'
 import { until } from '../support/servers'
@@ -260,4 +260,26 @@ describe('a lock held from another pid namespace or boot (a second container on 
     const result = await tryLockDataDir(dataDir, 'server')
     expect(isLock(result)).toBe(false)
   })
+})
+
+test('a wait for the DATA_DIR lasts its time whatever the wall clock does: a step forward does not end it', async () => {
+  const dataDir = mkdtempSync(join(tmpdir(), 'ls-lock-step-'))
+  const held = await tryLockDataDir(dataDir, 'server')
+  if (!isLock(held)) throw new Error('the DATA_DIR is held')
+  const started = performance.now()
+  let stepped = false
+  try {
+    const result = await lockDataDir(dataDir, 'cli', 1_000, async () => {
+      // A VM resumed from a pause, an NTP step.
+      if (!stepped) setSystemTime(new Date(Date.now() + 3_600_000))
+      stepped = true
+      return true
+    })
+    expect(isLock(result)).toBe(false)
+    expect(performance.now() - started).toBeGreaterThanOrEqual(1_000)
+  } finally {
+    setSystemTime()
+    held.release()
+    rmSync(dataDir, { recursive: true, force: true })
+  }
 })

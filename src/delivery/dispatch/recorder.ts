@@ -96,7 +96,8 @@ export class Recorder {
   /** From now on nothing waits: results are written at once, and a write still failing STOP_RECORD_WAIT_MS later is given up. */
   stopping(): void {
     this.#stopping = true
-    this.#stoppedAt = Date.now()
+    // The monotonic clock, as the bound is a wait: a wall clock stepped forward would end it at once.
+    this.#stoppedAt = performance.now()
   }
 
   /** Writes every result still waiting, then hands back what was cancelled. After stopping(). */
@@ -138,7 +139,7 @@ export class Recorder {
         logEvery('error', 'recording webhook attempts failed', () => errorFields(err))
         // Unrecorded results are re-sent after the lease: keep trying while running, and while stopping
         // as long as a stop may take.
-        const left = this.#stopping ? this.#stoppedAt + STOP_RECORD_WAIT_MS - Date.now() : Number.POSITIVE_INFINITY
+        const left = this.#stopping ? this.#stoppedAt + STOP_RECORD_WAIT_MS - performance.now() : Number.POSITIVE_INFINITY
         if (left <= 0) {
           log.error('stopped without recording webhook deliveries already sent: they are sent again once their lease runs out', {
             deliveries: batch.length + this.#results.length,

@@ -1,4 +1,4 @@
-import { describe, expect, test } from 'bun:test'
+import { describe, expect, setSystemTime, test } from 'bun:test'
 import { eq } from 'drizzle-orm'
 import { webhooks } from '../../../src/db/schema'
 import { claimDue, fanOut } from '../../../src/delivery/dispatch/claim'
@@ -122,5 +122,29 @@ describe('recorder', () => {
     const [row] = (await o.deliveriesOf(ids)).filter((r) => r.eventId === first.eventId)
     expect(row).toMatchObject({ httpStatus: 200 })
     expect(row?.attemptedAt).not.toBeNull()
+  }, 20_000)
+
+  test('a wall clock stepped forward during that stop does not cut its tries short', async () => {
+    const { o, ids, first } = await claimedPair()
+    const outageUntil = performance.now() + 2000
+    const flaky = new Proxy(o.db, {
+      get(target, prop, receiver) {
+        if (performance.now() < outageUntil) throw new Error('the database is unreachable')
+        return Reflect.get(target, prop, receiver)
+      },
+    })
+    const recorder = new Recorder(flaky, () => {})
+    recorder.take(first)
+    recorder.record({ ...first, at: new Date(), status: 200 })
+    recorder.stopping()
+    // A VM resumed from a pause, an NTP step.
+    setSystemTime(new Date(Date.now() + 3_600_000))
+    try {
+      await recorder.drain()
+    } finally {
+      setSystemTime()
+    }
+    const [row] = (await o.deliveriesOf(ids)).filter((r) => r.eventId === first.eventId)
+    expect(row).toMatchObject({ httpStatus: 200 })
   }, 20_000)
 })
