@@ -105,28 +105,10 @@ describe('recorder', () => {
     expect(again.map((c) => c.eventId)).toEqual([first.eventId])
   })
 
-  test('a stop in a short database outage keeps trying to record what was sent: given up, it would be sent again once its lease ran out', async () => {
+  /** A recorder holding one delivery's result, whose database is unreachable for `outageMs` from now. */
+  async function recordingInOutage(outageMs: number) {
     const { o, ids, first } = await claimedPair()
-    const outageUntil = Date.now() + 3000
-    const flaky = new Proxy(o.db, {
-      get(target, prop, receiver) {
-        if (Date.now() < outageUntil) throw new Error('the database is unreachable')
-        return Reflect.get(target, prop, receiver)
-      },
-    })
-    const recorder = new Recorder(flaky, () => {})
-    recorder.take(first)
-    recorder.record({ ...first, at: new Date(), status: 200 })
-    recorder.stopping()
-    await recorder.drain()
-    const [row] = (await o.deliveriesOf(ids)).filter((r) => r.eventId === first.eventId)
-    expect(row).toMatchObject({ httpStatus: 200 })
-    expect(row?.attemptedAt).not.toBeNull()
-  }, 20_000)
-
-  test('a wall clock stepped forward during that stop does not cut its tries short', async () => {
-    const { o, ids, first } = await claimedPair()
-    const outageUntil = performance.now() + 2000
+    const outageUntil = performance.now() + outageMs
     const flaky = new Proxy(o.db, {
       get(target, prop, receiver) {
         if (performance.now() < outageUntil) throw new Error('the database is unreachable')
@@ -136,6 +118,21 @@ describe('recorder', () => {
     const recorder = new Recorder(flaky, () => {})
     recorder.take(first)
     recorder.record({ ...first, at: new Date(), status: 200 })
+    const recorded = async () => (await o.deliveriesOf(ids)).find((r) => r.eventId === first.eventId)
+    return { recorder, recorded }
+  }
+
+  test('a stop in a short database outage keeps trying to record what was sent: given up, it would be sent again once its lease ran out', async () => {
+    const { recorder, recorded } = await recordingInOutage(3000)
+    recorder.stopping()
+    await recorder.drain()
+    const row = await recorded()
+    expect(row).toMatchObject({ httpStatus: 200 })
+    expect(row?.attemptedAt).not.toBeNull()
+  }, 20_000)
+
+  test('a wall clock stepped forward during that stop does not cut its tries short', async () => {
+    const { recorder, recorded } = await recordingInOutage(2000)
     recorder.stopping()
     // A VM resumed from a pause, an NTP step.
     setSystemTime(new Date(Date.now() + 3_600_000))
@@ -144,7 +141,6 @@ describe('recorder', () => {
     } finally {
       setSystemTime()
     }
-    const [row] = (await o.deliveriesOf(ids)).filter((r) => r.eventId === first.eventId)
-    expect(row).toMatchObject({ httpStatus: 200 })
+    expect(await recorded()).toMatchObject({ httpStatus: 200 })
   }, 20_000)
 })
