@@ -4,7 +4,12 @@ import { DeliveryPool } from '../../src/delivery/pool'
 import { makeTestApp, MODE } from '../support/helpers'
 import { startReceiver, testCertificate, until } from '../support/webhooks-receiver'
 
-/** Every delivery worker the pool starts, run from a copy that can be told to hold its event loop. */
+/**
+ * Every delivery worker started in this process, run from a copy that can be told to hold its event
+ * loop. A pool starts its worker within its first send, and other pools of the process (the contexts of
+ * earlier test files) may start theirs while a test waits: a test faults the worker at the index it
+ * noted just before that send, never the newest.
+ */
 const started: Worker[] = []
 const RealWorker = globalThis.Worker
 globalThis.Worker = class extends RealWorker {
@@ -30,12 +35,13 @@ test.each([
   await using slow = startReceiver(() => ({ delayMs: 10_000 }))
   await using fast = startReceiver()
   try {
+    const mine = started.length
     expect(await pool.send(job(fast.url('/before')))).toEqual({ status: 200 })
     const held = pool.send(job(slow.url('/held')))
     // On its way from the worker that took it (a fixed wait was too short for a worker to start on a busy host).
     await until(() => slow.at('/held').length === 1, 'the held request at its receiver')
     const faulted = performance.now()
-    fault(started.at(-1)!)
+    fault(started[mine]!)
     expect(await held).toEqual({ status: 0, reason: 'worker' })
     expect(performance.now() - faulted).toBeLessThan(5_000)
     expect(await pool.send(job(fast.url('/after')))).toEqual({ status: 200 })
@@ -51,10 +57,11 @@ test('a worker lost with jobs queued behind its open requests: those it never st
   await using slow = startReceiver(() => ({ delayMs: 3_000 }))
   await using fast = startReceiver()
   try {
+    const mine = started.length
     const held = pool.send(job(slow.url('/held')))
     const queued = [pool.send(job(fast.url('/queued/1'))), pool.send(job(fast.url('/queued/2')))]
     await until(() => slow.at('/held').length === 1, 'the held request at its receiver')
-    started.at(-1)!.terminate()
+    started[mine]!.terminate()
     expect(await held).toEqual({ status: 0, reason: 'worker' })
     expect(await Promise.all(queued)).toEqual([{ status: 200 }, { status: 200 }])
     expect(fast.at('/queued/1')).toHaveLength(1)
@@ -78,12 +85,13 @@ test.each([
   await using slow = startReceiver(() => ({ delayMs: 3_000 }))
   await using receiver = startReceiver()
   try {
+    const mine = started.length
     const held = pool.send({ ...job(slow.url('/held')), webhookId: 'wh-a' })
     const queued = pool.send({ ...job(receiver.url('/old')), webhookId: 'wh-b' })
     await Bun.sleep(200)
-    if (!after) fault(started.at(-1)!)
+    if (!after) fault(started[mine]!)
     pool.cancelQueued(new Map([['wh-b', receiver.url('/new')]]))
-    if (after) fault(started.at(-1)!)
+    if (after) fault(started[mine]!)
     expect(await queued).toEqual({ status: 0, reason: 'cancelled' })
     expect(receiver.at('/old')).toHaveLength(0)
     await held
@@ -110,7 +118,7 @@ test.skipIf(MODE !== 'postgres')('a dispatching worker that holds its event loop
     await Bun.sleep(300)
     // The pool's first worker runs the dispatcher.
     started[before]!.postMessage('hold')
-    for (const end = Date.now() + 5_000; started.length < before + 3 && Date.now() < end; ) await Bun.sleep(50)
+    for (const end = performance.now() + 5_000; started.length < before + 3 && performance.now() < end; ) await Bun.sleep(50)
     expect(started.length).toBe(before + 3)
     const stopping = performance.now()
     await dispatcher.stop()
