@@ -62,7 +62,9 @@ test('a worker lost with jobs queued behind its open requests: those it never st
     const queued = [pool.send(job(fast.url('/queued/1'))), pool.send(job(fast.url('/queued/2')))]
     await until(() => slow.at('/held').length === 1, 'the held request at its receiver')
     started[mine]!.terminate()
-    expect(await held).toEqual({ status: 0, reason: 'worker' })
+    // Lost with its worker; or, where Bun let the terminated worker finish the request it had open (seen
+    // on a loaded host, 3 s later), answered as the receiver did.
+    expect([{ status: 0, reason: 'worker' }, { status: 200 }]).toContainEqual(await held)
     expect(await Promise.all(queued)).toEqual([{ status: 200 }, { status: 200 }])
     expect(fast.at('/queued/1')).toHaveLength(1)
     expect(fast.at('/queued/2')).toHaveLength(1)
