@@ -248,7 +248,8 @@ export async function lockDataDir(
   ms: number,
   keepWaiting: (holder: LockHolder) => Promise<boolean>,
 ): Promise<DataDirLock | LockHolder> {
-  // The monotonic clock: a wall clock stepped forward (a VM resumed from a pause, an NTP step) would end the wait at once.
+  // The monotonic clock: a wall clock stepped forward (a VM resumed from a pause, an NTP step) would
+  // end the wait at once.
   const deadline = performance.now() + ms
   for (;;) {
     const result = await tryLockDataDir(dataDir, owner)

@@ -169,7 +169,8 @@ describe('a burst over a socket', () => {
     const watched = new Proxy(store, {
       get(target, name) {
         const value = Reflect.get(target, name, target)
-        if (name !== 'take' || typeof value !== 'function') return typeof value === 'function' ? value.bind(target) : value
+        if (typeof value !== 'function') return value
+        if (name !== 'take') return value.bind(target)
         return (...args: unknown[]) => {
           takenAt.push(performance.now())
           return value.apply(target, args)
