@@ -1,13 +1,15 @@
 /**
- * `npm test`: runs the whole suite twice, against real PostgreSQL + Redis (a fresh database created
- * and dropped here, a Redis DB index of its own) and against the embedded PGlite + in-process store,
- * then prints one closing line "N passed, M failed" over both passes, after the suite's `SKIPPED:` warnings.
+ * `npm test`: runs the suite twice, against real PostgreSQL + Redis (a fresh database created and
+ * dropped here, a Redis DB index of its own) and against the embedded PGlite + in-process store (a file
+ * whose subject is one pass's in that pass only: ONLY_IN), then prints one closing line
+ * "N passed, M failed" over both passes, after the suite's `SKIPPED:` warnings.
  *
  * The two passes run at the same time: they share no state (each its own database, the embedded one
  * no Redis), and the first waits on PostgreSQL and Redis where the second keeps the CPU busy, so
  * together they take little more than the embedded pass alone. Each pass's report is printed whole
  * when it ends, so the two never interleave.
  */
+import { existsSync } from 'node:fs'
 import postgres from 'postgres'
 
 const PG_ADMIN_URL = process.env.TEST_PG_ADMIN_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
@@ -24,8 +26,42 @@ interface Pass {
   skipped: string[]
 }
 
-async function runPass(name: string, env: Record<string, string>): Promise<Pass> {
-  const proc = Bun.spawn([process.execPath, 'test', '--timeout', '30000', ...extraArgs], {
+/**
+ * Files whose subject is one pass's, run in that pass only: in the other they would check the same code
+ * against the same servers again, a minute of the suite's time. Tests of Redis's faults bring a
+ * redis-server of their own, and the embedded database's upkeep, the stall watchdog, the docs page and
+ * deadlines depend on no storage setting.
+ */
+const ONLY_IN = {
+  postgres: [
+    'test/client-auth/store-outage.test.ts',
+    'test/faults/late-credit-calls.test.ts',
+    'test/faults/lost-replies.test.ts',
+    'test/faults/shard-count.test.ts',
+    'test/faults/store-credits.test.ts',
+    'test/faults/store-forgotten-connection.test.ts',
+    'test/faults/store-loss.test.ts',
+    'test/faults/store-replies.test.ts',
+    'test/faults/store-rollback.test.ts',
+    'test/store/redis-eviction.test.ts',
+  ],
+  embedded: [
+    'test/db/embedded-upkeep.test.ts',
+    'test/http/docs-ui.test.ts',
+    'test/lib/stall-watchdog.test.ts',
+    'test/lib/with-timeout.test.ts',
+  ],
+}
+// A file moved or renamed would quietly run in both passes again.
+for (const path of [...ONLY_IN.postgres, ...ONLY_IN.embedded]) {
+  if (!existsSync(path)) throw new Error(`test/run.ts ONLY_IN names ${path}, which is not there`)
+}
+
+async function runPass(name: string, env: Record<string, string>, othersOnly: string[]): Promise<Pass> {
+  // Files or tests named on the command line run in both passes: one the other pass owns would leave this
+  // pass with nothing to run, which bun test fails.
+  const ignored = extraArgs.length ? [] : othersOnly.map((path) => `--path-ignore-patterns=${path}`)
+  const proc = Bun.spawn([process.execPath, 'test', '--timeout', '30000', ...ignored, ...extraArgs], {
     env: { ...process.env, ...env },
     stdout: 'pipe',
     stderr: 'pipe',
@@ -81,12 +117,12 @@ const realServers = withFreshDatabase(async (databaseUrl) => {
       TEST_DATABASE_URL: databaseUrl,
       TEST_REDIS_URL: redisUrl,
       TEST_REDIS_BASE: REDIS_BASE,
-    })
+    }, ONLY_IN.embedded)
   } finally {
     await flushRedis(redisUrl)
   }
 }).catch(crashed('PostgreSQL + Redis'))
-const embedded = runPass('embedded (PGlite + in-process store)', { TEST_DATABASE_URL: '', TEST_REDIS_URL: '' })
+const embedded = runPass('embedded (PGlite + in-process store)', { TEST_DATABASE_URL: '', TEST_REDIS_URL: '' }, ONLY_IN.postgres)
 const passes: Pass[] = await Promise.all([realServers, embedded])
 
 let passed = 0
