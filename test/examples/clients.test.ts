@@ -47,7 +47,8 @@ const clients: Client[] = [
   { name: 'go', command: goCommand() },
 ]
 
-const running = await startExampleServer()
+// The README's first start: the client examples run against a server that made its database itself.
+const running = await startExampleServer({}, { firstStart: true })
 afterAll(() => running.server.stop())
 const vendor = await running.provision('Example Vendor')
 const stranger = await running.provision('Another Vendor')

@@ -1,5 +1,5 @@
 /**
- * A server started as the README's "Run it" says (`bun src/main.ts`, a fresh DATA_DIR, no MASTER_KEY:
+ * A server started as the README's "Run it" says (`bun src/main.ts`, a new DATA_DIR, no MASTER_KEY:
  * the development key is generated), provisioned through the operator CLI as the README does next. On
  * the PostgreSQL + Redis pass the same server runs on them instead, with a MASTER_KEY, as in production.
  */
@@ -7,6 +7,7 @@ import { mkdtempSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { MODE, TEST_DATABASE_URL, TEST_MASTER_KEY, TEST_REDIS_URL } from '../support/helpers'
+import { newDataDir } from '../support/data-dir'
 import { runToExit, startServer, type ServerProcess } from '../support/server-process'
 
 export const REPO_ROOT = join(import.meta.dir, '..', '..')
@@ -32,9 +33,13 @@ export interface ExampleServer {
   api(apiKey: string, method: string, path: string, body?: unknown): Promise<any>
 }
 
-export async function startExampleServer(extraEnv: Record<string, string> = {}): Promise<ExampleServer> {
+/**
+ * `firstStart`: the DATA_DIR is empty, so the server creates the embedded database as a new user's first
+ * start does (seconds of CPU); otherwise it holds a migrated, empty one (test/support/data-dir.ts).
+ */
+export async function startExampleServer(extraEnv: Record<string, string> = {}, { firstStart = false } = {}): Promise<ExampleServer> {
   const env: Record<string, string> = {
-    DATA_DIR: mkdtempSync(join(tmpdir(), 'ls-examples-')),
+    DATA_DIR: firstStart ? mkdtempSync(join(tmpdir(), 'ls-examples-')) : await newDataDir('ls-examples-', { embedded: MODE === 'embedded' }),
     ...(MODE === 'postgres'
       ? // One process is enough here, and the suite's other servers share the two cores.
         { DATABASE_URL: TEST_DATABASE_URL!, REDIS_URL: TEST_REDIS_URL!, SERVER_PROCESSES: '1', MASTER_KEY: TEST_MASTER_KEY.toString('hex') }

@@ -7,8 +7,8 @@ import { openDb, pgliteDir } from '../../src/db/client'
  * DATA_DIRs for the server and CLI processes a test starts. An embedded process's first start creates
  * its PGlite database and applies every migration: about 3 s of CPU, six times a later start's, and
  * dozens of tests start one. Tests that are not about that first start take a copy of a database this
- * test process created and migrated once; the README's own first start (test/examples), the embedded
- * server log test and the in-process tests' database still create theirs.
+ * test process created and migrated once; the README's own first start (test/examples/clients.test.ts),
+ * the embedded server log test and the in-process tests' database still create theirs.
  */
 let template: Promise<string> | null = null
 
