@@ -30,11 +30,13 @@ interface Pass {
  * Files whose subject is one pass's, run in that pass only: in the other they would check the same code
  * against the same servers again, a minute of the suite's time. Tests of Redis's faults bring a
  * redis-server of their own, and the embedded database's upkeep, the stall watchdog, the docs page and
- * deadlines depend on no storage setting.
+ * deadlines depend on no storage setting. The image test builds the image once and runs it on both
+ * backends in the first pass.
  */
 const ONLY_IN = {
   postgres: [
     'test/client-auth/store-outage.test.ts',
+    'test/deploy/image.test.ts',
     'test/faults/late-credit-calls.test.ts',
     'test/faults/lost-replies.test.ts',
     'test/faults/shard-count.test.ts',
